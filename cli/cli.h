@@ -1,0 +1,21 @@
+/*
+ * cli: the `zshard` command line.  main.c dispatches to one function per subcommand; each
+ * parses its own flags with getopt_long, prints its usage for --help, and returns the process
+ * exit status (0 success, 1 failure at run time, 2 bad usage).
+ */
+#ifndef ZS_CLI_H
+#define ZS_CLI_H
+
+int zs_cmd_train(int argc, char **argv);
+int zs_cmd_eval(int argc, char **argv);
+
+/* Parses a positive integer flag value; prints "zshard CMD: --FLAG: ..." and returns -1. */
+long zs_cli_int(const char *cmd, const char *flag, const char *value, long lo, long hi);
+
+/* Reports an unknown flag or a missing argument in getopt's terms ("zshard train: ..."). */
+int zs_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The number of CPUs this process may run on. */
+int zs_cli_cpus(void);
+
+#endif

@@ -1,0 +1,79 @@
+/*
+ * zshard: one binary, one subcommand per role.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: zshard [--help] [--version] COMMAND [ARGS]\n"
+    "\n"
+    "zshard trains GPT-2 models with ZeRO-style partitioning.\n"
+    "\n"
+    "commands:\n"
+    "  train   train a model in one process (the reference for distributed runs)\n"
+    "  eval    print the mean cross-entropy of a trained model on some data\n"
+    "\n"
+    "Run 'zshard COMMAND --help' for the options of a command.\n";
+
+long zs_cli_int(const char *cmd, const char *flag, const char *value, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (errno || end == value || *end || v < lo || v > hi) {
+        fprintf(stderr, "zshard %s: %s: \"%s\" is not an integer in [%ld, %ld]\n", cmd, flag,
+                value, lo, hi);
+        return -1;
+    }
+    return v;
+}
+
+int zs_cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "zshard %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nRun 'zshard %s --help' for usage.\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+int zs_cli_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+        printf("zshard %s\n", ZS_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "train") == 0)
+        return zs_cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval") == 0)
+        return zs_cmd_eval(argc - 1, argv + 1);
+    fprintf(stderr, "zshard: unknown command \"%s\"\n\n%s", cmd, usage);
+    return 2;
+}

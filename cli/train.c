@@ -1,0 +1,160 @@
+/*
+ * zshard train: the single-process trainer.  Writes OUT/metrics.jsonl (one JSON object per
+ * step), OUT/model.safetensors and OUT/config.json, and a progress line per step on stderr.
+ * Ctrl-C stops after the current step and still writes the model.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+#include "common/config.h"
+#include "common/data.h"
+#include "common/log.h"
+#include "worker/trainer.h"
+
+static const char train_usage[] =
+    "usage: zshard train --config CFG.json --data PATH --steps N --out DIR\n"
+    "                    [--threads T] [--init DIR] [--log-level LEVEL]\n"
+    "\n"
+    "Trains a GPT-2 model in one process.\n"
+    "\n"
+    "  --config CFG.json  job configuration (DeepSpeed keys plus a \"model\" block)\n"
+    "  --data PATH        llm.c token shard(s), or text file(s) read as bytes; a file or a\n"
+    "                     directory\n"
+    "  --steps N          optimizer steps to run\n"
+    "  --out DIR          where metrics.jsonl, model.safetensors and config.json go\n"
+    "  --threads T        CPU threads (default: all CPUs available)\n"
+    "  --init DIR         start from DIR/model.safetensors (Hugging Face GPT-2 names)\n"
+    "                     instead of the seed's initialization\n"
+    "  --log-level LEVEL  error, warn, info (default) or debug\n"
+    "  -h, --help         this text\n";
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+int zs_cmd_train(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"data", required_argument, NULL, 'd'},
+        {"steps", required_argument, NULL, 's'},  {"out", required_argument, NULL, 'o'},
+        {"threads", required_argument, NULL, 't'}, {"init", required_argument, NULL, 'i'},
+        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *config_path = NULL, *data_path = NULL, *out = NULL, *init = NULL;
+    long steps = -1, threads = zs_cli_cpus();
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config_path = optarg; break;
+        case 'd': data_path = optarg; break;
+        case 'o': out = optarg; break;
+        case 'i': init = optarg; break;
+        case 's':
+            if ((steps = zs_cli_int("train", "--steps", optarg, 0, 1L << 40)) < 0)
+                return 2;
+            break;
+        case 't':
+            if ((threads = zs_cli_int("train", "--threads", optarg, 1, 1024)) < 0)
+                return 2;
+            break;
+        case 'l': {
+            int lvl = zs_log_parse_level(optarg);
+            if (lvl < 0)
+                return zs_cli_usage_error("train", "--log-level: unknown level \"%s\"", optarg);
+            zs_log_set_level((zs_log_level)lvl);
+            break;
+        }
+        case 'h': fputs(train_usage, stdout); return 0;
+        case ':': return zs_cli_usage_error("train", "%s needs a value", argv[optind - 1]);
+        default: return zs_cli_usage_error("train", "unknown option \"%s\"", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return zs_cli_usage_error("train", "unexpected argument \"%s\"", argv[optind]);
+    if (!config_path || !data_path || steps < 0 || !out)
+        return zs_cli_usage_error("train", "missing %s", !config_path ? "--config"
+                                                        : !data_path  ? "--data"
+                                                        : steps < 0   ? "--steps"
+                                                                      : "--out");
+    zs_config cfg;
+    zs_dataset data;
+    zs_trainer tr;
+    if (zs_config_load(config_path, &cfg) != ZS_OK) {
+        fprintf(stderr, "zshard train: %s\n", zs_last_error());
+        return 1;
+    }
+    if (zs_data_open(data_path, &data) != ZS_OK) {
+        fprintf(stderr, "zshard train: %s\n", zs_last_error());
+        return 1;
+    }
+    int rc = 1;
+    FILE *metrics = NULL;
+    if (zs_trainer_init(&tr, &cfg, &data, (int)threads, init) != ZS_OK) {
+        fprintf(stderr, "zshard train: %s\n", zs_last_error());
+        goto out_data;
+    }
+    if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "zshard train: --out %s: %s\n", out, strerror(errno));
+        goto out_trainer;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    if (!(metrics = fopen(path, "w"))) {
+        fprintf(stderr, "zshard train: %s: %s\n", path, strerror(errno));
+        goto out_trainer;
+    }
+    ZS_INFO("train: %zu parameters, %d layers x %d wide, %d chunks of %d x %d tokens per step, "
+            "%ld threads, data %s (%zu tokens)", tr.tt.n_params, cfg.model.n_layer,
+            cfg.model.n_embd, cfg.chunks, cfg.micro_batch, cfg.model.block_size, threads,
+            data_path, data.ntokens);
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    for (long s = 0; s < steps && !stop_requested; s++) {
+        zs_step_stats st;
+        if (zs_trainer_step(&tr, &st) != ZS_OK) {
+            fprintf(stderr, "zshard train: step %ld: %s\n", s + 1, zs_last_error());
+            goto out_metrics;
+        }
+        fprintf(metrics,
+                "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                "\"clip\": %.9g, \"tokens_per_sec\": %.1f, \"step_ms\": %.1f, \"workers\": 1}\n",
+                st.step, st.loss, st.lr, st.grad_norm, st.clip, st.tokens_per_sec,
+                st.seconds * 1e3);
+        fflush(metrics);
+        double eta = st.seconds * (double)(steps - st.step);
+        fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %.0f ms"
+                " | eta %.0fs\n", st.step, steps, st.loss, st.lr, st.grad_norm,
+                st.tokens_per_sec, st.seconds * 1e3, eta);
+    }
+    if (stop_requested)
+        ZS_WARN("train: interrupted after step %ld; saving the model", tr.step);
+    if (zs_trainer_save(&tr, out) != ZS_OK) {
+        fprintf(stderr, "zshard train: %s\n", zs_last_error());
+        goto out_metrics;
+    }
+    ZS_INFO("train: wrote %s/model.safetensors, %s/config.json, %s/metrics.jsonl", out, out, out);
+    rc = stop_requested ? 130 : 0;
+out_metrics:
+    if (fclose(metrics) != 0 && rc == 0) {
+        fprintf(stderr, "zshard train: %s: %s\n", path, strerror(errno));
+        rc = 1;
+    }
+out_trainer:
+    zs_trainer_free(&tr);
+out_data:
+    zs_data_close(&data);
+    return rc;
+}

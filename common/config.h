@@ -1,0 +1,93 @@
+/*
+ * config: the job's JSON configuration, with DeepSpeed's key names where the meaning is the
+ * same, plus a "model" block and a "cluster" block.
+ *
+ * Invariant: a zs_config that zs_config_parse() returned ZS_OK for is complete and
+ * consistent (batch sizes divide, the model's shapes are positive and n_embd divides by
+ * n_head).  An unknown key, a wrong type or an out-of-range value is an error whose message
+ * names the key by its full path ("optimizer.params.lr").
+ */
+#ifndef ZS_CONFIG_H
+#define ZS_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct {
+    int n_layer;    /* transformer blocks */
+    int n_head;     /* attention heads; n_embd % n_head == 0 */
+    int n_embd;     /* channels C */
+    int vocab_size; /* V */
+    int block_size; /* maximum sequence length (HF n_positions) and the training length T */
+} zs_model_config;
+
+typedef enum {
+    ZS_SCHED_CONSTANT = 0,   /* no "scheduler" block: optimizer.params.lr at every step */
+    ZS_SCHED_WARMUP,         /* DeepSpeed WarmupLR */
+    ZS_SCHED_WARMUP_DECAY,   /* DeepSpeed WarmupDecayLR */
+    ZS_SCHED_WARMUP_COSINE,  /* DeepSpeed WarmupCosineLR */
+} zs_sched_type;
+
+typedef struct {
+    zs_sched_type type;
+    double warmup_min_lr;    /* WarmupLR, WarmupDecayLR */
+    double warmup_max_lr;    /* WarmupLR, WarmupDecayLR */
+    int warmup_num_steps;    /* all; DeepSpeed clamps it to at least 2 */
+    int warmup_linear;       /* warmup_type "linear" (1) or "log" (0, DeepSpeed's default) */
+    int total_num_steps;     /* WarmupDecayLR, WarmupCosineLR */
+    double warmup_min_ratio; /* WarmupCosineLR */
+    double cos_min_ratio;    /* WarmupCosineLR */
+} zs_schedule;
+
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+} zs_adamw_config;
+
+typedef struct {
+    size_t shard_bytes;       /* cluster.shard_size: bytes of fp32 per shard, multiple of 256 */
+    int heartbeat_interval_ms;
+    int heartbeat_timeout_ms;
+} zs_cluster_config;
+
+typedef struct {
+    int enabled;
+    int min_workers;
+    int max_workers;
+} zs_elastic_config;
+
+typedef struct {
+    zs_model_config model;
+    uint64_t seed;
+    int train_batch_size; /* B: sequences per step */
+    int micro_batch;      /* b: sequences per chunk (train_micro_batch_size_per_gpu) */
+    int chunks;           /* C = B / b (gradient_accumulation_steps when given) */
+    zs_adamw_config adamw;
+    zs_schedule sched;
+    double gradient_clipping; /* max global L2 norm; 0 disables clipping */
+    int bf16;                 /* bf16.enabled: workers fetch bf16 weights */
+    int steps_per_print;
+    zs_cluster_config cluster;
+    zs_elastic_config elasticity;
+} zs_config;
+
+/* Fills cfg with the defaults that apply when a key is absent. */
+void zs_config_defaults(zs_config *cfg);
+
+/* Parses JSON text; source names it in messages (a path, or "<string>"). */
+zs_err zs_config_parse(const char *text, const char *source, zs_config *cfg);
+
+/* Reads and parses the file at path. */
+zs_err zs_config_load(const char *path, zs_config *cfg);
+
+/* The learning rate of 0-based step, from optimizer.params.lr and the schedule. */
+double zs_config_lr(const zs_config *cfg, int step);
+
+/* Writes a Hugging Face GPT-2 config.json for the model (loadable by from_pretrained). */
+zs_err zs_config_write_hf(const zs_model_config *model, const char *path);
+
+/* Reads the model shapes back from a Hugging Face GPT-2 config.json. */
+zs_err zs_config_read_hf(const char *path, zs_model_config *model);
+
+#endif

@@ -1,0 +1,70 @@
+/*
+ * adamw: the AdamW update with PyTorch semantics (torch.optim.AdamW, single-tensor path),
+ * run by the single-process trainer and by the partition servers on their shards.
+ *
+ *   g     = grad * grad_scale                    (grad_scale folds 1/C and the clip factor)
+ *   p     = p * (1 - lr * weight_decay)          (decoupled decay; 0 for 1-dim tensors)
+ *   m     = m + (1 - beta1) * (g - m)
+ *   v     = v * beta2 + (1 - beta2) * g * g
+ *   denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+ *   p     = p - (lr / (1 - beta1^t)) * m / denom
+ *   bf16  = p rounded to nearest even (NaN stays NaN)
+ *
+ * Invariant: every implementation (scalar reference, AVX2, AVX-512; any thread count) gives
+ * bitwise the same p, m, v and bf16.  The scalars (bias corrections, step size) are computed
+ * once in double by zs_adamw_hparams_make, and every kernel performs the same IEEE float
+ * operations in the same order, without FMA contraction.
+ */
+#ifndef ZS_ADAMW_H
+#define ZS_ADAMW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    float grad_scale;   /* multiplies every gradient */
+    float decay_factor; /* 1 - lr * weight_decay */
+    float one_minus_b1; /* 1 - beta1 */
+    float beta2;
+    float one_minus_b2; /* 1 - beta2 */
+    float bc2_sqrt;     /* sqrt(1 - beta2^t) */
+    float eps;
+    float step_size;    /* lr / (1 - beta1^t) */
+} zs_adamw_hparams;
+
+/* t is the 1-based step count used for bias correction. */
+zs_adamw_hparams zs_adamw_hparams_make(double lr, double beta1, double beta2, double eps,
+                                       double weight_decay, long t, float grad_scale);
+
+/* Scalar reference.  bf16 may be NULL.  Cost: ~30 bytes of memory traffic per element. */
+void zs_adamw_ref(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
+                  const zs_adamw_hparams *hp);
+
+/*
+ * The fast path: the widest SIMD variant this CPU supports (chosen once, at first use) over
+ * `threads` OpenMP threads (0: the OpenMP default).  Same bits as zs_adamw_ref.
+ */
+void zs_adamw(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
+              const zs_adamw_hparams *hp, int threads);
+
+/* The ISA the fast path uses: "avx512", "avx2" or "scalar".  ZS_ADAMW_ISA=avx2|scalar in the
+ * environment caps it (for tests and benchmarks). */
+const char *zs_adamw_isa(void);
+
+/* float -> bf16, round to nearest even; NaN maps to a quiet NaN of the same sign. */
+static inline uint16_t zs_f32_to_bf16(float f)
+{
+    union { float f; uint32_t u; } x = {.f = f};
+    if ((x.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x.u >> 16) | 0x0040u);
+    uint32_t rounding = 0x7fffu + ((x.u >> 16) & 1u);
+    return (uint16_t)((x.u + rounding) >> 16);
+}
+
+static inline float zs_bf16_to_f32(uint16_t h)
+{
+    union { uint32_t u; float f; } x = {.u = (uint32_t)h << 16};
+    return x.f;
+}
+
+#endif

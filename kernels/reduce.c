@@ -1,0 +1,61 @@
+#include "kernels/reduce.h"
+
+#include <omp.h>
+#include <stdlib.h>
+
+/* One block, four double accumulators combined in a fixed order (helps the pipeline while
+ * staying a fixed function of the values). */
+static double block_sumsq(const float *x, size_t n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += (double)x[i] * x[i];
+        s1 += (double)x[i + 1] * x[i + 1];
+        s2 += (double)x[i + 2] * x[i + 2];
+        s3 += (double)x[i + 3] * x[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += (double)x[i] * x[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+double zs_sumsq(const float *x, size_t n, int threads)
+{
+    size_t nblocks = (n + ZS_REDUCE_BLOCK - 1) / ZS_REDUCE_BLOCK;
+    if (nblocks <= 1)
+        return block_sumsq(x, n);
+    double stack[256];
+    double *partial = nblocks <= 256 ? stack : malloc(nblocks * sizeof *partial);
+    if (!partial) {
+        /* Without memory for the partials, the same sum serially. */
+        double s = 0;
+        for (size_t b = 0; b < nblocks; b++) {
+            size_t lo = b * ZS_REDUCE_BLOCK, hi = lo + ZS_REDUCE_BLOCK < n ? lo + ZS_REDUCE_BLOCK : n;
+            s += block_sumsq(x + lo, hi - lo);
+        }
+        return s;
+    }
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t b = 0; b < nblocks; b++) {
+        size_t lo = b * ZS_REDUCE_BLOCK, hi = lo + ZS_REDUCE_BLOCK < n ? lo + ZS_REDUCE_BLOCK : n;
+        partial[b] = block_sumsq(x + lo, hi - lo);
+    }
+    double s = 0;
+    for (size_t b = 0; b < nblocks; b++)
+        s += partial[b];
+    if (partial != stack)
+        free(partial);
+    return s;
+}
+
+double zs_sumsq_sharded(const float *x, size_t n, size_t shard_floats, int threads)
+{
+    double s = 0;
+    for (size_t lo = 0; lo < n; lo += shard_floats) {
+        size_t len = n - lo < shard_floats ? n - lo : shard_floats;
+        s += zs_sumsq(x + lo, len, threads);
+    }
+    return s;
+}

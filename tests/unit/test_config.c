@@ -1,0 +1,175 @@
+/* config: defaults, DeepSpeed keys, batch geometry, schedules, and errors that name the key. */
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "tests/unit/test.h"
+
+static void test_full(void)
+{
+    const char *text =
+        "{\"seed\": 7, \"train_batch_size\": 16, \"train_micro_batch_size_per_gpu\": 4,"
+        " \"gradient_accumulation_steps\": 4,"
+        " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"betas\": [0.8, 0.95],"
+        "   \"eps\": 1e-6, \"weight_decay\": 0.1}},"
+        " \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": 0,"
+        "   \"warmup_max_lr\": 0.01, \"warmup_num_steps\": 10, \"total_num_steps\": 110,"
+        "   \"warmup_type\": \"linear\"}},"
+        " \"gradient_clipping\": 0.5, \"bf16\": {\"enabled\": true},"
+        " \"fp16\": {\"enabled\": false},"
+        " \"model\": {\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 64, \"vocab_size\": 300,"
+        "   \"block_size\": 32},"
+        " \"cluster\": {\"shard_size\": 65536}}";
+    zs_config c;
+    CHECK_OK(zs_config_parse(text, "full", &c));
+    CHECK_EQ_INT(c.seed, 7);
+    CHECK_EQ_INT(c.train_batch_size, 16);
+    CHECK_EQ_INT(c.micro_batch, 4);
+    CHECK_EQ_INT(c.chunks, 4);
+    CHECK_NEAR(c.adamw.lr, 0.01, 0);
+    CHECK_NEAR(c.adamw.beta1, 0.8, 0);
+    CHECK_NEAR(c.adamw.beta2, 0.95, 0);
+    CHECK_NEAR(c.adamw.eps, 1e-6, 0);
+    CHECK_NEAR(c.adamw.weight_decay, 0.1, 0);
+    CHECK_EQ_INT(c.sched.type, ZS_SCHED_WARMUP_DECAY);
+    CHECK_NEAR(c.gradient_clipping, 0.5, 0);
+    CHECK_EQ_INT(c.bf16, 1);
+    CHECK_EQ_INT(c.model.n_layer, 2);
+    CHECK_EQ_INT(c.model.vocab_size, 300);
+    CHECK_EQ_INT(c.cluster.shard_bytes, 65536);
+    /* Linear warmup: step/10 of the max; then linear decay to 0 at step 110. */
+    CHECK_NEAR(zs_config_lr(&c, 0), 0.0, 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 5), 0.005, 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 10), 0.01, 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 60), 0.005, 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 110), 0.0, 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 200), 0.0, 1e-15);
+}
+
+static void test_defaults_and_geometry(void)
+{
+    zs_config c;
+    CHECK_OK(zs_config_parse("{}", "empty", &c));
+    CHECK_EQ_INT(c.micro_batch, 1);
+    CHECK_EQ_INT(c.chunks, 1);
+    CHECK_EQ_INT(c.train_batch_size, 1);
+    CHECK_EQ_INT(c.sched.type, ZS_SCHED_CONSTANT);
+    CHECK_NEAR(zs_config_lr(&c, 123), c.adamw.lr, 0);
+    CHECK_EQ_INT(c.cluster.shard_bytes, 4 << 20);
+    CHECK_OK(zs_config_parse("{\"train_batch_size\": 12, \"gradient_accumulation_steps\": 3}",
+                             "s", &c));
+    CHECK_EQ_INT(c.micro_batch, 4);
+    CHECK_EQ_INT(c.chunks, 3);
+    CHECK_OK(zs_config_parse("{\"train_micro_batch_size_per_gpu\": 2, "
+                             "\"gradient_accumulation_steps\": 5}", "s", &c));
+    CHECK_EQ_INT(c.train_batch_size, 10);
+    CHECK_EQ_INT(c.chunks, 5);
+    CHECK_OK(zs_config_parse("{\"train_batch_size\": 8}", "s", &c));
+    CHECK_EQ_INT(c.micro_batch, 8);
+    CHECK_EQ_INT(c.chunks, 1);
+}
+
+static void test_schedules(void)
+{
+    zs_config c;
+    /* WarmupLR, log warmup (DeepSpeed's default): min + (max-min) * log(s+1)/log(n). */
+    CHECK_OK(zs_config_parse("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+                             "{\"warmup_min_lr\": 0.0, \"warmup_max_lr\": 0.002, "
+                             "\"warmup_num_steps\": 100}}}", "s", &c));
+    CHECK_NEAR(zs_config_lr(&c, 0), 0.0, 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 9), 0.002 * log(10.0) / log(100.0), 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 100), 0.002, 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 5000), 0.002, 1e-15);
+    /* WarmupCosineLR: ratio of optimizer lr; cosine from 1 down to cos_min_ratio. */
+    CHECK_OK(zs_config_parse("{\"optimizer\": {\"params\": {\"lr\": 0.1}}, \"scheduler\": "
+                             "{\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": "
+                             "110, \"warmup_num_steps\": 10, \"warmup_type\": \"linear\", "
+                             "\"cos_min_ratio\": 0.0}}}", "s", &c));
+    CHECK_NEAR(zs_config_lr(&c, 5), 0.05, 1e-15);
+    CHECK_NEAR(zs_config_lr(&c, 59), 0.1 * 0.5, 1e-12);
+    CHECK_NEAR(zs_config_lr(&c, 109), 0.0, 1e-15);
+}
+
+static void test_errors(void)
+{
+    zs_config c;
+    CHECK_FAILS_WITH(zs_config_parse("{\"train_batch_sise\": 4}", "cfg.json", &c),
+                     "unknown key \"train_batch_sise\"");
+    CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"params\": {\"betaz\": 1}}}", "cfg.json",
+                                     &c), "unknown key \"optimizer.params.betaz\"");
+    CHECK_FAILS_WITH(zs_config_parse("{\"model\": {\"n_layer\": \"six\"}}", "cfg.json", &c),
+                     "\"model.n_layer\": expected an integer, got a string");
+    CHECK_FAILS_WITH(zs_config_parse("{\"model\": {\"n_layer\": 2.5}}", "cfg.json", &c),
+                     "model.n_layer");
+    CHECK_FAILS_WITH(zs_config_parse("{\"gradient_clipping\": true}", "cfg.json", &c),
+                     "\"gradient_clipping\": expected a number, got a boolean");
+    CHECK_FAILS_WITH(zs_config_parse("{\"model\": 3}", "cfg.json", &c),
+                     "\"model\": expected an object");
+    CHECK_FAILS_WITH(zs_config_parse("{\"model\": {\"n_embd\": 10, \"n_head\": 3}}", "cfg.json",
+                                     &c), "not a multiple of model.n_head");
+    CHECK_FAILS_WITH(zs_config_parse("{\"train_batch_size\": 10, "
+                                     "\"train_micro_batch_size_per_gpu\": 4}", "cfg.json", &c),
+                     "not a multiple of train_micro_batch_size_per_gpu");
+    CHECK_FAILS_WITH(zs_config_parse("{\"train_batch_size\": 8, "
+                                     "\"train_micro_batch_size_per_gpu\": 4, "
+                                     "\"gradient_accumulation_steps\": 3}", "cfg.json", &c),
+                     "gradient_accumulation_steps");
+    CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"type\": \"SGD\"}}", "cfg.json", &c),
+                     "\"SGD\" is not supported");
+    CHECK_FAILS_WITH(zs_config_parse("{\"scheduler\": {\"type\": \"OneCycle\"}}", "cfg.json", &c),
+                     "\"OneCycle\" is not supported");
+    CHECK_FAILS_WITH(zs_config_parse("{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "cfg.json",
+                                     &c), "total_num_steps\" is required");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"enabled\": true}}", "cfg.json", &c),
+                     "fp16.enabled");
+    CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"shard_size\": 1000}}", "cfg.json", &c),
+                     "multiple of 256");
+    CHECK_FAILS_WITH(zs_config_parse("{\"seed\": 1, \"seed\": 2}", "cfg.json", &c),
+                     "invalid JSON");
+    CHECK_FAILS_WITH(zs_config_parse("{\"seed\": ", "cfg.json", &c), "cfg.json:1");
+    CHECK_FAILS_WITH(zs_config_parse("[1, 2]", "cfg.json", &c), "must be a JSON object");
+    CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}",
+                                     "cfg.json", &c), "optimizer.params.betas");
+    CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"params\": {\"lr\": -1}}}", "cfg.json",
+                                     &c), "optimizer.params.lr");
+    CHECK_FAILS_WITH(zs_config_load("/nonexistent/zshard.json", &c), "/nonexistent/zshard.json");
+}
+
+static void test_hf_roundtrip(void)
+{
+    char dir[] = "/tmp/zs_test_config_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    zs_model_config m = {.n_layer = 3, .n_head = 2, .n_embd = 32, .vocab_size = 77,
+                         .block_size = 40};
+    CHECK_OK(zs_config_write_hf(&m, path));
+    zs_model_config r;
+    CHECK_OK(zs_config_read_hf(path, &r));
+    CHECK_EQ_INT(r.n_layer, 3);
+    CHECK_EQ_INT(r.n_head, 2);
+    CHECK_EQ_INT(r.n_embd, 32);
+    CHECK_EQ_INT(r.vocab_size, 77);
+    CHECK_EQ_INT(r.block_size, 40);
+    FILE *f = fopen(path, "w");
+    fputs("{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"vocab_size\": 5}", f);
+    fclose(f);
+    CHECK_FAILS_WITH(zs_config_read_hf(path, &r), "\"n_positions\" is missing");
+    f = fopen(path, "w");
+    fputs("{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"vocab_size\": 5, \"n_positions\": 4,"
+          " \"activation_function\": \"relu\"}", f);
+    fclose(f);
+    CHECK_FAILS_WITH(zs_config_read_hf(path, &r), "relu");
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    test_full();
+    test_defaults_and_geometry();
+    test_schedules();
+    test_errors();
+    test_hf_roundtrip();
+    return zs_test_result("test_config");
+}

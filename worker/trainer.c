@@ -1,0 +1,186 @@
+/*
+ * trainer: `zshard train`'s step, top to bottom.  See trainer.h for the operation order that
+ * the partition servers reproduce.
+ */
+#include "worker/trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/modelfile.h"
+#include "kernels/adamw.h"
+#include "kernels/reduce.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static float *alloc_floats(size_t n)
+{
+    /* 64-byte aligned and zeroed: padding between tensors must stay 0. */
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n * sizeof(float) + 64) != 0)
+        return NULL;
+    memset(p, 0, n * sizeof(float));
+    return p;
+}
+
+/* Rounds the master weights to bf16 for the model to compute with (bf16.enabled). */
+static void round_compute(zs_trainer *tr)
+{
+    size_t n = tr->tt.total;
+#pragma omp parallel for schedule(static) num_threads(tr->threads)
+    for (size_t i = 0; i < n; i++)
+        tr->compute[i] = zs_bf16_to_f32(zs_f32_to_bf16(tr->params[i]));
+}
+
+zs_err zs_trainer_init(zs_trainer *tr, const zs_config *cfg, const zs_dataset *data, int threads,
+                       const char *init_dir)
+{
+    memset(tr, 0, sizeof *tr);
+    tr->cfg = *cfg;
+    tr->data = data;
+    tr->threads = threads > 0 ? threads : 1;
+    zs_err res;
+    int T = cfg->model.block_size, b = cfg->micro_batch;
+    ZS_CHECK_GOTO(zs_data_check(data, cfg->model.vocab_size, T), res, fail);
+    ZS_CHECK_GOTO(zs_tensors_gpt2(&cfg->model, &tr->tt), res, fail);
+    size_t n = tr->tt.total;
+    tr->params = alloc_floats(n);
+    tr->grads = alloc_floats(n);
+    tr->acc = alloc_floats(n);
+    tr->m = alloc_floats(n);
+    tr->v = alloc_floats(n);
+    tr->inputs = malloc((size_t)b * T * sizeof *tr->inputs);
+    tr->targets = malloc((size_t)b * T * sizeof *tr->targets);
+    if (cfg->bf16) {
+        tr->compute = alloc_floats(n);
+        tr->bf16 = calloc(n, sizeof *tr->bf16);
+    }
+    if (!tr->params || !tr->grads || !tr->acc || !tr->m || !tr->v || !tr->inputs ||
+        !tr->targets || (cfg->bf16 && (!tr->compute || !tr->bf16))) {
+        res = zs_error(ZS_ERR_NOMEM, "trainer: out of memory for %zu parameters", n);
+        goto fail;
+    }
+    if (init_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/model.safetensors", init_dir);
+        ZS_CHECK_GOTO(zs_modelfile_load_weights(&tr->tt, path, tr->params), res, fail);
+    } else {
+        zs_tensors_init_gpt2(&tr->tt, cfg->seed, tr->params, 0, n);
+    }
+    if (cfg->bf16)
+        round_compute(tr);
+    else
+        tr->compute = tr->params;
+    ZS_CHECK_GOTO(zs_gpt2_create(&cfg->model, &tr->tt, b, T, tr->threads, &tr->model), res, fail);
+    return ZS_OK;
+fail:
+    zs_trainer_free(tr);
+    return res;
+}
+
+void zs_trainer_free(zs_trainer *tr)
+{
+    if (tr->model)
+        zs_gpt2_free(tr->model);
+    if (tr->compute != tr->params)
+        free(tr->compute);
+    free(tr->params);
+    free(tr->bf16);
+    free(tr->grads);
+    free(tr->acc);
+    free(tr->m);
+    free(tr->v);
+    free(tr->inputs);
+    free(tr->targets);
+    zs_tensors_free(&tr->tt);
+    memset(tr, 0, sizeof *tr);
+}
+
+/* AdamW over one tensor's part of the vector, with its weight-decay setting. */
+typedef struct {
+    zs_trainer *tr;
+    double lr;
+    float grad_scale;
+    long t;
+} adamw_ctx;
+
+static zs_err adamw_span(void *ctx, size_t begin, size_t end, const zs_tensor *t)
+{
+    adamw_ctx *a = ctx;
+    zs_trainer *tr = a->tr;
+    const zs_adamw_config *c = &tr->cfg.adamw;
+    zs_adamw_hparams hp = zs_adamw_hparams_make(a->lr, c->beta1, c->beta2, c->eps,
+                                                t->decay ? c->weight_decay : 0.0, a->t,
+                                                a->grad_scale);
+    zs_adamw(tr->params + begin, tr->m + begin, tr->v + begin, tr->acc + begin,
+             tr->bf16 ? tr->bf16 + begin : NULL, end - begin, &hp, tr->threads);
+    return ZS_OK;
+}
+
+zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
+{
+    const zs_config *cfg = &tr->cfg;
+    int C = cfg->chunks, b = cfg->micro_batch, T = cfg->model.block_size;
+    size_t n = tr->tt.total;
+    double t0 = now_s();
+    zs_gpt2_flat flat = {.params = tr->compute, .grads = tr->grads};
+    zs_gpt2_io io = zs_gpt2_flat_io(&flat);
+    double loss_sum = 0;
+    for (int c = 0; c < C; c++) {
+        zs_data_chunk(tr->data, cfg->seed, tr->step, c, b, T, tr->inputs, tr->targets);
+        float loss;
+        ZS_CHECK(zs_gpt2_forward(tr->model, &io, tr->inputs, tr->targets, b, T, &loss));
+        ZS_CHECK(zs_gpt2_backward(tr->model, &io));
+        loss_sum += loss;
+        /* acc = g_0, then acc += g_c: chunk order, as the servers add them. */
+        if (c == 0) {
+            memcpy(tr->acc, tr->grads, n * sizeof *tr->acc);
+        } else {
+#pragma omp parallel for schedule(static) num_threads(tr->threads)
+            for (size_t i = 0; i < n; i++)
+                tr->acc[i] += tr->grads[i];
+        }
+    }
+    size_t shard_floats = cfg->cluster.shard_bytes / sizeof(float);
+    double norm = sqrt(zs_sumsq_sharded(tr->acc, n, shard_floats, tr->threads)) / C;
+    double clip = 1.0;
+    if (cfg->gradient_clipping > 0 && norm > cfg->gradient_clipping) {
+        /* torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6), at most 1. */
+        clip = cfg->gradient_clipping / (norm + 1e-6);
+        if (clip > 1.0)
+            clip = 1.0;
+    }
+    adamw_ctx a = {.tr = tr,
+                   .lr = zs_config_lr(cfg, (int)tr->step),
+                   .grad_scale = (float)(clip / C),
+                   .t = tr->step + 1};
+    ZS_CHECK(zs_tensors_spans(&tr->tt, 0, n, adamw_span, &a));
+    if (cfg->bf16) {
+#pragma omp parallel for schedule(static) num_threads(tr->threads)
+        for (size_t i = 0; i < n; i++)
+            tr->compute[i] = zs_bf16_to_f32(tr->bf16[i]);
+    }
+    tr->step++;
+    double dt = now_s() - t0;
+    *st = (zs_step_stats){.step = tr->step,
+                          .loss = loss_sum / C,
+                          .lr = a.lr,
+                          .grad_norm = norm,
+                          .clip = clip,
+                          .seconds = dt,
+                          .tokens_per_sec = (double)C * b * T / dt};
+    return ZS_OK;
+}
+
+zs_err zs_trainer_save(const zs_trainer *tr, const char *dir)
+{
+    return zs_modelfile_save(&tr->tt, &tr->cfg.model, tr->params, dir);
+}

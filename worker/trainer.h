@@ -1,0 +1,66 @@
+/*
+ * trainer: the single-process trainer behind `zshard train`, the reference that every
+ * distributed run must match bit for bit.
+ *
+ * One step s: for each chunk c = 0..C-1 in order, take the chunk's b sequences from
+ * (seed, s, c), run forward and backward, and add the chunk gradient into the accumulator
+ * (acc = g_0, then acc += g_c).  The gradient norm is sqrt(sum over shards, in shard order,
+ * of each shard's sum of squares of acc) / C; the clip factor is
+ * min(1, gradient_clipping / (norm + 1e-6)) (1 when clipping is off); AdamW then runs per
+ * tensor with grad_scale = clip / C, and step s's learning rate.  These are the operations a
+ * partition server performs on its shards, in the same order, so the results agree.
+ * With bf16.enabled the model computes with the weights rounded to bf16, as a worker that
+ * fetches bf16 does.
+ */
+#ifndef ZS_TRAINER_H
+#define ZS_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/data.h"
+#include "common/err.h"
+#include "common/tensors.h"
+#include "kernels/gpt2.h"
+
+typedef struct {
+    zs_config cfg;
+    zs_tensor_table tt;
+    const zs_dataset *data;
+    zs_gpt2 *model;
+    int threads;
+    long step;          /* steps done so far */
+    float *params;      /* [tt.total] fp32 master weights */
+    float *compute;     /* [tt.total] bf16-rounded weights the model reads, or == params */
+    uint16_t *bf16;     /* [tt.total] bf16 copy written by AdamW, or NULL */
+    float *grads;       /* [tt.total] one chunk's gradient */
+    float *acc;         /* [tt.total] the step's accumulated gradient */
+    float *m, *v;       /* [tt.total] AdamW moments */
+    int32_t *inputs;    /* [b, T] */
+    int32_t *targets;   /* [b, T] */
+} zs_trainer;
+
+typedef struct {
+    long step;             /* 1-based number of the step just done */
+    double loss;           /* mean of the chunk losses */
+    double lr;
+    double grad_norm;      /* before clipping */
+    double clip;           /* factor applied (1 when no clipping happened) */
+    double seconds;
+    double tokens_per_sec;
+} zs_step_stats;
+
+/* Sets up the trainer; weights from init_dir/model.safetensors when init_dir is not NULL,
+ * otherwise initialized from cfg->seed.  data must outlive the trainer. */
+zs_err zs_trainer_init(zs_trainer *tr, const zs_config *cfg, const zs_dataset *data, int threads,
+                       const char *init_dir);
+void zs_trainer_free(zs_trainer *tr);
+
+/* Runs one step. */
+zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *stats);
+
+/* Writes dir/model.safetensors (fp32, HF names) and dir/config.json (HF GPT-2). */
+zs_err zs_trainer_save(const zs_trainer *tr, const char *dir);
+
+#endif
