@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The main job: builds zshard, writes the default corpus (text already on this machine), and
+# trains the small GPT (6 layers x 384, byte-level) on it, then prints a summary.
+#   deploy/main.sh [STEPS] [OUT]        (defaults: 60 steps, out/main)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+steps=${1:-60}
+out=${2:-$root/out/main}
+build=$("$root/deploy/build.sh")
+mkdir -p "$out"
+corpus=$out/corpus.txt
+[ -s "$corpus" ] || "$root/deploy/corpus.sh" "$corpus"
+echo "zshard: training on $corpus ($(stat -c %s "$corpus") bytes) for $steps steps" >&2
+start=$(date +%s)
+"$build/zshard" train --config "$root/deploy/configs/small-gpt.json" --data "$corpus" \
+  --steps "$steps" --out "$out"
+end=$(date +%s)
+first=$(head -n 1 "$out/metrics.jsonl" | sed -E 's/.*"loss": ([^,]*),.*/\1/')
+last=$(tail -n 1 "$out/metrics.jsonl" | sed -E 's/.*"loss": ([^,]*),.*/\1/')
+tps=$(awk -F'"tokens_per_sec": ' '{split($2, a, ","); s += a[1]; n++} END {printf "%.0f", s / n}' \
+  "$out/metrics.jsonl")
+cat <<TXT
+
+zshard main job done in $((end - start)) s
+  loss:     $first (step 1) -> $last (step $steps)   [nats per byte; ln 256 = 5.545 is chance]
+  speed:    $tps tokens/s (mean over steps)
+  model:    $out/model.safetensors, $out/config.json (Hugging Face GPT-2 format)
+  metrics:  $out/metrics.jsonl
+  evaluate: $build/zshard eval --model $out --data $corpus --seqs 32
+TXT

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds the release and the sanitizer
+# builds, and runs every CTest test in both.  Exit status 0 only if everything passed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc)
+release=$("$root/deploy/build.sh")
+asan=$("$root/deploy/build.sh" --asan)
+status=0
+echo "== release build: $release"
+(cd "$release" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
+echo "== sanitizer build (ASan + UBSan): $asan"
+(cd "$asan" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest --output-on-failure -j "$jobs" --timeout 1800) || status=1
+exit $status
