@@ -1,13 +1,22 @@
 /*
  * adamw: the scalar reference, the choice of SIMD variant, and the split over threads.
  *
- * The operation order below is the contract every variant implements (see adamw.h):
- *   g = grad * grad_scale
- *   p = p * decay_factor
- *   m = m + one_minus_b1 * (g - m)
- *   v = v * beta2 + (one_minus_b2 * g) * g
- *   denom = sqrt(v) / bc2_sqrt + eps
- *   p = p - (step_size * m) / denom
+ * The operation order below is the contract every variant implements (see adamw.h); each
+ * line is one IEEE float operation per operator, rounded, left to right as written:
+ *   g     = grad * grad_scale
+ *   p     = p * decay_factor
+ *   m     = m + one_minus_b1 * (g - m)
+ *   v     = v * beta2 + (one_minus_b2 * g) * g
+ *   denom = sqrtf(v) / bc2_sqrt + eps
+ *   p     = p - (step_size * m) / denom
+ *   bf16  = zs_f32_to_bf16(p)
+ * and p, m, v are stored with any NaN replaced by ZS_ADAMW_NAN_BITS (after p is computed
+ * from the uncanonicalized m and v; whether p is NaN does not depend on their payloads).
+ *
+ * The variant is chosen once (pthread_once) from what the CPU and the OS support, capped by
+ * ZS_ADAMW_ISA.  The thread split cuts n into contiguous ranges at multiples of 64 elements
+ * (a cache line of each float array), so no two threads write the same line; since the work
+ * is elementwise, the split never changes the bits.
  */
 #include "kernels/adamw.h"
 
@@ -17,12 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "kernels/cpu/adamw_simd.h"
 
 zs_adamw_hparams zs_adamw_hparams_make(double lr, double beta1, double beta2, double eps,
                                        double weight_decay, long t, float grad_scale)
 {
-    /* As torch.optim.AdamW: bias corrections in double from the step count. */
+    /* As torch.optim.AdamW: the bias corrections in double from the step count, rounded to
+     * float once, so that every kernel multiplies by the same scalars. */
     double bc1 = 1.0 - pow(beta1, (double)t);
     double bc2 = 1.0 - pow(beta2, (double)t);
     return (zs_adamw_hparams){
@@ -37,6 +48,16 @@ zs_adamw_hparams zs_adamw_hparams_make(double lr, double beta1, double beta2, do
     };
 }
 
+/* x, or the canonical NaN if x is a NaN of any sign and payload. */
+static inline float canonical_nan(float x)
+{
+    union {
+        uint32_t u;
+        float f;
+    } nan = {.u = ZS_ADAMW_NAN_BITS};
+    return isnan(x) ? nan.f : x;
+}
+
 void zs_adamw_ref(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
                   const zs_adamw_hparams *hp)
 {
@@ -47,9 +68,10 @@ void zs_adamw_ref(float *param, float *m, float *v, const float *grad, uint16_t 
         float vi = v[i] * hp->beta2 + (hp->one_minus_b2 * g) * g;
         float denom = sqrtf(vi) / hp->bc2_sqrt + hp->eps;
         p = p - (hp->step_size * mi) / denom;
+        p = canonical_nan(p);
         param[i] = p;
-        m[i] = mi;
-        v[i] = vi;
+        m[i] = canonical_nan(mi);
+        v[i] = canonical_nan(vi);
         if (bf16)
             bf16[i] = zs_f32_to_bf16(p);
     }
@@ -62,16 +84,43 @@ static adamw_fn chosen_fn;
 static const char *chosen_name;
 static pthread_once_t chosen_once = PTHREAD_ONCE_INIT;
 
+/* The variant files are compiled with these ISA flags (CMakeLists.txt), so the compiler may
+ * use any of them there: the CPU must have all.  __builtin_cpu_supports also checks that the
+ * OS saves the vector registers (XCR0). */
+static int have_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma");
+}
+
+/* -mf16c is not checked: the AVX2 file converts no halves, every AVX2 CPU has F16C, and
+ * clang 14 knows no "f16c" feature string. */
+static int have_avx2(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 static void choose(void)
 {
-    const char *cap = getenv("ZS_ADAMW_ISA");
-    int allow512 = !cap || strcmp(cap, "avx512") == 0;
-    int allow2 = allow512 || (cap && strcmp(cap, "avx2") == 0);
+    /* 2: avx512 allowed, 1: up to avx2, 0: scalar only. */
+    int cap = 2;
+    const char *env = getenv("ZS_ADAMW_ISA");
+    if (env && *env) {
+        if (strcmp(env, "avx512") == 0)
+            cap = 2;
+        else if (strcmp(env, "avx2") == 0)
+            cap = 1;
+        else if (strcmp(env, "scalar") == 0)
+            cap = 0;
+        else
+            ZS_WARN("ZS_ADAMW_ISA=%s: expected avx512, avx2 or scalar; ignoring it", env);
+    }
     __builtin_cpu_init();
-    if (allow512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    if (cap >= 2 && have_avx512()) {
         chosen_fn = zs_adamw_avx512;
         chosen_name = "avx512";
-    } else if (allow2 && __builtin_cpu_supports("avx2")) {
+    } else if (cap >= 1 && have_avx2()) {
         chosen_fn = zs_adamw_avx2;
         chosen_name = "avx2";
     } else {
@@ -86,29 +135,36 @@ const char *zs_adamw_isa(void)
     return chosen_name;
 }
 
-/* Below this many elements a second thread costs more than it saves. */
+/* Below this many elements per thread, waking another thread costs more than it saves
+ * (a 16384-element range is ~0.5 MB of traffic, some tens of microseconds). */
 #define ADAMW_MIN_PER_THREAD 16384
+/* Range boundaries fall on multiples of this many elements: 64 floats = 4 cache lines, and a
+ * whole number of AVX-512 vectors, so only the last range has a tail. */
 #define ADAMW_ALIGN 64
 
 void zs_adamw(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
               const zs_adamw_hparams *hp, int threads)
 {
     pthread_once(&chosen_once, choose);
+    adamw_fn fn = chosen_fn;
     int nt = threads > 0 ? threads : omp_get_max_threads();
     if ((size_t)nt > n / ADAMW_MIN_PER_THREAD)
         nt = (int)(n / ADAMW_MIN_PER_THREAD);
     if (nt <= 1) {
-        chosen_fn(param, m, v, grad, bf16, n, hp);
+        fn(param, m, v, grad, bf16, n, hp);
         return;
     }
-    /* Contiguous ranges, one per thread, cut at multiples of 64 elements.  Elementwise work:
-     * any split gives the same bits. */
-    size_t per = (n / (size_t)nt + ADAMW_ALIGN - 1) / ADAMW_ALIGN * ADAMW_ALIGN;
 #pragma omp parallel num_threads(nt)
     {
+        /* The team may be smaller than asked (OMP_THREAD_LIMIT, nesting), so the ranges come
+         * from the team actually running: ceil(blocks / team) blocks of 64 each, which covers
+         * all of n. */
+        size_t team = (size_t)omp_get_num_threads();
+        size_t blocks = (n + ADAMW_ALIGN - 1) / ADAMW_ALIGN;
+        size_t per = (blocks + team - 1) / team * ADAMW_ALIGN;
         size_t lo = (size_t)omp_get_thread_num() * per;
         size_t hi = lo + per < n ? lo + per : n;
         if (lo < hi)
-            chosen_fn(param + lo, m + lo, v + lo, grad + lo, bf16 ? bf16 + lo : NULL, hi - lo, hp);
+            fn(param + lo, m + lo, v + lo, grad + lo, bf16 ? bf16 + lo : NULL, hi - lo, hp);
     }
 }

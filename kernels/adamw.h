@@ -10,6 +10,12 @@
  *   p     = p - (lr / (1 - beta1^t)) * m / denom
  *   bf16  = p rounded to nearest even (NaN stays NaN)
  *
+ * A NaN stored in p, m or v is always the default quiet NaN 0x7fc00000.  When two different
+ * NaNs meet in an addition, x86 returns the first operand's, and for a commutative operation
+ * the compiler chooses the order; so NaN payloads would differ between builds and variants.
+ * Whether a result is NaN does not depend on the order, so storing one canonical NaN keeps
+ * the bits equal.
+ *
  * Invariant: every implementation (scalar reference, AVX2, AVX-512; any thread count) gives
  * bitwise the same p, m, v and bf16.  The scalars (bias corrections, step size) are computed
  * once in double by zs_adamw_hparams_make, and every kernel performs the same IEEE float

@@ -1,46 +1,76 @@
 /*
- * adamw_avx512: zs_adamw_ref 16 floats at a time; the tail runs through masked loads and
- * stores, so every element takes the same instruction sequence.  No FMA: the reference
- * rounds after each multiply.
+ * adamw_avx512: zs_adamw_ref 16 floats at a time.  The tail (n % 16 elements) goes through
+ * the same instruction sequence with masked loads and stores; masked-off lanes compute on
+ * zeros, which raises nothing and is never stored.  No FMA: the reference rounds after each
+ * multiply.  Loads and stores are unaligned, as the partition server's buffers may be.
  */
 #include <immintrin.h>
 
 #include "kernels/cpu/adamw_simd.h"
 
-/* zs_f32_to_bf16 on 16 lanes: round to nearest even, NaN to quiet NaN. */
+/* zs_f32_to_bf16 on 16 lanes with integer operations: round to nearest even by adding
+ * 0x7fff plus the kept part's lowest bit, NaN to quiet NaN by setting bit 6 of the kept
+ * part.  (AVX512_BF16's vcvtneps2bf16 is not used: the integer form is the reference's,
+ * exactly, on every input.) */
 static inline __m256i to_bf16(__m512 p)
 {
     __m512i u = _mm512_castps_si512(p);
+    __m512i hi = _mm512_srli_epi32(u, 16);
     __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-    __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
     __m512i rounded = _mm512_srli_epi32(
         _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
-void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16_t *bf16,
-                     size_t n, const zs_adamw_hparams *hp)
+/* x with every NaN lane replaced by ZS_ADAMW_NAN_BITS. */
+static inline __m512 canonical_nan(__m512 x)
 {
-    const __m512 gs = _mm512_set1_ps(hp->grad_scale), df = _mm512_set1_ps(hp->decay_factor),
-                 omb1 = _mm512_set1_ps(hp->one_minus_b1), b2 = _mm512_set1_ps(hp->beta2),
-                 omb2 = _mm512_set1_ps(hp->one_minus_b2), bc2 = _mm512_set1_ps(hp->bc2_sqrt),
-                 eps = _mm512_set1_ps(hp->eps), step = _mm512_set1_ps(hp->step_size);
-    for (size_t i = 0; i < n; i += 16) {
-        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, grad + i), gs);
-        __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, param + i), df);
-        __m512 mi = _mm512_maskz_loadu_ps(k, m + i);
-        __m512 vi = _mm512_maskz_loadu_ps(k, v + i);
-        mi = _mm512_add_ps(mi, _mm512_mul_ps(omb1, _mm512_sub_ps(g, mi)));
-        vi = _mm512_add_ps(_mm512_mul_ps(vi, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
-        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
-        p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(step, mi), denom));
-        _mm512_mask_storeu_ps(param + i, k, p);
-        _mm512_mask_storeu_ps(m + i, k, mi);
-        _mm512_mask_storeu_ps(v + i, k, vi);
-        if (bf16)
-            _mm256_mask_storeu_epi16(bf16 + i, k, to_bf16(p));
-    }
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(nan, x, _mm512_castsi512_ps(_mm512_set1_epi32(ZS_ADAMW_NAN_BITS)));
+}
+
+typedef struct {
+    __m512 gs, df, omb1, b2, omb2, bc2, eps, step;
+} consts;
+
+/* One vector of elements [i, i+16), lanes selected by k. */
+static inline void step16(float *param, float *m, float *v, const float *grad, uint16_t *bf16,
+                          size_t i, __mmask16 k, const consts *c)
+{
+    __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, grad + i), c->gs);
+    __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, param + i), c->df);
+    __m512 mi = _mm512_maskz_loadu_ps(k, m + i);
+    __m512 vi = _mm512_maskz_loadu_ps(k, v + i);
+    mi = _mm512_add_ps(mi, _mm512_mul_ps(c->omb1, _mm512_sub_ps(g, mi)));
+    vi = _mm512_add_ps(_mm512_mul_ps(vi, c->b2), _mm512_mul_ps(_mm512_mul_ps(c->omb2, g), g));
+    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), c->bc2), c->eps);
+    p = canonical_nan(_mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(c->step, mi), denom)));
+    _mm512_mask_storeu_ps(param + i, k, p);
+    _mm512_mask_storeu_ps(m + i, k, canonical_nan(mi));
+    _mm512_mask_storeu_ps(v + i, k, canonical_nan(vi));
+    if (bf16)
+        _mm256_mask_storeu_epi16(bf16 + i, k, to_bf16(p));
+}
+
+void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
+                     const zs_adamw_hparams *hp)
+{
+    const consts c = {
+        .gs = _mm512_set1_ps(hp->grad_scale),
+        .df = _mm512_set1_ps(hp->decay_factor),
+        .omb1 = _mm512_set1_ps(hp->one_minus_b1),
+        .b2 = _mm512_set1_ps(hp->beta2),
+        .omb2 = _mm512_set1_ps(hp->one_minus_b2),
+        .bc2 = _mm512_set1_ps(hp->bc2_sqrt),
+        .eps = _mm512_set1_ps(hp->eps),
+        .step = _mm512_set1_ps(hp->step_size),
+    };
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        step16(param, m, v, grad, bf16, i, (__mmask16)0xffff, &c);
+    if (i < n)
+        step16(param, m, v, grad, bf16, i, (__mmask16)((1u << (n - i)) - 1), &c);
 }

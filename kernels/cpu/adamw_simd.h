@@ -1,16 +1,20 @@
 /*
  * adamw_simd: the SIMD variants of zs_adamw_ref, one file per ISA, compiled with that ISA's
  * flags and called only when the CPU has it (kernels/adamw.c chooses).  Same arguments and
- * same bits as zs_adamw_ref.
+ * same bits as zs_adamw_ref: each performs the reference's float operations in its order,
+ * without FMA, and stores NaNs as ZS_ADAMW_NAN_BITS.  Any pointer alignment of 4 (bf16: 2).
  */
 #ifndef ZS_ADAMW_SIMD_H
 #define ZS_ADAMW_SIMD_H
 
 #include "kernels/adamw.h"
 
+/* The one NaN stored in p, m and v (see adamw.h): the positive default quiet NaN. */
+#define ZS_ADAMW_NAN_BITS 0x7fc00000u
+
 void zs_adamw_avx2(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
                    const zs_adamw_hparams *hp);
-void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16_t *bf16,
-                     size_t n, const zs_adamw_hparams *hp);
+void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
+                     const zs_adamw_hparams *hp);
 
 #endif

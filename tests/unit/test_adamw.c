@@ -1,8 +1,10 @@
 /*
  * adamw: every SIMD variant and thread count gives bitwise the reference's p, m, v and bf16,
- * over sizes around the vector widths and values that stress IEEE corners (zeros of both
- * signs, denormals, huge magnitudes, overflow to inf, NaN); and the reference itself agrees
- * with the formula evaluated in double.
+ * over sizes around the vector widths and the thread split, misaligned buffers, several
+ * consecutive steps, and values that stress IEEE corners (zeros of both signs, denormals,
+ * huge magnitudes, overflow to inf, NaNs with various signs and payloads, also meeting each
+ * other in one operation); the reference itself agrees with the formula evaluated in double;
+ * and zs_f32_to_bf16 rounds as IEEE does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -14,6 +16,7 @@
 
 static uint64_t rng_state = 0x12345678abcdefull;
 
+/* xorshift64: the same inputs on every run. */
 static uint64_t next_u64(void)
 {
     rng_state ^= rng_state << 13;
@@ -27,51 +30,58 @@ static float uniform(float lo, float hi)
     return lo + (hi - lo) * (float)((next_u64() >> 40) * 0x1.0p-24);
 }
 
-/* A value from a mix of regimes; i picks special cases at fixed positions. */
-static float value(size_t i, float scale)
+static float from_bits(uint32_t u)
 {
-    switch (next_u64() % 16) {
-    case 0: return 0.0f;
-    case 1: return -0.0f;
-    case 2: return uniform(-1e-40f, 1e-40f); /* denormal */
-    case 3: return uniform(-1e30f, 1e30f);
-    case 4: return (i & 1) ? 3e38f : -3e38f;
-    default: return uniform(-scale, scale);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* A value from a mix of regimes: mostly ordinary values of magnitude up to scale, with zeros,
+ * denormals, huge values (whose squares overflow v to inf), infinities and, when nan is set,
+ * NaNs of both signs, quiet and signalling, with different payloads. */
+static float value(float scale, int nan)
+{
+    static const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffa5a5a5u,
+                                    0x7fc12345u};
+    switch (next_u64() % 24) {
+    case 0:
+        return 0.0f;
+    case 1:
+        return -0.0f;
+    case 2:
+        return uniform(-1e-40f, 1e-40f);
+    case 3:
+        return uniform(-1e30f, 1e30f);
+    case 4:
+        return (next_u64() & 1) ? 3e38f : -3e38f;
+    case 5:
+        return (next_u64() & 1) ? INFINITY : -INFINITY;
+    case 6:
+    case 7:
+        if (nan)
+            return from_bits(nans[next_u64() % (sizeof nans / sizeof *nans)]);
+        return uniform(-scale, scale);
+    default:
+        return uniform(-scale, scale);
     }
 }
 
+/* One optimizer state.  Buffers hold n + 1 elements, so that a state can be used from
+ * element 1: the kernels must take pointers of any 4-byte alignment (bf16: 2-byte). */
 typedef struct {
     float *p, *m, *v, *g;
     uint16_t *b;
 } state;
 
-static void fill(state *s, size_t n, int with_nan)
+static int alloc_state(state *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        s->p[i] = value(i, 1.0f);
-        s->m[i] = value(i, 0.1f);
-        s->v[i] = fabsf(value(i, 0.01f));
-        s->g[i] = value(i, 1.0f);
-        if (with_nan && i % 97 == 5)
-            s->g[i] = NAN;
-        if (with_nan && i % 89 == 3)
-            s->p[i] = -NAN;
-    }
-}
-
-static state alloc_state(size_t n)
-{
-    state s = {malloc(n * 4), malloc(n * 4), malloc(n * 4), malloc(n * 4), malloc(n * 2)};
-    return s;
-}
-
-static void copy_state(state *d, const state *s, size_t n)
-{
-    memcpy(d->p, s->p, n * 4);
-    memcpy(d->m, s->m, n * 4);
-    memcpy(d->v, s->v, n * 4);
-    memcpy(d->g, s->g, n * 4);
-    memset(d->b, 0xAB, n * 2);
+    s->p = malloc((n + 1) * 4);
+    s->m = malloc((n + 1) * 4);
+    s->v = malloc((n + 1) * 4);
+    s->g = malloc((n + 1) * 4);
+    s->b = malloc((n + 1) * 2);
+    return s->p && s->m && s->v && s->g && s->b;
 }
 
 static void free_state(state *s)
@@ -83,21 +93,50 @@ static void free_state(state *s)
     free(s->b);
 }
 
+static state offset_state(const state *s, size_t k)
+{
+    return (state){s->p + k, s->m + k, s->v + k, s->g + k, s->b + k};
+}
+
+static void fill(state *s, size_t n, int nan)
+{
+    for (size_t i = 0; i < n; i++) {
+        s->p[i] = value(1.0f, nan);
+        s->m[i] = value(0.1f, nan);
+        float v = value(0.01f, nan);
+        s->v[i] = isnan(v) ? v : fabsf(v); /* v >= 0 unless NaN, as the optimizer keeps it */
+        s->g[i] = value(1.0f, nan);
+    }
+}
+
+static void copy_state(state *d, const state *s, size_t n)
+{
+    memcpy(d->p, s->p, n * 4);
+    memcpy(d->m, s->m, n * 4);
+    memcpy(d->v, s->v, n * 4);
+    memcpy(d->g, s->g, n * 4);
+    memset(d->b, 0xab, n * 2);
+}
+
 /* First index where two arrays' bits differ, or n. */
 static size_t first_diff(const void *a, const void *b, size_t n, size_t elem)
 {
+    if (memcmp(a, b, n * elem) == 0)
+        return n;
     for (size_t i = 0; i < n; i++)
         if (memcmp((const char *)a + i * elem, (const char *)b + i * elem, elem) != 0)
             return i;
     return n;
 }
 
-static void compare(const char *what, const state *ref, const state *got, size_t n)
+/* Bitwise comparison of p, m, v and (when with_bf16) bf16; prints the first mismatch of each
+ * array with both values in hex. */
+static void compare(const char *what, const state *ref, const state *got, size_t n, int with_bf16)
 {
     const char *names[4] = {"param", "m", "v", "bf16"};
     const void *r[4] = {ref->p, ref->m, ref->v, ref->b}, *o[4] = {got->p, got->m, got->v, got->b};
-    size_t sz[4] = {4, 4, 4, 2};
-    for (int k = 0; k < 4; k++) {
+    const size_t sz[4] = {4, 4, 4, 2};
+    for (int k = 0; k < (with_bf16 ? 4 : 3); k++) {
         size_t i = first_diff(r[k], o[k], n, sz[k]);
         zs_test_checks++;
         if (i < n) {
@@ -105,114 +144,185 @@ static void compare(const char *what, const state *ref, const state *got, size_t
             uint32_t a = 0, b = 0;
             memcpy(&a, (const char *)r[k] + i * sz[k], sz[k]);
             memcpy(&b, (const char *)o[k] + i * sz[k], sz[k]);
-            fprintf(stderr, "%s n=%zu: %s[%zu] ref 0x%08x got 0x%08x\n", what, n, names[k], i, a,
-                    b);
+            fprintf(stderr, "%s n=%zu: %s[%zu] ref 0x%0*x got 0x%0*x\n", what, n, names[k], i,
+                    (int)sz[k] * 2, a, (int)sz[k] * 2, b);
         }
+    }
+}
+
+/* Every NaN the reference stored in p, m, v is the canonical one (and its bf16 0x7fc0); and
+ * there are NaNs, so that the bitwise comparison covered them. */
+static void check_nans(const state *s, size_t n)
+{
+    size_t count = 0, bad = 0;
+    const float *arr[3] = {s->p, s->m, s->v};
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &arr[k][i], 4);
+            if (isnan(arr[k][i])) {
+                count++;
+                bad += u != ZS_ADAMW_NAN_BITS || (k == 0 && s->b[i] != 0x7fc0);
+            }
+        }
+    CHECK_EQ_INT(bad, 0);
+    if (n >= 4096)
+        CHECK(count > 0);
+}
+
+/* The implementations under test, each on its own misaligned copy of the state. */
+enum { IMPL_AVX2, IMPL_AVX512, IMPL_T1, IMPL_T2, IMPL_T3, IMPL_NOBF16, IMPL_COUNT };
+static const char *impl_names[IMPL_COUNT] = {"avx2",
+                                             "avx512",
+                                             "zs_adamw 1 thread",
+                                             "zs_adamw 2 threads",
+                                             "zs_adamw 3 threads",
+                                             "zs_adamw 2 threads, no bf16"};
+
+static void run_impl(int impl, const state *s, size_t n, const zs_adamw_hparams *hp)
+{
+    switch (impl) {
+    case IMPL_AVX2:
+        zs_adamw_avx2(s->p, s->m, s->v, s->g, s->b, n, hp);
+        break;
+    case IMPL_AVX512:
+        zs_adamw_avx512(s->p, s->m, s->v, s->g, s->b, n, hp);
+        break;
+    case IMPL_T1:
+        zs_adamw(s->p, s->m, s->v, s->g, s->b, n, hp, 1);
+        break;
+    case IMPL_T2:
+        zs_adamw(s->p, s->m, s->v, s->g, s->b, n, hp, 2);
+        break;
+    case IMPL_T3:
+        zs_adamw(s->p, s->m, s->v, s->g, s->b, n, hp, 3);
+        break;
+    case IMPL_NOBF16:
+        zs_adamw(s->p, s->m, s->v, s->g, NULL, n, hp, 2);
+        break;
     }
 }
 
 static void test_bitwise(void)
 {
-    const size_t sizes[] = {1, 7, 8, 9, 15, 16, 17, 4096, 1048579};
+    /* Around the vector widths (8, 16), and around the thread split: zs_adamw gives a thread
+     * at least 16384 elements and cuts at multiples of 64, so 3 * 16384 + 2 leaves a short
+     * last range and 1048579 a tail in the last of three. */
+    const size_t sizes[] = {1, 7, 8, 9, 15, 16, 17, 4096, 2 * 16384 + 1, 3 * 16384 + 2, 1048579};
     const long steps[] = {1, 2, 1000};
-    int have512 = !!__builtin_cpu_supports("avx512f") && !!__builtin_cpu_supports("avx512bw");
-    int have2 = !!__builtin_cpu_supports("avx2");
-    printf("test_adamw: CPU has avx2 %d, avx512 %d; zs_adamw uses %s\n", have2, have512,
-           zs_adamw_isa());
+    const struct {
+        double wd;
+        float grad_scale;
+        int nan;
+    } configs[] = {{0.1, 1.0f, 0}, {0.0, 0.25f, 0}, {0.1, 0.25f, 1}, {0.0, 1.0f, 1}};
+    __builtin_cpu_init();
+    int have[IMPL_COUNT] = {1, 1, 1, 1, 1, 1};
+    have[IMPL_AVX512] = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    have[IMPL_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    printf("test_adamw: CPU has avx2 %d, avx512 %d; zs_adamw uses %s\n", have[IMPL_AVX2],
+           have[IMPL_AVX512], zs_adamw_isa());
+    fflush(stdout);
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
         size_t n = sizes[si];
-        state base = alloc_state(n), ref = alloc_state(n), got = alloc_state(n);
-        for (int variant = 0; variant < 6; variant++) {
-            long t = steps[variant % 3];
-            double wd = variant < 3 ? 0.1 : 0.0;
-            float gs = variant % 2 ? 0.25f : 1.0f;
-            zs_adamw_hparams hp = zs_adamw_hparams_make(1e-3, 0.9, 0.999, 1e-8, wd, t, gs);
-            fill(&base, n, variant >= 4);
+        state base, ref, buf[IMPL_COUNT];
+        int ok = alloc_state(&base, n) & alloc_state(&ref, n);
+        for (int k = 0; k < IMPL_COUNT; k++)
+            ok &= alloc_state(&buf[k], n);
+        CHECK(ok);
+        for (size_t ci = 0; ok && ci < sizeof configs / sizeof *configs; ci++) {
+            fill(&base, n, configs[ci].nan);
             copy_state(&ref, &base, n);
-            zs_adamw_ref(ref.p, ref.m, ref.v, ref.g, ref.b, n, &hp);
-            char what[64];
-            if (have2) {
-                copy_state(&got, &base, n);
-                zs_adamw_avx2(got.p, got.m, got.v, got.g, got.b, n, &hp);
-                snprintf(what, sizeof what, "avx2 t=%ld", t);
-                compare(what, &ref, &got, n);
+            state got[IMPL_COUNT];
+            for (int k = 0; k < IMPL_COUNT; k++) {
+                got[k] = offset_state(&buf[k], 1);
+                copy_state(&got[k], &base, n);
             }
-            if (have512) {
-                copy_state(&got, &base, n);
-                zs_adamw_avx512(got.p, got.m, got.v, got.g, got.b, n, &hp);
-                snprintf(what, sizeof what, "avx512 t=%ld", t);
-                compare(what, &ref, &got, n);
+            /* Consecutive steps on the same state: later steps start from the infs and NaNs
+             * that earlier ones left in m and v. */
+            for (size_t ti = 0; ti < sizeof steps / sizeof *steps; ti++) {
+                zs_adamw_hparams hp = zs_adamw_hparams_make(1e-3, 0.9, 0.999, 1e-8, configs[ci].wd,
+                                                            steps[ti], configs[ci].grad_scale);
+                zs_adamw_ref(ref.p, ref.m, ref.v, ref.g, ref.b, n, &hp);
+                for (int k = 0; k < IMPL_COUNT; k++) {
+                    if (!have[k])
+                        continue;
+                    run_impl(k, &got[k], n, &hp);
+                    char what[128];
+                    snprintf(what, sizeof what, "%s, config %zu, t=%ld", impl_names[k], ci,
+                             steps[ti]);
+                    compare(what, &ref, &got[k], n, k != IMPL_NOBF16);
+                }
             }
-            for (int threads = 1; threads <= 3; threads++) {
-                copy_state(&got, &base, n);
-                zs_adamw(got.p, got.m, got.v, got.g, got.b, n, &hp, threads);
-                snprintf(what, sizeof what, "zs_adamw %d threads t=%ld", threads, t);
-                compare(what, &ref, &got, n);
-            }
-            /* bf16 output is optional. */
-            copy_state(&got, &base, n);
-            zs_adamw(got.p, got.m, got.v, got.g, NULL, n, &hp, 2);
-            CHECK(first_diff(got.p, ref.p, n, 4) == n);
+            check_nans(&ref, n);
         }
         free_state(&base);
         free_state(&ref);
-        free_state(&got);
+        for (int k = 0; k < IMPL_COUNT; k++)
+            free_state(&buf[k]);
     }
 }
 
-/* The reference against the formula in double, on ordinary values. */
+static double rel_err(double got, double want)
+{
+    return fabs(got - want) / fabs(want);
+}
+
+/* The reference against the formula in double, on ordinary values, over a few steps. */
 static void test_formula(void)
 {
     enum { N = 1000 };
-    float p[N], m[N], v[N], g[N];
-    double pd[N], md[N], vd[N];
+    static float p[N], m[N], v[N], g[N];
+    static double pd[N], md[N], vd[N];
     for (int i = 0; i < N; i++) {
         p[i] = uniform(-1, 1);
         m[i] = uniform(-0.01f, 0.01f);
-        v[i] = uniform(0, 1e-4f);
-        g[i] = uniform(-0.1f, 0.1f);
+        v[i] = uniform(1e-6f, 1e-4f);
         pd[i] = p[i], md[i] = m[i], vd[i] = v[i];
     }
-    double lr = 3e-4, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
-    long t = 7;
-    zs_adamw_hparams hp = zs_adamw_hparams_make(lr, b1, b2, eps, wd, t, (float)gs);
-    zs_adamw_ref(p, m, v, g, NULL, N, &hp);
-    double worst = 0;
-    for (int i = 0; i < N; i++) {
-        double gg = g[i] * gs;
-        pd[i] *= 1 - lr * wd;
-        md[i] = b1 * md[i] + (1 - b1) * gg;
-        vd[i] = b2 * vd[i] + (1 - b2) * gg * gg;
-        double mhat = md[i] / (1 - pow(b1, t)), vhat = vd[i] / (1 - pow(b2, t));
-        pd[i] -= lr * mhat / (sqrt(vhat) + eps);
-        double e = fabs(p[i] - pd[i]) / (fabs(pd[i]) + 1e-3);
-        worst = e > worst ? e : worst;
+    const double lr = 3e-4, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
+    double worst_p = 0, worst_m = 0, worst_v = 0;
+    for (long t = 1; t <= 5; t++) {
+        for (int i = 0; i < N; i++)
+            g[i] = uniform(-0.1f, 0.1f);
+        zs_adamw_hparams hp = zs_adamw_hparams_make(lr, b1, b2, eps, wd, t, (float)gs);
+        zs_adamw_ref(p, m, v, g, NULL, N, &hp);
+        for (int i = 0; i < N; i++) {
+            double gg = g[i] * gs;
+            pd[i] *= 1 - lr * wd;
+            md[i] = b1 * md[i] + (1 - b1) * gg;
+            vd[i] = b2 * vd[i] + (1 - b2) * gg * gg;
+            double mhat = md[i] / (1 - pow(b1, (double)t)), vhat = vd[i] / (1 - pow(b2, (double)t));
+            pd[i] -= lr * mhat / (sqrt(vhat) + eps);
+            double ep = rel_err(p[i], pd[i]), em = rel_err(m[i], md[i]), ev = rel_err(v[i], vd[i]);
+            worst_p = ep > worst_p ? ep : worst_p;
+            worst_m = em > worst_m ? em : worst_m;
+            worst_v = ev > worst_v ? ev : worst_v;
+        }
     }
-    /* fp32 rounding of a handful of operations: a few ulps of the weight. */
-    CHECK_NEAR(worst, 0, 1e-6);
+    /* p moves by ~lr per step, so its float rounding is a few ulps of p; m and v are sums of a
+     * few rounded terms, but m = m + (1-b1)(g-m) can cancel, hence the looser bound. */
+    CHECK_NEAR(worst_p, 0, 1e-5);
+    CHECK_NEAR(worst_m, 0, 1e-3);
+    CHECK_NEAR(worst_v, 0, 1e-5);
 }
 
 static void test_bf16(void)
 {
-    union {
-        uint32_t u;
-        float f;
-    } x;
-    x.u = 0x3F808000; /* tie, even below: rounds down */
-    CHECK_EQ_INT(zs_f32_to_bf16(x.f), 0x3F80);
-    x.u = 0x3F818000; /* tie, odd below: rounds up */
-    CHECK_EQ_INT(zs_f32_to_bf16(x.f), 0x3F82);
-    x.u = 0x3F808001; /* above the tie */
-    CHECK_EQ_INT(zs_f32_to_bf16(x.f), 0x3F81);
-    CHECK_EQ_INT(zs_f32_to_bf16(INFINITY), 0x7F80);
-    CHECK_EQ_INT(zs_f32_to_bf16(-INFINITY), 0xFF80);
-    x.u = 0x7F7FFFFF; /* FLT_MAX rounds to inf, as IEEE round-to-nearest does */
-    CHECK_EQ_INT(zs_f32_to_bf16(x.f), 0x7F80);
-    x.u = 0x7F800001; /* signalling NaN with a low payload stays NaN */
-    CHECK_EQ_INT(zs_f32_to_bf16(x.f), 0x7FC0);
-    x.u = 0xFFC00000;
-    CHECK_EQ_INT(zs_f32_to_bf16(x.f), 0xFFC0);
-    CHECK(zs_bf16_to_f32(0x3F80) == 1.0f);
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0x3f808000u)), 0x3f80); /* tie, even below: down */
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0x3f818000u)), 0x3f82); /* tie, odd below: up */
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0x3f808001u)), 0x3f81); /* above the tie: up */
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0x3f807fffu)), 0x3f80); /* below the tie: down */
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0xbf818000u)), 0xbf82); /* negative tie: to even */
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0x00018000u)), 0x0002); /* denormal tie: to even */
+    CHECK_EQ_INT(zs_f32_to_bf16(-0.0f), 0x8000);
+    CHECK_EQ_INT(zs_f32_to_bf16(INFINITY), 0x7f80);
+    CHECK_EQ_INT(zs_f32_to_bf16(-INFINITY), 0xff80);
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0x7f7fffffu)), 0x7f80); /* FLT_MAX rounds to inf */
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0x7f800001u)), 0x7fc0); /* sNaN stays (quiet) NaN */
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0xffffffffu)), 0xffff); /* no rounding into the sign */
+    CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0xffc00000u)), 0xffc0);
+    CHECK(zs_bf16_to_f32(0x3f80) == 1.0f);
 }
 
 int main(void)
