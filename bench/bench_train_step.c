@@ -3,14 +3,13 @@
  * accumulation, norm, AdamW) for GPT-2 124M (12 x 768, 12 heads, vocab 50257, B=4, T=64) and
  * a small model (6 x 384, 6 heads, vocab 256, B=8, T=256), on synthetic tokens.
  *
- * The limit measured in the same run is the peak sgemm rate of BLIS on the same threads
- * (best of 1024^3 and 2048 x 768 x 768 products); the figure is the step's achieved GFLOP/s
+ * The limit measured in the same run is the peak sgemm rate of zs_sgemm (the same BLIS
+ * micro-kernels) on the same threads (best of 1024^3 and 2048 x 768 x 768 products); the figure is the step's achieved GFLOP/s
  * (zs_gpt2_flops / step time).  The issue's target, 3x faster than llm.c's train_gpt2.c on
  * this machine class (5,800 and 6,800 ms per step), is printed beside it.
  *
  * usage: bench_train_step [threads] [steps] [which: all|124m|small]
  */
-#include <blis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,7 @@
 #include "common/config.h"
 #include "common/data.h"
 #include "common/rng.h"
+#include "kernels/kernels.h"
 #include "worker/trainer.h"
 
 static double now_s(void)
@@ -28,24 +28,21 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Best GFLOP/s of C = A B over a few repeats, m x k times k x n, on nt threads. */
-static double sgemm_gflops(dim_t m, dim_t n, dim_t k, int nt)
+/* Best GFLOP/s of C = A B over a few repeats, m x k times k x n, on nt threads, through
+ * zs_sgemm: the same BLIS micro-kernels the model's matmuls run. */
+static double sgemm_gflops(int m, int n, int k, int nt)
 {
-    float *a = malloc(sizeof(float) * (size_t)(m * k));
-    float *b = malloc(sizeof(float) * (size_t)(k * n));
-    float *c = malloc(sizeof(float) * (size_t)(m * n));
-    for (dim_t i = 0; i < m * k; i++)
+    float *a = malloc(sizeof(float) * (size_t)m * (size_t)k);
+    float *b = malloc(sizeof(float) * (size_t)k * (size_t)n);
+    float *c = malloc(sizeof(float) * (size_t)m * (size_t)n);
+    for (size_t i = 0; i < (size_t)m * (size_t)k; i++)
         a[i] = (float)(i % 7) * 0.1f;
-    for (dim_t i = 0; i < k * n; i++)
+    for (size_t i = 0; i < (size_t)k * (size_t)n; i++)
         b[i] = (float)(i % 5) * 0.1f;
-    float one = 1.0f, zero = 0.0f;
-    rntm_t rntm = BLIS_RNTM_INITIALIZER;
-    bli_rntm_set_num_threads(nt, &rntm);
     double best = 1e30;
     for (int r = 0; r < 6; r++) {
         double t0 = now_s();
-        bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, a, k, 1, b, n, 1, &zero,
-                     c, n, 1, NULL, &rntm);
+        zs_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n, nt);
         double dt = now_s() - t0;
         if (r > 0 && dt < best)
             best = dt;
@@ -124,8 +121,8 @@ int main(int argc, char **argv)
     double p1 = sgemm_gflops(1024, 1024, 1024, threads);
     double p2 = sgemm_gflops(2048, 768, 768, threads);
     double peak = p1 > p2 ? p1 : p2;
-    printf("sgemm peak (BLIS, %d threads): 1024^3 %.1f GFLOP/s, 2048x768x768 %.1f GFLOP/s\n",
-           threads, p1, p2);
+    printf("sgemm peak (BLIS %s kernels, %d threads): 1024^3 %.1f GFLOP/s, 2048x768x768 %.1f "
+           "GFLOP/s\n", zs_sgemm_config(), threads, p1, p2);
     bench_case cases[] = {
         {"gpt2-124m", {.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257}, 4, 64,
          5800},
