@@ -7,6 +7,9 @@ packages=(
   build-essential cmake pkg-config
   libblis-openmp-dev   # sgemm whose bits do not depend on the thread count
   libjansson-dev       # JSON: config files and safetensors headers
+  libprotobuf-c-dev protobuf-c-compiler   # control-plane messages
+  libzmq3-dev          # control-plane transport (ROUTER/DEALER)
+  clang libomp-dev     # the libFuzzer targets
 )
 
 missing=()
