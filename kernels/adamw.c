@@ -168,3 +168,21 @@ void zs_adamw(float *param, float *m, float *v, const float *grad, uint16_t *bf1
             fn(param + lo, m + lo, v + lo, grad + lo, bf16 ? bf16 + lo : NULL, hi - lo, hp);
     }
 }
+
+void zs_adamw_tensors(const zs_tensor_table *tt, size_t begin, size_t end, float *param, float *m,
+                      float *v, const float *grad, uint16_t *bf16, double lr, double beta1,
+                      double beta2, double eps, double weight_decay, long t, float grad_scale,
+                      int threads)
+{
+    for (int i = 0; i < tt->count; i++) {
+        const zs_tensor *ts = &tt->tensors[i];
+        size_t b = ts->offset > begin ? ts->offset : begin;
+        size_t e = ts->offset + ts->numel < end ? ts->offset + ts->numel : end;
+        if (b >= e)
+            continue;
+        zs_adamw_hparams hp = zs_adamw_hparams_make(lr, beta1, beta2, eps,
+                                                    ts->decay ? weight_decay : 0.0, t, grad_scale);
+        size_t o = b - begin;
+        zs_adamw(param + o, m + o, v + o, grad + o, bf16 ? bf16 + o : NULL, e - b, &hp, threads);
+    }
+}

@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/tensors.h"
+
 typedef struct {
     float grad_scale;   /* multiplies every gradient */
     float decay_factor; /* 1 - lr * weight_decay */
@@ -72,5 +74,17 @@ static inline float zs_bf16_to_f32(uint16_t h)
     union { uint32_t u; float f; } x = {.u = (uint32_t)h << 16};
     return x.f;
 }
+
+/*
+ * AdamW over the part [begin, end) of the flat vector described by tt, tensor by tensor:
+ * weight decay on tensors with t->decay only, padding untouched.  The arrays hold the range
+ * only (element 0 is vector element begin); bf16 may be NULL.  Elementwise, so any split of
+ * the vector into ranges (a shard per server, or the whole vector in the trainer) gives the
+ * same bits.  t is the 1-based step count.
+ */
+void zs_adamw_tensors(const zs_tensor_table *tt, size_t begin, size_t end, float *param, float *m,
+                      float *v, const float *grad, uint16_t *bf16, double lr, double beta1,
+                      double beta2, double eps, double weight_decay, long t, float grad_scale,
+                      int threads);
 
 #endif

@@ -1,5 +1,6 @@
 #include "kernels/reduce.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 
@@ -58,4 +59,17 @@ double zs_sumsq_sharded(const float *x, size_t n, size_t shard_floats, int threa
         s += zs_sumsq(x + lo, len, threads);
     }
     return s;
+}
+
+double zs_grad_norm(double sumsq, int chunks)
+{
+    return sqrt(sumsq) / chunks;
+}
+
+double zs_clip_factor(double norm, double max_norm)
+{
+    if (max_norm <= 0 || !(norm > max_norm))
+        return 1.0;
+    double clip = max_norm / (norm + 1e-6);
+    return clip < 1.0 ? clip : 1.0;
 }

@@ -21,4 +21,13 @@ double zs_sumsq(const float *x, size_t n, int threads);
  * shard order: what the coordinator adds up from the servers' partials. */
 double zs_sumsq_sharded(const float *x, size_t n, size_t shard_floats, int threads);
 
+/*
+ * The step's clip factor from the global sum of squares of the accumulated gradient (the sum
+ * over C chunks): the norm is sqrt(sumsq) / C, and the factor is
+ * min(1, max_norm / (norm + 1e-6)) when norm exceeds max_norm (torch.nn.utils.clip_grad_norm_),
+ * 1 otherwise or when max_norm is 0.  The trainer and the coordinator both call this.
+ */
+double zs_grad_norm(double sumsq, int chunks);
+double zs_clip_factor(double norm, double max_norm);
+
 #endif

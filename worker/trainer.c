@@ -104,27 +104,6 @@ void zs_trainer_free(zs_trainer *tr)
     memset(tr, 0, sizeof *tr);
 }
 
-/* AdamW over one tensor's part of the vector, with its weight-decay setting. */
-typedef struct {
-    zs_trainer *tr;
-    double lr;
-    float grad_scale;
-    long t;
-} adamw_ctx;
-
-static zs_err adamw_span(void *ctx, size_t begin, size_t end, const zs_tensor *t)
-{
-    adamw_ctx *a = ctx;
-    zs_trainer *tr = a->tr;
-    const zs_adamw_config *c = &tr->cfg.adamw;
-    zs_adamw_hparams hp = zs_adamw_hparams_make(a->lr, c->beta1, c->beta2, c->eps,
-                                                t->decay ? c->weight_decay : 0.0, a->t,
-                                                a->grad_scale);
-    zs_adamw(tr->params + begin, tr->m + begin, tr->v + begin, tr->acc + begin,
-             tr->bf16 ? tr->bf16 + begin : NULL, end - begin, &hp, tr->threads);
-    return ZS_OK;
-}
-
 zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
 {
     const zs_config *cfg = &tr->cfg;
@@ -150,19 +129,13 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
         }
     }
     size_t shard_floats = cfg->cluster.shard_bytes / sizeof(float);
-    double norm = sqrt(zs_sumsq_sharded(tr->acc, n, shard_floats, tr->threads)) / C;
-    double clip = 1.0;
-    if (cfg->gradient_clipping > 0 && norm > cfg->gradient_clipping) {
-        /* torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6), at most 1. */
-        clip = cfg->gradient_clipping / (norm + 1e-6);
-        if (clip > 1.0)
-            clip = 1.0;
-    }
-    adamw_ctx a = {.tr = tr,
-                   .lr = zs_config_lr(cfg, (int)tr->step),
-                   .grad_scale = (float)(clip / C),
-                   .t = tr->step + 1};
-    ZS_CHECK(zs_tensors_spans(&tr->tt, 0, n, adamw_span, &a));
+    double norm = zs_grad_norm(zs_sumsq_sharded(tr->acc, n, shard_floats, tr->threads), C);
+    double clip = zs_clip_factor(norm, cfg->gradient_clipping);
+    double lr = zs_config_lr(cfg, (int)tr->step);
+    const zs_adamw_config *ac = &cfg->adamw;
+    zs_adamw_tensors(&tr->tt, 0, n, tr->params, tr->m, tr->v, tr->acc, tr->bf16, lr, ac->beta1,
+                     ac->beta2, ac->eps, ac->weight_decay, tr->step + 1, (float)(clip / C),
+                     tr->threads);
     if (cfg->bf16) {
 #pragma omp parallel for schedule(static) num_threads(tr->threads)
         for (size_t i = 0; i < n; i++)
@@ -172,7 +145,7 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
     double dt = now_s() - t0;
     *st = (zs_step_stats){.step = tr->step,
                           .loss = loss_sum / C,
-                          .lr = a.lr,
+                          .lr = lr,
                           .grad_norm = norm,
                           .clip = clip,
                           .seconds = dt,
