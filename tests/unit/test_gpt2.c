@@ -1,6 +1,7 @@
 /*
  * test_gpt2: the whole model (kernels/gpt2.c) against an independent double-precision GPT-2
- * written here, plus the io contract, determinism and argument checking.
+ * (ref_loss, built from the references in tests/unit/reference.h), plus the io contract,
+ * determinism and argument checking.
  *
  *   gradients    every tensor: analytic float gradients of the mean loss vs central finite
  *                differences of the double reference's loss, on random parameters and also
@@ -23,72 +24,10 @@
 #include "common/tensors.h"
 #include "kernels/gpt2.h"
 #include "kernels/kernels.h"
+#include "tests/unit/reference.h"
 #include "tests/unit/test.h"
 
-/* ---- double reference GPT-2 ------------------------------------------------------------- */
-
-static void ref_linear(double *y, const double *x, const double *w, const double *b, int N,
-                       int C, int OC)
-{
-    for (int i = 0; i < N; i++)
-        for (int o = 0; o < OC; o++) {
-            double s = b[o];
-            for (int c = 0; c < C; c++)
-                s += x[(size_t)i * C + c] * w[(size_t)c * OC + o];
-            y[(size_t)i * OC + o] = s;
-        }
-}
-
-static void ref_layernorm(double *y, const double *x, const double *w, const double *b, int N,
-                          int C)
-{
-    for (int i = 0; i < N; i++) {
-        const double *r = x + (size_t)i * C;
-        double m = 0, v = 0;
-        for (int c = 0; c < C; c++)
-            m += r[c];
-        m /= C;
-        for (int c = 0; c < C; c++)
-            v += (r[c] - m) * (r[c] - m);
-        v /= C;
-        double s = 1.0 / sqrt(v + 1e-5);
-        for (int c = 0; c < C; c++)
-            y[(size_t)i * C + c] = (r[c] - m) * s * w[c] + b[c];
-    }
-}
-
-static void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH)
-{
-    int hs = C / NH;
-    double *row = malloc((size_t)T * sizeof *row);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int i = 0; i < T; i++) {
-                const double *q = qkv + ((size_t)b * T + i) * 3 * C + h * hs;
-                double mx = -INFINITY, sum = 0;
-                for (int j = 0; j <= i; j++) {
-                    const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
-                    double s = 0;
-                    for (int d = 0; d < hs; d++)
-                        s += q[d] * k[d];
-                    row[j] = s / sqrt((double)hs);
-                    mx = row[j] > mx ? row[j] : mx;
-                }
-                for (int j = 0; j <= i; j++) {
-                    row[j] = exp(row[j] - mx);
-                    sum += row[j];
-                }
-                double *o = out + ((size_t)b * T + i) * C + h * hs;
-                for (int d = 0; d < hs; d++)
-                    o[d] = 0;
-                for (int j = 0; j <= i; j++) {
-                    const double *v = qkv + ((size_t)b * T + j) * 3 * C + 2 * C + h * hs;
-                    for (int d = 0; d < hs; d++)
-                        o[d] += row[j] / sum * v[d];
-                }
-            }
-    free(row);
-}
+/* ---- double reference GPT-2, from the pieces in tests/unit/reference.h ------------------ */
 
 /* Mean cross-entropy of GPT2LMHeadModel with parameters p (the flat layout of tt). */
 static double ref_loss(const zs_model_config *cfg, const zs_tensor_table *tt, const double *p,
@@ -99,47 +38,29 @@ static double ref_loss(const zs_model_config *cfg, const zs_tensor_table *tt, co
     double *qkv = malloc((size_t)N * 3 * C * sizeof *qkv), *y = malloc((size_t)N * C * sizeof *y);
     double *f = malloc((size_t)N * 4 * C * sizeof *f), *a = malloc((size_t)N * C * sizeof *a);
 #define P(block, kind) (p + zs_tensors_get(tt, (block), (kind))->offset)
-    for (int i = 0; i < N; i++)
-        for (int c = 0; c < C; c++)
-            x[(size_t)i * C + c] =
-                P(0, ZS_T_WTE)[(size_t)in[i] * C + c] + P(0, ZS_T_WPE)[(size_t)(i % T) * C + c];
+    ref_encoder(x, in, P(0, ZS_T_WTE), P(0, ZS_T_WPE), B, T, C);
     for (int l = 0; l < cfg->n_layer; l++) {
-        ref_layernorm(h, x, P(l, ZS_T_LN1_W), P(l, ZS_T_LN1_B), N, C);
+        ref_layernorm(h, NULL, NULL, x, P(l, ZS_T_LN1_W), P(l, ZS_T_LN1_B), N, C);
         ref_linear(qkv, h, P(l, ZS_T_QKV_W), P(l, ZS_T_QKV_B), N, C, 3 * C);
-        ref_attention(y, qkv, B, T, C, cfg->n_head);
+        ref_attention(y, NULL, qkv, B, T, C, cfg->n_head);
         ref_linear(a, y, P(l, ZS_T_ATTPROJ_W), P(l, ZS_T_ATTPROJ_B), N, C, C);
         for (size_t i = 0; i < (size_t)N * C; i++)
             x[i] += a[i];
-        ref_layernorm(h, x, P(l, ZS_T_LN2_W), P(l, ZS_T_LN2_B), N, C);
+        ref_layernorm(h, NULL, NULL, x, P(l, ZS_T_LN2_W), P(l, ZS_T_LN2_B), N, C);
         ref_linear(f, h, P(l, ZS_T_FC_W), P(l, ZS_T_FC_B), N, C, 4 * C);
-        for (size_t i = 0; i < (size_t)N * 4 * C; i++) {
-            double v = f[i];
-            f[i] = 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-        }
+        for (size_t i = 0; i < (size_t)N * 4 * C; i++)
+            f[i] = ref_gelu(f[i]);
         ref_linear(a, f, P(l, ZS_T_FCPROJ_W), P(l, ZS_T_FCPROJ_B), N, 4 * C, C);
         for (size_t i = 0; i < (size_t)N * C; i++)
             x[i] += a[i];
     }
-    ref_layernorm(h, x, P(0, ZS_T_LNF_W), P(0, ZS_T_LNF_B), N, C);
-    const double *wte = P(0, ZS_T_WTE);
+    ref_layernorm(h, NULL, NULL, x, P(0, ZS_T_LNF_W), P(0, ZS_T_LNF_B), N, C);
+    double *logits = malloc((size_t)N * V * sizeof *logits);
+    ref_lm_head(logits, h, P(0, ZS_T_WTE), N, C, V);
 #undef P
-    double total = 0;
-    double *logit = malloc((size_t)V * sizeof *logit);
-    for (int i = 0; i < N; i++) {
-        double mx = -INFINITY, s = 0;
-        for (int v = 0; v < V; v++) {
-            double d = 0;
-            for (int c = 0; c < C; c++)
-                d += h[(size_t)i * C + c] * wte[(size_t)v * C + c];
-            logit[v] = d;
-            mx = d > mx ? d : mx;
-        }
-        for (int v = 0; v < V; v++)
-            s += exp(logit[v] - mx);
-        total += log(s) + mx - logit[tg[i]];
-    }
-    free(x), free(h), free(qkv), free(y), free(f), free(a), free(logit);
-    return total / N;
+    double loss = ref_crossentropy(NULL, logits, tg, N, V);
+    free(x), free(h), free(qkv), free(y), free(f), free(a), free(logits);
+    return loss;
 }
 
 /* ---- fixtures --------------------------------------------------------------------------- */

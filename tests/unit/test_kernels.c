@@ -1,6 +1,6 @@
 /*
  * test_kernels: every CPU kernel of kernels/kernels.h against an independent double-precision
- * reference written here.
+ * reference (tests/unit/reference.h, shared with test_gpt2).
  *
  * For each kernel:
  *   - the forward against the double reference, run on the same (float) inputs;
@@ -31,6 +31,7 @@
 
 #include "common/rng.h"
 #include "kernels/kernels.h"
+#include "tests/unit/reference.h"
 #include "tests/unit/test.h"
 
 #define FD_H 1e-4
@@ -175,107 +176,6 @@ static double weighted_sum(const double *y, const double *w, size_t n)
     for (size_t i = 0; i < n; i++)
         s += y[i] * w[i];
     return s;
-}
-
-/* ---- double references ------------------------------------------------------------------ */
-
-static void ref_linear(double *y, const double *x, const double *w, const double *b, int N,
-                       int C, int OC)
-{
-    for (int i = 0; i < N; i++)
-        for (int o = 0; o < OC; o++) {
-            double s = b ? b[o] : 0.0;
-            for (int c = 0; c < C; c++)
-                s += x[(size_t)i * C + c] * w[(size_t)c * OC + o];
-            y[(size_t)i * OC + o] = s;
-        }
-}
-
-static void ref_layernorm(double *y, double *mean, double *rstd, const double *x, const double *w,
-                          const double *b, int N, int C)
-{
-    for (int i = 0; i < N; i++) {
-        const double *r = x + (size_t)i * C;
-        double m = 0, v = 0;
-        for (int c = 0; c < C; c++)
-            m += r[c];
-        m /= C;
-        for (int c = 0; c < C; c++)
-            v += (r[c] - m) * (r[c] - m);
-        v /= C;
-        double s = 1.0 / sqrt(v + 1e-5);
-        for (int c = 0; c < C; c++)
-            y[(size_t)i * C + c] = (r[c] - m) * s * w[c] + b[c];
-        if (mean)
-            mean[i] = m;
-        if (rstd)
-            rstd[i] = s;
-    }
-}
-
-static double ref_gelu(double x)
-{
-    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
-
-/* out (B,T,C), att (B,NH,T,T) (may be NULL), from qkv (B,T,3C). */
-static void ref_attention(double *out, double *att, const double *qkv, int B, int T, int C, int NH)
-{
-    int hs = C / NH;
-    double *row = malloc((size_t)T * sizeof *row);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int i = 0; i < T; i++) {
-                const double *q = qkv + ((size_t)b * T + i) * 3 * C + h * hs;
-                double mx = -INFINITY;
-                for (int j = 0; j <= i; j++) {
-                    const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
-                    double s = 0;
-                    for (int d = 0; d < hs; d++)
-                        s += q[d] * k[d];
-                    row[j] = s / sqrt((double)hs);
-                    mx = row[j] > mx ? row[j] : mx;
-                }
-                double sum = 0;
-                for (int j = 0; j <= i; j++) {
-                    row[j] = exp(row[j] - mx);
-                    sum += row[j];
-                }
-                double *o = out + ((size_t)b * T + i) * C + h * hs;
-                for (int d = 0; d < hs; d++)
-                    o[d] = 0;
-                for (int j = 0; j < T; j++) {
-                    double p = j <= i ? row[j] / sum : 0.0;
-                    if (att)
-                        att[(((size_t)b * NH + h) * T + i) * T + j] = p;
-                    if (j <= i) {
-                        const double *v = qkv + ((size_t)b * T + j) * 3 * C + 2 * C + h * hs;
-                        for (int d = 0; d < hs; d++)
-                            o[d] += p * v[d];
-                    }
-                }
-            }
-    free(row);
-}
-
-/* Mean cross-entropy; losses (N) may be NULL. */
-static double ref_crossentropy(double *losses, const double *logits, const int32_t *targets,
-                               int N, int V)
-{
-    double total = 0;
-    for (int i = 0; i < N; i++) {
-        const double *x = logits + (size_t)i * V;
-        double mx = -INFINITY, s = 0;
-        for (int j = 0; j < V; j++)
-            mx = x[j] > mx ? x[j] : mx;
-        for (int j = 0; j < V; j++)
-            s += exp(x[j] - mx);
-        double l = log(s) + mx - x[targets[i]];
-        if (losses)
-            losses[i] = l;
-        total += l;
-    }
-    return total / N;
 }
 
 /* ---- sgemm ------------------------------------------------------------------------------ */
@@ -428,10 +328,7 @@ typedef struct {
 static double encoder_obj(void *p)
 {
     encoder_ctx *c = p;
-    for (int bt = 0; bt < c->B * c->T; bt++)
-        for (int k = 0; k < c->C; k++)
-            c->out[(size_t)bt * c->C + k] =
-                c->wte[(size_t)c->tok[bt] * c->C + k] + c->wpe[(size_t)(bt % c->T) * c->C + k];
+    ref_encoder(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
     return weighted_sum(c->out, c->r, (size_t)c->B * c->T * c->C);
 }
 
@@ -687,13 +584,7 @@ typedef struct {
 static double lm_obj(void *p)
 {
     lm_ctx *c = p;
-    for (int i = 0; i < c->N; i++)
-        for (int v = 0; v < c->V; v++) {
-            double s = 0;
-            for (int k = 0; k < c->C; k++)
-                s += c->x[(size_t)i * c->C + k] * c->wte[(size_t)v * c->C + k];
-            c->logits[(size_t)i * c->V + v] = s;
-        }
+    ref_lm_head(c->logits, c->x, c->wte, c->N, c->C, c->V);
     return weighted_sum(c->logits, c->r, (size_t)c->N * c->V);
 }
 
