@@ -1,0 +1,358 @@
+/*
+ * shardstore: see shardstore.h for the invariants.  Bookkeeping per (shard, chunk) is the list
+ * of element intervals received so far (sorted, merged): it tells duplicates from new data,
+ * and when its total reaches the shard length the chunk is complete for that shard.
+ */
+#include "server/shardstore.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/adamw.h"
+#include "kernels/reduce.h"
+
+typedef struct {
+    size_t b, e; /* [b, e) relative to the shard's begin */
+} interval;
+
+typedef struct {
+    interval *iv; /* received pieces, sorted by b, merged */
+    int n, cap;
+    size_t received; /* elements received */
+    float *stage;    /* values of a chunk that is not yet next, [len]; NULL when not needed */
+} chunk_state;
+
+typedef struct {
+    zs_shard_range r;
+    size_t len;
+    float *param, *m, *v, *acc; /* [len] */
+    uint16_t *bf16;             /* [len] */
+    int next;                   /* the chunk whose pieces go straight into acc */
+    chunk_state *chunks;        /* [C] */
+} shard;
+
+struct zs_store {
+    const zs_tensor_table *tt;
+    zs_config cfg;
+    int C;
+    int threads;
+    long version;
+    int n;
+    shard *shards;
+};
+
+static void *zalloc(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0)
+        return NULL;
+    memset(p, 0, n);
+    return p;
+}
+
+zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *ranges,
+                       int n, int threads, zs_store **out)
+{
+    *out = NULL;
+    for (int i = 0; i < n; i++) {
+        const zs_shard_range *r = &ranges[i];
+        if (r->begin >= r->end || r->end > tt->total || (i > 0 && r->begin < ranges[i - 1].end))
+            return zs_error(ZS_ERR_INVALID, "shard store: shard %d [%zu, %zu) is empty, overlaps "
+                            "the previous one or exceeds the vector of %zu floats", r->index,
+                            r->begin, r->end, tt->total);
+    }
+    zs_store *st = calloc(1, sizeof *st);
+    if (!st)
+        return zs_error(ZS_ERR_NOMEM, "shard store: out of memory");
+    st->tt = tt;
+    st->cfg = *cfg;
+    st->C = cfg->chunks;
+    st->threads = threads > 0 ? threads : 1;
+    st->n = n;
+    st->shards = calloc((size_t)(n ? n : 1), sizeof *st->shards);
+    if (!st->shards)
+        goto nomem;
+    for (int i = 0; i < n; i++) {
+        shard *s = &st->shards[i];
+        s->r = ranges[i];
+        s->len = s->r.end - s->r.begin;
+        s->param = zalloc(s->len * sizeof(float));
+        s->m = zalloc(s->len * sizeof(float));
+        s->v = zalloc(s->len * sizeof(float));
+        s->acc = zalloc(s->len * sizeof(float));
+        s->bf16 = zalloc(s->len * sizeof(uint16_t));
+        s->chunks = calloc((size_t)st->C, sizeof *s->chunks);
+        if (!s->param || !s->m || !s->v || !s->acc || !s->bf16 || !s->chunks)
+            goto nomem;
+    }
+    *out = st;
+    return ZS_OK;
+nomem:
+    zs_store_free(st);
+    return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for %d shards", n);
+}
+
+static void reset_chunk(chunk_state *cs)
+{
+    free(cs->iv);
+    free(cs->stage);
+    memset(cs, 0, sizeof *cs);
+}
+
+void zs_store_free(zs_store *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; st->shards && i < st->n; i++) {
+        shard *s = &st->shards[i];
+        for (int c = 0; s->chunks && c < st->C; c++)
+            reset_chunk(&s->chunks[c]);
+        free(s->chunks);
+        free(s->param);
+        free(s->m);
+        free(s->v);
+        free(s->acc);
+        free(s->bf16);
+    }
+    free(st->shards);
+    free(st);
+}
+
+static void refresh_bf16(shard *s)
+{
+    for (size_t i = 0; i < s->len; i++)
+        s->bf16[i] = zs_f32_to_bf16(s->param[i]);
+}
+
+void zs_store_init_seed(zs_store *st, uint64_t seed)
+{
+    for (int i = 0; i < st->n; i++) {
+        shard *s = &st->shards[i];
+        zs_tensors_init_gpt2(st->tt, seed, s->param, s->r.begin, s->r.end);
+        refresh_bf16(s);
+    }
+}
+
+void zs_store_load(zs_store *st, const float *full)
+{
+    for (int i = 0; i < st->n; i++) {
+        shard *s = &st->shards[i];
+        memcpy(s->param, full + s->r.begin, s->len * sizeof(float));
+        refresh_bf16(s);
+    }
+}
+
+long zs_store_version(const zs_store *st)
+{
+    return st->version;
+}
+
+/* The shard holding [offset, offset + count) entirely, or NULL. */
+static shard *find_shard(const zs_store *st, size_t offset, size_t count)
+{
+    int lo = 0, hi = st->n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        shard *s = &st->shards[mid];
+        if (offset < s->r.begin)
+            hi = mid - 1;
+        else if (offset >= s->r.end)
+            lo = mid + 1;
+        else
+            return count <= s->r.end - offset ? s : NULL;
+    }
+    return NULL;
+}
+
+/* Adds [b, e) to the sorted, merged list (the caller made sure it overlaps nothing). */
+static int add_interval(chunk_state *cs, size_t b, size_t e)
+{
+    int pos = 0;
+    while (pos < cs->n && cs->iv[pos].b < b)
+        pos++;
+    if (cs->n == cs->cap) {
+        int cap = cs->cap ? 2 * cs->cap : 8;
+        interval *iv = realloc(cs->iv, (size_t)cap * sizeof *iv);
+        if (!iv)
+            return -1;
+        cs->iv = iv;
+        cs->cap = cap;
+    }
+    memmove(&cs->iv[pos + 1], &cs->iv[pos], (size_t)(cs->n - pos) * sizeof *cs->iv);
+    cs->iv[pos] = (interval){b, e};
+    cs->n++;
+    /* Merge with neighbours that touch. */
+    if (pos + 1 < cs->n && cs->iv[pos].e == cs->iv[pos + 1].b) {
+        cs->iv[pos].e = cs->iv[pos + 1].e;
+        memmove(&cs->iv[pos + 1], &cs->iv[pos + 2], (size_t)(cs->n - pos - 2) * sizeof *cs->iv);
+        cs->n--;
+    }
+    if (pos > 0 && cs->iv[pos - 1].e == cs->iv[pos].b) {
+        cs->iv[pos - 1].e = cs->iv[pos].e;
+        memmove(&cs->iv[pos], &cs->iv[pos + 1], (size_t)(cs->n - pos - 1) * sizeof *cs->iv);
+        cs->n--;
+    }
+    cs->received += e - b;
+    return 0;
+}
+
+/* acc[b, e) = g (chunk 0) or += g (later chunks): the one place a gradient meets acc. */
+static void accumulate(shard *s, int chunk, size_t b, size_t e, const float *g)
+{
+    if (chunk == 0) {
+        memcpy(s->acc + b, g, (e - b) * sizeof *g);
+    } else {
+        float *a = s->acc + b;
+        for (size_t i = 0; i < e - b; i++)
+            a[i] += g[i];
+    }
+}
+
+/* Moves `next` past complete chunks, folding in what later chunks had staged. */
+static void advance(shard *s, int C)
+{
+    while (s->next < C && s->chunks[s->next].received == s->len) {
+        reset_chunk(&s->chunks[s->next]);
+        s->next++;
+        if (s->next == C)
+            break;
+        chunk_state *cs = &s->chunks[s->next];
+        if (cs->stage) {
+            for (int i = 0; i < cs->n; i++)
+                accumulate(s, s->next, cs->iv[i].b, cs->iv[i].e, cs->stage + cs->iv[i].b);
+            free(cs->stage);
+            cs->stage = NULL;
+        }
+    }
+}
+
+zs_frame_status zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
+                              const float *grad, const char **why)
+{
+    static const char *const reasons[] = {"", "duplicate", "", "range not inside one shard here",
+                                          "push for another step", "chunk index out of range"};
+    zs_frame_status res = ZS_FS_OK;
+    shard *s = count ? find_shard(st, offset, count) : NULL;
+    if (step != st->version)
+        res = ZS_FS_STALE;
+    else if (chunk < 0 || chunk >= st->C)
+        res = ZS_FS_NOT_ASSIGNED;
+    else if (!s)
+        res = ZS_FS_BAD_RANGE;
+    if (res != ZS_FS_OK) {
+        if (why)
+            *why = reasons[res];
+        return res;
+    }
+    chunk_state *cs = &s->chunks[chunk];
+    size_t b = offset - s->r.begin, e = b + count;
+    if (chunk < s->next) {
+        if (why)
+            *why = reasons[ZS_FS_DUPLICATE];
+        return ZS_FS_DUPLICATE;
+    }
+    /* Walk the gaps of [b, e) between received intervals: those elements are new. */
+    size_t cur = b, fresh = 0;
+    int i = 0;
+    while (i < cs->n && cs->iv[i].e <= cur)
+        i++;
+    while (cur < e) {
+        size_t gap_end = e;
+        if (i < cs->n && cs->iv[i].b < e)
+            gap_end = cs->iv[i].b > cur ? cs->iv[i].b : cur;
+        if (gap_end > cur) {
+            const float *g = grad + (cur - b);
+            if (chunk == s->next) {
+                accumulate(s, chunk, cur, gap_end, g);
+            } else {
+                if (!cs->stage && !(cs->stage = malloc(s->len * sizeof(float)))) {
+                    if (why)
+                        *why = "out of memory for a held chunk";
+                    return ZS_FS_SHUTDOWN;
+                }
+                memcpy(cs->stage + cur, g, (gap_end - cur) * sizeof *g);
+            }
+            if (add_interval(cs, cur, gap_end) != 0) {
+                if (why)
+                    *why = "out of memory for chunk bookkeeping";
+                return ZS_FS_SHUTDOWN;
+            }
+            fresh += gap_end - cur;
+            /* The list changed: find the first interval ending after gap_end again. */
+            i = 0;
+            while (i < cs->n && cs->iv[i].e <= gap_end)
+                i++;
+            cur = gap_end;
+        } else {
+            cur = cs->iv[i].e < e ? cs->iv[i].e : e;
+            i++;
+        }
+    }
+    if (fresh == 0) {
+        if (why)
+            *why = reasons[ZS_FS_DUPLICATE];
+        return ZS_FS_DUPLICATE;
+    }
+    advance(s, st->C);
+    return ZS_FS_OK;
+}
+
+int zs_store_complete(const zs_store *st)
+{
+    for (int i = 0; i < st->n; i++)
+        if (st->shards[i].next < st->C)
+            return 0;
+    return 1;
+}
+
+int zs_store_shard_count(const zs_store *st)
+{
+    return st->n;
+}
+
+void zs_store_partials(const zs_store *st, int *index, double *sumsq)
+{
+    for (int i = 0; i < st->n; i++) {
+        index[i] = st->shards[i].r.index;
+        sumsq[i] = zs_sumsq(st->shards[i].acc, st->shards[i].len, st->threads);
+    }
+}
+
+zs_err zs_store_apply(zs_store *st, double lr, double clip)
+{
+    if (!zs_store_complete(st))
+        return zs_error(ZS_ERR_INVALID, "shard store: apply at version %ld before all %d chunks "
+                        "arrived", st->version, st->C);
+    const zs_adamw_config *a = &st->cfg.adamw;
+    float scale = (float)(clip / st->C);
+    for (int i = 0; i < st->n; i++) {
+        shard *s = &st->shards[i];
+        zs_adamw_tensors(st->tt, s->r.begin, s->r.end, s->param, s->m, s->v, s->acc, s->bf16, lr,
+                         a->beta1, a->beta2, a->eps, a->weight_decay, st->version + 1, scale,
+                         st->threads);
+        s->next = 0;
+    }
+    st->version++;
+    return ZS_OK;
+}
+
+zs_frame_status zs_store_locate(const zs_store *st, size_t offset, size_t count,
+                                zs_frame_dtype dtype, const void **data)
+{
+    shard *s = count ? find_shard(st, offset, count) : NULL;
+    if (!s || (dtype != ZS_DTYPE_F32 && dtype != ZS_DTYPE_BF16))
+        return ZS_FS_BAD_RANGE;
+    size_t o = offset - s->r.begin;
+    *data = dtype == ZS_DTYPE_F32 ? (const void *)(s->param + o) : (const void *)(s->bf16 + o);
+    return ZS_FS_OK;
+}
+
+const float *zs_store_params(const zs_store *st, int i, zs_shard_range *range)
+{
+    if (i < 0 || i >= st->n)
+        return NULL;
+    if (range)
+        *range = st->shards[i].r;
+    return st->shards[i].param;
+}

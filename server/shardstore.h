@@ -1,0 +1,86 @@
+/*
+ * shardstore: the training state of the shards one partition server holds, and the step
+ * protocol on it, without any networking (the server's event loop drives it).
+ *
+ * Per shard: fp32 master weights, AdamW m and v, the gradient accumulator, and the bf16 copy
+ * of the weights.  The store is at version s while step s runs: fetches read version s,
+ * pushes carry step s gradients.
+ *
+ * Invariants, which make the result bitwise equal to `zshard train`:
+ *  - Each element of a shard's accumulator receives chunk c's gradient exactly once, and only
+ *    after chunks 0..c-1 (chunk 0 is copied, later chunks added): pieces of the current chunk
+ *    are applied as they arrive, pieces of later chunks are held in a staging buffer until
+ *    their turn.
+ *  - A piece already received for (step, chunk, shard) is dropped as a duplicate (a retried
+ *    chunk sends identical values); pieces for another step are stale.  Neither changes the
+ *    accumulator.
+ *  - zs_store_apply runs AdamW tensor by tensor over each shard with grad_scale = clip / C,
+ *    the same arithmetic as the trainer on the same elements, and moves to version s + 1.
+ * Not thread-safe: one thread drives a store (AdamW itself uses `threads` OpenMP threads).
+ */
+#ifndef ZS_SHARDSTORE_H
+#define ZS_SHARDSTORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "common/tensors.h"
+#include "transport/frame.h"
+
+typedef struct {
+    int index;    /* position in the global shard list: the order partials are summed in */
+    size_t begin; /* first float of the shard in the flat vector */
+    size_t end;   /* one past the last */
+} zs_shard_range;
+
+typedef struct zs_store zs_store;
+
+/* A store for `n` shards (sorted by begin, non-overlapping, inside tt->total); weights zero
+ * until zs_store_init_seed or zs_store_load. */
+zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *shards,
+                       int n, int threads, zs_store **out);
+void zs_store_free(zs_store *st);
+
+/* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector. */
+void zs_store_init_seed(zs_store *st, uint64_t seed);
+/* Copies the shards' ranges out of a whole flat vector (an --init checkpoint). */
+void zs_store_load(zs_store *st, const float *full);
+
+/* The version that fetches read now (= the step whose gradients are being accepted). */
+long zs_store_version(const zs_store *st);
+
+/*
+ * A gradient piece: elements [offset, offset + count) of chunk `chunk` of step `step`, which
+ * must lie inside one of this store's shards.  Returns ZS_FS_OK (applied or held),
+ * ZS_FS_DUPLICATE (every element already received: dropped), ZS_FS_STALE (another step),
+ * or ZS_FS_BAD_RANGE / ZS_FS_NOT_ASSIGNED (chunk out of range); on anything but OK and a
+ * partially new piece, nothing changes.  *why names the reason for a refusal.
+ */
+zs_frame_status zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
+                              const float *grad, const char **why);
+
+/* All C chunks are in for every shard. */
+int zs_store_complete(const zs_store *st);
+
+/* Per-shard sum of squares of the accumulator (what the coordinator sums in shard order):
+ * index[i] and sumsq[i] for the store's n shards; valid once complete. */
+int zs_store_shard_count(const zs_store *st);
+void zs_store_partials(const zs_store *st, int *index, double *sumsq);
+
+/* AdamW on every shard with step s's lr and the coordinator's clip factor; version s + 1. */
+zs_err zs_store_apply(zs_store *st, double lr, double clip);
+
+/*
+ * Where elements [offset, offset + count) of the current version live, in dtype (F32 or
+ * BF16), inside one shard: *data points into the store (valid until the next apply).
+ * ZS_FS_BAD_RANGE if the range is not inside one of this store's shards.
+ */
+zs_frame_status zs_store_locate(const zs_store *st, size_t offset, size_t count,
+                                zs_frame_dtype dtype, const void **data);
+
+/* The fp32 weights of shard i (for gathering the final model). */
+const float *zs_store_params(const zs_store *st, int i, zs_shard_range *range);
+
+#endif

@@ -1,0 +1,235 @@
+/*
+ * shardstore: chunk gradients pushed in random order, in random pieces, with duplicates, to
+ * 1, 2 or 3 stores (servers) give bitwise the weights `zshard train` computes; stale, foreign
+ * and out-of-range pushes change nothing.
+ */
+#include <stdlib.h>
+
+#include "common/data.h"
+#include "common/rng.h"
+#include "kernels/adamw.h"
+#include "kernels/gpt2.h"
+#include "kernels/reduce.h"
+#include "server/shardstore.h"
+#include "tests/unit/test.h"
+#include "worker/trainer.h"
+
+enum { MAXS = 3, STEPS = 3 };
+
+static uint64_t rnd_state = 12345;
+static uint64_t rnd(void)
+{
+    rnd_state = zs_rng_mix(rnd_state);
+    return rnd_state;
+}
+
+typedef struct {
+    zs_shard_range *all; /* every shard, in vector order */
+    int nshards;
+    int *owner;          /* server of each shard */
+    zs_store *stores[MAXS];
+    int S;
+} cluster;
+
+static void cluster_init(cluster *cl, const zs_tensor_table *tt, const zs_config *cfg, int S)
+{
+    size_t sf = cfg->cluster.shard_bytes / 4;
+    cl->nshards = (int)((tt->total + sf - 1) / sf);
+    cl->all = calloc((size_t)cl->nshards, sizeof *cl->all);
+    cl->owner = calloc((size_t)cl->nshards, sizeof *cl->owner);
+    cl->S = S;
+    for (int i = 0; i < cl->nshards; i++) {
+        cl->all[i] = (zs_shard_range){i, i * sf, (i + 1) * sf < tt->total ? (i + 1) * sf : tt->total};
+        cl->owner[i] = i % S;
+    }
+    for (int s = 0; s < S; s++) {
+        zs_shard_range mine[256];
+        int n = 0;
+        for (int i = 0; i < cl->nshards; i++)
+            if (cl->owner[i] == s)
+                mine[n++] = cl->all[i];
+        CHECK_OK(zs_store_create(tt, cfg, mine, n, 2, &cl->stores[s]));
+        zs_store_init_seed(cl->stores[s], cfg->seed);
+    }
+}
+
+static void cluster_free(cluster *cl)
+{
+    for (int s = 0; s < cl->S; s++)
+        zs_store_free(cl->stores[s]);
+    free(cl->all);
+    free(cl->owner);
+}
+
+static void gather(const cluster *cl, float *full, size_t total)
+{
+    memset(full, 0, total * sizeof *full);
+    for (int s = 0; s < cl->S; s++)
+        for (int i = 0; i < zs_store_shard_count(cl->stores[s]); i++) {
+            zs_shard_range r;
+            const float *p = zs_store_params(cl->stores[s], i, &r);
+            memcpy(full + r.begin, p, (r.end - r.begin) * sizeof *p);
+        }
+}
+
+/* Pushes chunk c's gradient g (whole vector) as random pieces of each shard; repeats some. */
+static void push_chunk(cluster *cl, long step, int c, const float *g)
+{
+    for (int i = 0; i < cl->nshards; i++) {
+        zs_shard_range r = cl->all[i];
+        size_t cur = r.begin;
+        while (cur < r.end) {
+            size_t len = 1 + rnd() % (r.end - r.begin);
+            if (cur + len > r.end)
+                len = r.end - cur;
+            const char *why = NULL;
+            int st = zs_store_push(cl->stores[cl->owner[i]], step, c, cur, len, g + cur, &why);
+            CHECK_EQ_INT(st, ZS_FS_OK);
+            if (rnd() % 4 == 0) { /* a retried chunk's piece, possibly overlapping new data */
+                size_t db = r.begin + rnd() % (cur + len - r.begin);
+                st = zs_store_push(cl->stores[cl->owner[i]], step, c, db, cur + len - db, g + db,
+                                   &why);
+                CHECK_EQ_INT(st, ZS_FS_DUPLICATE);
+            }
+            cur += len;
+        }
+    }
+}
+
+static void run(int S, int bf16)
+{
+    zs_config cfg;
+    zs_config_defaults(&cfg);
+    cfg.model = (zs_model_config){.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64,
+                                  .block_size = 16};
+    cfg.micro_batch = 2;
+    cfg.chunks = 4;
+    cfg.train_batch_size = 8;
+    cfg.cluster.shard_bytes = 4096 * 4 / 3 / 256 * 256; /* 5376 bytes: splits tensors */
+    cfg.gradient_clipping = 0.5;                      /* small: clipping happens */
+    cfg.bf16 = bf16;
+    cfg.seed = 99;
+    zs_dataset ds = {0};
+    ds.ntokens = 4000;
+    ds.tokens = malloc(ds.ntokens * 2);
+    for (size_t i = 0; i < ds.ntokens; i++)
+        ds.tokens[i] = (uint16_t)(zs_rng_u64(5, 0, i) % 64);
+    ds.max_token = 63;
+
+    zs_trainer tr;
+    CHECK_OK(zs_trainer_init(&tr, &cfg, &ds, 2, NULL));
+    cluster cl;
+    cluster_init(&cl, &tr.tt, &cfg, S);
+    size_t N = tr.tt.total;
+    float *full = malloc(N * 4), *compute = malloc(N * 4);
+    float *grads[4];
+    for (int c = 0; c < 4; c++)
+        grads[c] = malloc(N * 4);
+    zs_gpt2 *model;
+    CHECK_OK(zs_gpt2_create(&cfg.model, &tr.tt, 2, 16, 2, &model));
+    int32_t in[32], tg[32];
+
+    gather(&cl, full, N);
+    CHECK(memcmp(full, tr.params, N * 4) == 0); /* the same initialization */
+    for (long step = 0; step < STEPS; step++) {
+        /* The worker side: each chunk's gradient from the published weights. */
+        gather(&cl, full, N);
+        for (size_t i = 0; i < N; i++)
+            compute[i] = bf16 ? zs_bf16_to_f32(zs_f32_to_bf16(full[i])) : full[i];
+        for (int c = 0; c < 4; c++) {
+            zs_gpt2_flat flat = {.params = compute, .grads = grads[c]};
+            zs_gpt2_io io = zs_gpt2_flat_io(&flat);
+            zs_data_chunk(&ds, cfg.seed, step, c, 2, 16, in, tg);
+            float loss;
+            CHECK_OK(zs_gpt2_forward(model, &io, in, tg, 2, 16, &loss));
+            CHECK_OK(zs_gpt2_backward(model, &io));
+        }
+        /* Faults that must change nothing. */
+        const char *why;
+        CHECK_EQ_INT(zs_store_push(cl.stores[0], step + 1, 0, cl.all[0].begin, 4, grads[0], &why),
+                     ZS_FS_STALE);
+        CHECK_EQ_INT(zs_store_push(cl.stores[0], step, 4, cl.all[0].begin, 4, grads[0], &why),
+                     ZS_FS_NOT_ASSIGNED);
+        CHECK_EQ_INT(zs_store_push(cl.stores[0], step, 0, N, 4, grads[0], &why), ZS_FS_BAD_RANGE);
+        if (cl.nshards > 1) /* across a shard boundary */
+            CHECK_EQ_INT(zs_store_push(cl.stores[cl.owner[0]], step, 0, cl.all[1].begin - 2, 4,
+                                       grads[0], &why), ZS_FS_BAD_RANGE);
+        /* Chunks in a random order. */
+        int order[4] = {0, 1, 2, 3};
+        for (int i = 3; i > 0; i--) {
+            int j = (int)(rnd() % (uint64_t)(i + 1)), t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        for (int k = 0; k < 4; k++) {
+            int all_done = 1;
+            for (int s = 0; s < S; s++)
+                all_done &= zs_store_complete(cl.stores[s]);
+            CHECK(!all_done);
+            push_chunk(&cl, step, order[k], grads[order[k]]);
+        }
+        for (int s = 0; s < S; s++)
+            CHECK(zs_store_complete(cl.stores[s]));
+        /* A late retry after completion: dropped. */
+        CHECK_EQ_INT(zs_store_push(cl.stores[cl.owner[0]], step, 2, cl.all[0].begin, 8,
+                                   grads[2] + cl.all[0].begin, &why), ZS_FS_DUPLICATE);
+        /* The coordinator: partials summed in shard order. */
+        double *part = calloc((size_t)cl.nshards, sizeof *part);
+        for (int s = 0; s < S; s++) {
+            int idx[256];
+            double v[256];
+            zs_store_partials(cl.stores[s], idx, v);
+            for (int i = 0; i < zs_store_shard_count(cl.stores[s]); i++)
+                part[idx[i]] = v[i];
+        }
+        double sum = 0;
+        for (int i = 0; i < cl.nshards; i++)
+            sum += part[i];
+        free(part);
+        double norm = zs_grad_norm(sum, 4);
+        double clip = zs_clip_factor(norm, cfg.gradient_clipping);
+        double lr = zs_config_lr(&cfg, (int)step);
+        for (int s = 0; s < S; s++)
+            CHECK_OK(zs_store_apply(cl.stores[s], lr, clip));
+        zs_step_stats stats;
+        CHECK_OK(zs_trainer_step(&tr, &stats));
+        CHECK(stats.clip < 1.0);
+        CHECK(stats.grad_norm == norm);
+        gather(&cl, full, N);
+        size_t diff = 0;
+        while (diff < N && memcmp(&full[diff], &tr.params[diff], 4) == 0)
+            diff++;
+        if (diff < N)
+            fprintf(stderr, "S=%d step %ld: element %zu: store %.9g trainer %.9g\n", S, step, diff,
+                    full[diff], tr.params[diff]);
+        CHECK_EQ_INT(diff, N);
+        CHECK_EQ_INT(zs_store_version(cl.stores[0]), step + 1);
+    }
+    /* Fetch side: the published bf16 and fp32 of a range. */
+    const void *p = NULL;
+    zs_shard_range r0 = cl.all[cl.nshards - 1];
+    CHECK_EQ_INT(zs_store_locate(cl.stores[cl.owner[cl.nshards - 1]], r0.begin, r0.end - r0.begin,
+                                 ZS_DTYPE_BF16, &p), ZS_FS_OK);
+    int same = 1;
+    for (size_t i = 0; p && i < r0.end - r0.begin; i++)
+        same &= ((const uint16_t *)p)[i] == zs_f32_to_bf16(tr.params[r0.begin + i]);
+    CHECK(same);
+    CHECK_EQ_INT(zs_store_locate(cl.stores[0], N + 5, 1, ZS_DTYPE_F32, &p), ZS_FS_BAD_RANGE);
+
+    zs_gpt2_free(model);
+    for (int c = 0; c < 4; c++)
+        free(grads[c]);
+    free(full);
+    free(compute);
+    cluster_free(&cl);
+    zs_trainer_free(&tr);
+    free(ds.tokens);
+}
+
+int main(void)
+{
+    for (int S = 1; S <= 3; S++)
+        run(S, 0);
+    run(2, 1);
+    return zs_test_result("test_shardstore");
+}
