@@ -1,0 +1,103 @@
+/*
+ * coordstate: the coordinator's bookkeeping, without any networking: membership with
+ * heartbeats, the step state machine (chunk assignment, chunk completion, gradient-norm
+ * partials, the clip verdict, version publication) and the metrics of each finished step.
+ * The coordinator's ZeroMQ loop turns messages into these calls and their results into
+ * messages; tests drive it directly.
+ *
+ * Invariants:
+ *  - Step s's chunks are assigned to the workers alive when the step begins; a worker that
+ *    dies or leaves has its unfinished chunks reassigned to the live worker with the fewest
+ *    unfinished chunks (lowest id on ties).  A worker that registers during a step gets chunks
+ *    from the next step on.
+ *  - A chunk counts as done once, from the worker it is currently assigned to; a report from
+ *    anyone else, for another step, or a repeat, changes nothing.
+ *  - The global sum of squares is the sum of the per-shard partials in shard order, so the
+ *    norm and clip factor are bitwise those of `zshard train` (zs_grad_norm, zs_clip_factor).
+ *  - The step ends when every server has published version s + 1.
+ * Times are milliseconds of a monotonic clock, passed in by the caller.
+ */
+#ifndef ZS_COORDSTATE_H
+#define ZS_COORDSTATE_H
+
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/err.h"
+
+typedef enum { ZS_MEMBER_SERVER = 1, ZS_MEMBER_WORKER = 2 } zs_member_role;
+
+typedef enum {
+    ZS_PHASE_WAIT_SERVERS = 0, /* fewer than S servers registered */
+    ZS_PHASE_WAIT_WORKERS,     /* servers ready, no live worker to start or continue a step */
+    ZS_PHASE_COMPUTE,          /* chunks of the current step are being computed */
+    ZS_PHASE_VERDICT,          /* all chunks done and all partials in: the clip factor is known */
+    ZS_PHASE_PUBLISH,          /* verdict sent, waiting for every server's new version */
+    ZS_PHASE_DONE,             /* all steps done */
+} zs_phase;
+
+typedef struct {
+    int id;
+    zs_member_role role;
+    int alive;
+    uint64_t last_heartbeat_ms;
+    char endpoint[128]; /* data-plane address of a server */
+    int chunks_done;    /* over the whole run (workers) */
+} zs_member;
+
+typedef struct {
+    long step;             /* 1-based number of the step just finished */
+    double loss;           /* mean of the chunk losses, summed in chunk order */
+    double lr;
+    double grad_norm;
+    double clip;
+    int workers;           /* live workers when the step began */
+} zs_coord_step_stats;
+
+typedef struct zs_coord_state zs_coord_state;
+
+/* n_servers: S; shards: the number of shards (partials expected per step); steps: N. */
+zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, long steps,
+                             zs_coord_state **out);
+void zs_coord_state_free(zs_coord_state *cs);
+
+/* Registers a member; *id is its new id.  Refused (ZS_ERR_INVALID, with the reason) for a
+ * server beyond S or a worker beyond elasticity.max_workers. */
+zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, const char *endpoint, uint64_t now_ms,
+                     int *id);
+/* A heartbeat from id (ignored for unknown or dead members). */
+void zs_coord_heartbeat(zs_coord_state *cs, int id, uint64_t now_ms);
+/* A member leaves (reason: "SIGTERM", "connection closed", ...); its unfinished chunks are
+ * reassigned. */
+void zs_coord_leave(zs_coord_state *cs, int id, const char *reason);
+/* Marks dead every member whose last heartbeat is older than the configured timeout; returns
+ * how many, their ids in dead[0..max). */
+int zs_coord_expire(zs_coord_state *cs, uint64_t now_ms, int *dead, int max);
+
+const zs_member *zs_coord_member(const zs_coord_state *cs, int id);
+int zs_coord_live_workers(const zs_coord_state *cs);
+zs_phase zs_coord_phase(const zs_coord_state *cs);
+long zs_coord_step(const zs_coord_state *cs); /* the 0-based current step */
+
+/*
+ * Starts the current step when it can (servers registered, a live worker, not started yet):
+ * returns 1 when it started now.  Then zs_coord_assigned() lists each worker's chunks.
+ */
+int zs_coord_try_begin(zs_coord_state *cs);
+/* The chunks currently assigned to worker id and not done, in increasing order. */
+int zs_coord_assigned(const zs_coord_state *cs, int id, int *chunks, int max);
+/* The worker a chunk of the current step is assigned to (-1 if none). */
+int zs_coord_owner(const zs_coord_state *cs, int chunk);
+
+/* Worker id finished chunk of step with that loss: 1 if it counted, 0 if ignored. */
+int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double loss);
+/* Server id's per-shard partials for step: ZS_ERR_INVALID for an unknown shard, a repeat, a
+ * non-server or another step (nothing recorded then). */
+zs_err zs_coord_partials(zs_coord_state *cs, int id, long step, const int *shard,
+                         const double *sumsq, int n);
+/* In ZS_PHASE_VERDICT: the clip factor (and norm); moves to ZS_PHASE_PUBLISH. */
+double zs_coord_verdict(zs_coord_state *cs, double *norm, double *lr);
+/* Server id published version; returns 1 when this finished the step (stats filled in). */
+int zs_coord_published(zs_coord_state *cs, int id, long version, zs_coord_step_stats *stats);
+
+#endif
