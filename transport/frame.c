@@ -1,0 +1,233 @@
+/*
+ * frame: encoding and validation of the 64-byte data-plane header (layout in frame.h).
+ *
+ * Fields are packed byte by byte in little-endian order, never by casting a struct onto the
+ * buffer, so the wire layout does not depend on the compiler's padding or the host's byte
+ * order.  zs_frame_decode() checks every field before it fills in the caller's zs_frame, so a
+ * caller never sees a half-validated header.  Both functions cost a few dozen instructions.
+ */
+#include "transport/frame.h"
+
+#include <string.h>
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+size_t zs_frame_dtype_size(zs_frame_dtype dt)
+{
+    switch (dt) {
+    case ZS_DTYPE_F32:
+        return 4;
+    case ZS_DTYPE_BF16:
+        return 2;
+    case ZS_DTYPE_TEXT:
+        return 1;
+    }
+    return 0;
+}
+
+const char *zs_frame_op_name(unsigned op)
+{
+    switch (op) {
+    case ZS_OP_FETCH:
+        return "fetch";
+    case ZS_OP_FETCH_REPLY:
+        return "fetch_reply";
+    case ZS_OP_PUSH:
+        return "push";
+    case ZS_OP_PUSH_REPLY:
+        return "push_reply";
+    case ZS_OP_ERROR:
+        return "error";
+    }
+    return "?";
+}
+
+const char *zs_frame_dtype_name(unsigned dtype)
+{
+    switch (dtype) {
+    case ZS_DTYPE_F32:
+        return "f32";
+    case ZS_DTYPE_BF16:
+        return "bf16";
+    case ZS_DTYPE_TEXT:
+        return "text";
+    }
+    return "?";
+}
+
+const char *zs_frame_status_name(unsigned status)
+{
+    switch (status) {
+    case ZS_FS_OK:
+        return "ok";
+    case ZS_FS_DUPLICATE:
+        return "duplicate";
+    case ZS_FS_BAD_FRAME:
+        return "bad_frame";
+    case ZS_FS_BAD_RANGE:
+        return "bad_range";
+    case ZS_FS_STALE:
+        return "stale";
+    case ZS_FS_NOT_ASSIGNED:
+        return "not_assigned";
+    case ZS_FS_SHUTDOWN:
+        return "shutdown";
+    }
+    return "?";
+}
+
+void zs_frame_encode(const zs_frame *f, uint8_t out[ZS_FRAME_HEADER_BYTES])
+{
+    put32(out + 0, ZS_FRAME_MAGIC);
+    put16(out + 4, ZS_FRAME_VERSION);
+    put16(out + 6, f->op);
+    out[8] = f->dtype;
+    out[9] = f->flags;
+    put16(out + 10, 0);
+    put32(out + 12, f->status);
+    put64(out + 16, f->id);
+    put64(out + 24, f->step);
+    put32(out + 32, f->chunk);
+    put32(out + 36, f->sender);
+    put64(out + 40, f->offset);
+    put64(out + 48, f->count);
+    put64(out + 56, f->length);
+}
+
+zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
+{
+    uint32_t magic = get32(in + 0);
+    uint16_t reserved = get16(in + 10);
+    zs_frame f = {
+        .version = get16(in + 4),
+        .op = get16(in + 6),
+        .dtype = in[8],
+        .flags = in[9],
+        .status = get32(in + 12),
+        .id = get64(in + 16),
+        .step = get64(in + 24),
+        .chunk = get32(in + 32),
+        .sender = get32(in + 36),
+        .offset = get64(in + 40),
+        .count = get64(in + 48),
+        .length = get64(in + 56),
+    };
+    const char *opn = zs_frame_op_name(f.op);
+
+    if (magic != ZS_FRAME_MAGIC)
+        return zs_error(ZS_ERR_FORMAT, "frame: magic 0x%08x is not 0x%08x (\"ZSF1\")", magic,
+                        ZS_FRAME_MAGIC);
+    if (f.version != ZS_FRAME_VERSION)
+        return zs_error(ZS_ERR_FORMAT, "frame: version %u is not %u", f.version, ZS_FRAME_VERSION);
+    if (f.op < ZS_OP_FETCH || f.op > ZS_OP_ERROR)
+        return zs_error(ZS_ERR_FORMAT, "frame: op %u is not a known op", f.op);
+    size_t esize = zs_frame_dtype_size((zs_frame_dtype)f.dtype);
+    if (esize == 0)
+        return zs_error(ZS_ERR_FORMAT, "frame: dtype %u is not a known dtype (op %s)", f.dtype,
+                        opn);
+    if (f.dtype == ZS_DTYPE_TEXT && f.op != ZS_OP_ERROR)
+        return zs_error(ZS_ERR_FORMAT,
+                        "frame: dtype %u (text) is only valid with op %u (error), "
+                        "not op %u (%s)",
+                        f.dtype, ZS_OP_ERROR, f.op, opn);
+    if (f.flags != 0)
+        return zs_error(ZS_ERR_FORMAT, "frame: flags 0x%02x must be 0 (op %s)", f.flags, opn);
+    if (reserved != 0)
+        return zs_error(ZS_ERR_FORMAT, "frame: reserved 0x%04x must be 0 (op %s)", reserved, opn);
+    if ((f.op == ZS_OP_FETCH || f.op == ZS_OP_PUSH) && f.status != 0)
+        return zs_error(ZS_ERR_FORMAT, "frame: status %u must be 0 in op %u (%s)", f.status, f.op,
+                        opn);
+    if (f.status > ZS_FS_SHUTDOWN)
+        return zs_error(ZS_ERR_FORMAT, "frame: status %u is not a known status (op %s)", f.status,
+                        opn);
+    if (f.offset + f.count < f.offset)
+        return zs_error(ZS_ERR_FORMAT, "frame: offset %llu + count %llu overflows (op %s)",
+                        (unsigned long long)f.offset, (unsigned long long)f.count, opn);
+    if (f.length > ZS_FRAME_MAX_PAYLOAD)
+        return zs_error(
+            ZS_ERR_FORMAT, "frame: length %llu exceeds the largest payload %llu (op %s)",
+            (unsigned long long)f.length, (unsigned long long)ZS_FRAME_MAX_PAYLOAD, opn);
+
+    /* count * esize, checked: esize is 1, 2 or 4, so the product overflows exactly when count
+     * exceeds UINT64_MAX / esize. */
+    int bytes_ok = f.count <= UINT64_MAX / esize;
+    uint64_t bytes = bytes_ok ? f.count * esize : 0;
+    switch (f.op) {
+    case ZS_OP_FETCH_REPLY:
+    case ZS_OP_PUSH:
+        if (!bytes_ok)
+            return zs_error(ZS_ERR_FORMAT, "frame: count %llu of %s overflows a byte count (op %s)",
+                            (unsigned long long)f.count, zs_frame_dtype_name(f.dtype), opn);
+        if (f.length != bytes)
+            return zs_error(ZS_ERR_FORMAT,
+                            "frame: length %llu does not match count %llu x %zu bytes (%s) = %llu "
+                            "(op %s)",
+                            (unsigned long long)f.length, (unsigned long long)f.count, esize,
+                            zs_frame_dtype_name(f.dtype), (unsigned long long)bytes, opn);
+        break;
+    case ZS_OP_FETCH:
+        if (f.length != 0)
+            return zs_error(ZS_ERR_FORMAT, "frame: length %llu for op %u (fetch), expected 0",
+                            (unsigned long long)f.length, f.op);
+        if (!bytes_ok || bytes > ZS_FRAME_MAX_PAYLOAD)
+            return zs_error(ZS_ERR_FORMAT,
+                            "frame: count %llu of %s in a fetch exceeds the largest payload %llu",
+                            (unsigned long long)f.count, zs_frame_dtype_name(f.dtype),
+                            (unsigned long long)ZS_FRAME_MAX_PAYLOAD);
+        break;
+    case ZS_OP_PUSH_REPLY:
+        if (f.length != 0)
+            return zs_error(ZS_ERR_FORMAT, "frame: length %llu for op %u (push_reply), expected 0",
+                            (unsigned long long)f.length, f.op);
+        break;
+    case ZS_OP_ERROR:
+        if (f.length > ZS_FRAME_MAX_ERROR_TEXT)
+            return zs_error(ZS_ERR_FORMAT, "frame: length %llu for op %u (error) exceeds %d",
+                            (unsigned long long)f.length, f.op, ZS_FRAME_MAX_ERROR_TEXT);
+        if (f.length > 0 && f.dtype != ZS_DTYPE_TEXT)
+            return zs_error(ZS_ERR_FORMAT,
+                            "frame: dtype %u (%s) for op %u (error) with a payload, expected %u "
+                            "(text)",
+                            f.dtype, zs_frame_dtype_name(f.dtype), f.op, ZS_DTYPE_TEXT);
+        break;
+    }
+    *out = f;
+    return ZS_OK;
+}

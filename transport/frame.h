@@ -1,0 +1,105 @@
+/*
+ * frame: the fixed binary header of every data-plane message (fetch, push, their replies,
+ * errors), the same for every transport backend.
+ *
+ * Wire layout, 64 bytes, little-endian, no padding between fields:
+ *
+ *   off size field
+ *     0    4 magic     ZS_FRAME_MAGIC ("ZSF1")
+ *     4    2 version   ZS_FRAME_VERSION
+ *     6    2 op        zs_frame_op
+ *     8    1 dtype     zs_frame_dtype of the payload (and of a fetch's requested data)
+ *     9    1 flags     0 (reserved; must be 0)
+ *    10    2 reserved  0
+ *    12    4 status    0, or a zs_frame_status in ZS_OP_ERROR and replies
+ *    16    8 id        request id chosen by the client; replies carry the request's id
+ *    24    8 step      push: the step the gradient belongs to; fetch: the version wanted
+ *    32    4 chunk     push: the chunk index within the step; else 0
+ *    36    4 sender    push: the worker's id (from registration); else 0
+ *    40    8 offset    first element of the range in the flat vector
+ *    48    8 count     elements in the range
+ *    56    8 length    payload bytes that follow the header (count * dtype size, or 0)
+ *
+ * Invariant: zs_frame_decode() accepts a header only if magic, version, op, dtype, flags and
+ * reserved are valid and length is consistent with op, dtype and count; it never reads past
+ * the 64 bytes it is given.  Range checks against the vector (offset + count <= N) are the
+ * receiver's, which knows N.
+ *
+ * The rules, in the order zs_frame_decode() checks them (the first broken one is reported):
+ *   magic == ZS_FRAME_MAGIC; version == ZS_FRAME_VERSION; 1 <= op <= ZS_OP_ERROR;
+ *   dtype is a zs_frame_dtype, and ZS_DTYPE_TEXT only with ZS_OP_ERROR; flags == 0;
+ *   reserved == 0; status == 0 in FETCH and PUSH, a zs_frame_status otherwise;
+ *   offset + count does not overflow 64 bits; length <= ZS_FRAME_MAX_PAYLOAD;
+ *   FETCH_REPLY, PUSH: length == count * dtype size (the product checked for overflow);
+ *   FETCH: length == 0 and count * dtype size <= ZS_FRAME_MAX_PAYLOAD (the reply must fit);
+ *   PUSH_REPLY: length == 0;
+ *   ERROR: length <= ZS_FRAME_MAX_ERROR_TEXT, and dtype TEXT when length > 0 (offset and
+ *   count may echo the rejected request's range).
+ */
+#ifndef ZS_FRAME_H
+#define ZS_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define ZS_FRAME_MAGIC 0x3146535au /* "ZSF1" read as little-endian u32 */
+#define ZS_FRAME_VERSION 1
+#define ZS_FRAME_HEADER_BYTES 64
+/* The largest payload one frame may carry; bigger ranges are split by the client. */
+#define ZS_FRAME_MAX_PAYLOAD ((uint64_t)1 << 30)
+
+typedef enum {
+    ZS_OP_FETCH = 1,       /* client -> server: send me [offset, offset+count) at version step */
+    ZS_OP_FETCH_REPLY = 2, /* server -> client: payload = the range, in dtype */
+    ZS_OP_PUSH = 3,        /* client -> server: payload = gradient of the range, fp32 */
+    ZS_OP_PUSH_REPLY = 4,  /* server -> client: status of a push (0 accepted or dropped dup) */
+    ZS_OP_ERROR = 5,       /* either way: status says why; the payload, if any, is a UTF-8 text */
+} zs_frame_op;
+
+typedef enum { ZS_DTYPE_F32 = 0, ZS_DTYPE_BF16 = 1, ZS_DTYPE_TEXT = 2 } zs_frame_dtype;
+
+typedef enum {
+    ZS_FS_OK = 0,
+    ZS_FS_DUPLICATE = 1,    /* push already accepted for (step, chunk, shard): dropped */
+    ZS_FS_BAD_FRAME = 2,    /* malformed header: the connection is closed after this reply */
+    ZS_FS_BAD_RANGE = 3,    /* offset/count outside the vector or not on this server */
+    ZS_FS_STALE = 4,        /* push for a step that is not current, or fetch of a dropped version */
+    ZS_FS_NOT_ASSIGNED = 5, /* push for a chunk not assigned to the sender */
+    ZS_FS_SHUTDOWN = 6,     /* the server is stopping */
+} zs_frame_status;
+
+typedef struct {
+    uint16_t version;
+    uint16_t op;
+    uint8_t dtype;
+    uint8_t flags;
+    uint32_t status;
+    uint64_t id;
+    uint64_t step;
+    uint32_t chunk;
+    uint32_t sender;
+    uint64_t offset;
+    uint64_t count;
+    uint64_t length;
+} zs_frame;
+
+/* The longest text a ZS_OP_ERROR frame may carry, in bytes. */
+#define ZS_FRAME_MAX_ERROR_TEXT 4096
+
+/* Bytes per element of a payload dtype (text: 1); 0 for a value that is not a dtype. */
+size_t zs_frame_dtype_size(zs_frame_dtype dt);
+
+/* Encodes f into exactly ZS_FRAME_HEADER_BYTES bytes (magic and version filled in). */
+void zs_frame_encode(const zs_frame *f, uint8_t out[ZS_FRAME_HEADER_BYTES]);
+
+/* Decodes and validates a header; ZS_ERR_FORMAT with a message naming the field and value. */
+zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *f);
+
+/* Short constant names for logs ("fetch", "f32", "bad_range"); "?" for unknown values. */
+const char *zs_frame_op_name(unsigned op);
+const char *zs_frame_dtype_name(unsigned dtype);
+const char *zs_frame_status_name(unsigned status);
+
+#endif

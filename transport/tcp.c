@@ -1,0 +1,1871 @@
+/*
+ * tcp: the TCP backend of the transport (interface in transport.h, choices in tcp.h).
+ *
+ * One zs_net is one epoll instance.  Listening sockets are registered level-triggered; data
+ * sockets edge-triggered for EPOLLIN | EPOLLOUT | EPOLLRDHUP once, at creation.  Because the
+ * registration is edge-triggered, each socket remembers whether it may still be readable
+ * (rd_ready) or writable (wr_ready): an epoll event sets the flag, EAGAIN (or a short read)
+ * clears it.  A socket that stopped for a reason of its own -- its turn's byte budget ran
+ * out, or the caller just supplied a destination for a payload waiting in the kernel -- is
+ * put on the net's dirty list, and the next turn of the loop resumes it without an event.
+ *
+ * Each socket runs two small state machines:
+ *   receive: RS_HDR (64 header bytes into s->hdr) -> decode -> one of
+ *            RS_BODY    payload straight into the destination of an irecv/recv_payload,
+ *            RS_SKIP    payload into the scratch buffer (discard, oversized, cancelled),
+ *            RS_PENDING header reported (ZS_EV_HEADER), waiting for the caller's decision,
+ *            RS_PARKED  a header is already pending on another socket of the connection;
+ *                       this one is reported when that one is resolved,
+ *            and back to RS_HDR when the payload is complete.
+ *   send:    a FIFO of requests; each turn writes as many of them as one sendmsg() takes,
+ *            header and payload as separate iovecs, s->sq_off bytes into the head.
+ * A connection fails as a whole (all its sockets) on the first error; conn_fail() completes
+ * every request on it with the reason before it queues ZS_EV_CLOSED.
+ *
+ * Requests come from a free list refilled in slabs of 64, so the hot path does not malloc
+ * (except isend_inline's copy).  Events wait in a ring buffer until poll() hands them out;
+ * conn_close() turns events that name the closed connection into tombstones.
+ */
+#include "transport/tcp.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+#define TCP_HDR ZS_FRAME_HEADER_BYTES
+/* Bytes one socket moves in one direction per turn of the loop before the others get theirs;
+ * large enough that a 4 MiB payload does not stop midway, small enough to stay fair. */
+#define TCP_TURN_BUDGET ((uint64_t)16 << 20)
+/* A recv() is capped at this many bytes (Linux caps reads near 2 GiB anyway). */
+#define TCP_RECV_MAX ((size_t)1 << 30)
+/* Frames one socket takes in per turn, for the same reason. */
+#define TCP_TURN_FRAMES 64
+/* With this many events queued the net stops taking in new frames (TCP's flow control then
+ * slows the peers down) until poll() has handed out all but TCP_EVQ_LOW of them. */
+#define TCP_EVQ_HIGH 4096
+#define TCP_EVQ_LOW 1024
+#define TCP_IOV_MAX 64
+#define TCP_SCRATCH_BYTES ((size_t)64 << 10)
+/* Bytes read and dropped before closing a connection that sent a bad frame. */
+#define TCP_DRAIN_BYTES ((size_t)256 << 10)
+#define TCP_EPOLL_BATCH 64
+#define TCP_ACCEPT_BATCH 64
+#define TCP_BACKLOG 1024
+#define TCP_REQ_SLAB 64
+#define TCP_PEER_MAX 80
+
+/* Defaults of the tunables (tcp.h). */
+#define TCP_DEFAULT_CONNS 1
+#define TCP_DEFAULT_CONNECT_TIMEOUT_MS 10000
+
+enum { K_LISTENER = 1, K_SOCK = 2 };
+enum { RS_HDR, RS_BODY, RS_SKIP, RS_PENDING, RS_PARKED };
+enum { RQ_SEND = 1, RQ_RECV = 2 };
+/* A request's state: on a send queue, expected (irecv posted), receiving its payload, done. */
+enum { RQ_IDLE, RQ_QUEUED, RQ_EXPECTED, RQ_ACTIVE, RQ_DONE };
+
+typedef struct tcp_net tcp_net;
+typedef struct tcp_conn tcp_conn;
+typedef struct tcp_sock tcp_sock;
+typedef struct tcp_req tcp_req;
+typedef struct tcp_mr tcp_mr;
+typedef struct tcp_listener tcp_listener;
+
+struct tcp_mr {
+    tcp_net *net;
+    uint8_t *base;
+    size_t len; /* bytes */
+    int access; /* ZS_MR_SEND | ZS_MR_RECV */
+    long refs;  /* requests using the region */
+    tcp_mr *prev, *next;
+};
+
+struct tcp_req {
+    tcp_net *net;
+    tcp_conn *conn;       /* NULL once done, for a handle */
+    tcp_sock *sock;       /* RQ_QUEUED: the send queue it is on; RQ_ACTIVE: the socket reading it */
+    int kind;             /* RQ_SEND, RQ_RECV */
+    int state;            /* RQ_* */
+    int handle;           /* the caller holds a zs_req: no event */
+    int silent;           /* a cancelled irecv kept to skip its late reply: no outcome at all */
+    zs_err status;        /* the outcome, once done */
+    void *user;           /* the caller's cookie */
+    zs_frame frame;       /* send: the frame sent; recv: the frame received (id only until then) */
+    uint8_t hdr[TCP_HDR]; /* send: the encoded header */
+    tcp_mr *mr;           /* the region buf lies in, referenced until done; NULL for inline */
+    uint8_t *buf;         /* send: payload source; recv: destination */
+    uint64_t len;         /* send: payload bytes; recv: capacity of buf */
+    uint8_t *inline_buf;  /* isend_inline's copy of the payload (owned) */
+    uint64_t id;          /* irecv: the id expected */
+    tcp_req *prev, *next; /* send queue, expected list or free list */
+    char err[ZS_NET_REASON_MAX];
+};
+
+typedef struct req_slab {
+    struct req_slab *next;
+    tcp_req reqs[TCP_REQ_SLAB];
+} req_slab;
+
+struct tcp_sock {
+    int kind; /* K_SOCK: first, so that an epoll pointer tells listener from socket */
+    int fd;   /* -1 once the connection failed */
+    tcp_conn *conn;
+    int index; /* in conn->sock */
+    int rd_ready, wr_ready;
+    int hup; /* epoll reported the peer's end (or an error): read on until recv says so */
+    int dirty;
+    tcp_sock *dirty_next;
+    int throttled; /* waits on the net's throttle list for the event queue to drain */
+    tcp_sock *throttle_next;
+    /* receive */
+    int rstate;
+    uint8_t hdr[TCP_HDR];
+    size_t hdr_got;
+    zs_frame frame; /* the header of the frame being received */
+    tcp_req *rreq;  /* RS_BODY, RS_SKIP: the request being completed, or NULL */
+    uint8_t *rdst;  /* RS_BODY: where the next payload byte goes */
+    uint64_t rleft; /* payload bytes still to read */
+    uint64_t rgot;  /* payload bytes read */
+    /* send */
+    tcp_req *sq_head, *sq_tail;
+    uint64_t sq_off;   /* bytes of sq_head already written */
+    uint64_t sq_bytes; /* bytes on the queue not yet written */
+};
+
+struct tcp_conn {
+    tcp_net *net;
+    char peer[TCP_PEER_MAX];
+    int nsock;
+    int rr; /* the next socket in round-robin order */
+    tcp_sock *sock[ZS_NET_MAX_CONNS];
+    int closed;
+    char reason[ZS_NET_REASON_MAX]; /* why it closed */
+    tcp_sock *pending; /* the socket whose reported header awaits recv_payload/discard */
+    tcp_req *expect;   /* posted irecvs, a doubly linked list */
+    void *user;
+    tcp_conn *prev, *next;
+};
+
+struct tcp_listener {
+    int kind; /* K_LISTENER */
+    int fd;
+    tcp_net *net;
+    int port;
+    char addr[TCP_PEER_MAX];
+    tcp_listener *prev, *next;
+};
+
+struct tcp_net {
+    int epfd;
+    zs_event *evq; /* ring: evq_len entries from evq_head, tombstones have type 0 */
+    size_t evq_head, evq_len, evq_cap, evq_live;
+    tcp_sock *dirty_head, *dirty_tail;
+    tcp_sock *throttle_head;
+    tcp_conn *conns;
+    tcp_listener *listeners;
+    tcp_mr *mrs;
+    tcp_req *free_reqs;
+    req_slab *slabs;
+    uint8_t *scratch; /* TCP_SCRATCH_BYTES */
+    int batch_sends;  /* zs_net_opts.batch_sends resolved: sends wait for the next turn */
+    int poll_skipped; /* the last poll() handed out queued events without a turn of I/O */
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* helpers */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Milliseconds left until deadline (-1: none), for epoll_wait. */
+static int remaining_ms(int64_t deadline)
+{
+    if (deadline < 0)
+        return -1;
+    int64_t left = deadline - now_ms();
+    if (left <= 0)
+        return 0;
+    return left > INT_MAX ? INT_MAX : (int)left;
+}
+
+static int64_t deadline_of(int timeout_ms)
+{
+    return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+}
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strnlen(src, cap - 1) : 0;
+    if (n)
+        memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* snprintf for messages, where cutting a long one short is the right outcome. */
+static void fmt(char *dst, size_t cap, const char *f, ...) __attribute__((format(printf, 3, 4)));
+static void fmt(char *dst, size_t cap, const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(dst, cap, f, ap);
+    va_end(ap);
+}
+
+static void format_sockaddr(const struct sockaddr *sa, char *out, size_t cap)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+        fmt(out, cap, "%s:%u", host, ntohs(in->sin_port));
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+        fmt(out, cap, "[%s]:%u", host, ntohs(in6->sin6_port));
+    } else {
+        fmt(out, cap, "%s", sa->sa_family == AF_UNIX ? "unix" : "?");
+    }
+}
+
+/* Splits "HOST:PORT" (HOST may be "[v6]") into host and port; port in [min_port, 65535]. */
+static zs_err parse_addr(const char *what, const char *addr, char *host, size_t hcap, char *port,
+                         size_t pcap, int min_port)
+{
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
+    if (!colon)
+        return zs_error(ZS_ERR_INVALID, "tcp %s \"%s\": expected HOST:PORT", what,
+                        addr ? addr : "(null)");
+    size_t hl = (size_t)(colon - addr);
+    const char *h = addr;
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+        h++;
+        hl -= 2;
+    }
+    const char *p = colon + 1;
+    size_t pl = strlen(p);
+    int ok = pl > 0 && pl <= 5;
+    long pv = 0;
+    for (size_t i = 0; ok && i < pl; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            ok = 0;
+        else
+            pv = pv * 10 + (p[i] - '0');
+    }
+    if (!ok || pv < min_port || pv > 65535)
+        return zs_error(ZS_ERR_INVALID, "tcp %s \"%s\": port \"%s\" is not a number in %d..65535",
+                        what, addr, p, min_port);
+    if (hl >= hcap)
+        return zs_error(ZS_ERR_INVALID, "tcp %s \"%s\": host name too long", what, addr);
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    fmt(port, pcap, "%ld", pv);
+    return ZS_OK;
+}
+
+/* An integer tunable: the option if non-zero, else environment variable env, else dflt. */
+static zs_err tunable(int opt, const char *env, int dflt, int lo, int hi, int *out)
+{
+    if (opt != 0) {
+        *out = opt;
+    } else {
+        const char *s = getenv(env);
+        if (!s || !*s) {
+            *out = dflt;
+            return ZS_OK;
+        }
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || *end || v < lo || v > hi)
+            return zs_error(ZS_ERR_INVALID, "tcp: %s=\"%s\" is not an integer in %d..%d", env, s,
+                            lo, hi);
+        *out = (int)v;
+        return ZS_OK;
+    }
+    if (*out < lo || *out > hi)
+        return zs_error(ZS_ERR_INVALID, "tcp: option for %s is %d, not in %d..%d", env, *out, lo,
+                        hi);
+    return ZS_OK;
+}
+
+typedef struct {
+    int conns, sndbuf, rcvbuf, timeout_ms;
+} tcp_opts;
+
+static zs_err resolve_opts(const zs_conn_opts *o, tcp_opts *t)
+{
+    zs_conn_opts z = {0};
+    if (!o)
+        o = &z;
+    ZS_CHECK(tunable(o->conns, "ZS_TCP_CONNS", TCP_DEFAULT_CONNS, 1, ZS_NET_MAX_CONNS, &t->conns));
+    ZS_CHECK(tunable(o->sndbuf_bytes, "ZS_TCP_SNDBUF", 0, -1, INT_MAX, &t->sndbuf));
+    ZS_CHECK(tunable(o->rcvbuf_bytes, "ZS_TCP_RCVBUF", 0, -1, INT_MAX, &t->rcvbuf));
+    ZS_CHECK(tunable(o->connect_timeout_ms, "ZS_TCP_CONNECT_TIMEOUT_MS",
+                     TCP_DEFAULT_CONNECT_TIMEOUT_MS, 1, INT_MAX, &t->timeout_ms));
+    return ZS_OK;
+}
+
+/* Socket buffer sizes (when asked for: > 0), set before connect/listen. */
+static zs_err set_bufs(int fd, const tcp_opts *t, const char *addr)
+{
+    if (t->sndbuf > 0 && setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &t->sndbuf, sizeof t->sndbuf))
+        return zs_error(ZS_ERR_IO, "tcp %s: setsockopt SO_SNDBUF %d: %s", addr, t->sndbuf,
+                        strerror(errno));
+    if (t->rcvbuf > 0 && setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &t->rcvbuf, sizeof t->rcvbuf))
+        return zs_error(ZS_ERR_IO, "tcp %s: setsockopt SO_RCVBUF %d: %s", addr, t->rcvbuf,
+                        strerror(errno));
+    return ZS_OK;
+}
+
+static void set_nodelay(int fd)
+{
+    int one = 1;
+    /* Fails harmlessly on a non-TCP stream (an AF_UNIX socketpair in tests). */
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+static uint64_t raw_get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* events */
+
+static zs_event *evq_push(tcp_net *n, zs_ev_type type, tcp_conn *c)
+{
+    if (n->evq_len == n->evq_cap) {
+        size_t cap = n->evq_cap ? 2 * n->evq_cap : 64;
+        zs_event *q = malloc(cap * sizeof *q);
+        if (!q) {
+            /* Nothing sensible remains; the event is lost, which the log says. */
+            ZS_ERROR("tcp: out of memory for the event queue; an event of type %d is lost", type);
+            return NULL;
+        }
+        for (size_t i = 0; i < n->evq_len; i++)
+            q[i] = n->evq[(n->evq_head + i) % n->evq_cap];
+        free(n->evq);
+        n->evq = q;
+        n->evq_cap = cap;
+        n->evq_head = 0;
+    }
+    zs_event *e = &n->evq[(n->evq_head + n->evq_len) % n->evq_cap];
+    n->evq_len++;
+    n->evq_live++;
+    e->type = type;
+    e->conn = (zs_conn *)c;
+    e->listener = NULL;
+    memset(&e->frame, 0, sizeof e->frame);
+    e->user = NULL;
+    e->err = ZS_OK;
+    e->reason[0] = '\0';
+    return e;
+}
+
+/* Events that name c: the ones that are about c itself are dropped, request completions
+ * keep their place but lose the pointer. */
+static void evq_forget(tcp_net *n, tcp_conn *c)
+{
+    for (size_t i = 0; i < n->evq_len; i++) {
+        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+        if (e->type == 0 || e->conn != (zs_conn *)c)
+            continue;
+        if (e->type == ZS_EV_SEND || e->type == ZS_EV_RECV) {
+            e->conn = NULL;
+        } else {
+            e->type = 0;
+            n->evq_live--;
+        }
+    }
+}
+
+static int evq_pop(tcp_net *n, zs_event *out)
+{
+    while (n->evq_len) {
+        zs_event *e = &n->evq[n->evq_head];
+        n->evq_head = (n->evq_head + 1) % n->evq_cap;
+        n->evq_len--;
+        if (e->type == 0)
+            continue;
+        n->evq_live--;
+        *out = *e;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* requests */
+
+static tcp_req *req_new(tcp_net *n, int kind, tcp_conn *c, void *user, int handle)
+{
+    if (!n->free_reqs) {
+        req_slab *sl = calloc(1, sizeof *sl);
+        if (!sl)
+            return NULL;
+        sl->next = n->slabs;
+        n->slabs = sl;
+        for (int i = 0; i < TCP_REQ_SLAB; i++) {
+            sl->reqs[i].next = n->free_reqs;
+            n->free_reqs = &sl->reqs[i];
+        }
+    }
+    tcp_req *r = n->free_reqs;
+    n->free_reqs = r->next;
+    memset(r, 0, offsetof(tcp_req, err));
+    r->err[0] = '\0';
+    r->net = n;
+    r->kind = kind;
+    r->conn = c;
+    r->user = user;
+    r->handle = handle;
+    return r;
+}
+
+static void req_release(tcp_req *r)
+{
+    tcp_net *n = r->net;
+    if (r->mr) {
+        r->mr->refs--;
+        r->mr = NULL;
+    }
+    free(r->inline_buf);
+    r->inline_buf = NULL;
+    r->state = RQ_IDLE;
+    r->handle = 0;
+    r->next = n->free_reqs;
+    n->free_reqs = r;
+}
+
+/* Completes r with status st (message msg when st fails): a handle keeps the outcome for
+ * test()/wait(); otherwise it becomes an event and the request is freed. */
+static void req_finish(tcp_req *r, zs_err st, const char *msg)
+{
+    if (r->mr) {
+        r->mr->refs--;
+        r->mr = NULL;
+    }
+    r->status = st;
+    if (st == ZS_OK)
+        r->err[0] = '\0';
+    else if (msg != r->err)
+        copy_str(r->err, sizeof r->err, msg);
+    r->state = RQ_DONE;
+    r->sock = NULL;
+    r->prev = r->next = NULL;
+    if (r->silent) {
+        req_release(r);
+        return;
+    }
+    if (r->handle) {
+        r->conn = NULL;
+        return;
+    }
+    zs_event *e = evq_push(r->net, r->kind == RQ_SEND ? ZS_EV_SEND : ZS_EV_RECV, r->conn);
+    if (e) {
+        e->frame = r->frame;
+        e->user = r->user;
+        e->err = st;
+        copy_str(e->reason, sizeof e->reason, r->err);
+    }
+    req_release(r);
+}
+
+/* Fails r because its connection went away: "send of push id 7: tcp PEER: reason". */
+static void req_fail_conn(tcp_req *r, const char *reason)
+{
+    char msg[ZS_NET_REASON_MAX];
+    if (r->kind == RQ_SEND)
+        fmt(msg, sizeof msg, "send of %s id %llu: %s", zs_frame_op_name(r->frame.op),
+            (unsigned long long)r->frame.id, reason);
+    else
+        fmt(msg, sizeof msg, "receive of id %llu: %s", (unsigned long long)r->frame.id, reason);
+    req_finish(r, ZS_ERR_IO, msg);
+}
+
+static void expect_unlink(tcp_conn *c, tcp_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        c->expect = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+static tcp_req *expect_find(tcp_conn *c, uint64_t id)
+{
+    for (tcp_req *r = c->expect; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* connections */
+
+static void sock_mark_dirty(tcp_sock *s)
+{
+    tcp_net *n = s->conn->net;
+    if (s->dirty)
+        return;
+    s->dirty = 1;
+    s->dirty_next = NULL;
+    if (n->dirty_tail)
+        n->dirty_tail->dirty_next = s;
+    else
+        n->dirty_head = s;
+    n->dirty_tail = s;
+}
+
+static void sock_unmark_dirty(tcp_sock *s)
+{
+    tcp_net *n = s->conn->net;
+    if (!s->dirty)
+        return;
+    tcp_sock *prev = NULL;
+    for (tcp_sock *x = n->dirty_head; x; prev = x, x = x->dirty_next) {
+        if (x != s)
+            continue;
+        if (prev)
+            prev->dirty_next = x->dirty_next;
+        else
+            n->dirty_head = x->dirty_next;
+        if (n->dirty_tail == x)
+            n->dirty_tail = prev;
+        break;
+    }
+    s->dirty = 0;
+    s->dirty_next = NULL;
+}
+
+static void sock_throttle(tcp_sock *s)
+{
+    tcp_net *n = s->conn->net;
+    if (s->throttled)
+        return;
+    s->throttled = 1;
+    s->throttle_next = n->throttle_head;
+    n->throttle_head = s;
+}
+
+static void sock_unthrottle(tcp_sock *s)
+{
+    tcp_net *n = s->conn->net;
+    if (!s->throttled)
+        return;
+    for (tcp_sock **pp = &n->throttle_head; *pp; pp = &(*pp)->throttle_next)
+        if (*pp == s) {
+            *pp = s->throttle_next;
+            break;
+        }
+    s->throttled = 0;
+    s->throttle_next = NULL;
+}
+
+/* Fails the connection: closes its sockets, completes every request on it (failed) and,
+ * when notify, queues ZS_EV_CLOSED.  The structure stays until conn_close(). */
+static void conn_fail(tcp_conn *c, zs_err err, int notify, const char *why, ...)
+    __attribute__((format(printf, 4, 5)));
+static void conn_fail(tcp_conn *c, zs_err err, int notify, const char *why, ...)
+{
+    if (c->closed)
+        return;
+    c->closed = 1;
+    char what[ZS_NET_REASON_MAX];
+    va_list ap;
+    va_start(ap, why);
+    vsnprintf(what, sizeof what, why, ap);
+    va_end(ap);
+    fmt(c->reason, sizeof c->reason, "tcp %s: %s", c->peer, what);
+    for (int i = 0; i < c->nsock; i++) {
+        tcp_sock *s = c->sock[i];
+        if (s->fd >= 0) {
+            /* Explicitly: close() alone leaves the registration if a forked child still
+             * holds the socket, and epoll would then report a freed pointer. */
+            epoll_ctl(c->net->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+            close(s->fd);
+            s->fd = -1;
+        }
+        s->rd_ready = s->wr_ready = 0;
+        while (s->sq_head) {
+            tcp_req *r = s->sq_head;
+            s->sq_head = r->next;
+            req_fail_conn(r, c->reason);
+        }
+        s->sq_tail = NULL;
+        s->sq_off = s->sq_bytes = 0;
+        if (s->rreq) {
+            tcp_req *r = s->rreq;
+            s->rreq = NULL;
+            req_fail_conn(r, c->reason);
+        }
+        s->rstate = RS_HDR;
+    }
+    while (c->expect) {
+        tcp_req *r = c->expect;
+        expect_unlink(c, r);
+        req_fail_conn(r, c->reason);
+    }
+    c->pending = NULL;
+    if (notify) {
+        zs_event *e = evq_push(c->net, ZS_EV_CLOSED, c);
+        if (e) {
+            e->err = err;
+            copy_str(e->reason, sizeof e->reason, c->reason);
+        }
+    }
+}
+
+/* A connection of the connected stream sockets fds[0..nfd); the fds are the caller's again if
+ * this fails. */
+static zs_err conn_new(tcp_net *n, const int *fds, int nfd, const char *peer, tcp_conn **out)
+{
+    zs_err res = ZS_OK;
+    int added = 0;
+    tcp_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return zs_error(ZS_ERR_NOMEM, "tcp %s: out of memory for a connection", peer);
+    c->net = n;
+    copy_str(c->peer, sizeof c->peer, peer);
+    for (c->nsock = 0; c->nsock < nfd; c->nsock++) {
+        tcp_sock *s = calloc(1, sizeof *s);
+        if (!s) {
+            res = zs_error(ZS_ERR_NOMEM, "tcp %s: out of memory for a socket", peer);
+            goto fail;
+        }
+        s->kind = K_SOCK;
+        s->fd = fds[c->nsock];
+        s->conn = c;
+        s->index = c->nsock;
+        s->wr_ready = 1;
+        s->rstate = RS_HDR;
+        c->sock[c->nsock] = s;
+    }
+    for (; added < nfd; added++) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
+                                 .data.ptr = c->sock[added]};
+        if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, fds[added], &ev)) {
+            res = zs_error(ZS_ERR_IO, "tcp %s: epoll_ctl add: %s", peer, strerror(errno));
+            goto fail;
+        }
+    }
+    c->next = n->conns;
+    if (n->conns)
+        n->conns->prev = c;
+    n->conns = c;
+    *out = c;
+    return ZS_OK;
+fail:
+    for (int i = 0; i < added; i++)
+        epoll_ctl(n->epfd, EPOLL_CTL_DEL, fds[i], NULL);
+    for (int i = 0; i < c->nsock; i++)
+        free(c->sock[i]);
+    free(c);
+    return res;
+}
+
+/* The socket of c a new frame goes on: the fewest unsent bytes, ties round-robin. */
+static tcp_sock *conn_pick(tcp_conn *c)
+{
+    if (c->nsock == 1)
+        return c->sock[0];
+    int best = c->rr;
+    for (int k = 1; k < c->nsock; k++) {
+        int i = (c->rr + k) % c->nsock;
+        if (c->sock[i]->sq_bytes < c->sock[best]->sq_bytes)
+            best = i;
+    }
+    c->rr = (best + 1) % c->nsock;
+    return c->sock[best];
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* sending */
+
+static void sock_write(tcp_sock *s)
+{
+    tcp_conn *c = s->conn;
+    uint64_t budget = TCP_TURN_BUDGET;
+    while (s->wr_ready && s->sq_head && !c->closed) {
+        struct iovec iov[TCP_IOV_MAX];
+        int niov = 0;
+        uint64_t skip = s->sq_off;
+        for (tcp_req *r = s->sq_head; r && niov + 2 <= TCP_IOV_MAX; r = r->next) {
+            if (skip < TCP_HDR) {
+                iov[niov++] = (struct iovec){r->hdr + skip, TCP_HDR - skip};
+                if (r->len)
+                    iov[niov++] = (struct iovec){r->buf, r->len};
+            } else {
+                iov[niov++] = (struct iovec){r->buf + (skip - TCP_HDR), r->len - (skip - TCP_HDR)};
+            }
+            skip = 0;
+        }
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t w = sendmsg(s->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                s->wr_ready = 0;
+                break;
+            }
+            conn_fail(c, ZS_ERR_IO, 1, "send: %s", strerror(errno));
+            return;
+        }
+        uint64_t adv = (uint64_t)w;
+        s->sq_bytes -= adv;
+        while (s->sq_head) {
+            tcp_req *r = s->sq_head;
+            uint64_t rest = TCP_HDR + r->len - s->sq_off;
+            if (adv < rest) {
+                s->sq_off += adv;
+                break;
+            }
+            adv -= rest;
+            s->sq_off = 0;
+            s->sq_head = r->next;
+            if (!s->sq_head)
+                s->sq_tail = NULL;
+            req_finish(r, ZS_OK, NULL);
+        }
+        if ((uint64_t)w >= budget) {
+            if (s->sq_head)
+                sock_mark_dirty(s);
+            break;
+        }
+        budget -= (uint64_t)w;
+    }
+}
+
+/* Queues r on a socket of c and writes right away if the socket can take it, or, when the
+ * net batches sends, leaves it for the next turn. */
+static void send_enqueue(tcp_conn *c, tcp_req *r)
+{
+    tcp_sock *s = conn_pick(c);
+    r->sock = s;
+    r->state = RQ_QUEUED;
+    r->next = NULL;
+    if (s->sq_tail)
+        s->sq_tail->next = r;
+    else
+        s->sq_head = r;
+    s->sq_tail = r;
+    s->sq_bytes += TCP_HDR + r->len;
+    if (!s->wr_ready)
+        return; /* the out edge resumes it */
+    if (c->net->batch_sends)
+        sock_mark_dirty(s);
+    else
+        sock_write(s);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* receiving */
+
+static void ev_header(tcp_conn *c, const zs_frame *f)
+{
+    zs_event *e = evq_push(c->net, ZS_EV_HEADER, c);
+    if (e)
+        e->frame = *f;
+}
+
+/* Starts reading s's payload into dst (NULL: into the scratch buffer) for r (may be NULL). */
+static void sock_start_body(tcp_sock *s, uint8_t *dst, tcp_req *r)
+{
+    s->rstate = dst ? RS_BODY : RS_SKIP;
+    s->rdst = dst;
+    s->rreq = r;
+    s->rleft = s->frame.length;
+    s->rgot = 0;
+    if (r) {
+        r->state = RQ_ACTIVE;
+        r->sock = s;
+    }
+}
+
+/* The pending header of c was resolved: report a parked one, if any, starting after s. */
+static void promote_parked(tcp_conn *c, tcp_sock *s)
+{
+    for (int k = 1; k <= c->nsock; k++) {
+        tcp_sock *x = c->sock[(s->index + k) % c->nsock];
+        if (x->rstate == RS_PARKED) {
+            x->rstate = RS_PENDING;
+            c->pending = x;
+            ev_header(c, &x->frame);
+            return;
+        }
+    }
+}
+
+/* A header that did not decode: tell the peer, drop the connection. */
+static void reject_bad_frame(tcp_sock *s, const char *why)
+{
+    tcp_conn *c = s->conn;
+    char text[ZS_NET_REASON_MAX];
+    copy_str(text, sizeof text, why);
+    /* Only at a frame boundary of our own sending: an error frame in the middle of a reply
+     * would garble it. */
+    if (s->sq_off == 0) {
+        zs_frame e = {.op = ZS_OP_ERROR,
+                      .dtype = ZS_DTYPE_TEXT,
+                      .status = ZS_FS_BAD_FRAME,
+                      .id = raw_get64(s->hdr + 16),
+                      .length = strlen(text)};
+        uint8_t hdr[TCP_HDR];
+        zs_frame_encode(&e, hdr);
+        struct iovec iov[2] = {{hdr, TCP_HDR}, {text, e.length}};
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+        (void)sendmsg(s->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    /* Closing with unread bytes makes the kernel send a reset, which may destroy the error
+     * frame before the peer reads it; read a bounded amount of what is already here. */
+    size_t drained = 0;
+    while (drained < TCP_DRAIN_BYTES) {
+        ssize_t k = recv(s->fd, c->net->scratch, TCP_SCRATCH_BYTES, MSG_DONTWAIT);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        drained += (size_t)k;
+    }
+    ZS_DEBUG("tcp %s: %s; closing the connection", c->peer, text);
+    conn_fail(c, ZS_ERR_FORMAT, 1, "%s", text);
+}
+
+/* The 64 header bytes of s are in: decode, and decide where the payload goes. */
+static void sock_on_header(tcp_sock *s)
+{
+    tcp_conn *c = s->conn;
+    zs_frame f;
+    if (zs_frame_decode(s->hdr, &f) != ZS_OK) {
+        reject_bad_frame(s, zs_last_error());
+        return;
+    }
+    s->frame = f;
+    tcp_req *r = expect_find(c, f.id);
+    if (r) {
+        expect_unlink(c, r);
+        r->frame = f;
+        if (f.length > r->len) {
+            r->status = ZS_ERR_FORMAT;
+            fmt(r->err, sizeof r->err,
+                "receive of id %llu: tcp %s: %s payload of %llu bytes exceeds the %llu "
+                "bytes posted",
+                (unsigned long long)f.id, c->peer, zs_frame_op_name(f.op),
+                (unsigned long long)f.length, (unsigned long long)r->len);
+            sock_start_body(s, NULL, r);
+        } else if (f.length == 0) {
+            req_finish(r, ZS_OK, NULL);
+        } else {
+            sock_start_body(s, r->buf, r);
+        }
+        return;
+    }
+    if (f.length == 0) {
+        ev_header(c, &f);
+        return;
+    }
+    if (c->pending) {
+        s->rstate = RS_PARKED;
+        return;
+    }
+    c->pending = s;
+    s->rstate = RS_PENDING;
+    ev_header(c, &f);
+}
+
+static void sock_on_body_done(tcp_sock *s)
+{
+    tcp_req *r = s->rreq;
+    int was = s->rstate;
+    s->rstate = RS_HDR;
+    s->rreq = NULL;
+    s->rdst = NULL;
+    if (r) {
+        if (was == RS_BODY)
+            req_finish(r, ZS_OK, NULL);
+        else
+            req_finish(r, r->status, r->err);
+    }
+}
+
+static void sock_on_eof(tcp_sock *s)
+{
+    tcp_conn *c = s->conn;
+    if (s->rstate == RS_HDR && s->hdr_got == 0)
+        conn_fail(c, ZS_ERR_IO, 1, "closed by peer");
+    else if (s->rstate == RS_HDR)
+        conn_fail(c, ZS_ERR_IO, 1, "closed by peer mid-header (%zu of %d bytes)", s->hdr_got,
+                  TCP_HDR);
+    else
+        conn_fail(c, ZS_ERR_IO, 1, "closed by peer mid-payload (%llu of %llu bytes of %s id %llu)",
+                  (unsigned long long)s->rgot, (unsigned long long)s->frame.length,
+                  zs_frame_op_name(s->frame.op), (unsigned long long)s->frame.id);
+}
+
+static void sock_read(tcp_sock *s)
+{
+    tcp_conn *c = s->conn;
+    uint64_t budget = TCP_TURN_BUDGET;
+    int frames = 0;
+    while (s->rd_ready && !c->closed) {
+        uint8_t *dst;
+        size_t want;
+        if (s->rstate == RS_HDR && s->hdr_got == 0) {
+            if (c->net->evq_live >= TCP_EVQ_HIGH) {
+                sock_throttle(s); /* poll() resumes it */
+                return;
+            }
+            if (frames++ == TCP_TURN_FRAMES) {
+                sock_mark_dirty(s);
+                return;
+            }
+        }
+        if (s->rstate == RS_HDR) {
+            dst = s->hdr + s->hdr_got;
+            want = TCP_HDR - s->hdr_got;
+        } else if (s->rstate == RS_BODY) {
+            dst = s->rdst + s->rgot;
+            want = s->rleft < TCP_RECV_MAX ? (size_t)s->rleft : TCP_RECV_MAX;
+        } else if (s->rstate == RS_SKIP) {
+            dst = c->net->scratch;
+            want = s->rleft < TCP_SCRATCH_BYTES ? (size_t)s->rleft : TCP_SCRATCH_BYTES;
+        } else {
+            return; /* a header waits for the caller */
+        }
+        ssize_t k = recv(s->fd, dst, want, MSG_DONTWAIT);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                s->rd_ready = 0;
+                return;
+            }
+            conn_fail(c, ZS_ERR_IO, 1, "recv: %s", strerror(errno));
+            return;
+        }
+        if (k == 0) {
+            sock_on_eof(s);
+            return;
+        }
+        /* A short read emptied the socket: the next byte to arrive raises a new edge.  Not
+         * so for the end of the stream, which came with the edge already seen: then only a
+         * recv() of 0 (or an error) ends the reading. */
+        if ((size_t)k < want && !s->hup)
+            s->rd_ready = 0;
+        if (s->rstate == RS_HDR) {
+            s->hdr_got += (size_t)k;
+            if (s->hdr_got == TCP_HDR) {
+                s->hdr_got = 0;
+                sock_on_header(s);
+            }
+        } else {
+            s->rgot += (uint64_t)k;
+            s->rleft -= (uint64_t)k;
+            if (s->rleft == 0)
+                sock_on_body_done(s);
+        }
+        if ((uint64_t)k >= budget) {
+            if (s->rd_ready)
+                sock_mark_dirty(s);
+            return;
+        }
+        budget -= (uint64_t)k;
+    }
+}
+
+static void sock_progress(tcp_sock *s)
+{
+    if (s->conn->closed)
+        return;
+    if (s->wr_ready && s->sq_head)
+        sock_write(s);
+    if (!s->conn->closed && s->rd_ready)
+        sock_read(s);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the loop */
+
+static void listener_accept(tcp_listener *l);
+
+static void run_dirty(tcp_net *n)
+{
+    tcp_sock *s = n->dirty_head;
+    n->dirty_head = n->dirty_tail = NULL;
+    while (s) {
+        tcp_sock *next = s->dirty_next;
+        s->dirty = 0;
+        s->dirty_next = NULL;
+        sock_progress(s);
+        s = next;
+    }
+}
+
+/* One turn: resumes dirty sockets, then waits up to timeout_ms for epoll (not at all if
+ * ready(arg) already holds or sockets are still dirty) and serves what it reports. */
+static zs_err net_turn(tcp_net *n, int timeout_ms, int (*ready)(void *), void *arg)
+{
+    run_dirty(n);
+    if (n->dirty_head || (ready && ready(arg)))
+        timeout_ms = 0;
+    struct epoll_event evs[TCP_EPOLL_BATCH];
+    int k = epoll_wait(n->epfd, evs, TCP_EPOLL_BATCH, timeout_ms);
+    if (k < 0) {
+        if (errno == EINTR)
+            return ZS_OK;
+        return zs_error(ZS_ERR_IO, "tcp: epoll_wait: %s", strerror(errno));
+    }
+    for (int i = 0; i < k; i++) {
+        int kind = *(int *)evs[i].data.ptr;
+        if (kind == K_LISTENER) {
+            listener_accept(evs[i].data.ptr);
+            continue;
+        }
+        tcp_sock *s = evs[i].data.ptr;
+        if (s->conn->closed)
+            continue;
+        uint32_t e = evs[i].events;
+        if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+            s->rd_ready = 1;
+        if (e & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+            s->hup = 1;
+        if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+            s->wr_ready = 1;
+        sock_progress(s);
+    }
+    return ZS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the interface */
+
+zs_err zs_tcp_set_opts(zs_net *nn, const zs_net_opts *opts)
+{
+    tcp_net *n = (tcp_net *)nn;
+    int batch;
+    ZS_CHECK(tunable(opts ? opts->batch_sends : 0, "ZS_TCP_BATCH_SENDS", 0, -1, 1, &batch));
+    n->batch_sends = batch == 1;
+    return ZS_OK;
+}
+
+zs_err zs_tcp_open(zs_net **out)
+{
+    int batch;
+    ZS_CHECK(tunable(0, "ZS_TCP_BATCH_SENDS", 0, -1, 1, &batch));
+    tcp_net *n = calloc(1, sizeof *n);
+    if (!n)
+        return zs_error(ZS_ERR_NOMEM, "tcp: out of memory for a net");
+    n->batch_sends = batch == 1;
+    n->scratch = malloc(TCP_SCRATCH_BYTES);
+    if (!n->scratch)
+        goto fail_scratch;
+    n->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (n->epfd < 0)
+        goto fail_epoll;
+    *out = (zs_net *)n;
+    return ZS_OK;
+fail_epoll:
+    free(n->scratch);
+    free(n);
+    return zs_error(ZS_ERR_IO, "tcp: epoll_create1: %s", strerror(errno));
+fail_scratch:
+    free(n);
+    return zs_error(ZS_ERR_NOMEM, "tcp: out of memory for a net");
+}
+
+void zs_tcp_close(zs_net *nn)
+{
+    tcp_net *n = (tcp_net *)nn;
+    if (!n)
+        return;
+    while (n->conns)
+        zs_tcp_conn_close((zs_conn *)n->conns);
+    while (n->listeners)
+        zs_tcp_listener_close((zs_listener *)n->listeners);
+    while (n->mrs) {
+        tcp_mr *m = n->mrs;
+        n->mrs = m->next;
+        free(m);
+    }
+    while (n->slabs) {
+        req_slab *sl = n->slabs;
+        n->slabs = sl->next;
+        for (int i = 0; i < TCP_REQ_SLAB; i++)
+            free(sl->reqs[i].inline_buf);
+        free(sl);
+    }
+    free(n->evq);
+    free(n->scratch);
+    close(n->epfd);
+    free(n);
+}
+
+zs_err zs_tcp_listen(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_listener **out)
+{
+    tcp_net *n = (tcp_net *)nn;
+    char host[256], port[8];
+    tcp_opts t;
+    zs_err res;
+    ZS_CHECK(parse_addr("listen", addr, host, sizeof host, port, sizeof port, 0));
+    ZS_CHECK(resolve_opts(opts, &t));
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int gai = getaddrinfo((!host[0] || !strcmp(host, "*")) ? NULL : host, port, &hints, &ai);
+    if (gai)
+        return zs_error(ZS_ERR_IO, "tcp listen \"%s\": %s", addr, gai_strerror(gai));
+    int fd = -1, one = 1;
+    res = zs_error(ZS_ERR_IO, "tcp listen \"%s\": no address to bind", addr);
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            res = zs_error(ZS_ERR_IO, "tcp listen \"%s\": socket: %s", addr, strerror(errno));
+            continue;
+        }
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        set_nodelay(fd); /* inherited by accepted sockets; set again there regardless */
+        res = set_bufs(fd, &t, addr);
+        if (res == ZS_OK && bind(fd, a->ai_addr, a->ai_addrlen))
+            res = zs_error(ZS_ERR_IO, "tcp listen \"%s\": bind: %s", addr, strerror(errno));
+        if (res == ZS_OK && listen(fd, TCP_BACKLOG))
+            res = zs_error(ZS_ERR_IO, "tcp listen \"%s\": listen: %s", addr, strerror(errno));
+        if (res == ZS_OK)
+            break;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0)
+        return res;
+
+    tcp_listener *l = calloc(1, sizeof *l);
+    if (!l) {
+        res = zs_error(ZS_ERR_NOMEM, "tcp listen \"%s\": out of memory", addr);
+        goto fail_alloc;
+    }
+    l->kind = K_LISTENER;
+    l->fd = fd;
+    l->net = n;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl)) {
+        res = zs_error(ZS_ERR_IO, "tcp listen \"%s\": getsockname: %s", addr, strerror(errno));
+        goto fail_name;
+    }
+    format_sockaddr((struct sockaddr *)&ss, l->addr, sizeof l->addr);
+    l->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                       : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = l};
+    if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev)) {
+        res = zs_error(ZS_ERR_IO, "tcp listen \"%s\": epoll_ctl: %s", addr, strerror(errno));
+        goto fail_name;
+    }
+    l->next = n->listeners;
+    if (n->listeners)
+        n->listeners->prev = l;
+    n->listeners = l;
+    *out = (zs_listener *)l;
+    return ZS_OK;
+fail_name:
+    free(l);
+fail_alloc:
+    close(fd);
+    return res;
+}
+
+int zs_tcp_listener_port(const zs_listener *l)
+{
+    return ((const tcp_listener *)l)->port;
+}
+
+void zs_tcp_listener_close(zs_listener *ll)
+{
+    tcp_listener *l = (tcp_listener *)ll;
+    if (!l)
+        return;
+    tcp_net *n = l->net;
+    /* Queued ZS_EV_ACCEPT events keep their connections but lose the listener pointer. */
+    for (size_t i = 0; i < n->evq_len; i++) {
+        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+        if (e->type == ZS_EV_ACCEPT && e->listener == ll)
+            e->listener = NULL;
+    }
+    epoll_ctl(n->epfd, EPOLL_CTL_DEL, l->fd, NULL);
+    close(l->fd);
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        n->listeners = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    free(l);
+}
+
+static void listener_accept(tcp_listener *l)
+{
+    for (int i = 0; i < TCP_ACCEPT_BATCH; i++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                ZS_WARN("tcp listener %s: accept: %s", l->addr, strerror(errno));
+            return;
+        }
+        set_nodelay(fd);
+        char peer[TCP_PEER_MAX];
+        format_sockaddr((struct sockaddr *)&ss, peer, sizeof peer);
+        tcp_conn *c;
+        if (conn_new(l->net, &fd, 1, peer, &c) != ZS_OK) {
+            ZS_WARN("tcp listener %s: %s; connection dropped", l->addr, zs_last_error());
+            close(fd);
+            continue;
+        }
+        zs_event *e = evq_push(l->net, ZS_EV_ACCEPT, c);
+        if (e)
+            e->listener = (zs_listener *)l;
+    }
+}
+
+typedef struct {
+    tcp_net *net;
+    zs_listener *l;
+} accept_arg;
+
+/* Takes the first queued ZS_EV_ACCEPT of a->l out of the queue; NULL if none. */
+static tcp_conn *take_accept(accept_arg *a)
+{
+    tcp_net *n = a->net;
+    for (size_t i = 0; i < n->evq_len; i++) {
+        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+        if (e->type == ZS_EV_ACCEPT && e->listener == a->l) {
+            e->type = 0;
+            n->evq_live--;
+            return (tcp_conn *)e->conn;
+        }
+    }
+    return NULL;
+}
+
+static int accept_ready(void *arg)
+{
+    accept_arg *a = arg;
+    tcp_net *n = a->net;
+    for (size_t i = 0; i < n->evq_len; i++) {
+        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+        if (e->type == ZS_EV_ACCEPT && e->listener == a->l)
+            return 1;
+    }
+    return 0;
+}
+
+zs_err zs_tcp_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
+{
+    tcp_listener *l = (tcp_listener *)ll;
+    accept_arg a = {l->net, ll};
+    int64_t deadline = deadline_of(timeout_ms);
+    *out = NULL;
+    for (;;) {
+        tcp_conn *c = take_accept(&a);
+        if (c) {
+            *out = (zs_conn *)c;
+            return ZS_OK;
+        }
+        int left = remaining_ms(deadline);
+        if (left == 0 && timeout_ms >= 0) {
+            /* one last non-blocking turn so that timeout 0 still accepts what is waiting */
+            ZS_CHECK(net_turn(l->net, 0, accept_ready, &a));
+            *out = (zs_conn *)take_accept(&a);
+            return ZS_OK;
+        }
+        ZS_CHECK(net_turn(l->net, left, accept_ready, &a));
+    }
+}
+
+/* Connects one socket to a, before deadline. */
+static zs_err connect_one(const struct addrinfo *a, const tcp_opts *t, int64_t deadline,
+                          const char *addr, int *out)
+{
+    zs_err res;
+    int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return zs_error(ZS_ERR_IO, "tcp connect %s: socket: %s", addr, strerror(errno));
+    ZS_CHECK_GOTO(set_bufs(fd, t, addr), res, fail);
+    set_nodelay(fd);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) && errno != EINPROGRESS) {
+        res = zs_error(ZS_ERR_IO, "tcp connect %s: %s", addr, strerror(errno));
+        goto fail;
+    }
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int left = remaining_ms(deadline);
+        int k = poll(&p, 1, left);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0) {
+            res = zs_error(ZS_ERR_IO, "tcp connect %s: poll: %s", addr, strerror(errno));
+            goto fail;
+        }
+        if (k == 0) {
+            res = zs_error(ZS_ERR_IO, "tcp connect %s: timed out after %d ms", addr, t->timeout_ms);
+            goto fail;
+        }
+        break;
+    }
+    int soerr = 0;
+    socklen_t sl = sizeof soerr;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) || soerr) {
+        res = zs_error(ZS_ERR_IO, "tcp connect %s: %s", addr, strerror(soerr ? soerr : errno));
+        goto fail;
+    }
+    *out = fd;
+    return ZS_OK;
+fail:
+    close(fd);
+    return res;
+}
+
+zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)
+{
+    tcp_net *n = (tcp_net *)nn;
+    char host[256], port[8];
+    tcp_opts t;
+    zs_err res = ZS_OK;
+    int fds[ZS_NET_MAX_CONNS], nfd = 0;
+    ZS_CHECK(parse_addr("connect", addr, host, sizeof host, port, sizeof port, 1));
+    ZS_CHECK(resolve_opts(opts, &t));
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int gai = getaddrinfo(host, port, &hints, &ai);
+    if (gai)
+        return zs_error(ZS_ERR_IO, "tcp connect %s: %s", addr, gai_strerror(gai));
+    int64_t deadline = now_ms() + t.timeout_ms;
+    for (; nfd < t.conns; nfd++) {
+        for (struct addrinfo *a = ai; a; a = a->ai_next) {
+            res = connect_one(a, &t, deadline, addr, &fds[nfd]);
+            if (res == ZS_OK)
+                break;
+        }
+        if (res != ZS_OK)
+            goto fail;
+    }
+    char peer[TCP_PEER_MAX];
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getpeername(fds[0], (struct sockaddr *)&ss, &sl) == 0)
+        format_sockaddr((struct sockaddr *)&ss, peer, sizeof peer);
+    else
+        copy_str(peer, sizeof peer, addr);
+    tcp_conn *c;
+    ZS_CHECK_GOTO(conn_new(n, fds, nfd, peer, &c), res, fail);
+    freeaddrinfo(ai);
+    *out = (zs_conn *)c;
+    return ZS_OK;
+fail:
+    for (int i = 0; i < nfd; i++)
+        close(fds[i]);
+    freeaddrinfo(ai);
+    return res;
+}
+
+zs_err zs_tcp_adopt(zs_net *nn, int fd, const char *peer, zs_conn **out)
+{
+    tcp_net *n = (tcp_net *)nn;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK))
+        return zs_error(ZS_ERR_IO, "tcp %s: fcntl O_NONBLOCK: %s", peer, strerror(errno));
+    set_nodelay(fd);
+    tcp_conn *c;
+    ZS_CHECK(conn_new(n, &fd, 1, peer, &c));
+    *out = (zs_conn *)c;
+    return ZS_OK;
+}
+
+const char *zs_tcp_conn_peer(const zs_conn *c)
+{
+    return ((const tcp_conn *)c)->peer;
+}
+
+void zs_tcp_conn_set_user(zs_conn *c, void *user)
+{
+    ((tcp_conn *)c)->user = user;
+}
+
+void *zs_tcp_conn_user(const zs_conn *c)
+{
+    return ((const tcp_conn *)c)->user;
+}
+
+int zs_tcp_conn_closed(const zs_conn *c)
+{
+    return ((const tcp_conn *)c)->closed;
+}
+
+void zs_tcp_conn_close(zs_conn *cc)
+{
+    tcp_conn *c = (tcp_conn *)cc;
+    if (!c)
+        return;
+    tcp_net *n = c->net;
+    conn_fail(c, ZS_ERR_IO, 0, "connection closed locally");
+    evq_forget(n, c);
+    for (int i = 0; i < c->nsock; i++) {
+        sock_unmark_dirty(c->sock[i]);
+        sock_unthrottle(c->sock[i]);
+        free(c->sock[i]);
+    }
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        n->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    free(c);
+}
+
+zs_err zs_tcp_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out)
+{
+    tcp_net *n = (tcp_net *)nn;
+    if (!base || len == 0)
+        return zs_error(ZS_ERR_INVALID, "tcp reg_mr: empty region (base %p, %zu bytes)", base, len);
+    if (access <= 0 || (access & ~(ZS_MR_SEND | ZS_MR_RECV)))
+        return zs_error(ZS_ERR_INVALID, "tcp reg_mr: access %d is not ZS_MR_SEND | ZS_MR_RECV",
+                        access);
+    tcp_mr *m = calloc(1, sizeof *m);
+    if (!m)
+        return zs_error(ZS_ERR_NOMEM, "tcp reg_mr: out of memory");
+    m->net = n;
+    m->base = base;
+    m->len = len;
+    m->access = access;
+    m->next = n->mrs;
+    if (n->mrs)
+        n->mrs->prev = m;
+    n->mrs = m;
+    *out = (zs_mr *)m;
+    return ZS_OK;
+}
+
+zs_err zs_tcp_dereg_mr(zs_mr *mm)
+{
+    tcp_mr *m = (tcp_mr *)mm;
+    if (!m)
+        return ZS_OK;
+    if (m->refs)
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp dereg_mr: region of %zu bytes at %p: %ld requests "
+                        "still use it",
+                        m->len, (void *)m->base, m->refs);
+    tcp_net *n = m->net;
+    if (m->prev)
+        m->prev->next = m->next;
+    else
+        n->mrs = m->next;
+    if (m->next)
+        m->next->prev = m->prev;
+    free(m);
+    return ZS_OK;
+}
+
+/* Checks that [off, off+len) of mr may be used for access; what names the call. */
+static zs_err check_region(const tcp_conn *c, const char *what, const tcp_mr *mr, size_t off,
+                           uint64_t len, int access)
+{
+    if (len == 0)
+        return ZS_OK;
+    if (!mr)
+        return zs_error(ZS_ERR_INVALID, "tcp %s %s: %llu payload bytes but no registered region",
+                        what, c->peer, (unsigned long long)len);
+    if (mr->net != c->net)
+        return zs_error(ZS_ERR_INVALID, "tcp %s %s: the region belongs to another net", what,
+                        c->peer);
+    if (!(mr->access & access))
+        return zs_error(ZS_ERR_INVALID, "tcp %s %s: the region is not registered for %s", what,
+                        c->peer, access == ZS_MR_SEND ? "ZS_MR_SEND" : "ZS_MR_RECV");
+    if (off > mr->len || len > mr->len - off)
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp %s %s: %llu bytes at offset %zu are outside the region of %zu bytes",
+                        what, c->peer, (unsigned long long)len, off, mr->len);
+    return ZS_OK;
+}
+
+static zs_err check_open(const tcp_conn *c, const char *what)
+{
+    if (c->closed)
+        return zs_error(ZS_ERR_IO, "tcp %s: connection closed: %s", what, c->reason);
+    return ZS_OK;
+}
+
+/* Validates f as the receiver will and encodes it into r's header. */
+static zs_err encode_checked(const tcp_conn *c, const char *what, const zs_frame *f,
+                             uint8_t hdr[TCP_HDR])
+{
+    zs_frame back;
+    zs_frame_encode(f, hdr);
+    if (zs_frame_decode(hdr, &back) != ZS_OK)
+        return zs_error_context(ZS_ERR_INVALID, "tcp %s %s", what, c->peer);
+    return ZS_OK;
+}
+
+zs_err zs_tcp_isend(zs_conn *cc, const zs_frame *f, zs_mr *mm, size_t off, void *user, zs_req **out)
+{
+    tcp_conn *c = (tcp_conn *)cc;
+    tcp_mr *mr = (tcp_mr *)mm;
+    uint8_t hdr[TCP_HDR];
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, "isend"));
+    ZS_CHECK(encode_checked(c, "isend", f, hdr));
+    ZS_CHECK(check_region(c, "isend", mr, off, f->length, ZS_MR_SEND));
+    tcp_req *r = req_new(c->net, RQ_SEND, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "tcp isend %s: out of memory", c->peer);
+    r->frame = *f;
+    r->frame.version = ZS_FRAME_VERSION;
+    memcpy(r->hdr, hdr, TCP_HDR);
+    r->len = f->length;
+    if (f->length) {
+        r->mr = mr;
+        mr->refs++;
+        r->buf = mr->base + off;
+    }
+    if (out)
+        *out = (zs_req *)r;
+    send_enqueue(c, r); /* r may be finished, and freed if it has no handle */
+    return ZS_OK;
+}
+
+zs_err zs_tcp_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, void *user,
+                           zs_req **out)
+{
+    tcp_conn *c = (tcp_conn *)cc;
+    uint8_t hdr[TCP_HDR];
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, "isend_inline"));
+    if (f->length > ZS_NET_INLINE_MAX)
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp isend_inline %s: %llu bytes exceed the inline "
+                        "limit %d",
+                        c->peer, (unsigned long long)f->length, ZS_NET_INLINE_MAX);
+    if (f->length && !data)
+        return zs_error(ZS_ERR_INVALID, "tcp isend_inline %s: %llu bytes but no data", c->peer,
+                        (unsigned long long)f->length);
+    ZS_CHECK(encode_checked(c, "isend_inline", f, hdr));
+    uint8_t *copy = NULL;
+    if (f->length) {
+        copy = malloc(f->length);
+        if (!copy)
+            return zs_error(ZS_ERR_NOMEM, "tcp isend_inline %s: out of memory", c->peer);
+        memcpy(copy, data, f->length);
+    }
+    tcp_req *r = req_new(c->net, RQ_SEND, c, user, out != NULL);
+    if (!r) {
+        free(copy);
+        return zs_error(ZS_ERR_NOMEM, "tcp isend_inline %s: out of memory", c->peer);
+    }
+    r->frame = *f;
+    r->frame.version = ZS_FRAME_VERSION;
+    memcpy(r->hdr, hdr, TCP_HDR);
+    r->len = f->length;
+    r->inline_buf = copy;
+    r->buf = copy;
+    if (out)
+        *out = (zs_req *)r;
+    send_enqueue(c, r);
+    return ZS_OK;
+}
+
+zs_err zs_tcp_irecv(zs_conn *cc, uint64_t id, zs_mr *mm, size_t off, size_t cap, void *user,
+                    zs_req **out)
+{
+    tcp_conn *c = (tcp_conn *)cc;
+    tcp_mr *mr = (tcp_mr *)mm;
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, "irecv"));
+    ZS_CHECK(check_region(c, "irecv", mr, off, cap, ZS_MR_RECV));
+    if (expect_find(c, id))
+        return zs_error(ZS_ERR_INVALID, "tcp irecv %s: id %llu is already expected", c->peer,
+                        (unsigned long long)id);
+    tcp_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "tcp irecv %s: out of memory", c->peer);
+    r->id = id;
+    r->frame.id = id;
+    r->len = cap;
+    if (cap) {
+        r->mr = mr;
+        mr->refs++;
+        r->buf = mr->base + off;
+    }
+    r->state = RQ_EXPECTED;
+    r->next = c->expect;
+    if (c->expect)
+        c->expect->prev = r;
+    c->expect = r;
+    if (out)
+        *out = (zs_req *)r;
+    return ZS_OK;
+}
+
+zs_err zs_tcp_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs_req **out)
+{
+    tcp_conn *c = (tcp_conn *)cc;
+    tcp_mr *mr = (tcp_mr *)mm;
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, "recv_payload"));
+    tcp_sock *s = c->pending;
+    if (!s)
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp recv_payload %s: no header with a payload is "
+                        "pending",
+                        c->peer);
+    ZS_CHECK(check_region(c, "recv_payload", mr, off, s->frame.length, ZS_MR_RECV));
+    tcp_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "tcp recv_payload %s: out of memory", c->peer);
+    r->frame = s->frame;
+    r->id = s->frame.id;
+    r->len = s->frame.length;
+    r->mr = mr;
+    mr->refs++;
+    r->buf = mr->base + off;
+    c->pending = NULL;
+    sock_start_body(s, r->buf, r);
+    sock_mark_dirty(s);
+    promote_parked(c, s);
+    if (out)
+        *out = (zs_req *)r;
+    return ZS_OK;
+}
+
+zs_err zs_tcp_discard(zs_conn *cc)
+{
+    tcp_conn *c = (tcp_conn *)cc;
+    ZS_CHECK(check_open(c, "discard"));
+    tcp_sock *s = c->pending;
+    if (!s)
+        return zs_error(ZS_ERR_INVALID, "tcp discard %s: no header with a payload is pending",
+                        c->peer);
+    c->pending = NULL;
+    sock_start_body(s, NULL, NULL);
+    sock_mark_dirty(s);
+    promote_parked(c, s);
+    return ZS_OK;
+}
+
+static int req_done(void *arg)
+{
+    return ((tcp_req *)arg)->state == RQ_DONE;
+}
+
+/* Reports a finished handle and frees it. */
+static zs_err req_report(tcp_req *r, int *done, zs_frame *f)
+{
+    *done = 1;
+    if (f)
+        *f = r->frame;
+    zs_err st = r->status;
+    if (st != ZS_OK)
+        zs_error(st, "%s", r->err);
+    req_release(r);
+    return st;
+}
+
+static zs_err check_handle(const tcp_req *r, const char *what)
+{
+    if (!r || !r->handle || r->state == RQ_IDLE)
+        return zs_error(ZS_ERR_INVALID, "tcp %s: not a live request handle", what);
+    return ZS_OK;
+}
+
+zs_err zs_tcp_test(zs_req *rq, int *done, zs_frame *f)
+{
+    tcp_req *r = (tcp_req *)rq;
+    *done = 0;
+    ZS_CHECK(check_handle(r, "test"));
+    if (r->state != RQ_DONE)
+        ZS_CHECK(net_turn(r->net, 0, req_done, r));
+    if (r->state != RQ_DONE)
+        return ZS_OK;
+    return req_report(r, done, f);
+}
+
+zs_err zs_tcp_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
+{
+    tcp_req *r = (tcp_req *)rq;
+    *done = 0;
+    ZS_CHECK(check_handle(r, "wait"));
+    int64_t deadline = deadline_of(timeout_ms);
+    while (r->state != RQ_DONE) {
+        int left = remaining_ms(deadline);
+        ZS_CHECK(net_turn(r->net, left, req_done, r));
+        if (r->state != RQ_DONE && left == 0)
+            return ZS_OK;
+    }
+    return req_report(r, done, f);
+}
+
+zs_err zs_tcp_cancel(zs_req *rq)
+{
+    tcp_req *r = (tcp_req *)rq;
+    ZS_CHECK(check_handle(r, "cancel"));
+    switch (r->state) {
+    case RQ_EXPECTED:
+        /* The reply may still come; the request stays expected, without a destination and
+         * without an owner, so that the reply is skipped (and the stream stays in sync)
+         * rather than surfacing as an unexpected header. */
+        if (r->mr) {
+            r->mr->refs--;
+            r->mr = NULL;
+        }
+        r->buf = NULL;
+        r->len = 0;
+        r->handle = 0;
+        r->silent = 1;
+        return ZS_OK;
+    case RQ_ACTIVE: {
+        tcp_sock *s = r->sock;
+        s->rreq = NULL;
+        if (s->rstate == RS_BODY) {
+            s->rstate = RS_SKIP;
+            s->rdst = NULL;
+        }
+        break;
+    }
+    case RQ_QUEUED: {
+        tcp_sock *s = r->sock;
+        if (s->sq_head == r && s->sq_off > 0)
+            return zs_error(ZS_ERR_INVALID,
+                            "tcp cancel %s: the send of %s id %llu is partly "
+                            "written (%llu of %llu bytes) and cannot be recalled",
+                            r->conn->peer, zs_frame_op_name(r->frame.op),
+                            (unsigned long long)r->frame.id, (unsigned long long)s->sq_off,
+                            (unsigned long long)(TCP_HDR + r->len));
+        tcp_req *prev = NULL;
+        for (tcp_req *x = s->sq_head; x && x != r; x = x->next)
+            prev = x;
+        if (prev)
+            prev->next = r->next;
+        else
+            s->sq_head = r->next;
+        if (s->sq_tail == r)
+            s->sq_tail = prev;
+        s->sq_bytes -= TCP_HDR + r->len;
+        break;
+    }
+    default: /* RQ_DONE: the outcome is dropped */
+        break;
+    }
+    req_release(r);
+    return ZS_OK;
+}
+
+zs_err zs_tcp_flush(zs_net *nn)
+{
+    run_dirty((tcp_net *)nn);
+    return ZS_OK;
+}
+
+static int events_ready(void *arg)
+{
+    return ((tcp_net *)arg)->evq_live > 0;
+}
+
+zs_err zs_tcp_poll(zs_net *nn, zs_event *ev, int max, int timeout_ms, int *n_out)
+{
+    tcp_net *n = (tcp_net *)nn;
+    *n_out = 0;
+    if (max <= 0)
+        return zs_error(ZS_ERR_INVALID, "tcp poll: room for %d events", max);
+    int64_t deadline = deadline_of(timeout_ms);
+    /* Events already queued (typically the completions of sends just written inline) are
+     * handed out without an epoll_wait, but only every other call, so that I/O is never
+     * starved by a caller whose every poll queues something new. */
+    if (n->evq_live && !n->poll_skipped) {
+        run_dirty(n);
+        n->poll_skipped = 1;
+    } else {
+        n->poll_skipped = 0;
+        for (;;) {
+            int left = n->evq_live ? 0 : remaining_ms(deadline);
+            ZS_CHECK(net_turn(n, left, events_ready, n));
+            if (n->evq_live || left == 0)
+                break;
+        }
+    }
+    int k = 0;
+    while (k < max && evq_pop(n, &ev[k]))
+        k++;
+    *n_out = k;
+    if (n->throttle_head && n->evq_live <= TCP_EVQ_LOW) {
+        while (n->throttle_head) {
+            tcp_sock *x = n->throttle_head;
+            sock_unthrottle(x);
+            sock_mark_dirty(x);
+        }
+    }
+    return ZS_OK;
+}
+
+const zs_transport_ops zs_tcp_ops = {
+    .version = ZS_TRANSPORT_OPS_VERSION,
+    .name = "tcp",
+    .open = zs_tcp_open,
+    .set_opts = zs_tcp_set_opts,
+    .close = zs_tcp_close,
+    .listen = zs_tcp_listen,
+    .listener_port = zs_tcp_listener_port,
+    .listener_close = zs_tcp_listener_close,
+    .accept = zs_tcp_accept,
+    .connect = zs_tcp_connect,
+    .conn_peer = zs_tcp_conn_peer,
+    .conn_set_user = zs_tcp_conn_set_user,
+    .conn_user = zs_tcp_conn_user,
+    .conn_closed = zs_tcp_conn_closed,
+    .conn_close = zs_tcp_conn_close,
+    .reg_mr = zs_tcp_reg_mr,
+    .dereg_mr = zs_tcp_dereg_mr,
+    .isend = zs_tcp_isend,
+    .isend_inline = zs_tcp_isend_inline,
+    .irecv = zs_tcp_irecv,
+    .recv_payload = zs_tcp_recv_payload,
+    .discard = zs_tcp_discard,
+    .test = zs_tcp_test,
+    .wait = zs_tcp_wait,
+    .cancel = zs_tcp_cancel,
+    .flush = zs_tcp_flush,
+    .poll = zs_tcp_poll,
+};

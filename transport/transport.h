@@ -1,0 +1,230 @@
+/*
+ * transport: the data-plane interface.  Workers fetch parameter ranges from partition servers
+ * and push gradient ranges to them as frames (transport/frame.h: a 64-byte header, then
+ * `length` payload bytes); this header is what every backend (tcp.c now, rdma.c and shm.c
+ * later) implements, as one versioned table of functions in the style of NCCL's net_v8.
+ *
+ * Objects.
+ *   zs_net       one event loop with everything attached to it: listeners, connections,
+ *                registered memory, requests.  A zs_net and everything it owns is used by one
+ *                thread at a time (no locks inside); a program with several driving threads
+ *                opens one zs_net per thread.  A zs_net may hold connections to many peers.
+ *   zs_listener  a bound, listening endpoint; new connections arrive as ZS_EV_ACCEPT events.
+ *   zs_conn      a connection to one peer.  A connecting side may ask for several underlying
+ *                streams per connection (zs_conn_opts.conns); frames are then spread over them
+ *                (how is the backend's: see its header) and frames sent on one connection are
+ *                ordered only when it has one stream.  Replies are matched by frame id, never
+ *                by order.
+ *   zs_mr        a registered memory region.  Payloads are sent only from, and received only
+ *                into, registered memory: TCP just records the range, RDMA pins and registers
+ *                it with the NIC.  Register once (it may be slow), use for many frames.
+ *   zs_req       an in-flight send or receive.
+ *
+ * Receiving.  Frames arrive header first.  There are two ways to say where a payload goes:
+ *   - expected receive (irecv): before sending a request, the client posts "the frame with
+ *     id X on this connection goes to mr[off, off+cap)".  When that header arrives its payload
+ *     is read straight into the buffer and the request completes; no event for the header.
+ *   - header first (ZS_EV_HEADER): any other frame is reported by poll() with its decoded
+ *     header; the payload waits in the backend (for TCP, in the socket) until the caller
+ *     decides: recv_payload() gives the destination, discard() skips the payload (to reject
+ *     a frame and keep the connection), conn_close() drops the connection.  While a header
+ *     with a payload is pending, nothing more is read from that stream (back-pressure).
+ *     A header with length 0 is complete as reported and needs no call.
+ * Either way the payload is written straight into its destination, with no intermediate
+ * copy, and a receive completes only when the whole payload has arrived.  If the peer goes
+ * away mid-payload the receive fails (ZS_ERR_IO, "mid-payload"): the destination may hold
+ * part of the bytes and must not be used.
+ *
+ * Completions.  Every send or receive call takes `zs_req **req`:
+ *   - req != NULL: the caller gets a handle, and learns the outcome only from test() or
+ *     wait() (which free the handle once they report it done) or gives up with cancel().
+ *   - req == NULL: no handle; the outcome comes as exactly one ZS_EV_SEND or ZS_EV_RECV from
+ *     poll() carrying the `user` cookie, success or failure, even if the connection is
+ *     closed first (then ev.conn is NULL).  A server can count buffer references on this.
+ * A call that returns an error started nothing; once a call returned ZS_OK, every outcome,
+ * including a connection failing, comes through its request.  A send completes when its
+ * buffer may be reused (for TCP: handed to the kernel), not when the peer has it.
+ *
+ * What may block: connect() (up to its timeout), wait() and poll() and accept() (up to the
+ * timeout they are given), close(); nothing else.  All progress -- reading, writing,
+ * accepting -- happens inside test(), wait(), poll(), accept() and flush(), and sends also
+ * write immediately unless the net batches them (zs_net_opts); events produced while a thread is in
+ * test()/wait() are queued for its next poll().  A connection fails (ZS_EV_CLOSED, reason in the
+ * event) on a peer closing, an I/O error, or a malformed header; a backend then tells the peer why
+ * if it can (ZS_FS_BAD_FRAME) and closes only that connection.  A closed connection still needs
+ * conn_close() to free it.
+ *
+ * Results are zs_err (common/err.h) with a message naming the peer and the reason.
+ */
+#ifndef ZS_TRANSPORT_H
+#define ZS_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "transport/frame.h"
+
+#define ZS_TRANSPORT_OPS_VERSION 1
+
+/* The longest payload isend_inline() copies (an error text, a small reply). */
+#define ZS_NET_INLINE_MAX ZS_FRAME_MAX_ERROR_TEXT
+/* Room for a failure's message in an event. */
+#define ZS_NET_REASON_MAX 256
+/* The most streams one connection may have. */
+#define ZS_NET_MAX_CONNS 16
+
+/* Opaque handles; each backend defines its own objects behind them. */
+typedef struct zs_net zs_net;
+typedef struct zs_listener zs_listener;
+typedef struct zs_conn zs_conn;
+typedef struct zs_mr zs_mr;
+typedef struct zs_req zs_req;
+
+/* Access a region is registered for (RDMA maps them to local/remote read/write rights). */
+enum { ZS_MR_SEND = 1, ZS_MR_RECV = 2 };
+
+/* Options of a net, given to set_opts() after open().  Zero in a field means: the backend's
+ * tunable (read at open()) or its default. */
+typedef struct {
+    int batch_sends; /* 1: a send is only queued, and written at the net's next poll(),
+                        test(), wait(), accept() or flush(), together with the others queued
+                        by then (one system call and one wake-up of the peer for a batch of
+                        frames: a server answering the events of one poll(), a client issuing
+                        the pieces of a range); -1 or the default: written at once, as far as
+                        the socket takes it */
+} zs_net_opts;
+
+/* Options of connect() and listen().  Zero in a field means: the backend's tunable (an
+ * environment variable, see the backend's header) or its default. */
+typedef struct {
+    int conns;              /* connect: streams per connection, 1..ZS_NET_MAX_CONNS */
+    int sndbuf_bytes;       /* per stream send buffer (TCP SO_SNDBUF); -1 = kernel default */
+    int rcvbuf_bytes;       /* per stream receive buffer (TCP SO_RCVBUF); -1 = kernel default */
+    int connect_timeout_ms; /* connect: give up after this long */
+} zs_conn_opts;
+
+typedef enum {
+    ZS_EV_ACCEPT = 1, /* a new connection on ev.listener: ev.conn, already usable */
+    ZS_EV_HEADER = 2, /* a frame ev.frame arrived on ev.conn that no irecv expected; if
+                         ev.frame.length > 0 call recv_payload(), discard() or conn_close() */
+    ZS_EV_RECV = 3,   /* a handle-less receive finished: ev.user, ev.frame, ev.err */
+    ZS_EV_SEND = 4,   /* a handle-less send finished: ev.user, ev.err; its buffer is free */
+    ZS_EV_CLOSED = 5, /* ev.conn failed or was closed by the peer: ev.err, ev.reason; all its
+                         requests were completed (failed) before this event */
+} zs_ev_type;
+
+typedef struct {
+    zs_ev_type type;
+    zs_conn *conn;                  /* NULL for a request whose connection was closed locally */
+    zs_listener *listener;          /* ZS_EV_ACCEPT */
+    zs_frame frame;                 /* ZS_EV_HEADER, ZS_EV_RECV: the frame's header */
+    void *user;                     /* ZS_EV_SEND, ZS_EV_RECV: the cookie given with the request */
+    zs_err err;                     /* ZS_EV_SEND, ZS_EV_RECV, ZS_EV_CLOSED: ZS_OK or the failure */
+    char reason[ZS_NET_REASON_MAX]; /* the failure's message; "" when err is ZS_OK */
+} zs_event;
+
+typedef struct zs_transport_ops {
+    int version;      /* ZS_TRANSPORT_OPS_VERSION */
+    const char *name; /* "tcp" */
+
+    /* Creates an event loop.  Cheap; does not block. */
+    zs_err (*open)(zs_net **out);
+    /* Sets the net's options (zs_net_opts); call before use.  Does not block. */
+    zs_err (*set_opts)(zs_net *net, const zs_net_opts *opts);
+    /* Closes every connection and listener, frees every request (outstanding handles become
+     * invalid), registered region and queued event.  No events are produced.  May block
+     * briefly (socket close). */
+    void (*close)(zs_net *net);
+
+    /* Binds and listens on "HOST:PORT" (HOST may be a name, an address, "*" or empty for all
+     * addresses; PORT 0 picks a free port).  opts (may be NULL) set accepted streams' buffer
+     * sizes.  Does not block. */
+    zs_err (*listen)(zs_net *net, const char *addr, const zs_conn_opts *opts, zs_listener **out);
+    /* The port a listener is bound to (the chosen one for port 0). */
+    int (*listener_port)(const zs_listener *l);
+    /* Stops listening; connections accepted from it stay open. */
+    void (*listener_close)(zs_listener *l);
+    /* Blocks up to timeout_ms (-1: forever) for a new connection on l, driving all progress
+     * of the net meanwhile, and takes it out of the event queue (no ZS_EV_ACCEPT for it).
+     * *out is NULL on timeout.  A poll()-driven server needs no accept(). */
+    zs_err (*accept)(zs_listener *l, int timeout_ms, zs_conn **out);
+
+    /* Connects to "HOST:PORT" with opts (may be NULL); blocks until every stream is
+     * established or opts' timeout passes (then fails, naming the address). */
+    zs_err (*connect)(zs_net *net, const char *addr, const zs_conn_opts *opts, zs_conn **out);
+    /* "HOST:PORT" of the peer, for logs; valid until conn_close(). */
+    const char *(*conn_peer)(const zs_conn *c);
+    /* A pointer the caller associates with the connection (NULL at first). */
+    void (*conn_set_user)(zs_conn *c, void *user);
+    void *(*conn_user)(const zs_conn *c);
+    /* 1 once the connection has failed or been closed by the peer, else 0. */
+    int (*conn_closed)(const zs_conn *c);
+    /* Closes and frees c.  Its unfinished requests fail: handles report the failure through
+     * test()/wait(); handle-less ones are reported as events with ev.conn NULL.  Events
+     * already queued for c that name it (ZS_EV_HEADER, ZS_EV_CLOSED) are dropped. */
+    void (*conn_close)(zs_conn *c);
+
+    /* Registers [base, base+len) for access (ZS_MR_SEND | ZS_MR_RECV).  May be slow (RDMA
+     * pins pages); not on the hot path.  The memory must outlive the registration. */
+    zs_err (*reg_mr)(zs_net *net, void *base, size_t len, int access, zs_mr **out);
+    /* Deregisters; fails (ZS_ERR_INVALID) while a request still uses the region. */
+    zs_err (*dereg_mr)(zs_mr *mr);
+
+    /* Sends frame f: the header, then f->length bytes from mr at byte offset off (mr may be
+     * NULL when f->length is 0).  f is validated as zs_frame_decode() would; magic and
+     * version are filled in.  The payload must stay untouched until the send completes.
+     * Does not block. */
+    zs_err (*isend)(zs_conn *c, const zs_frame *f, zs_mr *mr, size_t off, void *user, zs_req **req);
+    /* As isend, but the payload (f->length <= ZS_NET_INLINE_MAX bytes at data) is copied
+     * into the request, so it needs no registered memory: error texts and small replies. */
+    zs_err (*isend_inline)(zs_conn *c, const zs_frame *f, const void *data, void *user,
+                           zs_req **req);
+    /* Expects the frame with id `id` on c: its payload goes to mr[off, off+cap).  On arrival
+     * the request completes with that frame's header (which may be a ZS_OP_ERROR with its
+     * text in the buffer); a payload longer than cap is skipped and the request fails
+     * ("exceeds").  Post before sending the request the reply answers.  Does not block. */
+    zs_err (*irecv)(zs_conn *c, uint64_t id, zs_mr *mr, size_t off, size_t cap, void *user,
+                    zs_req **req);
+    /* Reads the payload of c's pending header (ZS_EV_HEADER) into mr at off; its length must
+     * fit.  On failure the header stays pending.  Does not block. */
+    zs_err (*recv_payload)(zs_conn *c, zs_mr *mr, size_t off, void *user, zs_req **req);
+    /* Skips the payload of c's pending header; the connection goes on with the next frame.
+     * Does not block. */
+    zs_err (*discard)(zs_conn *c);
+
+    /* Makes progress without blocking; *done is 1 when req finished, in which case the
+     * request's outcome is returned (ZS_OK or its failure, with the message), *f (if not
+     * NULL) receives the frame's header (receives) and req is freed. */
+    zs_err (*test)(zs_req *req, int *done, zs_frame *f);
+    /* As test(), but blocks up to timeout_ms (-1: forever) for req to finish, driving all
+     * progress of its net.  On timeout *done is 0 and req stays valid. */
+    zs_err (*wait)(zs_req *req, int timeout_ms, int *done, zs_frame *f);
+    /* Gives up on a request and frees the handle; the destination or source is no longer
+     * touched once cancel returns.  An irecv not yet matched stays registered without a
+     * buffer, so that a late reply with its id is skipped silently (the id stays taken until
+     * then); a receive in progress finishes into a scratch buffer; a send not yet started
+     * is withdrawn.  A send partly written cannot be recalled: cancel fails (ZS_ERR_INVALID)
+     * and the request stays.  A finished request's outcome is dropped. */
+    zs_err (*cancel)(zs_req *req);
+
+    /* Writes what batched sends have queued (and resumes any other work that waits for a
+     * turn of the loop) without blocking. */
+    zs_err (*flush)(zs_net *net);
+    /* Drives all progress of net and returns up to max queued events in ev[0..*n).  Blocks
+     * up to timeout_ms (-1: forever, 0: not at all) until at least one event is ready.
+     * Fails only if the event loop itself fails (then the net should be closed). */
+    zs_err (*poll)(zs_net *net, zs_event *ev, int max, int timeout_ms, int *n);
+} zs_transport_ops;
+
+/* The TCP backend (transport/tcp.h). */
+extern const zs_transport_ops zs_tcp_ops;
+
+/* The backend named `name` ("tcp"), or NULL. */
+static inline const zs_transport_ops *zs_transport_find(const char *name)
+{
+    return name && !strcmp(name, zs_tcp_ops.name) ? &zs_tcp_ops : NULL;
+}
+
+#endif
