@@ -19,6 +19,8 @@ static const char usage[] =
     "commands:\n"
     "  train   train a model in one process (the reference for distributed runs)\n"
     "  eval    print the mean cross-entropy of a trained model on some data\n"
+    "  coord   run the coordinator (membership, shard map, step state)\n"
+    "  server  run a partition server (holds shards, applies AdamW)\n"
     "\n"
     "Run 'zshard COMMAND --help' for the options of a command.\n";
 
@@ -74,6 +76,10 @@ int main(int argc, char **argv)
         return zs_cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0)
         return zs_cmd_eval(argc - 1, argv + 1);
+    if (strcmp(cmd, "coord") == 0)
+        return zs_cmd_coord(argc - 1, argv + 1);
+    if (strcmp(cmd, "server") == 0)
+        return zs_cmd_server(argc - 1, argv + 1);
     fprintf(stderr, "zshard: unknown command \"%s\"\n\n%s", cmd, usage);
     return 2;
 }

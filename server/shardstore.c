@@ -319,7 +319,7 @@ void zs_store_partials(const zs_store *st, int *index, double *sumsq)
     }
 }
 
-zs_err zs_store_apply(zs_store *st, double lr, double clip)
+zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
 {
     if (!zs_store_complete(st))
         return zs_error(ZS_ERR_INVALID, "shard store: apply at version %ld before all %d chunks "
@@ -328,10 +328,12 @@ zs_err zs_store_apply(zs_store *st, double lr, double clip)
     float scale = (float)(clip / st->C);
     for (int i = 0; i < st->n; i++) {
         shard *s = &st->shards[i];
+        s->next = 0;
+        if (skip)
+            continue;
         zs_adamw_tensors(st->tt, s->r.begin, s->r.end, s->param, s->m, s->v, s->acc, s->bf16, lr,
                          a->beta1, a->beta2, a->eps, a->weight_decay, st->version + 1, scale,
                          st->threads);
-        s->next = 0;
     }
     st->version++;
     return ZS_OK;

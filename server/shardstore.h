@@ -69,8 +69,9 @@ int zs_store_complete(const zs_store *st);
 int zs_store_shard_count(const zs_store *st);
 void zs_store_partials(const zs_store *st, int *index, double *sumsq);
 
-/* AdamW on every shard with step s's lr and the coordinator's clip factor; version s + 1. */
-zs_err zs_store_apply(zs_store *st, double lr, double clip);
+/* AdamW on every shard with step s's lr and the coordinator's clip factor; version s + 1.
+ * With skip (a non-finite gradient) the weights stay and only the version moves on. */
+zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip);
 
 /*
  * Where elements [offset, offset + count) of the current version live, in dtype (F32 or

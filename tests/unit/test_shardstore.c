@@ -190,7 +190,7 @@ static void run(int S, int bf16)
         double clip = zs_clip_factor(norm, cfg.gradient_clipping);
         double lr = zs_config_lr(&cfg, (int)step);
         for (int s = 0; s < S; s++)
-            CHECK_OK(zs_store_apply(cl.stores[s], lr, clip));
+            CHECK_OK(zs_store_apply(cl.stores[s], lr, clip, 0));
         zs_step_stats stats;
         CHECK_OK(zs_trainer_step(&tr, &stats));
         CHECK(stats.clip < 1.0);

@@ -1,0 +1,91 @@
+/*
+ * zshard coord: the coordinator.  See server/coord.h.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+#include "server/coord.h"
+
+static const char coord_usage[] =
+    "usage: zshard coord --listen tcp://HOST:PORT --config CFG.json --servers S --data PATH\n"
+    "                    --steps N --out DIR [--log-level LEVEL]\n"
+    "\n"
+    "Runs the coordinator: membership, the shard map and the step state of a job; writes\n"
+    "DIR/metrics.jsonl and, at the end, DIR/model.safetensors and DIR/config.json.\n"
+    "\n"
+    "  --listen tcp://HOST:PORT  control endpoint (ZeroMQ) for servers and workers\n"
+    "  --config CFG.json         job configuration\n"
+    "  --servers S               partition servers to wait for\n"
+    "  --data PATH               training data; workers must hold the same data\n"
+    "  --steps N                 optimizer steps\n"
+    "  --out DIR                 output directory\n"
+    "  --log-level LEVEL         error, warn, info (default) or debug\n"
+    "  -h, --help                this text\n";
+
+static volatile int stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+int zs_cmd_coord(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"listen", required_argument, NULL, 'l'}, {"config", required_argument, NULL, 'c'},
+        {"servers", required_argument, NULL, 'S'}, {"data", required_argument, NULL, 'd'},
+        {"steps", required_argument, NULL, 's'},  {"out", required_argument, NULL, 'o'},
+        {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    zs_coord_opts o = {.servers = -1, .steps = -1};
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'l': o.listen = optarg; break;
+        case 'c': o.config_path = optarg; break;
+        case 'd': o.data_path = optarg; break;
+        case 'o': o.out_dir = optarg; break;
+        case 'S':
+            if ((o.servers = (int)zs_cli_int("coord", "--servers", optarg, 1, 4096)) < 0)
+                return 2;
+            break;
+        case 's':
+            if ((o.steps = zs_cli_int("coord", "--steps", optarg, 0, 1L << 30)) < 0)
+                return 2;
+            break;
+        case 'L': {
+            int lvl = zs_log_parse_level(optarg);
+            if (lvl < 0)
+                return zs_cli_usage_error("coord", "--log-level: unknown level \"%s\"", optarg);
+            zs_log_set_level((zs_log_level)lvl);
+            break;
+        }
+        case 'h': fputs(coord_usage, stdout); return 0;
+        case ':': return zs_cli_usage_error("coord", "%s needs a value", argv[optind - 1]);
+        default: return zs_cli_usage_error("coord", "unknown option \"%s\"", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return zs_cli_usage_error("coord", "unexpected argument \"%s\"", argv[optind]);
+    const char *missing = !o.listen ? "--listen" : !o.config_path ? "--config"
+                        : o.servers < 0 ? "--servers" : !o.data_path ? "--data"
+                        : o.steps < 0 ? "--steps" : !o.out_dir ? "--out" : NULL;
+    if (missing)
+        return zs_cli_usage_error("coord", "missing %s", missing);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (zs_coord_run(&o, &stop_requested) != ZS_OK) {
+        fprintf(stderr, "zshard coord: %s\n", zs_last_error());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,83 @@
+/*
+ * zshard server: a partition server.  See server/server.h.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+#include "server/server.h"
+
+static const char server_usage[] =
+    "usage: zshard server --coord tcp://HOST:PORT --listen HOST:PORT [--init DIR]\n"
+    "                     [--threads T] [--log-level LEVEL]\n"
+    "\n"
+    "Runs a partition server: holds shards of the training state, applies AdamW, serves\n"
+    "fetches and pushes on the data plane.\n"
+    "\n"
+    "  --coord tcp://HOST:PORT  the coordinator's control endpoint\n"
+    "  --listen HOST:PORT       data-plane address (port 0: any free port)\n"
+    "  --init DIR               initialize from DIR/model.safetensors instead of the seed\n"
+    "  --threads T              AdamW threads (default: all CPUs available)\n"
+    "  --log-level LEVEL        error, warn, info (default) or debug\n"
+    "  -h, --help               this text\n";
+
+static volatile int stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+int zs_cmd_server(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"coord", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
+        {"init", required_argument, NULL, 'i'},      {"threads", required_argument, NULL, 't'},
+        {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    zs_server_opts o = {.threads = zs_cli_cpus()};
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': o.coord = optarg; break;
+        case 'l': o.listen = optarg; break;
+        case 'i': o.init_dir = optarg; break;
+        case 't': {
+            long t = zs_cli_int("server", "--threads", optarg, 1, 1024);
+            if (t < 0)
+                return 2;
+            o.threads = (int)t;
+            break;
+        }
+        case 'L': {
+            int lvl = zs_log_parse_level(optarg);
+            if (lvl < 0)
+                return zs_cli_usage_error("server", "--log-level: unknown level \"%s\"", optarg);
+            zs_log_set_level((zs_log_level)lvl);
+            break;
+        }
+        case 'h': fputs(server_usage, stdout); return 0;
+        case ':': return zs_cli_usage_error("server", "%s needs a value", argv[optind - 1]);
+        default: return zs_cli_usage_error("server", "unknown option \"%s\"", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return zs_cli_usage_error("server", "unexpected argument \"%s\"", argv[optind]);
+    if (!o.coord || !o.listen)
+        return zs_cli_usage_error("server", "missing %s", !o.coord ? "--coord" : "--listen");
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (zs_server_run(&o, &stop_requested) != ZS_OK) {
+        fprintf(stderr, "zshard server: %s\n", zs_last_error());
+        return 1;
+    }
+    return 0;
+}

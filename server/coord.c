@@ -1,0 +1,571 @@
+/*
+ * coord: the coordinator's loop.  Everything happens in one thread around one ROUTER socket:
+ * each message is validated by zs_ctrl_recv, mapped from its sender to a member, and turned
+ * into coordstate calls; state changes go out as messages.  Peers are known by their proto id
+ * (1, 2, ... in registration order); coordstate has ids of its own for the members it tracks
+ * (servers from registration, workers once their data matched).
+ */
+#include "server/coord.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/config.h"
+#include "common/data.h"
+#include "common/log.h"
+#include "common/modelfile.h"
+#include "proto/ctrl.h"
+#include "server/coordstate.h"
+#include "server/shardmap.h"
+#include "worker/client.h"
+
+#define MAX_PEERS 4096
+
+typedef struct {
+    zs_ctrl_peer peer;
+    Zshard__Role role;
+    int cs_id; /* coordstate id, -1 until it is a member */
+    int ready;
+    int gone;
+    char endpoint[128];
+    long sent_step;   /* the step of the last StepAssign sent to this worker, -1: none */
+    uint64_t sent_sig; /* a signature of its chunk list, to send only changes */
+} peer_entry;
+
+typedef struct {
+    const zs_coord_opts *opts;
+    zs_config cfg;
+    zs_tensor_table tt;
+    zs_dataset data;
+    zs_ctrl *ctrl;
+    zs_coord_state *cs;
+    zs_shardmap map;
+    int have_map;
+    Zshard__JobSpec *job;
+    Zshard__ShardMap *map_msg;
+    peer_entry *peers; /* [MAX_PEERS], index = proto id - 1 */
+    int n_peers;
+    int servers_registered, servers_ready;
+    int assignment_dirty;
+    FILE *metrics;
+    double step_start;
+    int done;
+    zs_err result;
+} coord;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t now_ms(void)
+{
+    return (uint64_t)(now_s() * 1000.0);
+}
+
+static void send_env(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env)
+{
+    env->has_protocol_version = 1;
+    env->protocol_version = ZS_PROTOCOL_VERSION;
+    env->has_sender = 1;
+    env->sender = 0;
+    if (zs_ctrl_send(co->ctrl, to, env) != ZS_OK)
+        ZS_WARN("coord: %s", zs_last_error());
+}
+
+static void send_error(coord *co, const zs_ctrl_peer *to, Zshard__ErrorCode code, const char *text)
+{
+    Zshard__Error e = ZSHARD__ERROR__INIT;
+    e.has_code = 1;
+    e.code = code;
+    e.text = (char *)text;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_ERROR;
+    env.error = &e;
+    send_env(co, to, &env);
+}
+
+static void send_shutdown(coord *co, const zs_ctrl_peer *to, Zshard__ShutdownKind kind,
+                          const char *reason)
+{
+    Zshard__Shutdown s = ZSHARD__SHUTDOWN__INIT;
+    s.has_kind = 1;
+    s.kind = kind;
+    s.reason = (char *)reason;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
+    env.shutdown = &s;
+    send_env(co, to, &env);
+}
+
+static void broadcast_shutdown(coord *co, Zshard__ShutdownKind kind, const char *reason)
+{
+    for (int i = 0; i < co->n_peers; i++)
+        if (!co->peers[i].gone)
+            send_shutdown(co, &co->peers[i].peer, kind, reason);
+}
+
+static void abort_job(coord *co, zs_err err)
+{
+    ZS_ERROR("coord: aborting the job: %s", zs_last_error());
+    broadcast_shutdown(co, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, zs_last_error());
+    co->result = err;
+    co->done = 1;
+}
+
+/* The proto id of a coordstate member. */
+static int peer_of_cs(const coord *co, int cs_id)
+{
+    for (int i = 0; i < co->n_peers; i++)
+        if (co->peers[i].cs_id == cs_id)
+            return i;
+    return -1;
+}
+
+static void send_job(coord *co, const zs_ctrl_peer *to)
+{
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_JOB_SPEC;
+    env.job_spec = co->job;
+    send_env(co, to, &env);
+    env.body_case = ZSHARD__ENVELOPE__BODY_SHARD_MAP;
+    env.shard_map = co->map_msg;
+    send_env(co, to, &env);
+}
+
+/* Once all S servers registered: the shard map, then the job to everyone registered. */
+static zs_err make_map(coord *co)
+{
+    uint32_t ids[MAX_PEERS];
+    const char *eps[MAX_PEERS];
+    int n = 0;
+    for (int i = 0; i < co->n_peers; i++)
+        if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
+            ids[n] = (uint32_t)(i + 1);
+            eps[n++] = co->peers[i].endpoint;
+        }
+    ZS_CHECK(zs_shardmap_build(co->tt.total, co->cfg.cluster.shard_bytes, n, ids, &co->map));
+    co->have_map = 1;
+    ZS_CHECK(zs_shardmap_to_msg(&co->map, eps, &co->map_msg));
+    ZS_INFO("coord: %d servers; %d shards of %zu floats over a vector of %zu", n,
+            co->map.n_shards, co->map.shard_floats, co->tt.total);
+    ZS_CHECK(zs_coord_state_create(&co->cfg, n, co->map.n_shards, co->opts->steps, &co->cs));
+    for (int i = 0; i < co->n_peers; i++) {
+        if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
+            zs_coord_join(co->cs, ZS_MEMBER_SERVER, co->peers[i].endpoint, now_ms(),
+                          &co->peers[i].cs_id);
+        }
+        send_job(co, &co->peers[i].peer);
+    }
+    return ZS_OK;
+}
+
+static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Register *r)
+{
+    Zshard__RegisterReply rr = ZSHARD__REGISTER_REPLY__INIT;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
+    env.registration_reply = &rr;
+    const char *refusal = NULL;
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER && co->servers_registered >= co->opts->servers)
+        refusal = "all servers of this job are registered";
+    else if (r->role == ZSHARD__ROLE__ROLE_SERVER && r->n_endpoints < 1)
+        refusal = "a server must give its data-plane endpoint";
+    else if (co->n_peers >= MAX_PEERS)
+        refusal = "too many peers";
+    if (refusal) {
+        rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
+        rr.refusal = (char *)refusal;
+        rr.has_code = 1;
+        rr.code = ZSHARD__ERROR_CODE__ERROR_REFUSED;
+        ZS_WARN("coord: refused a %s: %s", r->role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "peer",
+                refusal);
+        send_env(co, from, &env);
+        return;
+    }
+    peer_entry *p = &co->peers[co->n_peers++];
+    memset(p, 0, sizeof *p);
+    p->peer = *from;
+    p->role = r->role;
+    p->cs_id = -1;
+    p->sent_step = -1;
+    if (r->n_endpoints > 0)
+        snprintf(p->endpoint, sizeof p->endpoint, "%s", r->endpoints[0]);
+    rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
+    rr.assigned_id = (uint32_t)co->n_peers;
+    send_env(co, from, &env);
+    ZS_INFO("coord: %s %u registered (host %s, pid %u)%s%s",
+            r->role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "worker", rr.assigned_id,
+            r->hostname ? r->hostname : "?", r->pid, *p->endpoint ? ", data plane " : "",
+            p->endpoint);
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER) {
+        co->servers_registered++;
+        if (co->servers_registered == co->opts->servers) {
+            zs_err e = make_map(co);
+            if (e != ZS_OK)
+                abort_job(co, e);
+        }
+    } else if (co->have_map) {
+        send_job(co, from);
+    }
+}
+
+/* Sends the current step's assignment to every live worker and to every server. */
+static void broadcast_assignment(coord *co)
+{
+    long step = zs_coord_step(co->cs);
+    double lr = zs_config_lr(&co->cfg, (int)step);
+    int C = co->cfg.chunks;
+    uint32_t *chunks = malloc((size_t)C * sizeof *chunks);
+    int *tmp = malloc((size_t)C * sizeof *tmp);
+    if (!chunks || !tmp)
+        goto out;
+    for (int i = 0; i < co->n_peers; i++) {
+        peer_entry *w = &co->peers[i];
+        if (w->role != ZSHARD__ROLE__ROLE_WORKER || w->cs_id < 0 || w->gone)
+            continue;
+        int n = zs_coord_assigned(co->cs, w->cs_id, tmp, C);
+        /* FNV-1a over the chunk list: resend only when the assignment changed (a worker
+         * that gets the same list twice would compute its chunks twice). */
+        uint64_t sig = 0xcbf29ce484222325ull;
+        for (int k = 0; k < n; k++)
+            sig = (sig ^ (uint64_t)tmp[k]) * 0x100000001b3ull;
+        if (n == 0 || (w->sent_step == step && w->sent_sig == sig))
+            continue;
+        w->sent_step = step;
+        w->sent_sig = sig;
+        for (int k = 0; k < n; k++)
+            chunks[k] = (uint32_t)tmp[k];
+        Zshard__StepAssign sa = ZSHARD__STEP_ASSIGN__INIT;
+        sa.has_step = sa.has_worker = sa.has_lr = 1;
+        sa.step = (uint64_t)step;
+        sa.worker = (uint32_t)(i + 1);
+        sa.n_chunks = (size_t)n;
+        sa.chunks = chunks;
+        sa.lr = lr;
+        Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+        env.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
+        env.step_assign = &sa;
+        ZS_DEBUG("coord: step %ld: worker %d gets %d chunks", step + 1, i + 1, n);
+        /* Servers first: a push may follow the worker's copy at once. */
+        for (int j = 0; j < co->n_peers; j++)
+            if (co->peers[j].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[j].gone)
+                send_env(co, &co->peers[j].peer, &env);
+        send_env(co, &w->peer, &env);
+    }
+out:
+    free(chunks);
+    free(tmp);
+}
+
+static void on_ready(coord *co, int pi, const Zshard__Ready *r)
+{
+    peer_entry *p = &co->peers[pi];
+    if (p->ready)
+        return;
+    if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
+        p->ready = 1;
+        co->servers_ready++;
+        if (co->servers_ready == co->opts->servers)
+            ZS_INFO("coord: all %d servers are ready", co->servers_ready);
+        return;
+    }
+    if (r->what_case != ZSHARD__READY__WHAT_DATA || r->data->fingerprint != co->data.fingerprint ||
+        r->data->ntokens != co->data.ntokens) {
+        char text[256];
+        snprintf(text, sizeof text, "worker %d: its data (fingerprint %016llx, %llu tokens) "
+                 "differs from the job's (%016llx, %zu tokens)", pi + 1,
+                 r->what_case == ZSHARD__READY__WHAT_DATA
+                     ? (unsigned long long)r->data->fingerprint : 0ull,
+                 r->what_case == ZSHARD__READY__WHAT_DATA
+                     ? (unsigned long long)r->data->ntokens : 0ull,
+                 (unsigned long long)co->data.fingerprint, co->data.ntokens);
+        ZS_WARN("coord: refused %s", text);
+        send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_DATA_MISMATCH, text);
+        send_shutdown(co, &p->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, text);
+        p->gone = 1;
+        return;
+    }
+    zs_err e = zs_coord_join(co->cs, ZS_MEMBER_WORKER, "", now_ms(), &p->cs_id);
+    if (e != ZS_OK) {
+        send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_REFUSED, zs_last_error());
+        send_shutdown(co, &p->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, zs_last_error());
+        p->gone = 1;
+        return;
+    }
+    p->ready = 1;
+    co->assignment_dirty = 1;
+}
+
+static zs_err gather_and_save(coord *co)
+{
+    const char *eps[MAX_PEERS];
+    for (int s = 0; s < co->map.n_servers; s++)
+        eps[s] = co->peers[co->map.server_ids[s] - 1].endpoint;
+    float *params = malloc(co->tt.total * sizeof *params);
+    if (!params)
+        return zs_error(ZS_ERR_NOMEM, "coord: out of memory for the weights");
+    zs_client *cl = NULL;
+    zs_client_op *op = NULL;
+    zs_err res;
+    ZS_CHECK_GOTO(zs_client_open(&co->map, eps, 0, 0, &cl), res, out);
+    ZS_CHECK_GOTO(zs_client_register(cl, params, co->tt.total * sizeof *params), res, out);
+    ZS_CHECK_GOTO(zs_client_fetch(cl, 0, co->tt.total, co->opts->steps, ZS_DTYPE_F32, params, &op),
+                  res, out);
+    int done = 0;
+    ZS_CHECK_GOTO(zs_client_wait(cl, op, 60000, &done), res, out);
+    if (!done) {
+        res = zs_error(ZS_ERR_IO, "coord: gathering the weights timed out");
+        goto out;
+    }
+    res = zs_modelfile_save(&co->tt, &co->cfg.model, params, co->opts->out_dir);
+    if (res == ZS_OK)
+        ZS_INFO("coord: wrote %s/model.safetensors and %s/config.json", co->opts->out_dir,
+                co->opts->out_dir);
+out:
+    zs_client_close(cl);
+    free(params);
+    return res;
+}
+
+static void on_partial(coord *co, int pi, const Zshard__GradNormPartial *g)
+{
+    peer_entry *p = &co->peers[pi];
+    int n = (int)g->n_partials;
+    int *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
+    double *sum = malloc((size_t)(n ? n : 1) * sizeof *sum);
+    if (!idx || !sum) {
+        free(idx);
+        free(sum);
+        abort_job(co, zs_error(ZS_ERR_NOMEM, "coord: out of memory"));
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        idx[i] = (int)g->partials[i]->shard;
+        sum[i] = g->partials[i]->sumsq;
+    }
+    zs_err e = zs_coord_partials(co->cs, p->cs_id, (long)g->step, idx, sum, n);
+    free(idx);
+    free(sum);
+    if (e != ZS_OK) {
+        ZS_WARN("%s", zs_last_error());
+        send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER, zs_last_error());
+        return;
+    }
+}
+
+/* Once all chunks are done and all partials are in (whichever came last): the verdict. */
+static void send_verdict(coord *co)
+{
+    double norm, lr;
+    double clip = zs_coord_verdict(co->cs, &norm, &lr);
+    Zshard__ClipVerdict v = ZSHARD__CLIP_VERDICT__INIT;
+    v.has_step = v.has_clip_factor = v.has_skip = v.has_grad_norm = 1;
+    v.step = (uint64_t)zs_coord_step(co->cs);
+    v.skip = !isfinite(norm);
+    v.clip_factor = v.skip ? 1.0 : clip;
+    v.grad_norm = norm;
+    if (v.skip)
+        ZS_WARN("coord: step %ld: the gradient is not finite; the update is skipped",
+                zs_coord_step(co->cs) + 1);
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_CLIP_VERDICT;
+    env.clip_verdict = &v;
+    for (int j = 0; j < co->n_peers; j++)
+        if (co->peers[j].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[j].gone)
+            send_env(co, &co->peers[j].peer, &env);
+}
+
+static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
+{
+    zs_coord_step_stats st;
+    if (!zs_coord_published(co->cs, co->peers[pi].cs_id, (long)vp->version, &st))
+        return;
+    double dt = now_s() - co->step_start;
+    double tps = (double)co->cfg.train_batch_size * co->cfg.model.block_size / dt;
+    fprintf(co->metrics,
+            "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"clip\": %.9g, "
+            "\"tokens_per_sec\": %.1f, \"step_ms\": %.1f, \"workers\": %d}\n",
+            st.step, st.loss, st.lr, st.grad_norm, st.clip, tps, dt * 1e3, st.workers);
+    fflush(co->metrics);
+    fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
+            " | eta %.0fs\n", st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps,
+            st.workers, dt * (double)(co->opts->steps - st.step));
+    if (zs_coord_phase(co->cs) == ZS_PHASE_DONE) {
+        zs_err e = gather_and_save(co);
+        if (e != ZS_OK) {
+            abort_job(co, e);
+            return;
+        }
+        broadcast_shutdown(co, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE, "the job is done");
+        co->done = 1;
+    }
+}
+
+/* A member is gone (left, or its heartbeats stopped): a server aborts the job. */
+static void member_gone(coord *co, int pi, const char *why)
+{
+    peer_entry *p = &co->peers[pi];
+    if (p->gone)
+        return;
+    p->gone = 1;
+    if (p->cs_id >= 0 && zs_coord_member(co->cs, p->cs_id)->alive)
+        zs_coord_leave(co->cs, p->cs_id, why);
+    if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
+        abort_job(co, zs_error(ZS_ERR_IO, "server %d is gone (%s); its shards are lost", pi + 1,
+                               why));
+        return;
+    }
+    co->assignment_dirty = 1;
+}
+
+static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelope *env)
+{
+    if (env->body_case == ZSHARD__ENVELOPE__BODY_REGISTRATION) {
+        on_register(co, from, env->registration);
+        return;
+    }
+    int pi = (int)env->sender - 1;
+    if (pi < 0 || pi >= co->n_peers || co->peers[pi].peer.len != from->len ||
+        memcmp(co->peers[pi].peer.id, from->id, from->len) != 0 || co->peers[pi].gone) {
+        send_error(co, from, ZSHARD__ERROR_CODE__ERROR_NOT_REGISTERED,
+                   "sender id is not registered from this connection");
+        return;
+    }
+    peer_entry *p = &co->peers[pi];
+    if (co->cs && p->cs_id >= 0)
+        zs_coord_heartbeat(co->cs, p->cs_id, now_ms());
+    switch (env->body_case) {
+    case ZSHARD__ENVELOPE__BODY_HEARTBEAT:
+        break;
+    case ZSHARD__ENVELOPE__BODY_READY:
+        if (co->cs)
+            on_ready(co, pi, env->ready);
+        break;
+    case ZSHARD__ENVELOPE__BODY_CHUNK_DONE:
+        if (p->cs_id >= 0)
+            zs_coord_chunk_done(co->cs, p->cs_id, (long)env->chunk_done->step,
+                                (int)env->chunk_done->chunk, env->chunk_done->loss);
+        break;
+    case ZSHARD__ENVELOPE__BODY_GRAD_NORM_PARTIAL:
+        if (p->role == ZSHARD__ROLE__ROLE_SERVER && co->cs)
+            on_partial(co, pi, env->grad_norm_partial);
+        break;
+    case ZSHARD__ENVELOPE__BODY_VERSION_PUBLISHED:
+        if (p->role == ZSHARD__ROLE__ROLE_SERVER && co->cs)
+            on_published(co, pi, env->version_published);
+        break;
+    case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
+        member_gone(co, pi, env->shutdown->reason ? env->shutdown->reason : "left");
+        break;
+    case ZSHARD__ENVELOPE__BODY_ERROR:
+        ZS_WARN("coord: error from peer %d: %s", pi + 1, env->error->text);
+        break;
+    default:
+        send_error(co, from, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER, "unexpected message");
+        break;
+    }
+}
+
+static zs_err coord_setup(coord *co)
+{
+    ZS_CHECK(zs_config_load(co->opts->config_path, &co->cfg));
+    ZS_CHECK(zs_data_open(co->opts->data_path, &co->data));
+    ZS_CHECK(zs_data_check(&co->data, co->cfg.model.vocab_size, co->cfg.model.block_size));
+    ZS_CHECK(zs_tensors_gpt2(&co->cfg.model, &co->tt));
+    zs_msg_job job = {.data_fingerprint = co->data.fingerprint, .data_ntokens = co->data.ntokens,
+                      .steps = (uint32_t)co->opts->steps};
+    char *abs = realpath(co->opts->data_path, NULL);
+    snprintf(job.data_path, sizeof job.data_path, "%s", abs ? abs : co->opts->data_path);
+    free(abs);
+    ZS_CHECK(zs_msg_jobspec_from_config(&co->cfg, &co->tt, &job, &co->job));
+    if (mkdir(co->opts->out_dir, 0777) != 0 && errno != EEXIST)
+        return zs_error(ZS_ERR_IO, "--out %s: %s", co->opts->out_dir, strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", co->opts->out_dir);
+    if (!(co->metrics = fopen(path, "w")))
+        return zs_error(ZS_ERR_IO, "%s: %s", path, strerror(errno));
+    co->peers = calloc(MAX_PEERS, sizeof *co->peers);
+    if (!co->peers)
+        return zs_error(ZS_ERR_NOMEM, "coord: out of memory");
+    ZS_CHECK(zs_ctrl_bind(co->opts->listen, &co->ctrl));
+    ZS_INFO("coord: listening on %s for %d servers; %ld steps of %d chunks", zs_ctrl_endpoint(co->ctrl),
+            co->opts->servers, co->opts->steps, co->cfg.chunks);
+    return ZS_OK;
+}
+
+zs_err zs_coord_run(const zs_coord_opts *opts, volatile int *stop_flag)
+{
+    coord co = {.opts = opts};
+    zs_err res = coord_setup(&co);
+    if (res != ZS_OK)
+        goto out;
+    zs_msg_ctx ctx = {.self = ZS_MSG_COORDINATOR, .chunks = (uint32_t)co.cfg.chunks,
+                      .steps = (uint32_t)opts->steps};
+    while (!co.done) {
+        if (stop_flag && *stop_flag) {
+            abort_job(&co, zs_error(ZS_ERR_IO, "coord: interrupted"));
+            break;
+        }
+        zs_ctrl_peer from;
+        Zshard__Envelope *env = NULL;
+        zs_err e = zs_ctrl_recv(co.ctrl, 20, &ctx, &from, &env);
+        if (e != ZS_OK) {
+            ZS_WARN("coord: refused a message: %s", zs_last_error());
+            if (from.len)
+                send_error(&co, &from, strstr(zs_last_error(), "protocol version")
+                                           ? ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION
+                                           : ZSHARD__ERROR_CODE__ERROR_MALFORMED,
+                           zs_last_error());
+        } else if (env) {
+            on_message(&co, &from, env);
+            zs_msg_free(env);
+        }
+        if (!co.cs || co.done)
+            continue;
+        ctx.n_shards = (uint32_t)co.map.n_shards;
+        int dead[64];
+        int n = zs_coord_expire(co.cs, now_ms(), dead, 64);
+        for (int i = 0; i < n && i < 64; i++) {
+            int pi = peer_of_cs(&co, dead[i]);
+            if (pi >= 0)
+                member_gone(&co, pi, "no heartbeat within the timeout");
+        }
+        if (co.done)
+            break;
+        if (co.servers_ready == opts->servers && zs_coord_try_begin(co.cs)) {
+            co.step_start = now_s();
+            co.assignment_dirty = 1;
+        }
+        if (zs_coord_phase(co.cs) == ZS_PHASE_VERDICT)
+            send_verdict(&co);
+        if (co.assignment_dirty && zs_coord_phase(co.cs) == ZS_PHASE_COMPUTE) {
+            broadcast_assignment(&co);
+            co.assignment_dirty = 0;
+        }
+    }
+    res = co.result;
+out:
+    if (res != ZS_OK && !co.done)
+        ZS_ERROR("coord: %s", zs_last_error());
+    if (co.metrics)
+        fclose(co.metrics);
+    zs_ctrl_close(co.ctrl);
+    zs_coord_state_free(co.cs);
+    if (co.have_map)
+        zs_shardmap_free(&co.map);
+    if (co.map_msg)
+        zshard__shard_map__free_unpacked(co.map_msg, NULL);
+    zs_msg_jobspec_free(co.job);
+    zs_tensors_free(&co.tt);
+    zs_data_close(&co.data);
+    free(co.peers);
+    return res;
+}

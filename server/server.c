@@ -1,0 +1,718 @@
+/*
+ * server: the partition server's event loop.  One thread drives everything: the data plane
+ * (transport poll) and the control plane (ZeroMQ, polled between data-plane turns), and AdamW
+ * runs on `threads` OpenMP threads inside the same thread when a step completes.
+ *
+ * Buffers: each shard's fp32 and bf16 arrays are registered once and fetch replies are sent
+ * straight from them; pushes are received into a pool of registered scratch buffers (one
+ * shard's worth each) and added into the accumulator from there.  A push whose header arrives
+ * while every scratch buffer is busy stays pending in the transport (which then reads nothing
+ * more from that stream) until one is free.  Before AdamW rewrites the weights, the server
+ * waits for every send from them to complete.
+ */
+#include "server/server.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/modelfile.h"
+#include "proto/ctrl.h"
+#include "server/shardmap.h"
+#include "server/shardstore.h"
+#include "transport/transport.h"
+
+#define SCRATCH_BUFFERS 8
+#define MAX_EVENTS 64
+#define POLL_MS 2 /* data-plane wait per turn; bounds control-plane latency */
+
+/* Marks a send from shard memory in the event cookie (others carry a scratch slot + 1 or 0). */
+#define COOKIE_STORE ((void *)(uintptr_t)-1)
+
+typedef struct {
+    zs_conn *conn;
+    zs_frame frame;
+} held_fetch;
+
+typedef struct {
+    zs_conn *conn;
+    zs_frame frame;
+} waiting_push;
+
+typedef struct {
+    float *buf;
+    zs_mr *mr;
+    int busy;
+    zs_conn *conn;  /* the push it is receiving */
+    zs_frame frame;
+} scratch;
+
+typedef struct {
+    const zs_server_opts *opts;
+    const zs_transport_ops *ops;
+    zs_net *net;
+    zs_listener *listener;
+    zs_ctrl *ctrl;
+    char endpoint[128]; /* our data-plane HOST:PORT as registered */
+    uint32_t id;
+
+    zs_config cfg;
+    zs_tensor_table tt;
+    zs_msg_job job;
+    int have_job;
+    zs_shardmap map;
+    int have_map;
+    zs_store *store;
+    zs_mr **mr_f32, **mr_bf16; /* per local shard */
+    zs_shard_range *local;     /* per local shard */
+    int n_local;
+    scratch pool[SCRATCH_BUFFERS];
+
+    uint32_t *owner;      /* [C] worker id assigned to each chunk of the current step, 0: none */
+    int partials_sent;
+    int verdict_pending;  /* a verdict arrived and waits for sends to drain */
+    double verdict_clip, verdict_lr;
+    int verdict_skip;
+    long store_sends;     /* sends from shard memory not completed */
+
+    held_fetch *held;
+    int n_held, cap_held;
+    waiting_push *waiting; /* push headers pending until a scratch buffer frees */
+    int n_waiting, cap_waiting;
+
+    uint64_t last_heartbeat_ms;
+    int done;
+    zs_err result;
+} server;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static zs_err send_ctrl(server *sv, Zshard__Envelope *env)
+{
+    env->has_protocol_version = 1;
+    env->protocol_version = ZS_PROTOCOL_VERSION;
+    env->has_sender = 1;
+    env->sender = sv->id;
+    return zs_ctrl_send(sv->ctrl, NULL, env);
+}
+
+/* An error reply for frame f on c; the payload is the reason, for the peer's logs. */
+static void reply_error(server *sv, zs_conn *c, const zs_frame *f, zs_frame_status status,
+                        const char *why)
+{
+    ZS_WARN("server %u: %s from %s (op %d, step %llu, chunk %u, offset %llu, count %llu): %s",
+            sv->id, f->op == ZS_OP_PUSH ? "push" : "fetch", sv->ops->conn_peer(c), f->op,
+            (unsigned long long)f->step, f->chunk, (unsigned long long)f->offset,
+            (unsigned long long)f->count, why);
+    size_t n = strlen(why);
+    if (n > ZS_NET_INLINE_MAX)
+        n = ZS_NET_INLINE_MAX;
+    zs_frame e = {.op = ZS_OP_ERROR, .dtype = ZS_DTYPE_TEXT, .status = status, .id = f->id,
+                  .step = f->step, .chunk = f->chunk, .offset = f->offset, .count = 0,
+                  .length = n};
+    if (sv->ops->isend_inline(c, &e, why, NULL, NULL) != ZS_OK)
+        ZS_WARN("server %u: cannot answer %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
+}
+
+/* Serves a fetch of the current version. */
+static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
+{
+    const void *data;
+    if (zs_store_locate(sv->store, f->offset, f->count, (zs_frame_dtype)f->dtype, &data) !=
+        ZS_FS_OK) {
+        reply_error(sv, c, f, ZS_FS_BAD_RANGE, "range is not inside one shard of this server");
+        return;
+    }
+    int i = 0;
+    while (i < sv->n_local && !(f->offset >= sv->local[i].begin && f->offset < sv->local[i].end))
+        i++;
+    size_t esz = zs_frame_dtype_size((zs_frame_dtype)f->dtype);
+    zs_frame r = {.op = ZS_OP_FETCH_REPLY, .dtype = f->dtype, .id = f->id,
+                  .step = (uint64_t)zs_store_version(sv->store), .offset = f->offset,
+                  .count = f->count, .length = f->count * esz};
+    zs_mr *mr = f->dtype == ZS_DTYPE_F32 ? sv->mr_f32[i] : sv->mr_bf16[i];
+    size_t off = (f->offset - sv->local[i].begin) * esz;
+    if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
+        sv->store_sends++;
+    else
+        ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
+                zs_last_error());
+}
+
+static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
+{
+    long v = zs_store_version(sv->store);
+    if (f->dtype != ZS_DTYPE_F32 && f->dtype != ZS_DTYPE_BF16) {
+        reply_error(sv, c, f, ZS_FS_BAD_RANGE, "fetch dtype must be F32 or BF16");
+    } else if ((long)f->step < v || (sv->verdict_pending && (long)f->step == v)) {
+        reply_error(sv, c, f, ZS_FS_STALE, "version is no longer held");
+    } else if ((long)f->step > v) {
+        /* A future version: hold the request until it is published. */
+        if (sv->n_held == sv->cap_held) {
+            int cap = sv->cap_held ? 2 * sv->cap_held : 64;
+            held_fetch *h = realloc(sv->held, (size_t)cap * sizeof *h);
+            if (!h) {
+                reply_error(sv, c, f, ZS_FS_SHUTDOWN, "out of memory for held fetches");
+                return;
+            }
+            sv->held = h;
+            sv->cap_held = cap;
+        }
+        sv->held[sv->n_held++] = (held_fetch){c, *f};
+    } else {
+        serve_fetch(sv, c, f);
+    }
+}
+
+static int free_scratch(server *sv)
+{
+    for (int i = 0; i < SCRATCH_BUFFERS; i++)
+        if (!sv->pool[i].busy)
+            return i;
+    return -1;
+}
+
+/* Whether a push header can be taken now: PUSH_TAKE, PUSH_DEFER (its chunk has no owner here
+ * yet: the step's assignment is still on its way over the control plane), or PUSH_REFUSED
+ * (answered, payload discarded). */
+enum { PUSH_TAKE, PUSH_DEFER, PUSH_REFUSED };
+
+static int push_check(server *sv, zs_conn *c, const zs_frame *f)
+{
+    const char *why = NULL;
+    zs_frame_status st = ZS_FS_OK;
+    const void *data;
+    if (f->dtype != ZS_DTYPE_F32)
+        st = ZS_FS_BAD_RANGE, why = "push payload must be F32";
+    else if ((long)f->step != zs_store_version(sv->store) || sv->verdict_pending)
+        st = ZS_FS_STALE, why = "push for a step that is not current";
+    else if (f->chunk >= (uint32_t)sv->cfg.chunks || f->sender == 0)
+        st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
+    else if (sv->owner[f->chunk] == 0)
+        return PUSH_DEFER;
+    else if (sv->owner[f->chunk] != f->sender)
+        st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
+    else if (zs_store_locate(sv->store, f->offset, f->count, ZS_DTYPE_F32, &data) != ZS_FS_OK)
+        st = ZS_FS_BAD_RANGE, why = "range is not inside one shard of this server";
+    if (st == ZS_FS_OK)
+        return PUSH_TAKE;
+    reply_error(sv, c, f, st, why);
+    if (sv->ops->discard(c) != ZS_OK)
+        sv->ops->conn_close(c);
+    return PUSH_REFUSED;
+}
+
+static void start_push(server *sv, zs_conn *c, const zs_frame *f, int slot)
+{
+    scratch *s = &sv->pool[slot];
+    if (sv->ops->recv_payload(c, s->mr, 0, (void *)(uintptr_t)(slot + 1), NULL) != ZS_OK) {
+        ZS_WARN("server %u: push from %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
+        sv->ops->conn_close(c);
+        return;
+    }
+    s->busy = 1;
+    s->conn = c;
+    s->frame = *f;
+}
+
+/* Takes the waiting push headers that can go now, oldest first: refused ones are answered,
+ * acceptable ones get a free scratch buffer (in order: when none is free, the rest wait),
+ * deferred ones stay. */
+static void drain_waiting(server *sv)
+{
+    int j = 0;
+    for (int i = 0; i < sv->n_waiting; i++) {
+        waiting_push w = sv->waiting[i];
+        int slot = free_scratch(sv);
+        int verdict = slot >= 0 ? push_check(sv, w.conn, &w.frame) : PUSH_DEFER;
+        if (verdict == PUSH_TAKE)
+            start_push(sv, w.conn, &w.frame, slot);
+        else if (verdict == PUSH_DEFER) {
+            ZS_DEBUG("server %u: push of step %llu chunk %u waits (%s)", sv->id,
+                     (unsigned long long)w.frame.step, w.frame.chunk,
+                     slot < 0 ? "no free buffer" : "chunk owner not known yet");
+            sv->waiting[j++] = w;
+        }
+    }
+    sv->n_waiting = j;
+}
+
+static void on_push_header(server *sv, zs_conn *c, const zs_frame *f)
+{
+    /* The header stays pending in the transport (nothing more is read from that stream)
+     * until a scratch buffer is free and the chunk's owner is known. */
+    if (sv->n_waiting == sv->cap_waiting) {
+        int cap = sv->cap_waiting ? 2 * sv->cap_waiting : 16;
+        waiting_push *w = realloc(sv->waiting, (size_t)cap * sizeof *w);
+        if (!w) {
+            sv->ops->conn_close(c);
+            return;
+        }
+        sv->waiting = w;
+        sv->cap_waiting = cap;
+    }
+    sv->waiting[sv->n_waiting++] = (waiting_push){c, *f};
+    drain_waiting(sv);
+}
+
+static zs_err send_partials(server *sv)
+{
+    int n = zs_store_shard_count(sv->store);
+    int *idx = malloc((size_t)n * sizeof *idx);
+    double *sum = malloc((size_t)n * sizeof *sum);
+    Zshard__ShardSumsq *items = calloc((size_t)n, sizeof *items);
+    Zshard__ShardSumsq **ptrs = calloc((size_t)n, sizeof *ptrs);
+    zs_err res = ZS_OK;
+    if (!idx || !sum || !items || !ptrs) {
+        res = zs_error(ZS_ERR_NOMEM, "server: out of memory for partials");
+        goto out;
+    }
+    zs_store_partials(sv->store, idx, sum);
+    int nonfinite = 0;
+    for (int i = 0; i < n; i++) {
+        zshard__shard_sumsq__init(&items[i]);
+        items[i].has_shard = items[i].has_sumsq = 1;
+        items[i].shard = (uint32_t)idx[i];
+        items[i].sumsq = sum[i];
+        nonfinite |= !isfinite(sum[i]);
+        ptrs[i] = &items[i];
+    }
+    Zshard__GradNormPartial p = ZSHARD__GRAD_NORM_PARTIAL__INIT;
+    p.has_step = p.has_server = p.has_has_nonfinite = 1;
+    p.step = (uint64_t)zs_store_version(sv->store);
+    p.server = sv->id;
+    p.n_partials = (size_t)n;
+    p.partials = ptrs;
+    p.has_nonfinite = nonfinite;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_GRAD_NORM_PARTIAL;
+    env.grad_norm_partial = &p;
+    res = send_ctrl(sv, &env);
+out:
+    free(idx);
+    free(sum);
+    free(items);
+    free(ptrs);
+    return res;
+}
+
+static void on_push_done(server *sv, int slot, zs_err err)
+{
+    scratch *s = &sv->pool[slot];
+    s->busy = 0;
+    if (err == ZS_OK) {
+        const char *why = "";
+        zs_frame_status st = zs_store_push(sv->store, (long)s->frame.step, (int)s->frame.chunk,
+                                           s->frame.offset, s->frame.count, s->buf, &why);
+        if (st == ZS_FS_OK || st == ZS_FS_DUPLICATE) {
+            zs_frame r = {.op = ZS_OP_PUSH_REPLY, .dtype = ZS_DTYPE_F32, .status = st,
+                          .id = s->frame.id, .step = s->frame.step, .chunk = s->frame.chunk,
+                          .offset = s->frame.offset, .count = 0, .length = 0};
+            if (s->conn && !sv->ops->conn_closed(s->conn))
+                sv->ops->isend(s->conn, &r, NULL, 0, NULL, NULL);
+            if (st == ZS_FS_DUPLICATE)
+                ZS_DEBUG("server %u: duplicate push dropped (step %llu chunk %u)", sv->id,
+                         (unsigned long long)s->frame.step, s->frame.chunk);
+        } else if (s->conn && !sv->ops->conn_closed(s->conn)) {
+            reply_error(sv, s->conn, &s->frame, st, why);
+        }
+        if (!sv->partials_sent && zs_store_complete(sv->store)) {
+            if (send_partials(sv) != ZS_OK)
+                ZS_ERROR("server %u: %s", sv->id, zs_last_error());
+            sv->partials_sent = 1;
+            ZS_DEBUG("server %u: step %ld complete, partials sent", sv->id,
+                     zs_store_version(sv->store));
+        }
+    } else {
+        /* The peer went away mid-payload: the scratch contents are simply not used. */
+        ZS_WARN("server %u: push payload lost: %s", sv->id, zs_last_error());
+    }
+    s->conn = NULL;
+    drain_waiting(sv);
+}
+
+/* Forgets a connection that closed: held fetches, waiting pushes, scratch owners. */
+static void forget_conn(server *sv, zs_conn *c)
+{
+    int j = 0;
+    for (int i = 0; i < sv->n_held; i++)
+        if (sv->held[i].conn != c)
+            sv->held[j++] = sv->held[i];
+    sv->n_held = j;
+    j = 0;
+    for (int i = 0; i < sv->n_waiting; i++)
+        if (sv->waiting[i].conn != c)
+            sv->waiting[j++] = sv->waiting[i];
+    sv->n_waiting = j;
+    for (int i = 0; i < SCRATCH_BUFFERS; i++)
+        if (sv->pool[i].conn == c)
+            sv->pool[i].conn = NULL;
+}
+
+static void on_header(server *sv, zs_conn *c, const zs_frame *f)
+{
+    if (!sv->store) {
+        reply_error(sv, c, f, ZS_FS_SHUTDOWN, "server is not set up yet");
+        if (f->length && sv->ops->discard(c) != ZS_OK)
+            sv->ops->conn_close(c);
+        return;
+    }
+    switch (f->op) {
+    case ZS_OP_FETCH:
+        on_fetch(sv, c, f);
+        break;
+    case ZS_OP_PUSH:
+        on_push_header(sv, c, f);
+        break;
+    default:
+        /* Replies and errors are not requests: the peer is confused, drop it. */
+        reply_error(sv, c, f, ZS_FS_BAD_FRAME, "a server takes only FETCH and PUSH");
+        sv->ops->conn_close(c);
+        forget_conn(sv, c);
+        break;
+    }
+}
+
+/* Applies a pending verdict once no send reads the weights any more, then publishes. */
+static void maybe_apply(server *sv)
+{
+    if (!sv->verdict_pending || sv->store_sends > 0)
+        return;
+    zs_err e = zs_store_apply(sv->store, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip);
+    if (e != ZS_OK) {
+        ZS_ERROR("server %u: %s", sv->id, zs_last_error());
+        sv->result = e;
+        sv->done = 1;
+        return;
+    }
+    sv->verdict_pending = 0;
+    sv->partials_sent = 0;
+    for (int c = 0; c < sv->cfg.chunks; c++)
+        sv->owner[c] = 0;
+    long v = zs_store_version(sv->store);
+    Zshard__VersionPublished vp = ZSHARD__VERSION_PUBLISHED__INIT;
+    vp.has_server = vp.has_version = 1;
+    vp.server = sv->id;
+    vp.version = (uint64_t)v;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_VERSION_PUBLISHED;
+    env.version_published = &vp;
+    if (send_ctrl(sv, &env) != ZS_OK)
+        ZS_ERROR("server %u: %s", sv->id, zs_last_error());
+    ZS_DEBUG("server %u: published version %ld", sv->id, v);
+    /* Serve the fetches that waited for this version, keep the later ones. */
+    int j = 0;
+    for (int i = 0; i < sv->n_held; i++) {
+        held_fetch h = sv->held[i];
+        if ((long)h.frame.step == v)
+            serve_fetch(sv, h.conn, &h.frame);
+        else
+            sv->held[j++] = h;
+    }
+    sv->n_held = j;
+    /* Pushes that arrived ahead of this step's assignment can be judged once it comes. */
+    drain_waiting(sv);
+}
+
+static void on_data_event(server *sv, const zs_event *ev)
+{
+    switch (ev->type) {
+    case ZS_EV_ACCEPT:
+        ZS_DEBUG("server %u: connection from %s", sv->id, sv->ops->conn_peer(ev->conn));
+        break;
+    case ZS_EV_HEADER:
+        on_header(sv, ev->conn, &ev->frame);
+        break;
+    case ZS_EV_RECV: {
+        int slot = (int)(uintptr_t)ev->user - 1;
+        if (slot >= 0 && slot < SCRATCH_BUFFERS) {
+            if (ev->err != ZS_OK)
+                zs_error(ev->err, "%s", ev->reason);
+            on_push_done(sv, slot, ev->err);
+        }
+        break;
+    }
+    case ZS_EV_SEND:
+        if (ev->user == COOKIE_STORE) {
+            sv->store_sends--;
+            maybe_apply(sv);
+        }
+        break;
+    case ZS_EV_CLOSED:
+        if (ev->err != ZS_OK)
+            ZS_WARN("server %u: %s", sv->id, ev->reason);
+        forget_conn(sv, ev->conn);
+        sv->ops->conn_close(ev->conn);
+        break;
+    }
+}
+
+/* Sets up the shards of this server once both the job spec and the shard map are in. */
+static zs_err setup_shards(server *sv)
+{
+    int s = zs_shardmap_server_index(&sv->map, sv->id);
+    int count = 0;
+    const int *mine = zs_shardmap_server_shards(&sv->map, s, &count);
+    if (s < 0 || count == 0)
+        return zs_error(ZS_ERR_INVALID, "server %u: the shard map gives this server no shard",
+                        sv->id);
+    if (sv->map.total != sv->tt.total)
+        return zs_error(ZS_ERR_INVALID, "server %u: the shard map covers %zu floats, the job's "
+                        "vector has %zu", sv->id, sv->map.total, sv->tt.total);
+    sv->n_local = count;
+    sv->local = calloc((size_t)count, sizeof *sv->local);
+    sv->mr_f32 = calloc((size_t)count, sizeof *sv->mr_f32);
+    sv->mr_bf16 = calloc((size_t)count, sizeof *sv->mr_bf16);
+    sv->owner = calloc((size_t)sv->cfg.chunks, sizeof *sv->owner);
+    if (!sv->local || !sv->mr_f32 || !sv->mr_bf16 || !sv->owner)
+        return zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
+    for (int i = 0; i < count; i++) {
+        const zs_shard *sh = &sv->map.shards[mine[i]];
+        sv->local[i] = (zs_shard_range){mine[i], sh->begin, sh->end};
+    }
+    ZS_CHECK(zs_store_create(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, &sv->store));
+    if (sv->opts->init_dir) {
+        float *full = malloc(sv->tt.total * sizeof *full);
+        if (!full)
+            return zs_error(ZS_ERR_NOMEM, "server %u: out of memory for the checkpoint", sv->id);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/model.safetensors", sv->opts->init_dir);
+        zs_err e = zs_modelfile_load_weights(&sv->tt, path, full);
+        if (e == ZS_OK)
+            zs_store_load(sv->store, full);
+        free(full);
+        ZS_CHECK(e);
+    } else {
+        zs_store_init_seed(sv->store, sv->cfg.seed);
+    }
+    size_t biggest = 0;
+    for (int i = 0; i < count; i++) {
+        size_t len = sv->local[i].end - sv->local[i].begin;
+        const void *f32, *bf16;
+        zs_store_locate(sv->store, sv->local[i].begin, len, ZS_DTYPE_F32, &f32);
+        zs_store_locate(sv->store, sv->local[i].begin, len, ZS_DTYPE_BF16, &bf16);
+        ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)f32, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
+        ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)bf16, len * 2, ZS_MR_SEND, &sv->mr_bf16[i]));
+        biggest = len > biggest ? len : biggest;
+    }
+    for (int i = 0; i < SCRATCH_BUFFERS; i++) {
+        if (!(sv->pool[i].buf = malloc(biggest * sizeof(float))))
+            return zs_error(ZS_ERR_NOMEM, "server %u: out of memory for push buffers", sv->id);
+        ZS_CHECK(sv->ops->reg_mr(sv->net, sv->pool[i].buf, biggest * sizeof(float), ZS_MR_RECV,
+                                 &sv->pool[i].mr));
+    }
+    ZS_INFO("server %u: %d shards, %zu floats, at %s", sv->id, count,
+            sv->map.server_floats[s], sv->endpoint);
+    Zshard__Ready r = ZSHARD__READY__INIT;
+    r.what_case = ZSHARD__READY__WHAT_VERSION;
+    r.version = 0;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_READY;
+    env.ready = &r;
+    return send_ctrl(sv, &env);
+}
+
+static void on_ctrl(server *sv, const Zshard__Envelope *env)
+{
+    zs_err e = ZS_OK;
+    switch (env->body_case) {
+    case ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY: {
+        const Zshard__RegisterReply *r = env->registration_reply;
+        if (r->outcome_case != ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID) {
+            sv->result = zs_error(ZS_ERR_INVALID, "server: the coordinator refused "
+                                  "registration: %s", r->refusal);
+            sv->done = 1;
+            return;
+        }
+        sv->id = r->assigned_id;
+        ZS_INFO("server: registered as %u", sv->id);
+        return;
+    }
+    case ZSHARD__ENVELOPE__BODY_JOB_SPEC:
+        if (sv->have_job)
+            return;
+        e = zs_msg_jobspec_to_config(env->job_spec, &sv->cfg, &sv->tt, &sv->job);
+        sv->have_job = e == ZS_OK;
+        break;
+    case ZSHARD__ENVELOPE__BODY_SHARD_MAP:
+        if (sv->have_map)
+            return;
+        e = zs_shardmap_from_msg(env->shard_map, &sv->map);
+        sv->have_map = e == ZS_OK;
+        break;
+    case ZSHARD__ENVELOPE__BODY_STEP_ASSIGN: {
+        const Zshard__StepAssign *a = env->step_assign;
+        if (!sv->store || (long)a->step != zs_store_version(sv->store))
+            return;
+        for (size_t i = 0; i < a->n_chunks; i++)
+            if (a->chunks[i] < (uint32_t)sv->cfg.chunks)
+                sv->owner[a->chunks[i]] = a->worker;
+        drain_waiting(sv);
+        return;
+    }
+    case ZSHARD__ENVELOPE__BODY_CLIP_VERDICT: {
+        const Zshard__ClipVerdict *v = env->clip_verdict;
+        if (!sv->store || (long)v->step != zs_store_version(sv->store) || !sv->partials_sent)
+            return;
+        sv->verdict_pending = 1;
+        sv->verdict_clip = v->clip_factor;
+        sv->verdict_skip = v->skip;
+        sv->verdict_lr = zs_config_lr(&sv->cfg, (int)v->step);
+        ZS_DEBUG("server %u: verdict for step %llu (clip %g); %ld sends in flight", sv->id,
+                 (unsigned long long)v->step, v->clip_factor, sv->store_sends);
+        maybe_apply(sv);
+        return;
+    }
+    case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
+        ZS_INFO("server %u: shutdown: %s", sv->id, env->shutdown->reason ? env->shutdown->reason
+                                                                          : "");
+        if (env->shutdown->kind == ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT)
+            sv->result = zs_error(ZS_ERR_INVALID, "server %u: the job was aborted: %s", sv->id,
+                                  env->shutdown->reason ? env->shutdown->reason : "");
+        sv->done = 1;
+        return;
+    case ZSHARD__ENVELOPE__BODY_ERROR:
+        ZS_WARN("server %u: coordinator error: %s", sv->id, env->error->text);
+        return;
+    default:
+        ZS_WARN("server %u: unexpected %s from the coordinator", sv->id,
+                zs_msg_body_name(env->body_case));
+        return;
+    }
+    if (e == ZS_OK && sv->have_job && sv->have_map && !sv->store)
+        e = setup_shards(sv);
+    if (e != ZS_OK) {
+        ZS_ERROR("server: %s", zs_last_error());
+        sv->result = e;
+        sv->done = 1;
+    }
+}
+
+static zs_err send_register(server *sv)
+{
+    char hostname[256] = "";
+    gethostname(hostname, sizeof hostname - 1);
+    char *endpoints[1] = {sv->endpoint};
+    Zshard__Register r = ZSHARD__REGISTER__INIT;
+    r.has_role = r.has_protocol_version = r.has_capabilities = r.has_pid = 1;
+    r.role = ZSHARD__ROLE__ROLE_SERVER;
+    r.n_endpoints = 1;
+    r.endpoints = endpoints;
+    r.protocol_version = ZS_PROTOCOL_VERSION;
+    r.capabilities = ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |
+                     ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
+    r.hostname = hostname;
+    r.pid = (uint32_t)getpid();
+    r.build = (char *)ZS_VERSION;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
+    env.registration = &r;
+    return send_ctrl(sv, &env);
+}
+
+static void send_heartbeat(server *sv)
+{
+    Zshard__Heartbeat h = ZSHARD__HEARTBEAT__INIT;
+    h.has_sender = h.has_step = 1;
+    h.sender = sv->id;
+    h.step = sv->store ? (uint64_t)zs_store_version(sv->store) : 0;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &h;
+    if (send_ctrl(sv, &env) != ZS_OK)
+        ZS_WARN("server %u: heartbeat: %s", sv->id, zs_last_error());
+}
+
+static void server_free(server *sv)
+{
+    if (sv->net)
+        sv->ops->close(sv->net); /* frees listener, connections and registrations */
+    for (int i = 0; i < SCRATCH_BUFFERS; i++)
+        free(sv->pool[i].buf);
+    zs_store_free(sv->store);
+    if (sv->have_map)
+        zs_shardmap_free(&sv->map);
+    if (sv->have_job)
+        zs_tensors_free(&sv->tt);
+    zs_ctrl_close(sv->ctrl);
+    free(sv->local);
+    free(sv->mr_f32);
+    free(sv->mr_bf16);
+    free(sv->owner);
+    free(sv->held);
+    free(sv->waiting);
+}
+
+zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
+{
+    server sv = {.opts = opts, .ops = &zs_tcp_ops};
+    zs_err res;
+    ZS_CHECK_GOTO(sv.ops->open(&sv.net), res, out);
+    ZS_CHECK_GOTO(sv.ops->listen(sv.net, opts->listen, NULL, &sv.listener), res, out);
+    {
+        /* Register the address with the port actually bound. */
+        char host[96];
+        snprintf(host, sizeof host, "%s", opts->listen);
+        char *colon = strrchr(host, ':');
+        if (colon)
+            *colon = '\0';
+        if (!*host || strcmp(host, "*") == 0 || strcmp(host, "0.0.0.0") == 0)
+            snprintf(host, sizeof host, "127.0.0.1");
+        snprintf(sv.endpoint, sizeof sv.endpoint, "%s:%d", host,
+                 sv.ops->listener_port(sv.listener));
+    }
+    ZS_CHECK_GOTO(zs_ctrl_connect(opts->coord, &sv.ctrl), res, out);
+    ZS_CHECK_GOTO(send_register(&sv), res, out);
+    zs_msg_ctx ctx = {.self = ZS_MSG_SERVER};
+    zs_event evs[MAX_EVENTS];
+    while (!sv.done && !(stop_flag && *stop_flag)) {
+        int n = 0;
+        ZS_CHECK_GOTO(sv.ops->poll(sv.net, evs, MAX_EVENTS, POLL_MS, &n), res, out);
+        for (int i = 0; i < n; i++)
+            on_data_event(&sv, &evs[i]);
+        for (;;) {
+            Zshard__Envelope *env = NULL;
+            zs_err e = zs_ctrl_recv(sv.ctrl, 0, &ctx, NULL, &env);
+            if (e != ZS_OK) {
+                ZS_WARN("server %u: refused a control message: %s", sv.id, zs_last_error());
+                continue;
+            }
+            if (!env)
+                break;
+            if (sv.have_job)
+                ctx.chunks = (uint32_t)sv.cfg.chunks;
+            on_ctrl(&sv, env);
+            zs_msg_free(env);
+        }
+        uint64_t t = now_ms();
+        if (sv.id && t - sv.last_heartbeat_ms >= (uint64_t)(sv.have_job
+                                                                 ? sv.cfg.cluster.heartbeat_interval_ms
+                                                                 : 500)) {
+            send_heartbeat(&sv);
+            sv.last_heartbeat_ms = t;
+        }
+    }
+    res = sv.result;
+    if (stop_flag && *stop_flag && sv.id) {
+        Zshard__Shutdown s = ZSHARD__SHUTDOWN__INIT;
+        s.has_kind = 1;
+        s.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_LEAVING;
+        s.reason = (char *)"signal";
+        Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+        env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
+        env.shutdown = &s;
+        send_ctrl(&sv, &env);
+    }
+out:
+    server_free(&sv);
+    return res;
+}

@@ -1,0 +1,449 @@
+/*
+ * server: real `zshard server` processes on loopback (1, 2 and 3 of them), with this test as
+ * the coordinator (a ROUTER) and as a worker (worker/client.h for the traffic, raw frames for
+ * the bad input).  Checks: fetches of the
+ * initial weights equal the seed's init; a fetch of a future version waits until it is
+ * published; pushes of 4 chunks in random order, split by shard, with duplicates, give after
+ * the verdict bitwise the weights of `zshard train`; stale pushes, pushes of chunks not
+ * assigned to the sender, ranges outside the server's shards and random bytes are refused
+ * and leave the server serving; Shutdown ends every server with exit status 0.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <stdlib.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/data.h"
+#include "common/rng.h"
+#include "kernels/adamw.h"
+#include "kernels/gpt2.h"
+#include "kernels/reduce.h"
+#include "proto/ctrl.h"
+#include "server/shardmap.h"
+#include "tests/unit/test.h"
+#include "worker/client.h"
+#include "transport/transport.h"
+#include "worker/trainer.h"
+
+enum { MAXS = 3, C = 4, STEPS = 2, WORKER = 100 };
+
+static const zs_transport_ops *ops = &zs_tcp_ops;
+
+typedef struct {
+    zs_ctrl *ctrl;
+    zs_ctrl_peer peer[MAXS];
+    char endpoint[MAXS][128];
+    pid_t pid[MAXS];
+    zs_conn *conn[MAXS];
+    int S;
+    zs_shardmap map;
+    zs_net *net;
+    uint64_t next_id;
+} rig;
+
+static Zshard__Envelope *recv_body(rig *r, Zshard__Envelope__BodyCase want, zs_ctrl_peer *from)
+{
+    for (int tries = 0; tries < 300; tries++) {
+        Zshard__Envelope *env = NULL;
+        zs_msg_ctx ctx = {.self = ZS_MSG_COORDINATOR};
+        if (zs_ctrl_recv(r->ctrl, 100, &ctx, from, &env) != ZS_OK) {
+            fprintf(stderr, "recv: %s\n", zs_last_error());
+            continue;
+        }
+        if (!env)
+            continue;
+        if (env->body_case == want)
+            return env;
+        zs_msg_free(env); /* heartbeats and the like */
+    }
+    fprintf(stderr, "test_server: no %s within 30 s\n", zs_msg_body_name(want));
+    return NULL;
+}
+
+static int server_of(const rig *r, const zs_ctrl_peer *p)
+{
+    for (int s = 0; s < r->S; s++)
+        if (r->peer[s].len == p->len && memcmp(r->peer[s].id, p->id, p->len) == 0)
+            return s;
+    return -1;
+}
+
+static void send_to(rig *r, int s, Zshard__Envelope *env)
+{
+    env->has_protocol_version = 1;
+    env->protocol_version = ZS_PROTOCOL_VERSION;
+    env->has_sender = 1;
+    env->sender = 0;
+    CHECK_OK(zs_ctrl_send(r->ctrl, &r->peer[s], env));
+}
+
+/* A request and its reply; returns the reply's header (op ERROR carries status). */
+static zs_frame request(rig *r, int s, zs_frame f, zs_mr *send_mr, size_t send_off,
+                        zs_mr *recv_mr, size_t recv_off, size_t cap)
+{
+    f.id = ++r->next_id;
+    zs_req *rq = NULL, *sq = NULL;
+    zs_frame reply = {0};
+    CHECK_OK(ops->irecv(r->conn[s], f.id, recv_mr, recv_off, cap, NULL, &rq));
+    CHECK_OK(ops->isend(r->conn[s], &f, send_mr, send_off, NULL, &sq));
+    int done = 0;
+    CHECK_OK(ops->wait(sq, 10000, &done, NULL));
+    CHECK(done);
+    done = 0;
+    zs_err e = ops->wait(rq, 20000, &done, &reply);
+    CHECK(done);
+    if (e != ZS_OK)
+        fprintf(stderr, "request: %s\n", zs_last_error());
+    return reply;
+}
+
+/* Sends random bytes on a plain socket; 1 if the server then closed the connection. */
+static int raw_garbage(const char *endpoint)
+{
+    char host[128];
+    snprintf(host, sizeof host, "%s", endpoint);
+    char *colon = strrchr(host, ':');
+    *colon = '\0';
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    inet_pton(AF_INET, host, &a.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return 0;
+    uint8_t noise[4096];
+    for (size_t i = 0; i < sizeof noise; i++)
+        noise[i] = (uint8_t)(zs_rng_u64(9, 9, i) >> 13);
+    ssize_t w = write(fd, noise, sizeof noise);
+    (void)w;
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+        ; /* an error frame may come first */
+    close(fd);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+static void run(const char *zshard, int S)
+{
+    rig r = {.S = S};
+    CHECK_OK(zs_ctrl_bind("tcp://127.0.0.1:*", &r.ctrl));
+    for (int s = 0; s < S; s++) {
+        r.pid[s] = fork();
+        if (r.pid[s] == 0) {
+            execl(zshard, zshard, "server", "--coord", zs_ctrl_endpoint(r.ctrl), "--listen",
+                  "127.0.0.1:0", "--threads", "1", "--log-level", "warn", (char *)NULL);
+            _exit(127);
+        }
+    }
+    /* Registration: ids 1..S in arrival order. */
+    uint32_t ids[MAXS];
+    const char *eps[MAXS];
+    for (int s = 0; s < S; s++) {
+        Zshard__Envelope *env = recv_body(&r, ZSHARD__ENVELOPE__BODY_REGISTRATION, &r.peer[s]);
+        CHECK(env != NULL);
+        if (!env)
+            return;
+        snprintf(r.endpoint[s], sizeof r.endpoint[s], "%s", env->registration->endpoints[0]);
+        zs_msg_free(env);
+        Zshard__RegisterReply rr = ZSHARD__REGISTER_REPLY__INIT;
+        rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
+        rr.assigned_id = (uint32_t)(s + 1);
+        Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
+        out.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
+        out.registration_reply = &rr;
+        send_to(&r, s, &out);
+        ids[s] = (uint32_t)(s + 1);
+        eps[s] = r.endpoint[s];
+    }
+    /* The job: a tiny model whose tensors the shards split. */
+    zs_config cfg;
+    zs_config_defaults(&cfg);
+    cfg.model = (zs_model_config){.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64,
+                                  .block_size = 16};
+    cfg.micro_batch = 2;
+    cfg.chunks = C;
+    cfg.train_batch_size = 2 * C;
+    cfg.cluster.shard_bytes = 5376;
+    cfg.gradient_clipping = 0.5;
+    cfg.seed = 7;
+    zs_dataset ds = {0};
+    ds.ntokens = 4000;
+    ds.tokens = malloc(ds.ntokens * 2);
+    for (size_t i = 0; i < ds.ntokens; i++)
+        ds.tokens[i] = (uint16_t)(zs_rng_u64(3, 0, i) % 64);
+    ds.max_token = 63;
+    zs_trainer tr;
+    CHECK_OK(zs_trainer_init(&tr, &cfg, &ds, 1, NULL));
+    size_t N = tr.tt.total;
+    zs_msg_job job = {.data_fingerprint = ds.fingerprint, .data_ntokens = ds.ntokens,
+                      .steps = STEPS};
+    snprintf(job.data_path, sizeof job.data_path, "/nonexistent/synthetic");
+    Zshard__JobSpec *js = NULL;
+    CHECK_OK(zs_msg_jobspec_from_config(&cfg, &tr.tt, &job, &js));
+    CHECK_OK(zs_shardmap_build(N, cfg.cluster.shard_bytes, S, ids, &r.map));
+    Zshard__ShardMap *sm = NULL;
+    CHECK_OK(zs_shardmap_to_msg(&r.map, eps, &sm));
+    for (int s = 0; s < S; s++) {
+        Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
+        out.body_case = ZSHARD__ENVELOPE__BODY_JOB_SPEC;
+        out.job_spec = js;
+        send_to(&r, s, &out);
+        out.body_case = ZSHARD__ENVELOPE__BODY_SHARD_MAP;
+        out.shard_map = sm;
+        send_to(&r, s, &out);
+    }
+    for (int s = 0; s < S; s++) {
+        zs_ctrl_peer from;
+        Zshard__Envelope *env = recv_body(&r, ZSHARD__ENVELOPE__BODY_READY, &from);
+        CHECK(env && server_of(&r, &from) >= 0);
+        zs_msg_free(env);
+    }
+    /* The worker side. */
+    CHECK_OK(ops->open(&r.net));
+    for (int s = 0; s < S; s++)
+        CHECK_OK(ops->connect(r.net, r.endpoint[s], NULL, &r.conn[s]));
+    float *params = malloc(N * 4), *compute = malloc(N * 4), *grads[C];
+    char *replies = malloc(1 << 16);
+    zs_mr *params_mr, *grads_mr[C], *reply_mr;
+    CHECK_OK(ops->reg_mr(r.net, params, N * 4, ZS_MR_RECV, &params_mr));
+    CHECK_OK(ops->reg_mr(r.net, replies, 1 << 16, ZS_MR_RECV, &reply_mr));
+    for (int c = 0; c < C; c++) {
+        grads[c] = malloc(N * 4);
+        CHECK_OK(ops->reg_mr(r.net, grads[c], N * 4, ZS_MR_SEND, &grads_mr[c]));
+    }
+    zs_client *cl;
+    CHECK_OK(zs_client_open(&r.map, eps, WORKER, 0, &cl));
+    CHECK_OK(zs_client_register(cl, params, N * 4));
+    for (int c = 0; c < C; c++)
+        CHECK_OK(zs_client_register(cl, grads[c], N * 4));
+    zs_gpt2 *model;
+    CHECK_OK(zs_gpt2_create(&cfg.model, &tr.tt, 2, 16, 1, &model));
+    uint64_t rs = 77;
+    for (long step = 0; step < STEPS; step++) {
+        /* Fetch version `step` layer by layer (layer ranges cut across shards). */
+        for (int l = 0; l < tr.tt.n_layers; l++) {
+            zs_client_op *op;
+            size_t b = tr.tt.layer_begin[l], e = tr.tt.layer_begin[l + 1];
+            CHECK_OK(zs_client_fetch(cl, b, e, step, ZS_DTYPE_F32, params + b, &op));
+            int done = 0;
+            CHECK_OK(zs_client_wait(cl, op, 20000, &done));
+            CHECK(done);
+        }
+        CHECK(memcmp(params, tr.params, N * 4) == 0);
+        /* Tell the servers who computes which chunk. */
+        uint32_t chunks[C] = {0, 1, 2, 3};
+        Zshard__StepAssign sa = ZSHARD__STEP_ASSIGN__INIT;
+        sa.has_step = sa.has_worker = sa.has_lr = 1;
+        sa.step = (uint64_t)step;
+        sa.worker = WORKER;
+        sa.n_chunks = C;
+        sa.chunks = chunks;
+        sa.lr = zs_config_lr(&cfg, (int)step);
+        for (int s = 0; s < S; s++) {
+            Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
+            out.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
+            out.step_assign = &sa;
+            send_to(&r, s, &out);
+        }
+        usleep(100000); /* the assignment travels on another socket than the pushes */
+        memcpy(compute, params, N * 4);
+        for (int c = 0; c < C; c++) {
+            zs_gpt2_flat flat = {.params = compute, .grads = grads[c]};
+            zs_gpt2_io io = zs_gpt2_flat_io(&flat);
+            int32_t in[32], tg[32];
+            zs_data_chunk(&ds, cfg.seed, step, c, 2, 16, in, tg);
+            float loss;
+            CHECK_OK(zs_gpt2_forward(model, &io, in, tg, 2, 16, &loss));
+            CHECK_OK(zs_gpt2_backward(model, &io));
+        }
+        /* Refusals that change nothing. */
+        const zs_shard *s0 = &r.map.shards[0];
+        zs_frame bad = {.op = ZS_OP_PUSH, .dtype = ZS_DTYPE_F32, .step = (uint64_t)step + 1,
+                        .chunk = 0, .sender = WORKER, .offset = s0->begin, .count = 8,
+                        .length = 32};
+        zs_frame rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
+        CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_STALE);
+        bad.step = (uint64_t)step;
+        bad.sender = WORKER + 1;
+        rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
+        CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_NOT_ASSIGNED);
+        bad.sender = WORKER;
+        bad.offset = s0->end - 4; /* crosses into the next shard */
+        rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
+        CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_BAD_RANGE);
+        /* A fetch of the next version, held by the server until it is published. */
+        int last = r.map.n_shards - 1;
+        const zs_shard *sl = &r.map.shards[last];
+        zs_frame hf = {.op = ZS_OP_FETCH, .dtype = ZS_DTYPE_BF16, .step = (uint64_t)step + 1,
+                       .id = 1000000 + (uint64_t)step, .offset = sl->begin,
+                       .count = sl->end - sl->begin};
+        zs_req *held = NULL;
+        CHECK_OK(ops->irecv(r.conn[sl->server], hf.id, reply_mr, 0, 1 << 16, NULL, &held));
+        CHECK_OK(ops->isend(r.conn[sl->server], &hf, NULL, 0, NULL, NULL));
+        /* Pushes: chunks in random order, each split by shard; every third repeated. */
+        int order[C] = {0, 1, 2, 3};
+        for (int i = C - 1; i > 0; i--) {
+            rs = zs_rng_mix(rs);
+            int j = (int)(rs % (uint64_t)(i + 1)), t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        /* Each chunk's layers in reverse (as backward produces them), all in flight at once;
+         * a repeated push of a chunk is dropped as a duplicate. */
+        for (int k = 0; k < C; k++) {
+            int c = order[k];
+            zs_client_op *ops_[16];
+            int n = 0;
+            for (int l = tr.tt.n_layers - 1; l >= 0; l--) {
+                size_t b = tr.tt.layer_begin[l], e = tr.tt.layer_begin[l + 1];
+                CHECK_OK(zs_client_push(cl, b, e, step, c, grads[c] + b, &ops_[n]));
+                n++;
+            }
+            if (k % 2 == 1) {
+                CHECK_OK(zs_client_push(cl, 0, N, step, c, grads[c], &ops_[n]));
+                n++;
+            }
+            for (int i = 0; i < n; i++) {
+                int done = 0;
+                CHECK_OK(zs_client_wait(cl, ops_[i], 20000, &done));
+                CHECK(done);
+            }
+            int done = 0;
+            CHECK_OK(ops->test(held, &done, NULL));
+            CHECK(!done); /* not published yet */
+        }
+        /* A push of a chunk assigned to someone else: refused, with the server's reason. */
+        {
+            zs_client *other;
+            CHECK_OK(zs_client_open(&r.map, eps, WORKER + 7, 0, &other));
+            CHECK_OK(zs_client_register(other, grads[0], N * 4));
+            zs_client_op *op;
+            CHECK_OK(zs_client_push(other, 0, 8, step, 0, grads[0], &op));
+            int done = 0;
+            CHECK_FAILS_WITH(zs_client_wait(other, op, 20000, &done),
+                             "chunk is not assigned to the sender");
+            zs_client_close(other);
+        }
+        /* The coordinator's part: partials in shard order, verdict, publication. */
+        double *part = calloc((size_t)r.map.n_shards, sizeof *part);
+        for (int s = 0; s < S; s++) {
+            zs_ctrl_peer from;
+            Zshard__Envelope *env = recv_body(&r, ZSHARD__ENVELOPE__BODY_GRAD_NORM_PARTIAL, &from);
+            CHECK(env != NULL);
+            if (!env)
+                break;
+            for (size_t i = 0; i < env->grad_norm_partial->n_partials; i++)
+                part[env->grad_norm_partial->partials[i]->shard] =
+                    env->grad_norm_partial->partials[i]->sumsq;
+            zs_msg_free(env);
+        }
+        double sum = 0;
+        for (int k = 0; k < r.map.n_shards; k++)
+            sum += part[k];
+        free(part);
+        double norm = zs_grad_norm(sum, C);
+        Zshard__ClipVerdict v = ZSHARD__CLIP_VERDICT__INIT;
+        v.has_step = v.has_clip_factor = v.has_skip = v.has_grad_norm = 1;
+        v.step = (uint64_t)step;
+        v.clip_factor = zs_clip_factor(norm, cfg.gradient_clipping);
+        v.grad_norm = norm;
+        for (int s = 0; s < S; s++) {
+            Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
+            out.body_case = ZSHARD__ENVELOPE__BODY_CLIP_VERDICT;
+            out.clip_verdict = &v;
+            send_to(&r, s, &out);
+        }
+        for (int s = 0; s < S; s++) {
+            zs_ctrl_peer from;
+            Zshard__Envelope *env = recv_body(&r, ZSHARD__ENVELOPE__BODY_VERSION_PUBLISHED, &from);
+            CHECK(env && env->version_published->version == (uint64_t)step + 1);
+            zs_msg_free(env);
+        }
+        zs_step_stats st;
+        CHECK_OK(zs_trainer_step(&tr, &st));
+        CHECK(st.grad_norm == norm);
+        int done = 0;
+        zs_frame hr;
+        CHECK_OK(ops->wait(held, 10000, &done, &hr));
+        CHECK(done && hr.op == ZS_OP_FETCH_REPLY);
+        int same = 1;
+        for (size_t i = 0; i < sl->end - sl->begin; i++)
+            same &= ((uint16_t *)replies)[i] == zs_f32_to_bf16(tr.params[sl->begin + i]);
+        CHECK(same);
+    }
+    /* Version STEPS, fetched whole: the trainer's weights, bit for bit. */
+    {
+        zs_client_op *op;
+        CHECK_OK(zs_client_fetch(cl, 0, N, STEPS, ZS_DTYPE_F32, params, &op));
+        int done = 0;
+        CHECK_OK(zs_client_wait(cl, op, 20000, &done));
+    }
+    size_t diff = 0;
+    while (diff < N && memcmp(&params[diff], &tr.params[diff], 4) == 0)
+        diff++;
+    CHECK_EQ_INT(diff, N);
+    /* Random bytes to a server's port: the server closes that connection and goes on
+     * serving everyone else. */
+    CHECK_EQ_INT(raw_garbage(r.endpoint[0]), 1);
+    {
+        const zs_shard *sh = &r.map.shards[0];
+        zs_frame f = {.op = ZS_OP_FETCH, .dtype = ZS_DTYPE_F32, .step = STEPS,
+                      .offset = sh->begin, .count = 16};
+        zs_frame rep = request(&r, sh->server, f, NULL, 0, params_mr, 0, 64);
+        CHECK_EQ_INT(rep.op, ZS_OP_FETCH_REPLY);
+    }
+    /* Shutdown: every server exits 0. */
+    Zshard__Shutdown sd = ZSHARD__SHUTDOWN__INIT;
+    sd.has_kind = 1;
+    sd.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE;
+    sd.reason = (char *)"test done";
+    for (int s = 0; s < S; s++) {
+        Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
+        out.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
+        out.shutdown = &sd;
+        send_to(&r, s, &out);
+    }
+    for (int s = 0; s < S; s++) {
+        int status = -1;
+        for (int t = 0; t < 100 && waitpid(r.pid[s], &status, WNOHANG) == 0; t++)
+            usleep(100000);
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+            kill(r.pid[s], SIGKILL);
+            waitpid(r.pid[s], &status, 0);
+        }
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    zs_gpt2_free(model);
+    zs_client_close(cl);
+    ops->close(r.net);
+    for (int c = 0; c < C; c++)
+        free(grads[c]);
+    free(params);
+    free(compute);
+    free(replies);
+    zshard__shard_map__free_unpacked(sm, NULL);
+    zs_msg_jobspec_free(js);
+    zs_shardmap_free(&r.map);
+    zs_trainer_free(&tr);
+    free(ds.tokens);
+    zs_ctrl_close(r.ctrl);
+}
+
+int main(void)
+{
+    const char *zshard = getenv("ZSHARD");
+    if (!zshard) {
+        fprintf(stderr, "test_server: set ZSHARD to the zshard binary (CTest does)\n");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    for (int S = 1; S <= MAXS; S++)
+        run(zshard, S);
+    return zs_test_result("test_server");
+}

@@ -1,0 +1,287 @@
+/*
+ * client: see client.h.  An operation is an array of pieces, each with its receive request
+ * (the reply) and its send request (the frame); both are driven by the transport's wait.
+ */
+#include "worker/client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REPLY_BYTES (ZS_FRAME_MAX_ERROR_TEXT + 64) /* a push reply, or an error's text */
+
+typedef struct {
+    void *base;
+    size_t bytes;
+    zs_mr *mr;
+} region;
+
+struct zs_client {
+    const zs_transport_ops *ops;
+    zs_net *net;
+    const zs_shardmap *map;
+    uint32_t sender;
+    zs_conn **conn; /* [n_servers] */
+    char (*endpoint)[128];
+    region *regions;
+    int n_regions, cap_regions;
+    uint64_t next_id;
+};
+
+typedef struct {
+    zs_shard_piece piece;
+    const char *reply_at; /* where an error reply's text lands */
+    zs_req *recv, *send;
+    int recv_done, send_done;
+} op_piece;
+
+struct zs_client_op {
+    int is_push;
+    int n;
+    op_piece *pieces;
+    char *replies; /* push: n * REPLY_BYTES */
+    zs_mr *replies_mr;
+    long version;
+};
+
+zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, uint32_t sender,
+                      int conns, zs_client **out)
+{
+    *out = NULL;
+    zs_client *cl = calloc(1, sizeof *cl);
+    if (!cl)
+        return zs_error(ZS_ERR_NOMEM, "client: out of memory");
+    cl->ops = &zs_tcp_ops;
+    cl->map = map;
+    cl->sender = sender;
+    cl->conn = calloc((size_t)map->n_servers, sizeof *cl->conn);
+    cl->endpoint = calloc((size_t)map->n_servers, sizeof *cl->endpoint);
+    zs_err res;
+    if (!cl->conn || !cl->endpoint) {
+        res = zs_error(ZS_ERR_NOMEM, "client: out of memory");
+        goto fail;
+    }
+    ZS_CHECK_GOTO(cl->ops->open(&cl->net), res, fail);
+    zs_conn_opts o = {.conns = conns};
+    for (int s = 0; s < map->n_servers; s++) {
+        snprintf(cl->endpoint[s], sizeof cl->endpoint[s], "%s", endpoints[s]);
+        ZS_CHECK_GOTO(cl->ops->connect(cl->net, endpoints[s], &o, &cl->conn[s]), res, fail);
+    }
+    *out = cl;
+    return ZS_OK;
+fail:
+    zs_client_close(cl);
+    return res;
+}
+
+void zs_client_close(zs_client *cl)
+{
+    if (!cl)
+        return;
+    if (cl->net)
+        cl->ops->close(cl->net);
+    free(cl->conn);
+    free(cl->endpoint);
+    free(cl->regions);
+    free(cl);
+}
+
+zs_err zs_client_register(zs_client *cl, void *base, size_t bytes)
+{
+    if (cl->n_regions == cl->cap_regions) {
+        int cap = cl->cap_regions ? 2 * cl->cap_regions : 8;
+        region *r = realloc(cl->regions, (size_t)cap * sizeof *r);
+        if (!r)
+            return zs_error(ZS_ERR_NOMEM, "client: out of memory for regions");
+        cl->regions = r;
+        cl->cap_regions = cap;
+    }
+    region *r = &cl->regions[cl->n_regions];
+    r->base = base;
+    r->bytes = bytes;
+    ZS_CHECK(cl->ops->reg_mr(cl->net, base, bytes, ZS_MR_SEND | ZS_MR_RECV, &r->mr));
+    cl->n_regions++;
+    return ZS_OK;
+}
+
+/* The registered region holding [p, p + bytes), and p's offset in it. */
+static zs_err find_region(const zs_client *cl, const void *p, size_t bytes, zs_mr **mr,
+                          size_t *off)
+{
+    const char *c = p;
+    for (int i = 0; i < cl->n_regions; i++) {
+        const char *b = cl->regions[i].base;
+        if (c >= b && c + bytes <= b + cl->regions[i].bytes) {
+            *mr = cl->regions[i].mr;
+            *off = (size_t)(c - b);
+            return ZS_OK;
+        }
+    }
+    return zs_error(ZS_ERR_INVALID, "client: buffer %p of %zu bytes is not in registered memory",
+                    p, bytes);
+}
+
+int zs_client_pieces(const zs_client *cl, size_t begin, size_t end)
+{
+    return zs_shardmap_count_pieces(cl->map, begin, end);
+}
+
+static void op_free(zs_client *cl, zs_client_op *op)
+{
+    if (!op)
+        return;
+    for (int i = 0; i < op->n; i++) {
+        if (op->pieces[i].recv && !op->pieces[i].recv_done)
+            cl->ops->cancel(op->pieces[i].recv);
+        if (op->pieces[i].send && !op->pieces[i].send_done)
+            cl->ops->cancel(op->pieces[i].send);
+    }
+    if (op->replies_mr)
+        cl->ops->dereg_mr(op->replies_mr);
+    free(op->replies);
+    free(op->pieces);
+    free(op);
+}
+
+/* Splits [begin, end) and allocates the operation. */
+static zs_err op_new(zs_client *cl, size_t begin, size_t end, int is_push, zs_client_op **out)
+{
+    int n = zs_shardmap_count_pieces(cl->map, begin, end);
+    if (n <= 0)
+        return zs_error(ZS_ERR_INVALID, "client: range [%zu, %zu) is empty or outside the vector "
+                        "of %zu floats", begin, end, cl->map->total);
+    zs_client_op *op = calloc(1, sizeof *op);
+    zs_shard_piece *pieces = malloc((size_t)n * sizeof *pieces);
+    if (!op || !pieces) {
+        free(op);
+        free(pieces);
+        return zs_error(ZS_ERR_NOMEM, "client: out of memory for %d pieces", n);
+    }
+    op->is_push = is_push;
+    op->pieces = calloc((size_t)n, sizeof *op->pieces);
+    int got = 0;
+    zs_err res = op->pieces ? zs_shardmap_split(cl->map, begin, end, pieces, n, &got)
+                            : zs_error(ZS_ERR_NOMEM, "client: out of memory");
+    if (res == ZS_OK && is_push) {
+        op->replies = malloc((size_t)n * REPLY_BYTES);
+        res = op->replies ? cl->ops->reg_mr(cl->net, op->replies, (size_t)n * REPLY_BYTES,
+                                            ZS_MR_RECV, &op->replies_mr)
+                          : zs_error(ZS_ERR_NOMEM, "client: out of memory");
+    }
+    if (res != ZS_OK) {
+        free(pieces);
+        op_free(cl, op);
+        return res;
+    }
+    for (int i = 0; i < got; i++)
+        op->pieces[i].piece = pieces[i];
+    op->n = got;
+    free(pieces);
+    *out = op;
+    return ZS_OK;
+}
+
+zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs_frame_dtype dtype,
+                       void *dst, zs_client_op **out)
+{
+    *out = NULL;
+    size_t esz = zs_frame_dtype_size(dtype);
+    zs_mr *mr;
+    size_t base_off;
+    ZS_CHECK(find_region(cl, dst, (end - begin) * esz, &mr, &base_off));
+    zs_client_op *op;
+    ZS_CHECK(op_new(cl, begin, end, 0, &op));
+    op->version = version;
+    for (int i = 0; i < op->n; i++) {
+        op_piece *p = &op->pieces[i];
+        size_t count = p->piece.end - p->piece.begin;
+        zs_frame f = {.op = ZS_OP_FETCH, .dtype = dtype, .id = ++cl->next_id,
+                      .step = (uint64_t)version, .offset = p->piece.begin, .count = count};
+        zs_conn *c = cl->conn[p->piece.server];
+        size_t off = base_off + (p->piece.begin - begin) * esz;
+        p->reply_at = (const char *)dst + (p->piece.begin - begin) * esz;
+        zs_err e = cl->ops->irecv(c, f.id, mr, off, count * esz, NULL, &p->recv);
+        if (e == ZS_OK)
+            e = cl->ops->isend(c, &f, NULL, 0, NULL, &p->send);
+        if (e != ZS_OK) {
+            op_free(cl, op);
+            return zs_error_context(e, "fetch of shard %d from %s", p->piece.shard,
+                                    cl->endpoint[p->piece.server]);
+        }
+    }
+    *out = op;
+    return ZS_OK;
+}
+
+zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int chunk,
+                      const float *src, zs_client_op **out)
+{
+    *out = NULL;
+    zs_mr *mr;
+    size_t base_off;
+    ZS_CHECK(find_region(cl, src, (end - begin) * sizeof *src, &mr, &base_off));
+    zs_client_op *op;
+    ZS_CHECK(op_new(cl, begin, end, 1, &op));
+    for (int i = 0; i < op->n; i++) {
+        op_piece *p = &op->pieces[i];
+        size_t count = p->piece.end - p->piece.begin;
+        zs_frame f = {.op = ZS_OP_PUSH, .dtype = ZS_DTYPE_F32, .id = ++cl->next_id,
+                      .step = (uint64_t)step, .chunk = (uint32_t)chunk, .sender = cl->sender,
+                      .offset = p->piece.begin, .count = count, .length = count * 4};
+        zs_conn *c = cl->conn[p->piece.server];
+        p->reply_at = op->replies + (size_t)i * REPLY_BYTES;
+        zs_err e = cl->ops->irecv(c, f.id, op->replies_mr, (size_t)i * REPLY_BYTES, REPLY_BYTES,
+                                  NULL, &p->recv);
+        if (e == ZS_OK)
+            e = cl->ops->isend(c, &f, mr, base_off + (p->piece.begin - begin) * 4, NULL, &p->send);
+        if (e != ZS_OK) {
+            op_free(cl, op);
+            return zs_error_context(e, "push of shard %d to %s", p->piece.shard,
+                                    cl->endpoint[p->piece.server]);
+        }
+    }
+    *out = op;
+    return ZS_OK;
+}
+
+zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done)
+{
+    *done = 0;
+    zs_err res = ZS_OK;
+    for (int i = 0; i < op->n && res == ZS_OK; i++) {
+        op_piece *p = &op->pieces[i];
+        const char *server = cl->endpoint[p->piece.server];
+        if (!p->send_done) {
+            int d = 0;
+            zs_err e = cl->ops->wait(p->send, timeout_ms, &d, NULL);
+            if (!d)
+                return ZS_OK; /* timed out: op stays */
+            p->send_done = 1;
+            if (e != ZS_OK)
+                res = zs_error_context(e, "%s shard %d to %s", op->is_push ? "push" : "fetch",
+                                       p->piece.shard, server);
+        }
+        if (res == ZS_OK && !p->recv_done) {
+            int d = 0;
+            zs_frame f;
+            zs_err e = cl->ops->wait(p->recv, timeout_ms, &d, &f);
+            if (!d)
+                return ZS_OK;
+            p->recv_done = 1;
+            if (e != ZS_OK) {
+                res = zs_error_context(e, "%s shard %d from %s", op->is_push ? "push" : "fetch",
+                                       p->piece.shard, server);
+            } else if (f.op == ZS_OP_ERROR) {
+                /* The error text is in the reply buffer (fetch: the destination). */
+                int len = f.length < 300 ? (int)f.length : 300;
+                res = zs_error(ZS_ERR_INVALID, "%s of [%zu, %zu) (shard %d) refused by %s "
+                               "(status %u): %.*s", op->is_push ? "push" : "fetch",
+                               p->piece.begin, p->piece.end, p->piece.shard, server, f.status,
+                               len, p->reply_at);
+            }
+        }
+    }
+    *done = 1;
+    op_free(cl, op);
+    return res;
+}

@@ -1,0 +1,57 @@
+/*
+ * client: the data-plane client of workers, the coordinator (gathering the final weights),
+ * tests and benchmarks.  A logical fetch or push names a range of the flat vector; the client
+ * splits it by shard (zs_shardmap_split), sends one frame per piece to the server holding it,
+ * all pieces in flight at once over the connections to every server, and reports the whole
+ * operation done when every piece is.
+ *
+ * Buffers: destinations of fetches and sources of pushes must lie in memory registered with
+ * zs_client_register (once; RDMA pins it).  Push replies land in a small per-operation area.
+ * Not thread-safe: one thread drives a client.
+ */
+#ifndef ZS_CLIENT_H
+#define ZS_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "server/shardmap.h"
+#include "transport/transport.h"
+
+typedef struct zs_client zs_client;
+typedef struct zs_client_op zs_client_op;
+
+/* Connects to every server of map; endpoints[s] is server index s's data-plane address;
+ * sender is our control-plane id (carried in pushes).  conns: streams per server (0: the
+ * transport's default). */
+zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, uint32_t sender,
+                      int conns, zs_client **out);
+void zs_client_close(zs_client *cl);
+
+/* Registers [base, base + bytes) as a fetch destination and push source.  Regions must not
+ * overlap; they stay registered until zs_client_close. */
+zs_err zs_client_register(zs_client *cl, void *base, size_t bytes);
+
+/* Starts fetching elements [begin, end) at `version` in dtype into dst (registered), which
+ * receives (end - begin) elements.  The servers hold a fetch of a version not yet published
+ * until it is.  Does not block. */
+zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs_frame_dtype dtype,
+                       void *dst, zs_client_op **op);
+
+/* Starts pushing the fp32 gradient src[0 .. end - begin) of [begin, end) for (step, chunk).
+ * Does not block.  A piece the server already had counts as done (a duplicate). */
+zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int chunk,
+                      const float *src, zs_client_op **op);
+
+/*
+ * Waits up to timeout_ms (-1: forever) for op, driving all traffic; frees op once it is done
+ * (*done = 1), successful or not.  A failure names the server, the shard and the reason
+ * (an error frame's text, or the connection's failure).
+ */
+zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done);
+
+/* Pieces a range splits into: what one operation sends. */
+int zs_client_pieces(const zs_client *cl, size_t begin, size_t end);
+
+#endif
