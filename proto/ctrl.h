@@ -1,0 +1,56 @@
+/*
+ * ctrl: the control plane's transport: ZeroMQ sockets carrying one zshard.Envelope per
+ * message.  The coordinator binds a ROUTER; servers, workers and tools connect a DEALER.
+ *
+ * Invariant: zs_ctrl_recv hands out only envelopes that zs_msg_decode accepted for the
+ * receiver (protocol version, body type, every field checked); anything else is reported as
+ * ZS_ERR_FORMAT with the reason and the peer, and the socket stays usable.  Messages larger
+ * than ZS_MSG_MAX_BYTES are refused by ZeroMQ itself (ZMQ_MAXMSGSIZE), which drops the peer.
+ */
+#ifndef ZS_CTRL_H
+#define ZS_CTRL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "proto/messages.h"
+
+#define ZS_CTRL_ID_MAX 255 /* bytes of a ZeroMQ routing id */
+
+typedef struct zs_ctrl zs_ctrl;
+
+/* Who sent a message to a ROUTER, or whom to send to (empty for a DEALER). */
+typedef struct {
+    uint8_t id[ZS_CTRL_ID_MAX];
+    size_t len;
+} zs_ctrl_peer;
+
+/* A ROUTER bound to endpoint ("tcp://HOST:PORT"; port 0 or "*" picks one: see
+ * zs_ctrl_endpoint).  Does not block. */
+zs_err zs_ctrl_bind(const char *endpoint, zs_ctrl **out);
+/* A DEALER connected to endpoint.  ZeroMQ connects in the background; does not block. */
+zs_err zs_ctrl_connect(const char *endpoint, zs_ctrl **out);
+/* The endpoint actually bound ("tcp://127.0.0.1:40123"). */
+const char *zs_ctrl_endpoint(const zs_ctrl *c);
+void zs_ctrl_close(zs_ctrl *c);
+
+/* Encodes and sends env (to `to` on a ROUTER; to is ignored on a DEALER).  Does not block:
+ * a message that cannot be queued fails with ZS_ERR_IO. */
+zs_err zs_ctrl_send(zs_ctrl *c, const zs_ctrl_peer *to, const Zshard__Envelope *env);
+
+/*
+ * Waits up to timeout_ms (-1: forever) for one message.  ZS_OK with *env NULL: timeout.
+ * ZS_OK with *env set: a valid envelope (free with zs_msg_free), from *from on a ROUTER.
+ * ZS_ERR_FORMAT: a message arrived and was refused (the message names the reason); *from is
+ * set so that the caller can answer with an Error.
+ */
+zs_err zs_ctrl_recv(zs_ctrl *c, int timeout_ms, const zs_msg_ctx *ctx, zs_ctrl_peer *from,
+                    Zshard__Envelope **env);
+
+/* The file descriptor to poll(2) for readability together with other descriptors; after it
+ * polls readable, call zs_ctrl_recv with timeout 0 until it times out (ZeroMQ's descriptor is
+ * edge-triggered). */
+int zs_ctrl_fd(const zs_ctrl *c);
+
+#endif
