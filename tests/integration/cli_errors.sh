@@ -30,5 +30,9 @@ expect_fail "$WORK/none.txt" "$ZSHARD" train --config "$DATA/tiny.json" --data "
 # Data whose token ids do not fit the vocabulary.
 printf '{"model": {"n_layer": 1, "n_head": 1, "n_embd": 8, "vocab_size": 100, "block_size": 8}}' > "$WORK/v100.json"
 expect_fail 'outside the model'"'"'s vocab_size 100' "$ZSHARD" train --config "$WORK/v100.json" --data "$DATA/tiny.txt" --steps 1 --out "$WORK/o"
+expect_fail 'missing --listen' "$ZSHARD" server --coord tcp://127.0.0.1:1
+expect_fail 'missing --servers' "$ZSHARD" coord --listen tcp://127.0.0.1:0 --config "$DATA/tiny.json"
+expect_fail '--servers: "0" is not an integer' "$ZSHARD" coord --servers 0
+expect_fail "$WORK/none.json" "$ZSHARD" coord --listen tcp://127.0.0.1:0 --config "$WORK/none.json" --servers 1 --data "$DATA/tiny.txt" --steps 1 --out "$WORK/c"
 expect_fail "$WORK/nomodel/config.json" "$ZSHARD" eval --model "$WORK/nomodel" --data "$DATA/tiny.txt"
 finish

@@ -25,6 +25,7 @@
 #include "kernels/reduce.h"
 #include "proto/ctrl.h"
 #include "server/shardmap.h"
+#include "tests/unit/netutil.h"
 #include "tests/unit/test.h"
 #include "worker/client.h"
 #include "transport/transport.h"
@@ -100,33 +101,6 @@ static zs_frame request(rig *r, int s, zs_frame f, zs_mr *send_mr, size_t send_o
     if (e != ZS_OK)
         fprintf(stderr, "request: %s\n", zs_last_error());
     return reply;
-}
-
-/* Sends random bytes on a plain socket; 1 if the server then closed the connection. */
-static int raw_garbage(const char *endpoint)
-{
-    char host[128];
-    snprintf(host, sizeof host, "%s", endpoint);
-    char *colon = strrchr(host, ':');
-    *colon = '\0';
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-    inet_pton(AF_INET, host, &a.sin_addr);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
-        return 0;
-    uint8_t noise[4096];
-    for (size_t i = 0; i < sizeof noise; i++)
-        noise[i] = (uint8_t)(zs_rng_u64(9, 9, i) >> 13);
-    ssize_t w = write(fd, noise, sizeof noise);
-    (void)w;
-    struct timeval tv = {.tv_sec = 10};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof buf)) > 0)
-        ; /* an error frame may come first */
-    close(fd);
-    return n == 0 || (n < 0 && errno == ECONNRESET);
 }
 
 static void run(const char *zshard, int S)
@@ -390,7 +364,7 @@ static void run(const char *zshard, int S)
     CHECK_EQ_INT(diff, N);
     /* Random bytes to a server's port: the server closes that connection and goes on
      * serving everyone else. */
-    CHECK_EQ_INT(raw_garbage(r.endpoint[0]), 1);
+    CHECK_EQ_INT(zs_test_send_garbage(zs_test_port_of(r.endpoint[0]), 99), 1);
     {
         const zs_shard *sh = &r.map.shards[0];
         zs_frame f = {.op = ZS_OP_FETCH, .dtype = ZS_DTYPE_F32, .step = STEPS,
