@@ -17,6 +17,14 @@ long zs_cli_int(const char *cmd, const char *flag, const char *value, long lo, l
 /* Reports an unknown flag or a missing argument in getopt's terms ("zshard train: ..."). */
 int zs_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Set by SIGINT or SIGTERM once zs_cli_catch_signals() ran (which also ignores SIGPIPE):
+ * long-running commands poll it and stop cleanly. */
+extern volatile int zs_cli_stop;
+void zs_cli_catch_signals(void);
+
+/* Applies a --log-level value; returns 0, or 2 after printing the usage error. */
+int zs_cli_log_level(const char *cmd, const char *value);
+
 /* The number of CPUs this process may run on. */
 int zs_cli_cpus(void);
 

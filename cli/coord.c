@@ -2,12 +2,10 @@
  * zshard coord: the coordinator.  See server/coord.h.
  */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "common/log.h"
 #include "server/coord.h"
 
 static const char coord_usage[] =
@@ -25,14 +23,6 @@ static const char coord_usage[] =
     "  --out DIR                 output directory\n"
     "  --log-level LEVEL         error, warn, info (default) or debug\n"
     "  -h, --help                this text\n";
-
-static volatile int stop_requested;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_requested = 1;
-}
 
 int zs_cmd_coord(int argc, char **argv)
 {
@@ -60,13 +50,10 @@ int zs_cmd_coord(int argc, char **argv)
             if ((o.steps = zs_cli_int("coord", "--steps", optarg, 0, 1L << 30)) < 0)
                 return 2;
             break;
-        case 'L': {
-            int lvl = zs_log_parse_level(optarg);
-            if (lvl < 0)
-                return zs_cli_usage_error("coord", "--log-level: unknown level \"%s\"", optarg);
-            zs_log_set_level((zs_log_level)lvl);
+        case 'L':
+            if (zs_cli_log_level("coord", optarg))
+                return 2;
             break;
-        }
         case 'h': fputs(coord_usage, stdout); return 0;
         case ':': return zs_cli_usage_error("coord", "%s needs a value", argv[optind - 1]);
         default: return zs_cli_usage_error("coord", "unknown option \"%s\"", argv[optind - 1]);
@@ -79,11 +66,8 @@ int zs_cmd_coord(int argc, char **argv)
                         : o.steps < 0 ? "--steps" : !o.out_dir ? "--out" : NULL;
     if (missing)
         return zs_cli_usage_error("coord", "missing %s", missing);
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    if (zs_coord_run(&o, &stop_requested) != ZS_OK) {
+    zs_cli_catch_signals();
+    if (zs_coord_run(&o, &zs_cli_stop) != ZS_OK) {
         fprintf(stderr, "zshard coord: %s\n", zs_last_error());
         return 1;
     }

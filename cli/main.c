@@ -7,9 +7,11 @@
 #include <string.h>
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/log.h"
 
 static const char usage[] =
     "usage: zshard [--help] [--version] COMMAND [ARGS]\n"
@@ -46,6 +48,31 @@ int zs_cli_usage_error(const char *cmd, const char *fmt, ...)
     fprintf(stderr, "\nRun 'zshard %s --help' for usage.\n", cmd);
     va_end(ap);
     return 2;
+}
+
+volatile int zs_cli_stop;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    zs_cli_stop = 1;
+}
+
+void zs_cli_catch_signals(void)
+{
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+int zs_cli_log_level(const char *cmd, const char *value)
+{
+    int lvl = zs_log_parse_level(value);
+    if (lvl < 0)
+        return zs_cli_usage_error(cmd, "--log-level: unknown level \"%s\"", value);
+    zs_log_set_level((zs_log_level)lvl);
+    return 0;
 }
 
 int zs_cli_cpus(void)

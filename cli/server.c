@@ -2,12 +2,10 @@
  * zshard server: a partition server.  See server/server.h.
  */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "common/log.h"
 #include "server/server.h"
 
 static const char server_usage[] =
@@ -23,14 +21,6 @@ static const char server_usage[] =
     "  --threads T              AdamW threads (default: all CPUs available)\n"
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
     "  -h, --help               this text\n";
-
-static volatile int stop_requested;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_requested = 1;
-}
 
 int zs_cmd_server(int argc, char **argv)
 {
@@ -55,13 +45,10 @@ int zs_cmd_server(int argc, char **argv)
             o.threads = (int)t;
             break;
         }
-        case 'L': {
-            int lvl = zs_log_parse_level(optarg);
-            if (lvl < 0)
-                return zs_cli_usage_error("server", "--log-level: unknown level \"%s\"", optarg);
-            zs_log_set_level((zs_log_level)lvl);
+        case 'L':
+            if (zs_cli_log_level("server", optarg))
+                return 2;
             break;
-        }
         case 'h': fputs(server_usage, stdout); return 0;
         case ':': return zs_cli_usage_error("server", "%s needs a value", argv[optind - 1]);
         default: return zs_cli_usage_error("server", "unknown option \"%s\"", argv[optind - 1]);
@@ -71,11 +58,8 @@ int zs_cmd_server(int argc, char **argv)
         return zs_cli_usage_error("server", "unexpected argument \"%s\"", argv[optind]);
     if (!o.coord || !o.listen)
         return zs_cli_usage_error("server", "missing %s", !o.coord ? "--coord" : "--listen");
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    if (zs_server_run(&o, &stop_requested) != ZS_OK) {
+    zs_cli_catch_signals();
+    if (zs_server_run(&o, &zs_cli_stop) != ZS_OK) {
         fprintf(stderr, "zshard server: %s\n", zs_last_error());
         return 1;
     }

@@ -5,7 +5,6 @@
  */
 #include <errno.h>
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,14 +33,6 @@ static const char train_usage[] =
     "  --log-level LEVEL  error, warn, info (default) or debug\n"
     "  -h, --help         this text\n";
 
-static volatile sig_atomic_t stop_requested;
-
-static void on_sigint(int sig)
-{
-    (void)sig;
-    stop_requested = 1;
-}
-
 int zs_cmd_train(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -69,13 +60,10 @@ int zs_cmd_train(int argc, char **argv)
             if ((threads = zs_cli_int("train", "--threads", optarg, 1, 1024)) < 0)
                 return 2;
             break;
-        case 'l': {
-            int lvl = zs_log_parse_level(optarg);
-            if (lvl < 0)
-                return zs_cli_usage_error("train", "--log-level: unknown level \"%s\"", optarg);
-            zs_log_set_level((zs_log_level)lvl);
+        case 'l':
+            if (zs_cli_log_level("train", optarg))
+                return 2;
             break;
-        }
         case 'h': fputs(train_usage, stdout); return 0;
         case ':': return zs_cli_usage_error("train", "%s needs a value", argv[optind - 1]);
         default: return zs_cli_usage_error("train", "unknown option \"%s\"", argv[optind - 1]);
@@ -119,10 +107,8 @@ int zs_cmd_train(int argc, char **argv)
             "%ld threads, data %s (%zu tokens)", tr.tt.n_params, cfg.model.n_layer,
             cfg.model.n_embd, cfg.chunks, cfg.micro_batch, cfg.model.block_size, threads,
             data_path, data.ntokens);
-    struct sigaction sa = {.sa_handler = on_sigint};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    for (long s = 0; s < steps && !stop_requested; s++) {
+    zs_cli_catch_signals();
+    for (long s = 0; s < steps && !zs_cli_stop; s++) {
         zs_step_stats st;
         if (zs_trainer_step(&tr, &st) != ZS_OK) {
             fprintf(stderr, "zshard train: step %ld: %s\n", s + 1, zs_last_error());
@@ -139,14 +125,14 @@ int zs_cmd_train(int argc, char **argv)
                 " | eta %.0fs\n", st.step, steps, st.loss, st.lr, st.grad_norm,
                 st.tokens_per_sec, st.seconds * 1e3, eta);
     }
-    if (stop_requested)
+    if (zs_cli_stop)
         ZS_WARN("train: interrupted after step %ld; saving the model", tr.step);
     if (zs_trainer_save(&tr, out) != ZS_OK) {
         fprintf(stderr, "zshard train: %s\n", zs_last_error());
         goto out_metrics;
     }
     ZS_INFO("train: wrote %s/model.safetensors, %s/config.json, %s/metrics.jsonl", out, out, out);
-    rc = stop_requested ? 130 : 0;
+    rc = zs_cli_stop ? 130 : 0;
 out_metrics:
     if (fclose(metrics) != 0 && rc == 0) {
         fprintf(stderr, "zshard train: %s: %s\n", path, strerror(errno));
