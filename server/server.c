@@ -657,6 +657,9 @@ zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
     server sv = {.opts = opts, .ops = &zs_tcp_ops};
     zs_err res;
     ZS_CHECK_GOTO(sv.ops->open(&sv.net), res, out);
+    /* Replies queue up during a turn of the loop and go out in one sendmsg per socket. */
+    zs_net_opts nopts = {.batch_sends = 1};
+    ZS_CHECK_GOTO(sv.ops->set_opts(sv.net, &nopts), res, out);
     ZS_CHECK_GOTO(sv.ops->listen(sv.net, opts->listen, NULL, &sv.listener), res, out);
     {
         /* Register the address with the port actually bound. */
