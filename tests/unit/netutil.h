@@ -32,8 +32,8 @@ static inline int zs_test_free_port(void)
 }
 
 /* Connects to 127.0.0.1:port, sends 4 KiB of pseudo-random bytes and reads until the peer
- * closes (or 10 s pass).  Returns 1 if the peer closed the connection, 0 otherwise. */
-static inline int zs_test_send_garbage(int port, uint64_t seed)
+ * closes (or wait_s seconds pass).  Returns 1 if the peer closed the connection, else 0. */
+static inline int zs_test_send_garbage(int port, uint64_t seed, int wait_s)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -50,7 +50,7 @@ static inline int zs_test_send_garbage(int port, uint64_t seed)
     }
     ssize_t w = write(fd, noise, sizeof noise);
     (void)w;
-    struct timeval tv = {.tv_sec = 10};
+    struct timeval tv = {.tv_sec = wait_s};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char buf[4096];
     ssize_t n;

@@ -364,7 +364,7 @@ static void run(const char *zshard, int S)
     CHECK_EQ_INT(diff, N);
     /* Random bytes to a server's port: the server closes that connection and goes on
      * serving everyone else. */
-    CHECK_EQ_INT(zs_test_send_garbage(zs_test_port_of(r.endpoint[0]), 99), 1);
+    CHECK_EQ_INT(zs_test_send_garbage(zs_test_port_of(r.endpoint[0]), 99, 10), 1);
     {
         const zs_shard *sh = &r.map.shards[0];
         zs_frame f = {.op = ZS_OP_FETCH, .dtype = ZS_DTYPE_F32, .step = STEPS,

@@ -1,0 +1,318 @@
+/*
+ * session: see session.h.  Assignments may arrive more than once for a step (the coordinator
+ * resends a worker's list when it grows, e.g. when another worker's chunks are reassigned);
+ * a bitmap of the chunks already handed out for the current step filters the repeats.
+ */
+#include "worker/session.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "proto/ctrl.h"
+#include "server/shardmap.h"
+
+struct zs_session {
+    zs_ctrl *ctrl;
+    uint32_t id;
+    zs_config cfg;
+    zs_tensor_table tt;
+    zs_msg_job job;
+    int have_job;
+    zs_shardmap map;
+    int have_map;
+    zs_dataset data;
+    int have_data;
+    zs_client *client;
+    uint64_t last_heartbeat_ms;
+    long step;          /* the step `given` is about, -1 before the first */
+    uint8_t *given;     /* [chunks] handed out for `step` */
+    long last_step;     /* the latest step worked on, for heartbeats */
+    int opening;        /* in zs_session_open: stop pumping once set up, so that the first
+                           assignment is left for zs_session_next */
+    int ended;
+    zs_err end_result;
+    char end_reason[512];
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static zs_err send_env(zs_session *s, Zshard__Envelope *env)
+{
+    env->has_protocol_version = env->has_sender = 1;
+    env->protocol_version = ZS_PROTOCOL_VERSION;
+    env->sender = s->id;
+    return zs_ctrl_send(s->ctrl, NULL, env);
+}
+
+static zs_err send_register(zs_session *s)
+{
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    Zshard__Register r = ZSHARD__REGISTER__INIT;
+    r.has_role = r.has_protocol_version = r.has_capabilities = r.has_pid = 1;
+    r.role = ZSHARD__ROLE__ROLE_WORKER;
+    r.protocol_version = ZS_PROTOCOL_VERSION;
+    r.capabilities = ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |
+                     ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
+    r.hostname = host;
+    r.pid = (uint32_t)getpid();
+    r.build = (char *)ZS_VERSION;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
+    env.registration = &r;
+    return send_env(s, &env);
+}
+
+/* Loads the data, reports its fingerprint and opens the data plane. */
+static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
+{
+    const char *path = data ? data : s->job.data_path;
+    ZS_CHECK(zs_data_open(path, &s->data));
+    s->have_data = 1;
+    const char *eps[ZS_MSG_MAX_SERVERS];
+    for (size_t i = 0; i < m->n_servers && i < ZS_MSG_MAX_SERVERS; i++)
+        eps[i] = m->servers[i]->endpoint;
+    ZS_CHECK(zs_client_open(&s->map, eps, s->id, 0, &s->client));
+    if (!(s->given = calloc((size_t)s->cfg.chunks, 1)))
+        return zs_error(ZS_ERR_NOMEM, "worker: out of memory");
+    Zshard__DataCheck dc = ZSHARD__DATA_CHECK__INIT;
+    dc.has_fingerprint = dc.has_ntokens = 1;
+    dc.fingerprint = s->data.fingerprint;
+    dc.ntokens = s->data.ntokens;
+    Zshard__Ready rd = ZSHARD__READY__INIT;
+    rd.what_case = ZSHARD__READY__WHAT_DATA;
+    rd.data = &dc;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_READY;
+    env.ready = &rd;
+    ZS_INFO("worker %u: data %s (%zu tokens), %d servers", s->id, path, s->data.ntokens,
+            s->map.n_servers);
+    return send_env(s, &env);
+}
+
+/* Handles one control message; fills *a when it carries new chunks for us. */
+static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *data,
+                     zs_assignment *a, int *got)
+{
+    *got = 0;
+    switch (env->body_case) {
+    case ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY:
+        if (env->registration_reply->outcome_case != ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID)
+            return zs_error(ZS_ERR_INVALID, "worker: the coordinator refused registration: %s",
+                            env->registration_reply->refusal);
+        s->id = env->registration_reply->assigned_id;
+        return ZS_OK;
+    case ZSHARD__ENVELOPE__BODY_JOB_SPEC:
+        if (!s->have_job) {
+            ZS_CHECK(zs_msg_jobspec_to_config(env->job_spec, &s->cfg, &s->tt, &s->job));
+            s->have_job = 1;
+        }
+        return ZS_OK;
+    case ZSHARD__ENVELOPE__BODY_SHARD_MAP:
+        if (!s->have_map && s->have_job) {
+            ZS_CHECK(zs_shardmap_from_msg(env->shard_map, &s->map));
+            s->have_map = 1;
+            return setup(s, data, env->shard_map);
+        }
+        return ZS_OK;
+    case ZSHARD__ENVELOPE__BODY_STEP_ASSIGN: {
+        const Zshard__StepAssign *sa = env->step_assign;
+        if (sa->worker != s->id || !s->given)
+            return ZS_OK;
+        if ((long)sa->step != s->step) {
+            s->step = (long)sa->step;
+            memset(s->given, 0, (size_t)s->cfg.chunks);
+        }
+        a->step = (long)sa->step;
+        a->lr = sa->lr;
+        a->n = 0;
+        for (size_t i = 0; i < sa->n_chunks && a->n < ZS_SESSION_MAX_CHUNKS; i++) {
+            uint32_t c = sa->chunks[i];
+            if (c < (uint32_t)s->cfg.chunks && !s->given[c]) {
+                s->given[c] = 1;
+                a->chunks[a->n++] = (int)c;
+            }
+        }
+        *got = a->n > 0;
+        s->last_step = a->step;
+        return ZS_OK;
+    }
+    case ZSHARD__ENVELOPE__BODY_ERROR:
+        snprintf(s->end_reason, sizeof s->end_reason, "%s", env->error->text);
+        ZS_WARN("worker %u: coordinator: %s", s->id, env->error->text);
+        return ZS_OK;
+    case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
+        s->ended = 1;
+        if (env->shutdown->kind != ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE)
+            s->end_result = zs_error(ZS_ERR_INVALID, "worker %u: the job was aborted: %s", s->id,
+                                     *s->end_reason ? s->end_reason
+                                     : env->shutdown->reason ? env->shutdown->reason : "");
+        return ZS_OK;
+    default:
+        return ZS_OK;
+    }
+}
+
+/* Receives and handles messages for up to timeout_ms, or until one gives chunks. */
+static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignment *a, int *got)
+{
+    uint64_t until = now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    *got = 0;
+    do {
+        zs_session_heartbeat(s);
+        Zshard__Envelope *env = NULL;
+        zs_msg_ctx ctx = {.self = ZS_MSG_WORKER};
+        if (s->have_job)
+            ctx.chunks = (uint32_t)s->cfg.chunks;
+        zs_err e = zs_ctrl_recv(s->ctrl, timeout_ms > 0 ? 20 : 0, &ctx, NULL, &env);
+        if (e != ZS_OK) {
+            ZS_WARN("worker %u: refused a control message: %s", s->id, zs_last_error());
+            continue;
+        }
+        if (!env)
+            continue;
+        e = handle(s, env, data, a, got);
+        zs_msg_free(env);
+        if (e != ZS_OK || *got || s->ended || (s->opening && s->client))
+            return e;
+    } while (now_ms() < until);
+    return ZS_OK;
+}
+
+zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_session **out)
+{
+    *out = NULL;
+    zs_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return zs_error(ZS_ERR_NOMEM, "worker: out of memory");
+    s->step = -1;
+    s->opening = 1;
+    zs_err res;
+    ZS_CHECK_GOTO(zs_ctrl_connect(coord, &s->ctrl), res, fail);
+    ZS_CHECK_GOTO(send_register(s), res, fail);
+    uint64_t until = now_ms() + (uint64_t)timeout_ms;
+    zs_assignment a;
+    int got;
+    while (!s->client && !s->ended && now_ms() < until)
+        ZS_CHECK_GOTO(pump(s, 50, data, &a, &got), res, fail);
+    if (s->ended) {
+        res = s->end_result != ZS_OK ? s->end_result
+                                     : zs_error(ZS_ERR_INVALID, "worker: the job ended");
+        goto fail;
+    }
+    if (!s->client) {
+        res = zs_error(ZS_ERR_IO, "worker: no job from the coordinator at %s within %d ms", coord,
+                       timeout_ms);
+        goto fail;
+    }
+    s->opening = 0;
+    *out = s;
+    return ZS_OK;
+fail:
+    s->ended = 1; /* nothing to announce */
+    zs_session_close(s);
+    return res;
+}
+
+void zs_session_close(zs_session *s)
+{
+    if (!s)
+        return;
+    if (!s->ended && s->id) {
+        Zshard__Shutdown sd = ZSHARD__SHUTDOWN__INIT;
+        sd.has_kind = 1;
+        sd.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_LEAVING;
+        sd.reason = (char *)"worker leaving";
+        Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+        env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
+        env.shutdown = &sd;
+        send_env(s, &env);
+        usleep(50000); /* let ZeroMQ hand it over before the socket closes (linger 0) */
+    }
+    zs_client_close(s->client);
+    zs_ctrl_close(s->ctrl);
+    if (s->have_map)
+        zs_shardmap_free(&s->map);
+    if (s->have_job)
+        zs_tensors_free(&s->tt);
+    if (s->have_data)
+        zs_data_close(&s->data);
+    free(s->given);
+    free(s);
+}
+
+uint32_t zs_session_id(const zs_session *s)
+{
+    return s->id;
+}
+
+const zs_config *zs_session_config(const zs_session *s)
+{
+    return &s->cfg;
+}
+
+const zs_tensor_table *zs_session_tensors(const zs_session *s)
+{
+    return &s->tt;
+}
+
+const zs_dataset *zs_session_data(const zs_session *s)
+{
+    return &s->data;
+}
+
+zs_client *zs_session_client(zs_session *s)
+{
+    return s->client;
+}
+
+zs_err zs_session_next(zs_session *s, int timeout_ms, zs_assignment *a, int *got, int *ended)
+{
+    *got = 0;
+    zs_err e = s->ended ? ZS_OK : pump(s, timeout_ms, NULL, a, got);
+    *ended = s->ended;
+    if (e != ZS_OK)
+        return e;
+    return s->ended ? s->end_result : ZS_OK;
+}
+
+zs_err zs_session_chunk_done(zs_session *s, long step, int chunk, double loss)
+{
+    Zshard__ChunkDone cd = ZSHARD__CHUNK_DONE__INIT;
+    cd.has_step = cd.has_chunk = cd.has_worker = cd.has_loss = 1;
+    cd.step = (uint64_t)step;
+    cd.chunk = (uint32_t)chunk;
+    cd.worker = s->id;
+    cd.loss = loss;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_CHUNK_DONE;
+    env.chunk_done = &cd;
+    return send_env(s, &env);
+}
+
+void zs_session_heartbeat(zs_session *s)
+{
+    uint64_t t = now_ms();
+    uint64_t every = s->have_job ? (uint64_t)s->cfg.cluster.heartbeat_interval_ms : 500;
+    if (!s->id || t - s->last_heartbeat_ms < every)
+        return;
+    Zshard__Heartbeat h = ZSHARD__HEARTBEAT__INIT;
+    h.has_sender = h.has_step = 1;
+    h.sender = s->id;
+    h.step = s->last_step > 0 ? (uint64_t)s->last_step : 0;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &h;
+    if (send_env(s, &env) != ZS_OK)
+        ZS_WARN("worker %u: heartbeat: %s", s->id, zs_last_error());
+    s->last_heartbeat_ms = t;
+}
