@@ -29,6 +29,7 @@
 #define SCRATCH_BUFFERS 8
 #define MAX_EVENTS 64
 #define POLL_MS 2 /* data-plane wait per turn; bounds control-plane latency */
+#define MAX_HELD 65536 /* fetches of the next version held at once */
 
 /* Marks a send from shard memory in the event cookie (others carry a scratch slot + 1 or 0). */
 #define COOKIE_STORE ((void *)(uintptr_t)-1)
@@ -155,8 +156,12 @@ static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
         reply_error(sv, c, f, ZS_FS_BAD_RANGE, "fetch dtype must be F32 or BF16");
     } else if ((long)f->step < v || (sv->verdict_pending && (long)f->step == v)) {
         reply_error(sv, c, f, ZS_FS_STALE, "version is no longer held");
+    } else if (f->step > (uint64_t)v + 1 || sv->n_held >= MAX_HELD) {
+        /* Only the next version is worth waiting for; anything further, or more waiting
+         * requests than any job makes, is a peer's mistake (and would grow without bound). */
+        reply_error(sv, c, f, ZS_FS_STALE, "fetch of a version beyond the next one");
     } else if ((long)f->step > v) {
-        /* A future version: hold the request until it is published. */
+        /* The next version: hold the request until it is published. */
         if (sv->n_held == sv->cap_held) {
             int cap = sv->cap_held ? 2 * sv->cap_held : 64;
             held_fetch *h = realloc(sv->held, (size_t)cap * sizeof *h);
