@@ -159,7 +159,7 @@ static zs_err make_map(coord *co)
     ZS_CHECK(zs_coord_state_create(&co->cfg, n, co->map.n_shards, co->opts->steps, &co->cs));
     for (int i = 0; i < co->n_peers; i++) {
         if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
-            zs_coord_join(co->cs, ZS_MEMBER_SERVER, co->peers[i].endpoint, now_ms(),
+            zs_coord_join(co->cs, ZS_MEMBER_SERVER, i + 1, co->peers[i].endpoint, now_ms(),
                           &co->peers[i].cs_id);
         }
         send_job(co, &co->peers[i].peer);
@@ -293,7 +293,7 @@ static void on_ready(coord *co, int pi, const Zshard__Ready *r)
         p->gone = 1;
         return;
     }
-    zs_err e = zs_coord_join(co->cs, ZS_MEMBER_WORKER, "", now_ms(), &p->cs_id);
+    zs_err e = zs_coord_join(co->cs, ZS_MEMBER_WORKER, pi + 1, "", now_ms(), &p->cs_id);
     if (e != ZS_OK) {
         send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_REFUSED, zs_last_error());
         send_shutdown(co, &p->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, zs_last_error());

@@ -136,12 +136,13 @@ static void assign_orphans(zs_coord_state *cs)
         if (best < 0)
             return; /* nobody alive: the chunks wait for a worker */
         cs->owner[c] = best;
-        ZS_INFO("coord: step %ld chunk %d reassigned to worker %d", cs->step + 1, c, best);
+        ZS_INFO("coord: step %ld chunk %d reassigned to worker %d", cs->step + 1, c,
+                cs->members[best].label);
     }
 }
 
-zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, const char *endpoint, uint64_t now_ms,
-                     int *id)
+zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, int label, const char *endpoint,
+                     uint64_t now_ms, int *id)
 {
     if (role == ZS_MEMBER_SERVER && cs->n_servers >= cs->S)
         return zs_error(ZS_ERR_INVALID, "coordinator: all %d servers are registered; another "
@@ -169,6 +170,7 @@ zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, const char *endpoi
     zs_member *m = &cs->members[i];
     memset(m, 0, sizeof *m);
     m->id = i;
+    m->label = label;
     m->role = role;
     m->alive = 1;
     m->last_heartbeat_ms = now_ms;
@@ -182,7 +184,7 @@ zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, const char *endpoi
     } else {
         assign_orphans(cs);
     }
-    ZS_INFO("coord: %s %d joined%s%s", role == ZS_MEMBER_SERVER ? "server" : "worker", i,
+    ZS_INFO("coord: %s %d joined%s%s", role == ZS_MEMBER_SERVER ? "server" : "worker", label,
             endpoint && *endpoint ? " at " : "", endpoint ? endpoint : "");
     return ZS_OK;
 }
@@ -197,7 +199,7 @@ void zs_coord_heartbeat(zs_coord_state *cs, int id, uint64_t now_ms)
 static void mark_dead(zs_coord_state *cs, zs_member *m, const char *why)
 {
     m->alive = 0;
-    ZS_WARN("coord: %s %d left: %s", m->role == ZS_MEMBER_SERVER ? "server" : "worker", m->id,
+    ZS_WARN("coord: %s %d left: %s", m->role == ZS_MEMBER_SERVER ? "server" : "worker", m->label,
             why);
     if (m->role != ZS_MEMBER_WORKER)
         return;

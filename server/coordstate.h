@@ -38,6 +38,7 @@ typedef enum {
 
 typedef struct {
     int id;
+    int label;          /* how logs name it: the caller's id for the member (its proto id) */
     zs_member_role role;
     int alive;
     uint64_t last_heartbeat_ms;
@@ -61,10 +62,10 @@ zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, 
                              zs_coord_state **out);
 void zs_coord_state_free(zs_coord_state *cs);
 
-/* Registers a member; *id is its new id.  Refused (ZS_ERR_INVALID, with the reason) for a
- * server beyond S or a worker beyond elasticity.max_workers. */
-zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, const char *endpoint, uint64_t now_ms,
-                     int *id);
+/* Registers a member; *id is its new id, label how logs name it.  Refused (ZS_ERR_INVALID,
+ * with the reason) for a server beyond S or a worker beyond elasticity.max_workers. */
+zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, int label, const char *endpoint,
+                     uint64_t now_ms, int *id);
 /* A heartbeat from id (ignored for unknown or dead members). */
 void zs_coord_heartbeat(zs_coord_state *cs, int id, uint64_t now_ms);
 /* A member leaves (reason: "SIGTERM", "connection closed", ...); its unfinished chunks are

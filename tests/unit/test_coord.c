@@ -120,7 +120,10 @@ static int wait_exit(pid_t p, int seconds)
     return -1;
 }
 
-static void run(const char *zshard, const char *work, int S, int W, int bad_worker)
+/* hung: the last worker registers, takes its chunks and then stops (no heartbeats): the
+ * coordinator must declare it dead after cluster.heartbeat_timeout_ms and give its chunks to
+ * the others, with the same result. */
+static void run(const char *zshard, const char *work, int S, int W, int bad_worker, int hung)
 {
     char *level = getenv("ZS_TEST_LOG") ? getenv("ZS_TEST_LOG") : "warn";
     char ep[64], out[512], ref[512], cmd[2048], servers[8];
@@ -130,7 +133,14 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     snprintf(servers, sizeof servers, "%d", S);
     char steps[8];
     snprintf(steps, sizeof steps, "%d", STEPS);
-    char *cargv[] = {(char *)zshard, "coord", "--listen", ep, "--config", "data/tiny.json",
+    /* Same model, data and math as tiny.json; a short heartbeat timeout for the hung case. */
+    char config[600];
+    snprintf(config, sizeof config, "%s/config_%d_%d.json", work, S, W);
+    char cmd0[1400];
+    snprintf(cmd0, sizeof cmd0, "sed 's/\"cluster\": {/\"cluster\": {\"heartbeat_interval_ms\": "
+             "100, \"heartbeat_timeout_ms\": 1500, /' data/tiny.json > %s", config);
+    CHECK(system(cmd0) == 0);
+    char *cargv[] = {(char *)zshard, "coord", "--listen", ep, "--config", config,
                      "--servers", servers, "--data", "data/tiny.txt", "--steps", steps, "--out",
                      out, "--log-level", level, NULL};
     pid_t coord = spawn(cargv);
@@ -161,17 +171,19 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     worker ws[MAXW];
     for (int i = 0; i < W; i++)
         worker_open(&ws[i], ep);
-    uint64_t deadline = ms() + 120000;
+    uint64_t deadline = ms() + 120000, start = ms();
     int all_ended = 0;
     while (!all_ended && ms() < deadline) {
         all_ended = 1;
-        for (int i = 0; i < W; i++)
+        for (int i = 0; i < W - hung; i++)
             if (ws[i].s && !ws[i].ended) {
                 worker_turn(&ws[i]);
                 all_ended = 0;
             }
     }
     CHECK(all_ended);
+    if (hung) /* the job had to wait for the timeout before it could finish */
+        CHECK(ms() - start >= 1500);
     for (int i = 0; i < W; i++)
         worker_free(&ws[i]);
     CHECK_EQ_INT(wait_exit(coord, 30), 0);
@@ -212,11 +224,13 @@ int main(void)
     CHECK(system(cmd) == 0);
     const char *only = getenv("ZS_TEST_ONLY"); /* "S,W" runs one case (debugging) */
     if (!only || strcmp(only, "1,1") == 0)
-        run(zshard, work, 1, 1, 0);
+        run(zshard, work, 1, 1, 0, 0);
     if (!only || strcmp(only, "2,2") == 0)
-        run(zshard, work, 2, 2, 1);
+        run(zshard, work, 2, 2, 1, 0);
     if (!only || strcmp(only, "3,2") == 0)
-        run(zshard, work, 3, 2, 0);
+        run(zshard, work, 3, 2, 0, 0);
+    if (!only || strcmp(only, "hung") == 0)
+        run(zshard, work, 2, 2, 0, 1);
     snprintf(cmd, sizeof cmd, "rm -rf %s", work);
     CHECK(system(cmd) == 0);
     return zs_test_result("test_coord");

@@ -58,14 +58,14 @@ int main(void)
     CHECK_FAILS_WITH(zs_coord_state_create(&cfg, 3, 2, 4, &cs), "1 <= servers <= shards");
     CHECK_OK(zs_coord_state_create(&cfg, 2, 4, 3, &cs));
     int s0, s1, w0, w1, w2, x;
-    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, "", 0, &w0));
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &w0));
     CHECK_EQ_INT(zs_coord_try_begin(cs), 0); /* servers missing */
     CHECK_EQ_INT(zs_coord_phase(cs), ZS_PHASE_WAIT_SERVERS);
-    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_SERVER, "127.0.0.1:7001", 0, &s0));
-    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_SERVER, "127.0.0.1:7002", 0, &s1));
-    CHECK_FAILS_WITH(zs_coord_join(cs, ZS_MEMBER_SERVER, "127.0.0.1:7003", 0, &x),
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_SERVER, 0, "127.0.0.1:7001", 0, &s0));
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_SERVER, 0, "127.0.0.1:7002", 0, &s1));
+    CHECK_FAILS_WITH(zs_coord_join(cs, ZS_MEMBER_SERVER, 0, "127.0.0.1:7003", 0, &x),
                      "all 2 servers are registered");
-    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, "", 0, &w1));
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &w1));
     CHECK_EQ_INT(zs_coord_phase(cs), ZS_PHASE_WAIT_WORKERS);
     CHECK_EQ_INT(zs_coord_try_begin(cs), 1);
     CHECK_EQ_INT(zs_coord_try_begin(cs), 0); /* already running */
@@ -76,7 +76,7 @@ int main(void)
     CHECK_EQ_INT(zs_coord_assigned(cs, w1, ch, 8), 2);
     CHECK(ch[0] == 1 && ch[1] == 3);
     /* A worker joining mid-step gets nothing this step. */
-    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, "", 0, &w2));
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &w2));
     CHECK_EQ_INT(zs_coord_assigned(cs, w2, ch, 8), 0);
     /* Reports that must not count. */
     CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 0, 1.0), 0); /* not its chunk */
@@ -127,7 +127,7 @@ int main(void)
     CHECK_EQ_INT(zs_coord_live_workers(cs), 0);
     CHECK_EQ_INT(zs_coord_owner(cs, 1), -1);
     int w3;
-    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, "", 2000, &w3));
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 2000, &w3));
     CHECK_EQ_INT(zs_coord_assigned(cs, w3, ch, 8), 4); /* all unfinished chunks */
     for (int c = 1; c < 5; c++)
         CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 1, c, 1.0), 1);
@@ -148,8 +148,8 @@ int main(void)
     /* elasticity.max_workers refuses the worker over the limit. */
     cfg.elasticity.max_workers = 1;
     CHECK_OK(zs_coord_state_create(&cfg, 1, 1, 1, &cs));
-    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, "", 0, &x));
-    CHECK_FAILS_WITH(zs_coord_join(cs, ZS_MEMBER_WORKER, "", 0, &x), "elasticity.max_workers is 1");
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &x));
+    CHECK_FAILS_WITH(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &x), "elasticity.max_workers is 1");
     zs_coord_state_free(cs);
     return zs_test_result("test_coordstate");
 }
