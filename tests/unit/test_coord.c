@@ -12,9 +12,11 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/data.h"
 #include "kernels/gpt2.h"
+#include "proto/messages.h"
 #include "tests/unit/netutil.h"
 #include "tests/unit/test.h"
 #include "worker/client.h"
@@ -97,6 +99,41 @@ static void worker_free(worker *w)
     free(w->tg);
 }
 
+/* A peer of another protocol version registers: refused with an Error that says so. */
+static void check_version_refusal(const char *ep)
+{
+    void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    CHECK(zmq_connect(sock, ep) == 0);
+    Zshard__Register r = ZSHARD__REGISTER__INIT;
+    r.has_role = r.has_protocol_version = 1;
+    r.role = ZSHARD__ROLE__ROLE_WORKER;
+    r.protocol_version = ZS_PROTOCOL_VERSION + 1;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = ZS_PROTOCOL_VERSION + 1;
+    env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
+    env.registration = &r;
+    uint8_t buf[256];
+    size_t n = zshard__envelope__pack(&env, buf);
+    CHECK(zmq_send(sock, buf, n, 0) == (int)n);
+    zmq_pollitem_t item = {.socket = sock, .events = ZMQ_POLLIN};
+    CHECK(zmq_poll(&item, 1, 10000) == 1);
+    uint8_t reply[8192];
+    int got = zmq_recv(sock, reply, sizeof reply, ZMQ_DONTWAIT);
+    CHECK(got > 0);
+    Zshard__Envelope *e = NULL;
+    if (got > 0)
+        CHECK_OK(zs_msg_decode(reply, (size_t)got, NULL, &e));
+    CHECK(e && e->body_case == ZSHARD__ENVELOPE__BODY_ERROR &&
+          e->error->code == ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION &&
+          strstr(e->error->text, "protocol version 2"));
+    zs_msg_free(e);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+}
+
 static pid_t spawn(char *const argv[])
 {
     pid_t p = fork();
@@ -148,6 +185,7 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
      * messages, which the coordinator then refuses one by one); the job goes on. */
     usleep(200000);
     zs_test_send_garbage(zs_test_port_of(ep), (uint64_t)S, 1);
+    check_version_refusal(ep);
     pid_t srv[3];
     for (int s = 0; s < S; s++) {
         char *sargv[] = {(char *)zshard, "server", "--coord", ep, "--listen", "127.0.0.1:0",
