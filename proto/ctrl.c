@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 struct zs_ctrl {
@@ -107,6 +108,36 @@ zs_err zs_ctrl_send(zs_ctrl *c, const zs_ctrl_peer *to, const Zshard__Envelope *
 out:
     free(buf);
     return res;
+}
+
+zs_err zs_ctrl_send_as(zs_ctrl *c, const zs_ctrl_peer *to, uint32_t sender, Zshard__Envelope *env)
+{
+    env->has_protocol_version = env->has_sender = 1;
+    env->protocol_version = ZS_PROTOCOL_VERSION;
+    env->sender = sender;
+    return zs_ctrl_send(c, to, env);
+}
+
+zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint)
+{
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    char *endpoints[1] = {(char *)endpoint};
+    Zshard__Register r = ZSHARD__REGISTER__INIT;
+    r.has_role = r.has_protocol_version = r.has_capabilities = r.has_pid = 1;
+    r.role = role;
+    r.n_endpoints = endpoint ? 1 : 0;
+    r.endpoints = endpoint ? endpoints : NULL;
+    r.protocol_version = ZS_PROTOCOL_VERSION;
+    r.capabilities = ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |
+                     ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
+    r.hostname = host;
+    r.pid = (uint32_t)getpid();
+    r.build = (char *)ZS_VERSION;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
+    env.registration = &r;
+    return zs_ctrl_send_as(c, NULL, 0, &env);
 }
 
 /* Receives one part into msg; *more says whether another part follows. */

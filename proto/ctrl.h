@@ -39,6 +39,14 @@ void zs_ctrl_close(zs_ctrl *c);
  * a message that cannot be queued fails with ZS_ERR_IO. */
 zs_err zs_ctrl_send(zs_ctrl *c, const zs_ctrl_peer *to, const Zshard__Envelope *env);
 
+/* Stamps env with ZS_PROTOCOL_VERSION and sender (our id; 0 before registration and for the
+ * coordinator), then sends it as zs_ctrl_send does. */
+zs_err zs_ctrl_send_as(zs_ctrl *c, const zs_ctrl_peer *to, uint32_t sender, Zshard__Envelope *env);
+
+/* Sends this process's Register (DEALER side): role, the data-plane endpoint (NULL: none),
+ * the capabilities of this build, hostname and pid. */
+zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint);
+
 /*
  * Waits up to timeout_ms (-1: forever) for one message.  ZS_OK with *env NULL: timeout.
  * ZS_OK with *env set: a valid envelope (free with zs_msg_free), from *from on a ROUTER.

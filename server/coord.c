@@ -72,11 +72,7 @@ static uint64_t now_ms(void)
 
 static void send_env(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env)
 {
-    env->has_protocol_version = 1;
-    env->protocol_version = ZS_PROTOCOL_VERSION;
-    env->has_sender = 1;
-    env->sender = 0;
-    if (zs_ctrl_send(co->ctrl, to, env) != ZS_OK)
+    if (zs_ctrl_send_as(co->ctrl, to, 0, env) != ZS_OK)
         ZS_WARN("coord: %s", zs_last_error());
 }
 

@@ -99,11 +99,7 @@ static uint64_t now_ms(void)
 
 static zs_err send_ctrl(server *sv, Zshard__Envelope *env)
 {
-    env->has_protocol_version = 1;
-    env->protocol_version = ZS_PROTOCOL_VERSION;
-    env->has_sender = 1;
-    env->sender = sv->id;
-    return zs_ctrl_send(sv->ctrl, NULL, env);
+    return zs_ctrl_send_as(sv->ctrl, NULL, sv->id, env);
 }
 
 /* An error reply for frame f on c; the payload is the reason, for the peer's logs. */
@@ -602,28 +598,6 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
     }
 }
 
-static zs_err send_register(server *sv)
-{
-    char hostname[256] = "";
-    gethostname(hostname, sizeof hostname - 1);
-    char *endpoints[1] = {sv->endpoint};
-    Zshard__Register r = ZSHARD__REGISTER__INIT;
-    r.has_role = r.has_protocol_version = r.has_capabilities = r.has_pid = 1;
-    r.role = ZSHARD__ROLE__ROLE_SERVER;
-    r.n_endpoints = 1;
-    r.endpoints = endpoints;
-    r.protocol_version = ZS_PROTOCOL_VERSION;
-    r.capabilities = ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |
-                     ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
-    r.hostname = hostname;
-    r.pid = (uint32_t)getpid();
-    r.build = (char *)ZS_VERSION;
-    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
-    env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
-    env.registration = &r;
-    return send_ctrl(sv, &env);
-}
-
 static void send_heartbeat(server *sv)
 {
     Zshard__Heartbeat h = ZSHARD__HEARTBEAT__INIT;
@@ -679,7 +653,7 @@ zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
                  sv.ops->listener_port(sv.listener));
     }
     ZS_CHECK_GOTO(zs_ctrl_connect(opts->coord, &sv.ctrl), res, out);
-    ZS_CHECK_GOTO(send_register(&sv), res, out);
+    ZS_CHECK_GOTO(zs_ctrl_register(sv.ctrl, ZSHARD__ROLE__ROLE_SERVER, sv.endpoint), res, out);
     zs_msg_ctx ctx = {.self = ZS_MSG_SERVER};
     zs_event evs[MAX_EVENTS];
     while (!sv.done && !(stop_flag && *stop_flag)) {

@@ -47,29 +47,7 @@ static uint64_t now_ms(void)
 
 static zs_err send_env(zs_session *s, Zshard__Envelope *env)
 {
-    env->has_protocol_version = env->has_sender = 1;
-    env->protocol_version = ZS_PROTOCOL_VERSION;
-    env->sender = s->id;
-    return zs_ctrl_send(s->ctrl, NULL, env);
-}
-
-static zs_err send_register(zs_session *s)
-{
-    char host[256] = "";
-    gethostname(host, sizeof host - 1);
-    Zshard__Register r = ZSHARD__REGISTER__INIT;
-    r.has_role = r.has_protocol_version = r.has_capabilities = r.has_pid = 1;
-    r.role = ZSHARD__ROLE__ROLE_WORKER;
-    r.protocol_version = ZS_PROTOCOL_VERSION;
-    r.capabilities = ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |
-                     ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
-    r.hostname = host;
-    r.pid = (uint32_t)getpid();
-    r.build = (char *)ZS_VERSION;
-    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
-    env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
-    env.registration = &r;
-    return send_env(s, &env);
+    return zs_ctrl_send_as(s->ctrl, NULL, s->id, env);
 }
 
 /* Loads the data, reports its fingerprint and opens the data plane. */
@@ -198,7 +176,7 @@ zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_s
     s->opening = 1;
     zs_err res;
     ZS_CHECK_GOTO(zs_ctrl_connect(coord, &s->ctrl), res, fail);
-    ZS_CHECK_GOTO(send_register(s), res, fail);
+    ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL), res, fail);
     uint64_t until = now_ms() + (uint64_t)timeout_ms;
     zs_assignment a;
     int got;
