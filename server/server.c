@@ -31,6 +31,9 @@
 #define POLL_MS 2 /* data-plane wait per turn; bounds control-plane latency */
 #define MAX_HELD 65536 /* fetches of the next version held at once */
 
+/* A connection to close at the end of this turn of the loop (its user pointer). */
+#define CONN_DOOMED ((void *)(uintptr_t)1)
+
 /* Marks a send from shard memory in the event cookie (others carry a scratch slot + 1 or 0). */
 #define COOKIE_STORE ((void *)(uintptr_t)-1)
 
@@ -83,6 +86,8 @@ typedef struct {
     held_fetch *held;
     int n_held, cap_held;
     waiting_push *waiting; /* push headers pending until a scratch buffer frees */
+    zs_conn **doomed;      /* connections to close once this turn's events are handled */
+    int n_doomed, cap_doomed;
     int n_waiting, cap_waiting;
 
     uint64_t last_heartbeat_ms;
@@ -118,6 +123,34 @@ static void reply_error(server *sv, zs_conn *c, const zs_frame *f, zs_frame_stat
                   .length = n};
     if (sv->ops->isend_inline(c, &e, why, NULL, NULL) != ZS_OK)
         ZS_WARN("server %u: cannot answer %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
+}
+
+/*
+ * Schedules c to be closed after the current batch of events: closing at once would leave
+ * pointers to it in the lists being walked (waiting pushes, held fetches) and in later events
+ * of the same batch.
+ */
+static void doom(server *sv, zs_conn *c)
+{
+    if (sv->ops->conn_user(c) == CONN_DOOMED)
+        return;
+    if (sv->n_doomed == sv->cap_doomed) {
+        int cap = sv->cap_doomed ? 2 * sv->cap_doomed : 16;
+        zs_conn **d = realloc(sv->doomed, (size_t)cap * sizeof *d);
+        if (!d)
+            return; /* it stays open; the peer's next mistake tries again */
+        sv->doomed = d;
+        sv->cap_doomed = cap;
+    }
+    sv->ops->conn_set_user(c, CONN_DOOMED);
+    sv->doomed[sv->n_doomed++] = c;
+}
+
+/* Skips a refused frame's payload; the connection is closed if that fails. */
+static void skip_payload(server *sv, zs_conn *c, const zs_frame *f)
+{
+    if (f->length > 0 && sv->ops->discard(c) != ZS_OK)
+        doom(sv, c);
 }
 
 /* Serves a fetch of the current version. */
@@ -207,8 +240,7 @@ static int push_check(server *sv, zs_conn *c, const zs_frame *f)
     if (st == ZS_FS_OK)
         return PUSH_TAKE;
     reply_error(sv, c, f, st, why);
-    if (sv->ops->discard(c) != ZS_OK)
-        sv->ops->conn_close(c);
+    skip_payload(sv, c, f);
     return PUSH_REFUSED;
 }
 
@@ -217,7 +249,7 @@ static void start_push(server *sv, zs_conn *c, const zs_frame *f, int slot)
     scratch *s = &sv->pool[slot];
     if (sv->ops->recv_payload(c, s->mr, 0, (void *)(uintptr_t)(slot + 1), NULL) != ZS_OK) {
         ZS_WARN("server %u: push from %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
-        sv->ops->conn_close(c);
+        doom(sv, c);
         return;
     }
     s->busy = 1;
@@ -255,7 +287,7 @@ static void on_push_header(server *sv, zs_conn *c, const zs_frame *f)
         int cap = sv->cap_waiting ? 2 * sv->cap_waiting : 16;
         waiting_push *w = realloc(sv->waiting, (size_t)cap * sizeof *w);
         if (!w) {
-            sv->ops->conn_close(c);
+            doom(sv, c);
             return;
         }
         sv->waiting = w;
@@ -363,8 +395,7 @@ static void on_header(server *sv, zs_conn *c, const zs_frame *f)
 {
     if (!sv->store) {
         reply_error(sv, c, f, ZS_FS_SHUTDOWN, "server is not set up yet");
-        if (f->length && sv->ops->discard(c) != ZS_OK)
-            sv->ops->conn_close(c);
+        skip_payload(sv, c, f);
         return;
     }
     switch (f->op) {
@@ -377,8 +408,7 @@ static void on_header(server *sv, zs_conn *c, const zs_frame *f)
     default:
         /* Replies and errors are not requests: the peer is confused, drop it. */
         reply_error(sv, c, f, ZS_FS_BAD_FRAME, "a server takes only FETCH and PUSH");
-        sv->ops->conn_close(c);
-        forget_conn(sv, c);
+        doom(sv, c);
         break;
     }
 }
@@ -431,7 +461,8 @@ static void on_data_event(server *sv, const zs_event *ev)
         ZS_DEBUG("server %u: connection from %s", sv->id, sv->ops->conn_peer(ev->conn));
         break;
     case ZS_EV_HEADER:
-        on_header(sv, ev->conn, &ev->frame);
+        if (sv->ops->conn_user(ev->conn) != CONN_DOOMED)
+            on_header(sv, ev->conn, &ev->frame);
         break;
     case ZS_EV_RECV: {
         int slot = (int)(uintptr_t)ev->user - 1;
@@ -451,8 +482,7 @@ static void on_data_event(server *sv, const zs_event *ev)
     case ZS_EV_CLOSED:
         if (ev->err != ZS_OK)
             ZS_WARN("server %u: %s", sv->id, ev->reason);
-        forget_conn(sv, ev->conn);
-        sv->ops->conn_close(ev->conn);
+        doom(sv, ev->conn);
         break;
     }
 }
@@ -629,6 +659,7 @@ static void server_free(server *sv)
     free(sv->owner);
     free(sv->held);
     free(sv->waiting);
+    free(sv->doomed);
 }
 
 zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
@@ -661,6 +692,11 @@ zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
         ZS_CHECK_GOTO(sv.ops->poll(sv.net, evs, MAX_EVENTS, POLL_MS, &n), res, out);
         for (int i = 0; i < n; i++)
             on_data_event(&sv, &evs[i]);
+        for (int i = 0; i < sv.n_doomed; i++) {
+            forget_conn(&sv, sv.doomed[i]);
+            sv.ops->conn_close(sv.doomed[i]);
+        }
+        sv.n_doomed = 0;
         for (;;) {
             Zshard__Envelope *env = NULL;
             zs_err e = zs_ctrl_recv(sv.ctrl, 0, &ctx, NULL, &env);

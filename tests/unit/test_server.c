@@ -248,6 +248,12 @@ static void run(const char *zshard, int S)
         rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
         CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_NOT_ASSIGNED);
         bad.sender = WORKER;
+        bad.count = 0; /* an empty push: refused, and the connection goes on */
+        bad.length = 0;
+        rep = request(&r, s0->server, bad, NULL, 0, reply_mr, 0, 1 << 16);
+        CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_BAD_RANGE);
+        bad.count = 8;
+        bad.length = 32;
         bad.offset = s0->end - 4; /* crosses into the next shard */
         rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
         CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_BAD_RANGE);
