@@ -21,14 +21,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "kernels/adamw.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* This thread's range of [0, n) in zs_adamw's split: blocks of 64 elements, dealt out in
  * equal contiguous runs. */
@@ -84,17 +78,17 @@ int main(int argc, char **argv)
     double best_adamw = 1e30, best_triad = 1e30;
     for (int r = 0; r <= reps; r++) {
         zs_adamw_hparams hp = zs_adamw_hparams_make(1e-3, 0.9, 0.999, 1e-8, 0.01, r + 1, 1.0f);
-        double t0 = now_s();
+        double t0 = zs_now_s();
         zs_adamw(p, m, v, g, b, n, &hp, threads);
-        double dt = now_s() - t0;
+        double dt = zs_now_s() - t0;
         if (r > 0 && dt < best_adamw)
             best_adamw = dt;
         double s = 3.0 + r;
-        t0 = now_s();
+        t0 = zs_now_s();
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (size_t i = 0; i < nt; i++)
             ta[i] = tb[i] + s * tc[i];
-        dt = now_s() - t0;
+        dt = zs_now_s() - t0;
         if (r > 0 && dt < best_triad)
             best_triad = dt;
     }

@@ -25,14 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "worker/session.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -80,7 +74,7 @@ static double plain_copy(size_t msg, size_t total)
     setsockopt(ss, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     writer_args w = {.fd = ss, .msg = msg, .total = total};
     char *buf = malloc(msg);
-    double t0 = now_s();
+    double t0 = zs_now_s();
     pthread_t th;
     pthread_create(&th, NULL, writer, &w);
     for (size_t got = 0; got < total;) {
@@ -89,7 +83,7 @@ static double plain_copy(size_t msg, size_t total)
             break;
         got += (size_t)n;
     }
-    double dt = now_s() - t0;
+    double dt = zs_now_s() - t0;
     pthread_join(th, NULL);
     free(buf);
     close(cs);
@@ -163,22 +157,22 @@ int main(int argc, char **argv)
     for (int r = 0; r < reps; r++) {
         zs_client_op *op;
         int done;
-        double t0 = now_s();
+        double t0 = zs_now_s();
         zs_client_fetch(cl, 0, N, 0, ZS_DTYPE_F32, buf, &op);
         zs_client_wait(cl, op, 60000, &done);
-        double g = (double)N * 4 / (now_s() - t0) / 1e9;
+        double g = (double)N * 4 / (zs_now_s() - t0) / 1e9;
         fetch4 = g > fetch4 ? g : fetch4;
         zs_session_heartbeat(s);
-        t0 = now_s();
+        t0 = zs_now_s();
         zs_client_push(cl, 0, N, 0, as.chunks[0], buf, &op);
         zs_client_wait(cl, op, 60000, &done);
-        g = (double)N * 4 / (now_s() - t0) / 1e9;
+        g = (double)N * 4 / (zs_now_s() - t0) / 1e9;
         push4 = g > push4 ? g : push4;
         /* 64 KiB ranges, 32 in flight. */
         const size_t R = 16384;
         size_t n64 = N / R;
         zs_client_op *ops[32];
-        t0 = now_s();
+        t0 = zs_now_s();
         for (size_t i = 0; i < n64; i += 32) {
             int k = 0;
             for (size_t j = i; j < n64 && k < 32; j++, k++)
@@ -186,9 +180,9 @@ int main(int argc, char **argv)
             for (int q = 0; q < k; q++)
                 zs_client_wait(cl, ops[q], 60000, &done);
         }
-        g = (double)(n64 * R * 4) / (now_s() - t0) / 1e9;
+        g = (double)(n64 * R * 4) / (zs_now_s() - t0) / 1e9;
         fetch64 = g > fetch64 ? g : fetch64;
-        t0 = now_s();
+        t0 = zs_now_s();
         for (size_t i = 0; i < n64; i += 32) {
             int k = 0;
             for (size_t j = i; j < n64 && k < 32; j++, k++)
@@ -196,7 +190,7 @@ int main(int argc, char **argv)
             for (int q = 0; q < k; q++)
                 zs_client_wait(cl, ops[q], 60000, &done);
         }
-        g = (double)(n64 * R * 4) / (now_s() - t0) / 1e9;
+        g = (double)(n64 * R * 4) / (zs_now_s() - t0) / 1e9;
         push64 = g > push64 ? g : push64;
         zs_session_heartbeat(s);
         g = plain_copy(4u << 20, N * 4);
@@ -209,10 +203,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < LAT; i++) {
         zs_client_op *op;
         int done;
-        double t0 = now_s();
+        double t0 = zs_now_s();
         zs_client_fetch(cl, 4096, 4096 + 1024, 0, ZS_DTYPE_F32, buf, &op);
         zs_client_wait(cl, op, 60000, &done);
-        lat[i] = (now_s() - t0) * 1e6;
+        lat[i] = (zs_now_s() - t0) * 1e6;
         if (i % 200 == 0)
             zs_session_heartbeat(s);
     }

@@ -13,16 +13,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/tensors.h"
 #include "server/shardstore.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv)
 {
@@ -63,9 +57,9 @@ int main(int argc, char **argv)
             const char *why;
             zs_store_push(st, zs_store_version(st), 0, r[i].begin, r[i].end - r[i].begin, g, &why);
         }
-        double t0 = now_s();
+        double t0 = zs_now_s();
         zs_store_apply(st, 1e-4, 1.0, 0);
-        double dt = now_s() - t0;
+        double dt = zs_now_s() - t0;
         if (rep > 0 && dt < best)
             best = dt;
     }
@@ -80,11 +74,11 @@ int main(int argc, char **argv)
     }
     double tbest = 1e30;
     for (int rep = 0; rep < reps; rep++) {
-        double s = 3.0 + rep, t0 = now_s();
+        double s = 3.0 + rep, t0 = zs_now_s();
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (size_t i = 0; i < nt; i++)
             a[i] = b[i] + s * c[i];
-        double dt = now_s() - t0;
+        double dt = zs_now_s() - t0;
         if (rep > 0 && dt < tbest)
             tbest = dt;
     }

@@ -15,18 +15,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/data.h"
 #include "common/rng.h"
 #include "kernels/kernels.h"
 #include "worker/trainer.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Best GFLOP/s of C = A B over a few repeats, m x k times k x n, on nt threads, through
  * zs_sgemm: the same BLIS micro-kernels the model's matmuls run. */
@@ -41,9 +35,9 @@ static double sgemm_gflops(int m, int n, int k, int nt)
         b[i] = (float)(i % 5) * 0.1f;
     double best = 1e30;
     for (int r = 0; r < 6; r++) {
-        double t0 = now_s();
+        double t0 = zs_now_s();
         zs_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n, nt);
-        double dt = now_s() - t0;
+        double dt = zs_now_s() - t0;
         if (r > 0 && dt < best)
             best = dt;
     }

@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "transport/tcp.h"
 
 #define MIB ((size_t)1 << 20)
@@ -52,13 +53,6 @@
 #define MAX_WINDOW 16
 
 static const zs_transport_ops *T = &zs_tcp_ops;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void die(const char *what)
 {
@@ -175,7 +169,7 @@ static void wait_ok(zs_req *r, zs_frame *f)
 static double transfer(client *cl, zs_conn *c, size_t bytes, int count, int window, int push)
 {
     zs_req *rr[MAX_WINDOW], *sr[MAX_WINDOW];
-    double t0 = now_s();
+    double t0 = zs_now_s();
     for (int i = 0; i < count + window; i++) {
         int slot = i % window;
         if (i >= window) {
@@ -203,7 +197,7 @@ static double transfer(client *cl, zs_conn *c, size_t bytes, int count, int wind
                 die("client fetch");
         }
     }
-    return now_s() - t0;
+    return zs_now_s() - t0;
 }
 
 static double plain_gbps_once(size_t bytes, int count, int slots);
@@ -244,11 +238,11 @@ static void latency(client *cl, zs_conn *c, int iters, double *lat)
         uint64_t id = cl->next_id++;
         zs_req *rr, *sr;
         zs_frame f = {.op = ZS_OP_FETCH, .dtype = ZS_DTYPE_F32, .id = id, .count = 1024};
-        double t0 = now_s();
+        double t0 = zs_now_s();
         if (T->irecv(c, id, cl->mr, 0, 4096, NULL, &rr) || T->isend(c, &f, NULL, 0, NULL, &sr))
             die("latency");
         wait_ok(rr, NULL);
-        double t1 = now_s();
+        double t1 = zs_now_s();
         wait_ok(sr, NULL);
         if (i >= 0)
             lat[i] = t1 - t0;
@@ -343,11 +337,11 @@ static double plain_gbps_once(size_t bytes, int count, int slots)
     plain_pair(&a, &b);
     plain_job j = {.fd = b, .bytes = bytes, .count = count, .buf = src, .slots = slots};
     pthread_t th;
-    double t0 = now_s();
+    double t0 = zs_now_s();
     pthread_create(&th, NULL, plain_writer, &j);
     for (int i = 0; i < count; i++)
         read_all(a, dst + (size_t)(i % slots) * bytes, bytes);
-    double t = now_s() - t0;
+    double t = zs_now_s() - t0;
     pthread_join(th, NULL);
     close(a);
     close(b);
@@ -368,11 +362,11 @@ static void plain_latency(int iters, double *lat)
     pthread_t th;
     pthread_create(&th, NULL, plain_writer, &j);
     for (int i = -warm; i < iters; i++) {
-        double t0 = now_s();
+        double t0 = zs_now_s();
         write_all(a, req, sizeof req);
         read_all(a, dst, 4096);
         if (i >= 0)
-            lat[i] = now_s() - t0;
+            lat[i] = zs_now_s() - t0;
     }
     pthread_join(th, NULL);
     close(a);

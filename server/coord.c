@@ -5,6 +5,7 @@
  * (1, 2, ... in registration order); coordstate has ids of its own for the members it tracks
  * (servers from registration, workers once their data matched).
  */
+#include "common/clock.h"
 #include "server/coord.h"
 
 #include <errno.h>
@@ -57,18 +58,6 @@ typedef struct {
     int done;
     zs_err result;
 } coord;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t now_ms(void)
-{
-    return (uint64_t)(now_s() * 1000.0);
-}
 
 static void send_env(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env)
 {
@@ -155,7 +144,7 @@ static zs_err make_map(coord *co)
     ZS_CHECK(zs_coord_state_create(&co->cfg, n, co->map.n_shards, co->opts->steps, &co->cs));
     for (int i = 0; i < co->n_peers; i++) {
         if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
-            zs_coord_join(co->cs, ZS_MEMBER_SERVER, i + 1, co->peers[i].endpoint, now_ms(),
+            zs_coord_join(co->cs, ZS_MEMBER_SERVER, i + 1, co->peers[i].endpoint, zs_now_ms(),
                           &co->peers[i].cs_id);
         }
         send_job(co, &co->peers[i].peer);
@@ -289,7 +278,7 @@ static void on_ready(coord *co, int pi, const Zshard__Ready *r)
         p->gone = 1;
         return;
     }
-    zs_err e = zs_coord_join(co->cs, ZS_MEMBER_WORKER, pi + 1, "", now_ms(), &p->cs_id);
+    zs_err e = zs_coord_join(co->cs, ZS_MEMBER_WORKER, pi + 1, "", zs_now_ms(), &p->cs_id);
     if (e != ZS_OK) {
         send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_REFUSED, zs_last_error());
         send_shutdown(co, &p->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, zs_last_error());
@@ -384,7 +373,7 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
     zs_coord_step_stats st;
     if (!zs_coord_published(co->cs, co->peers[pi].cs_id, (long)vp->version, &st))
         return;
-    double dt = now_s() - co->step_start;
+    double dt = zs_now_s() - co->step_start;
     double tps = (double)co->cfg.train_batch_size * co->cfg.model.block_size / dt;
     fprintf(co->metrics,
             "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"clip\": %.9g, "
@@ -437,7 +426,7 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
     }
     peer_entry *p = &co->peers[pi];
     if (co->cs && p->cs_id >= 0)
-        zs_coord_heartbeat(co->cs, p->cs_id, now_ms());
+        zs_coord_heartbeat(co->cs, p->cs_id, zs_now_ms());
     switch (env->body_case) {
     case ZSHARD__ENVELOPE__BODY_HEARTBEAT:
         break;
@@ -528,7 +517,7 @@ zs_err zs_coord_run(const zs_coord_opts *opts, volatile int *stop_flag)
             continue;
         ctx.n_shards = (uint32_t)co.map.n_shards;
         int dead[64];
-        int n = zs_coord_expire(co.cs, now_ms(), dead, 64);
+        int n = zs_coord_expire(co.cs, zs_now_ms(), dead, 64);
         for (int i = 0; i < n && i < 64; i++) {
             int pi = peer_of_cs(&co, dead[i]);
             if (pi >= 0)
@@ -537,7 +526,7 @@ zs_err zs_coord_run(const zs_coord_opts *opts, volatile int *stop_flag)
         if (co.done)
             break;
         if (co.servers_ready == opts->servers && zs_coord_try_begin(co.cs)) {
-            co.step_start = now_s();
+            co.step_start = zs_now_s();
             co.assignment_dirty = 1;
         }
         if (zs_coord_phase(co.cs) == ZS_PHASE_VERDICT)

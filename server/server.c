@@ -10,6 +10,7 @@
  * more from that stream) until one is free.  Before AdamW rewrites the weights, the server
  * waits for every send from them to complete.
  */
+#include "common/clock.h"
 #include "server/server.h"
 
 #include <math.h>
@@ -94,13 +95,6 @@ typedef struct {
     int done;
     zs_err result;
 } server;
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static zs_err send_ctrl(server *sv, Zshard__Envelope *env)
 {
@@ -711,7 +705,7 @@ zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
             on_ctrl(&sv, env);
             zs_msg_free(env);
         }
-        uint64_t t = now_ms();
+        uint64_t t = zs_now_ms();
         if (sv.id && t - sv.last_heartbeat_ms >= (uint64_t)(sv.have_job
                                                                  ? sv.cfg.cluster.heartbeat_interval_ms
                                                                  : 500)) {

@@ -3,6 +3,7 @@
  * resends a worker's list when it grows, e.g. when another worker's chunks are reassigned);
  * a bitmap of the chunks already handed out for the current step filters the repeats.
  */
+#include "common/clock.h"
 #include "worker/session.h"
 
 #include <stdio.h>
@@ -37,13 +38,6 @@ struct zs_session {
     zs_err end_result;
     char end_reason[512];
 };
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static zs_err send_env(zs_session *s, Zshard__Envelope *env)
 {
@@ -143,7 +137,7 @@ static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *dat
 /* Receives and handles messages for up to timeout_ms, or until one gives chunks. */
 static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignment *a, int *got)
 {
-    uint64_t until = now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    uint64_t until = zs_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
     *got = 0;
     do {
         zs_session_heartbeat(s);
@@ -162,7 +156,7 @@ static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignmen
         zs_msg_free(env);
         if (e != ZS_OK || *got || s->ended || (s->opening && s->client))
             return e;
-    } while (now_ms() < until);
+    } while (zs_now_ms() < until);
     return ZS_OK;
 }
 
@@ -177,10 +171,10 @@ zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_s
     zs_err res;
     ZS_CHECK_GOTO(zs_ctrl_connect(coord, &s->ctrl), res, fail);
     ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL), res, fail);
-    uint64_t until = now_ms() + (uint64_t)timeout_ms;
+    uint64_t until = zs_now_ms() + (uint64_t)timeout_ms;
     zs_assignment a;
     int got;
-    while (!s->client && !s->ended && now_ms() < until)
+    while (!s->client && !s->ended && zs_now_ms() < until)
         ZS_CHECK_GOTO(pump(s, 50, data, &a, &got), res, fail);
     if (s->ended) {
         res = s->end_result != ZS_OK ? s->end_result
@@ -279,7 +273,7 @@ zs_err zs_session_chunk_done(zs_session *s, long step, int chunk, double loss)
 
 void zs_session_heartbeat(zs_session *s)
 {
-    uint64_t t = now_ms();
+    uint64_t t = zs_now_ms();
     uint64_t every = s->have_job ? (uint64_t)s->cfg.cluster.heartbeat_interval_ms : 500;
     if (!s->id || t - s->last_heartbeat_ms < every)
         return;

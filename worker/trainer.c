@@ -2,6 +2,7 @@
  * trainer: `zshard train`'s step, top to bottom.  See trainer.h for the operation order that
  * the partition servers reproduce.
  */
+#include "common/clock.h"
 #include "worker/trainer.h"
 
 #include <math.h>
@@ -13,13 +14,6 @@
 #include "common/modelfile.h"
 #include "kernels/adamw.h"
 #include "kernels/reduce.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float *alloc_floats(size_t n)
 {
@@ -109,7 +103,7 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
     const zs_config *cfg = &tr->cfg;
     int C = cfg->chunks, b = cfg->micro_batch, T = cfg->model.block_size;
     size_t n = tr->tt.total;
-    double t0 = now_s();
+    double t0 = zs_now_s();
     zs_gpt2_flat flat = {.params = tr->compute, .grads = tr->grads};
     zs_gpt2_io io = zs_gpt2_flat_io(&flat);
     double loss_sum = 0;
@@ -142,7 +136,7 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
             tr->compute[i] = zs_bf16_to_f32(tr->bf16[i]);
     }
     tr->step++;
-    double dt = now_s() - t0;
+    double dt = zs_now_s() - t0;
     *st = (zs_step_stats){.step = tr->step,
                           .loss = loss_sum / C,
                           .lr = lr,

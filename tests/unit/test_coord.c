@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/data.h"
 #include "kernels/gpt2.h"
 #include "proto/messages.h"
@@ -23,13 +24,6 @@
 #include "worker/session.h"
 
 enum { MAXW = 2, STEPS = 4 };
-
-static uint64_t ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* A worker played by the test: a session and the model it computes with. */
 typedef struct {
@@ -200,8 +194,8 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
         zs_assignment a;
         int got = 0, ended = 0;
         zs_err e = ZS_OK;
-        uint64_t until = ms() + 30000;
-        while (bad && !ended && ms() < until)
+        uint64_t until = zs_now_ms() + 30000;
+        while (bad && !ended && zs_now_ms() < until)
             e = zs_session_next(bad, 20, &a, &got, &ended);
         CHECK(ended && e != ZS_OK && strstr(zs_last_error(), "differs from the job's"));
         zs_session_close(bad);
@@ -209,9 +203,9 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     worker ws[MAXW];
     for (int i = 0; i < W; i++)
         worker_open(&ws[i], ep);
-    uint64_t deadline = ms() + 120000, start = ms();
+    uint64_t deadline = zs_now_ms() + 120000, start = zs_now_ms();
     int all_ended = 0;
-    while (!all_ended && ms() < deadline) {
+    while (!all_ended && zs_now_ms() < deadline) {
         all_ended = 1;
         for (int i = 0; i < W - hung; i++)
             if (ws[i].s && !ws[i].ended) {
@@ -221,7 +215,7 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     }
     CHECK(all_ended);
     if (hung) /* the job had to wait for the timeout before it could finish */
-        CHECK(ms() - start >= 1500);
+        CHECK(zs_now_ms() - start >= 1500);
     for (int i = 0; i < W; i++)
         worker_free(&ws[i]);
     CHECK_EQ_INT(wait_exit(coord, 30), 0);
