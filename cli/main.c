@@ -23,6 +23,7 @@ static const char usage[] =
     "  eval    print the mean cross-entropy of a trained model on some data\n"
     "  coord   run the coordinator (membership, shard map, step state)\n"
     "  server  run a partition server (holds shards, applies AdamW)\n"
+    "  worker  run a worker (computes chunks with fetched layers, pushes gradients)\n"
     "\n"
     "Run 'zshard COMMAND --help' for the options of a command.\n";
 
@@ -107,6 +108,8 @@ int main(int argc, char **argv)
         return zs_cmd_coord(argc - 1, argv + 1);
     if (strcmp(cmd, "server") == 0)
         return zs_cmd_server(argc - 1, argv + 1);
+    if (strcmp(cmd, "worker") == 0)
+        return zs_cmd_worker(argc - 1, argv + 1);
     fprintf(stderr, "zshard: unknown command \"%s\"\n\n%s", cmd, usage);
     return 2;
 }

@@ -285,3 +285,20 @@ zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done
     op_free(cl, op);
     return res;
 }
+
+void zs_client_cancel(zs_client *cl, zs_client_op *op, int timeout_ms)
+{
+    if (!op)
+        return;
+    for (int i = 0; i < op->n; i++) {
+        op_piece *p = &op->pieces[i];
+        if (p->send && !p->send_done && cl->ops->cancel(p->send) != ZS_OK) {
+            /* Partly written: finish it (a send handle that still times out is the net's
+             * to free at close). */
+            int d = 0;
+            cl->ops->wait(p->send, timeout_ms, &d, NULL);
+        }
+        p->send_done = 1;
+    }
+    op_free(cl, op);
+}

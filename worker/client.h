@@ -51,6 +51,11 @@ zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int ch
  */
 zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done);
 
+/* Gives up on op (not yet done) and frees it: its destination or source is no longer
+ * touched once this returns, except that a push piece already partly written to a socket is
+ * finished from the source first (TCP cannot recall it), driving the net up to timeout_ms. */
+void zs_client_cancel(zs_client *cl, zs_client_op *op, int timeout_ms);
+
 /* Pieces a range splits into: what one operation sends. */
 int zs_client_pieces(const zs_client *cl, size_t begin, size_t end);
 

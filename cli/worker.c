@@ -1,0 +1,97 @@
+/*
+ * zshard worker: a stateless worker of a distributed job.  See worker/worker.h.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "worker/worker.h"
+
+static const char worker_usage[] =
+    "usage: zshard worker --coord tcp://HOST:PORT [--data PATH] [--threads T]\n"
+    "                     [--stats FILE] [--log-level LEVEL]\n"
+    "\n"
+    "Runs a worker: joins the coordinator's job, computes the chunks it is assigned with\n"
+    "parameters fetched layer by layer from the partition servers, and pushes the gradients\n"
+    "back.  It keeps no model state, so it may join and leave while the job runs.\n"
+    "\n"
+    "  --coord tcp://HOST:PORT  the coordinator's control endpoint\n"
+    "  --data PATH              a local copy of the job's data (default: the job's path);\n"
+    "                           its fingerprint must match the job's\n"
+    "  --threads T              kernel threads (default: all CPUs available)\n"
+    "  --stats FILE             at the end, write where the time went as one JSON object\n"
+    "  --log-level LEVEL        error, warn, info (default) or debug\n"
+    "  -h, --help               this text\n";
+
+static int write_stats(const char *path, const zs_worker_stats *s)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "zshard worker: --stats %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    fprintf(f,
+            "{\"chunks\": %ld, \"steps\": %ld, \"compute_s\": %.6f, \"fetch_wait_s\": %.6f, "
+            "\"push_wait_s\": %.6f, \"step_wait_s\": %.6f, \"fetched_bytes\": %llu, "
+            "\"pushed_bytes\": %llu, \"buffer_bytes\": %zu}\n",
+            s->chunks, s->steps, s->compute_s, s->fetch_wait_s, s->push_wait_s, s->step_wait_s,
+            (unsigned long long)s->fetched_bytes, (unsigned long long)s->pushed_bytes,
+            s->buffer_bytes);
+    if (fclose(f) != 0) {
+        fprintf(stderr, "zshard worker: --stats %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+int zs_cmd_worker(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"coord", required_argument, NULL, 'c'},     {"data", required_argument, NULL, 'd'},
+        {"threads", required_argument, NULL, 't'},   {"stats", required_argument, NULL, 's'},
+        {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    zs_worker_opts o = {.threads = zs_cli_cpus()};
+    const char *stats_path = NULL;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': o.coord = optarg; break;
+        case 'd': o.data = optarg; break;
+        case 's': stats_path = optarg; break;
+        case 't': {
+            long t = zs_cli_int("worker", "--threads", optarg, 1, 1024);
+            if (t < 0)
+                return 2;
+            o.threads = (int)t;
+            break;
+        }
+        case 'L':
+            if (zs_cli_log_level("worker", optarg))
+                return 2;
+            break;
+        case 'h': fputs(worker_usage, stdout); return 0;
+        case ':': return zs_cli_usage_error("worker", "%s needs a value", argv[optind - 1]);
+        default: return zs_cli_usage_error("worker", "unknown option \"%s\"", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return zs_cli_usage_error("worker", "unexpected argument \"%s\"", argv[optind]);
+    if (!o.coord)
+        return zs_cli_usage_error("worker", "missing --coord");
+    zs_cli_catch_signals();
+    zs_worker_stats st;
+    zs_err e = zs_worker_run(&o, &zs_cli_stop, &st);
+    int rc = 0;
+    if (e != ZS_OK) {
+        fprintf(stderr, "zshard worker: %s\n", zs_last_error());
+        rc = 1;
+    }
+    if (stats_path && write_stats(stats_path, &st) != 0 && rc == 0)
+        rc = 1;
+    return rc;
+}

@@ -1,0 +1,520 @@
+/*
+ * worker: see worker.h.  Two threads share a small table of transfers under one mutex:
+ *
+ *   compute thread (the caller)          communication thread
+ *   ---------------------------          ---------------------
+ *   submit(x): state QUEUED  ------->    starts it on the client: RUNNING
+ *   await(x): sleeps until DONE  <----   drives the client; when the op finishes (and a bf16
+ *                                        fetch is widened in place) sets DONE, with the error
+ *
+ * Only the communication thread touches the client once it runs; only the compute thread
+ * touches the session (heartbeats included) and the model.  Every transfer belongs to a slot
+ * (a parameter or a gradient buffer) and a slot has at most one transfer at a time, so a
+ * buffer is never read by one side while the other writes it.
+ */
+#include "worker/worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "kernels/adamw.h"
+#include "kernels/gpt2.h"
+#include "worker/client.h"
+#include "worker/session.h"
+
+#define SLOTS 4           /* embeddings, final norm, two blocks */
+#define SLOT_EMBED 0
+#define SLOT_FINAL 1
+#define SLOT_BLOCK 2      /* block l (layer l, 1..L) uses SLOT_BLOCK + l % 2 */
+#define COMM_POLL_MS 1    /* the communication thread's wait per turn while transfers run */
+#define AWAIT_TICK_MS 100 /* the compute thread wakes this often while waiting, to heartbeat */
+
+typedef enum { XF_IDLE = 0, XF_QUEUED, XF_RUNNING, XF_DONE } xfer_state;
+
+/* One fetch or push of a layer's range. */
+typedef struct {
+    xfer_state state;
+    int is_push;
+    uint64_t seq;        /* submission order: the communication thread drives the oldest */
+    int layer;
+    size_t begin, end;   /* the layer's range of the flat vector */
+    long version;        /* fetch: the version; push: the step */
+    int chunk;           /* push */
+    zs_frame_dtype dtype;
+    void *buf;
+    zs_client_op *op;    /* communication thread only */
+    zs_err err;
+    char msg[512];       /* err's message (messages are per thread) */
+} xfer;
+
+typedef struct {
+    float *buf;          /* the largest layer of its kind, 64-byte aligned */
+    int layer;           /* the layer it holds, -1: none */
+    long version;
+    int refs;            /* acquired and not yet released */
+    xfer x;              /* a parameter slot's fetch, or a gradient slot's push */
+} slot;
+
+typedef struct {
+    zs_session *s;
+    const zs_config *cfg;
+    const zs_tensor_table *tt;
+    zs_client *cl;
+    int L;
+    zs_frame_dtype dtype;
+    slot param[SLOTS], grad[SLOTS];
+
+    /* The chunk being computed. */
+    long step;
+    int chunk;
+    int backward;        /* in the backward pass: prefetch downwards */
+
+    pthread_t comm;
+    int comm_started;
+    pthread_mutex_t mu;
+    pthread_cond_t wake_comm, wake_compute;
+    int quit;
+    uint64_t seq;
+
+    zs_worker_stats st;
+} wk;
+
+/* ---- the communication thread ----------------------------------------------------------- */
+
+/* Widens n bf16 values at the front of buf to fp32 in place, from the back, so that no value
+ * is overwritten before it is read (element i's float covers bf16 elements 2i and 2i+1). */
+static void widen_bf16(void *buf, size_t n)
+{
+    unsigned char *b = buf;
+    for (size_t i = n; i-- > 0;) {
+        uint16_t h;
+        memcpy(&h, b + 2 * i, sizeof h);
+        float f = zs_bf16_to_f32(h);
+        memcpy(b + 4 * i, &f, sizeof f);
+    }
+}
+
+static void xfer_fail(xfer *x, zs_err e)
+{
+    x->err = e;
+    snprintf(x->msg, sizeof x->msg, "%s", zs_last_error());
+    x->state = XF_DONE;
+}
+
+/* Starts x on the client (mutex held). */
+static void xfer_start(wk *w, xfer *x)
+{
+    zs_err e;
+    if (x->is_push)
+        e = zs_client_push(w->cl, x->begin, x->end, x->version, x->chunk, x->buf, &x->op);
+    else
+        e = zs_client_fetch(w->cl, x->begin, x->end, x->version, x->dtype, x->buf, &x->op);
+    if (e != ZS_OK) {
+        xfer_fail(x, e);
+        pthread_cond_broadcast(&w->wake_compute);
+        return;
+    }
+    x->state = XF_RUNNING;
+}
+
+static xfer *all_xfers(wk *w, int i)
+{
+    return i < SLOTS ? &w->param[i].x : &w->grad[i - SLOTS].x;
+}
+
+static void *comm_main(void *arg)
+{
+    wk *w = arg;
+    pthread_mutex_lock(&w->mu);
+    while (!w->quit) {
+        xfer *oldest = NULL;
+        for (int i = 0; i < 2 * SLOTS; i++) {
+            xfer *x = all_xfers(w, i);
+            if (x->state == XF_QUEUED)
+                xfer_start(w, x);
+            if (x->state == XF_RUNNING && (!oldest || x->seq < oldest->seq))
+                oldest = x;
+        }
+        if (!oldest) {
+            pthread_cond_wait(&w->wake_comm, &w->mu);
+            continue;
+        }
+        /* Waiting on the oldest transfer drives the traffic of all of them; the others
+         * complete in order behind it (the servers answer a connection's frames in order). */
+        pthread_mutex_unlock(&w->mu);
+        int done = 0;
+        zs_err e = zs_client_wait(w->cl, oldest->op, COMM_POLL_MS, &done);
+        if (done && e == ZS_OK && !oldest->is_push && oldest->dtype == ZS_DTYPE_BF16)
+            widen_bf16(oldest->buf, oldest->end - oldest->begin);
+        pthread_mutex_lock(&w->mu);
+        if (done) {
+            oldest->op = NULL;
+            if (e != ZS_OK) {
+                xfer_fail(oldest, e);
+            } else {
+                oldest->err = ZS_OK;
+                oldest->state = XF_DONE;
+            }
+            pthread_cond_broadcast(&w->wake_compute);
+        }
+    }
+    /* Leaving: give up what still runs, so that no buffer is touched after we return. */
+    for (int i = 0; i < 2 * SLOTS; i++) {
+        xfer *x = all_xfers(w, i);
+        if (x->state == XF_RUNNING) {
+            zs_client_cancel(w->cl, x->op, 1000);
+            x->op = NULL;
+            x->err = zs_error(ZS_ERR_IO, "worker: transfer abandoned at shutdown");
+            x->state = XF_DONE;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* ---- the compute thread's side ---------------------------------------------------------- */
+
+static void submit(wk *w, xfer *x)
+{
+    pthread_mutex_lock(&w->mu);
+    x->state = XF_QUEUED;
+    x->seq = ++w->seq;
+    x->err = ZS_OK;
+    pthread_cond_signal(&w->wake_comm);
+    pthread_mutex_unlock(&w->mu);
+    size_t n = x->end - x->begin;
+    if (x->is_push)
+        w->st.pushed_bytes += n * sizeof(float);
+    else
+        w->st.fetched_bytes += n * zs_frame_dtype_size(x->dtype);
+}
+
+/* Waits for x to finish (heartbeating meanwhile), adds the time blocked to *waited, and
+ * returns its outcome; x is idle afterwards.  An idle x returns ZS_OK at once. */
+static zs_err await(wk *w, xfer *x, double *waited)
+{
+    double t0 = zs_now_s();
+    pthread_mutex_lock(&w->mu);
+    while (x->state == XF_QUEUED || x->state == XF_RUNNING) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += AWAIT_TICK_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        int rc = pthread_cond_timedwait(&w->wake_compute, &w->mu, &ts);
+        if (rc == ETIMEDOUT) {
+            pthread_mutex_unlock(&w->mu);
+            zs_session_heartbeat(w->s);
+            pthread_mutex_lock(&w->mu);
+        }
+    }
+    zs_err e = x->state == XF_DONE ? x->err : ZS_OK;
+    char msg[sizeof x->msg];
+    if (e != ZS_OK)
+        memcpy(msg, x->msg, sizeof msg);
+    x->state = XF_IDLE;
+    pthread_mutex_unlock(&w->mu);
+    if (waited)
+        *waited += zs_now_s() - t0;
+    return e == ZS_OK ? ZS_OK : zs_error(e, "%s", msg);
+}
+
+static int slot_of(const wk *w, int layer)
+{
+    if (layer == 0)
+        return SLOT_EMBED;
+    if (layer == w->L + 1)
+        return SLOT_FINAL;
+    return SLOT_BLOCK + layer % 2;
+}
+
+/* Starts fetching layer at the chunk's version into its slot, unless the slot holds it or
+ * is busy (in use, or fetching something else: then acquire() sorts it out). */
+static void prefetch(wk *w, int layer)
+{
+    if (layer < 0 || layer > w->L + 1)
+        return;
+    slot *p = &w->param[slot_of(w, layer)];
+    if (p->refs > 0 || p->x.state != XF_IDLE || (p->layer == layer && p->version == w->step))
+        return;
+    p->layer = -1; /* its contents are being replaced */
+    p->x.is_push = 0;
+    p->x.layer = layer;
+    p->x.begin = w->tt->layer_begin[layer];
+    p->x.end = w->tt->layer_begin[layer + 1];
+    p->x.version = w->step;
+    p->x.dtype = w->dtype;
+    p->x.buf = p->buf;
+    submit(w, &p->x);
+}
+
+/* Makes layer's parameters present in its slot at the chunk's version. */
+static zs_err ensure(wk *w, int layer)
+{
+    slot *p = &w->param[slot_of(w, layer)];
+    for (;;) {
+        if (p->x.state != XF_IDLE) {
+            xfer *x = &p->x;
+            zs_err e = await(w, x, &w->st.fetch_wait_s);
+            if (e != ZS_OK)
+                return zs_error_context(e, "worker: fetch of layer %d (version %ld)", x->layer,
+                                        x->version);
+            p->layer = x->layer;
+            p->version = x->version;
+        }
+        if (p->layer == layer && p->version == w->step)
+            return ZS_OK;
+        prefetch(w, layer);
+        if (p->x.state == XF_IDLE)
+            return zs_error(ZS_ERR_INTERNAL, "worker: layer %d's slot is still in use by "
+                            "layer %d", layer, p->layer);
+    }
+}
+
+static zs_err io_acquire(void *ctx, int layer, const float **base)
+{
+    wk *w = ctx;
+    zs_session_heartbeat(w->s);
+    if (layer == 0)
+        w->backward = 0;
+    ZS_CHECK(ensure(w, layer));
+    slot *p = &w->param[slot_of(w, layer)];
+    p->refs++;
+    *base = p->buf - w->tt->layer_begin[layer];
+    /* The next layer this pass will ask for. */
+    if (!w->backward)
+        prefetch(w, layer + 1);
+    else if (layer > 1 && layer <= w->L)
+        prefetch(w, layer - 1);
+    if (layer == w->L + 1)
+        w->backward = 1; /* the forward's last acquire; backward walks down from block L */
+    return ZS_OK;
+}
+
+static void io_release(void *ctx, int layer)
+{
+    wk *w = ctx;
+    slot *p = &w->param[slot_of(w, layer)];
+    if (p->refs > 0)
+        p->refs--;
+}
+
+static zs_err io_grads(void *ctx, int layer, float **base)
+{
+    wk *w = ctx;
+    zs_session_heartbeat(w->s);
+    slot *g = &w->grad[slot_of(w, layer)];
+    ZS_CHECK(await(w, &g->x, &w->st.push_wait_s)); /* its last push read the buffer */
+    *base = g->buf - w->tt->layer_begin[layer];
+    return ZS_OK;
+}
+
+static zs_err io_grads_done(void *ctx, int layer)
+{
+    wk *w = ctx;
+    slot *g = &w->grad[slot_of(w, layer)];
+    g->x.is_push = 1;
+    g->x.layer = layer;
+    g->x.begin = w->tt->layer_begin[layer];
+    g->x.end = w->tt->layer_begin[layer + 1];
+    g->x.version = w->step;
+    g->x.chunk = w->chunk;
+    g->x.dtype = ZS_DTYPE_F32;
+    g->x.buf = g->buf;
+    submit(w, &g->x);
+    return ZS_OK;
+}
+
+/* Waits for every transfer still running; returns the first failure. */
+static zs_err drain(wk *w)
+{
+    zs_err res = ZS_OK;
+    for (int i = 0; i < SLOTS; i++) {
+        zs_err e = await(w, &w->grad[i].x, &w->st.push_wait_s);
+        if (e != ZS_OK && res == ZS_OK)
+            res = zs_error_context(e, "worker: push of layer %d", w->grad[i].x.layer);
+    }
+    for (int i = 0; i < SLOTS; i++) {
+        slot *p = &w->param[i];
+        if (p->x.state == XF_IDLE)
+            continue;
+        zs_err e = await(w, &p->x, &w->st.fetch_wait_s);
+        if (e == ZS_OK) {
+            p->layer = p->x.layer;
+            p->version = p->x.version;
+        } else {
+            p->layer = -1;
+        }
+        /* A failed prefetch nobody asked for is not this chunk's failure. */
+    }
+    return res;
+}
+
+/* Computes one chunk: forward, backward with its pushes, then reports it done. */
+static zs_err run_chunk(wk *w, zs_gpt2 *model, int32_t *in, int32_t *tg, long step, int chunk)
+{
+    const zs_config *cfg = w->cfg;
+    int b = cfg->micro_batch, T = cfg->model.block_size;
+    double t0 = zs_now_s(), waits0 = w->st.fetch_wait_s + w->st.push_wait_s;
+    w->step = step;
+    w->chunk = chunk;
+    zs_data_chunk(zs_session_data(w->s), cfg->seed, step, chunk, b, T, in, tg);
+    zs_gpt2_io io = {.ctx = w, .acquire = io_acquire, .release = io_release,
+                     .grads = io_grads, .grads_done = io_grads_done};
+    float loss;
+    zs_err res = zs_gpt2_forward(model, &io, in, tg, b, T, &loss);
+    if (res == ZS_OK)
+        res = zs_gpt2_backward(model, &io);
+    zs_err d = drain(w);
+    if (res == ZS_OK)
+        res = d;
+    double waits = w->st.fetch_wait_s + w->st.push_wait_s - waits0;
+    w->st.compute_s += zs_now_s() - t0 - waits;
+    ZS_CHECK(res);
+    ZS_CHECK(zs_session_chunk_done(w->s, step, chunk, loss));
+    w->st.chunks++;
+    ZS_DEBUG("worker %u: step %ld chunk %d loss %.6f", zs_session_id(w->s), step + 1, chunk,
+             loss);
+    return ZS_OK;
+}
+
+/* Allocates and registers the slots: layer 0, layer L+1 and the largest block. */
+static zs_err setup_slots(wk *w)
+{
+    const size_t *lb = w->tt->layer_begin;
+    size_t block = 0;
+    for (int l = 1; l <= w->L; l++)
+        block = lb[l + 1] - lb[l] > block ? lb[l + 1] - lb[l] : block;
+    size_t floats[SLOTS] = {lb[1] - lb[0], lb[w->L + 2] - lb[w->L + 1], block, block};
+    for (int k = 0; k < 2; k++) {
+        slot *set = k ? w->grad : w->param;
+        for (int i = 0; i < SLOTS; i++) {
+            slot *s = &set[i];
+            s->layer = -1;
+            s->version = -1;
+            if (floats[i] == 0)
+                continue;
+            size_t bytes = floats[i] * sizeof(float);
+            void *p = NULL;
+            if (posix_memalign(&p, 64, bytes) != 0)
+                return zs_error(ZS_ERR_NOMEM, "worker: out of memory for a %zu-byte buffer",
+                                bytes);
+            /* Zeroed: a gradient buffer's padding is pushed too and must be 0 (the model
+             * writes it as 0 as well). */
+            memset(p, 0, bytes);
+            s->buf = p;
+            w->st.buffer_bytes += bytes;
+            ZS_CHECK(zs_client_register(w->cl, p, bytes));
+        }
+    }
+    return ZS_OK;
+}
+
+static void log_stats(const wk *w)
+{
+    const zs_worker_stats *s = &w->st;
+    ZS_INFO("worker %u: %ld chunks over %ld steps; compute %.2f s, waiting on fetches %.2f s, "
+            "on pushes %.2f s, on the step %.2f s; fetched %.1f MB, pushed %.1f MB; buffers "
+            "%.1f MB", w->s ? zs_session_id(w->s) : 0, s->chunks, s->steps, s->compute_s,
+            s->fetch_wait_s, s->push_wait_s, s->step_wait_s, s->fetched_bytes / 1e6,
+            s->pushed_bytes / 1e6, s->buffer_bytes / 1e6);
+}
+
+zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_worker_stats *stats)
+{
+    wk w = {0};
+    zs_gpt2 *model = NULL;
+    int32_t *in = NULL, *tg = NULL;
+    zs_err res;
+    int mu_ready = 0;
+    if (stats)
+        memset(stats, 0, sizeof *stats);
+    ZS_CHECK_GOTO(zs_session_open(opts->coord, opts->data,
+                                  opts->join_timeout_ms > 0 ? opts->join_timeout_ms : 60000, &w.s),
+                  res, out);
+    w.cfg = zs_session_config(w.s);
+    w.tt = zs_session_tensors(w.s);
+    w.cl = zs_session_client(w.s);
+    w.L = w.cfg->model.n_layer;
+    w.dtype = w.cfg->bf16 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32;
+    ZS_CHECK_GOTO(setup_slots(&w), res, out);
+    int b = w.cfg->micro_batch, T = w.cfg->model.block_size;
+    in = malloc((size_t)b * T * sizeof *in);
+    tg = malloc((size_t)b * T * sizeof *tg);
+    if (!in || !tg) {
+        res = zs_error(ZS_ERR_NOMEM, "worker: out of memory for a chunk's tokens");
+        goto out;
+    }
+    ZS_CHECK_GOTO(zs_gpt2_create(&w.cfg->model, w.tt, b, T, opts->threads, &model), res, out);
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.wake_comm, NULL);
+    pthread_cond_init(&w.wake_compute, NULL);
+    mu_ready = 1;
+    if (pthread_create(&w.comm, NULL, comm_main, &w) != 0) {
+        res = zs_error(ZS_ERR_IO, "worker: cannot start the communication thread");
+        goto out;
+    }
+    w.comm_started = 1;
+    ZS_INFO("worker %u: %s weights, %d threads, %.1f MB of layer buffers",
+            zs_session_id(w.s), w.dtype == ZS_DTYPE_BF16 ? "bf16" : "fp32", opts->threads,
+            w.st.buffer_bytes / 1e6);
+
+    long last_step = -1;
+    double idle_since = -1; /* when it last finished a chunk: waiting from then is step wait */
+    res = ZS_OK;
+    while (!(stop_flag && *stop_flag)) {
+        zs_assignment a;
+        int got = 0, ended = 0;
+        res = zs_session_next(w.s, 100, &a, &got, &ended);
+        if (res != ZS_OK || ended)
+            break;
+        if (!got)
+            continue;
+        if (idle_since >= 0)
+            w.st.step_wait_s += zs_now_s() - idle_since;
+        if (a.step != last_step) {
+            w.st.steps++;
+            last_step = a.step;
+        }
+        for (int i = 0; i < a.n && res == ZS_OK; i++)
+            res = run_chunk(&w, model, in, tg, a.step, a.chunks[i]);
+        if (res != ZS_OK)
+            break;
+        idle_since = zs_now_s();
+    }
+    if (res == ZS_OK && stop_flag && *stop_flag)
+        ZS_INFO("worker %u: stopping on request", zs_session_id(w.s));
+out:
+    if (w.comm_started) {
+        pthread_mutex_lock(&w.mu);
+        w.quit = 1;
+        pthread_cond_signal(&w.wake_comm);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(w.comm, NULL);
+    }
+    if (mu_ready) {
+        pthread_cond_destroy(&w.wake_compute);
+        pthread_cond_destroy(&w.wake_comm);
+        pthread_mutex_destroy(&w.mu);
+    }
+    if (w.s)
+        log_stats(&w);
+    if (stats)
+        *stats = w.st;
+    zs_gpt2_free(model);
+    free(in);
+    free(tg);
+    /* The session closes the client (its registrations) before the buffers go. */
+    zs_session_close(w.s);
+    for (int i = 0; i < SLOTS; i++) {
+        free(w.param[i].buf);
+        free(w.grad[i].buf);
+    }
+    return res;
+}
