@@ -28,6 +28,7 @@ struct zs_session {
     zs_dataset data;
     int have_data;
     zs_client *client;
+    char (*endpoints)[128]; /* [map.n_servers] data-plane HOST:PORT of each server */
     uint64_t last_heartbeat_ms;
     long step;          /* the step `given` is about, -1 before the first */
     uint8_t *given;     /* [chunks] handed out for `step` */
@@ -51,8 +52,12 @@ static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
     ZS_CHECK(zs_data_open(path, &s->data));
     s->have_data = 1;
     const char *eps[ZS_MSG_MAX_SERVERS];
-    for (size_t i = 0; i < m->n_servers && i < ZS_MSG_MAX_SERVERS; i++)
-        eps[i] = m->servers[i]->endpoint;
+    if (!(s->endpoints = calloc(m->n_servers ? m->n_servers : 1, sizeof *s->endpoints)))
+        return zs_error(ZS_ERR_NOMEM, "worker: out of memory");
+    for (size_t i = 0; i < m->n_servers && i < ZS_MSG_MAX_SERVERS; i++) {
+        snprintf(s->endpoints[i], sizeof s->endpoints[i], "%s", m->servers[i]->endpoint);
+        eps[i] = s->endpoints[i];
+    }
     ZS_CHECK(zs_client_open(&s->map, eps, s->id, 0, &s->client));
     if (!(s->given = calloc((size_t)s->cfg.chunks, 1)))
         return zs_error(ZS_ERR_NOMEM, "worker: out of memory");
@@ -219,6 +224,7 @@ void zs_session_close(zs_session *s)
     if (s->have_data)
         zs_data_close(&s->data);
     free(s->given);
+    free(s->endpoints);
     free(s);
 }
 
@@ -245,6 +251,14 @@ const zs_dataset *zs_session_data(const zs_session *s)
 zs_client *zs_session_client(zs_session *s)
 {
     return s->client;
+}
+
+zs_err zs_session_open_client(zs_session *s, int conns, zs_client **out)
+{
+    const char *eps[ZS_MSG_MAX_SERVERS];
+    for (int i = 0; i < s->map.n_servers && i < ZS_MSG_MAX_SERVERS; i++)
+        eps[i] = s->endpoints[i];
+    return zs_client_open(&s->map, eps, s->id, conns, out);
 }
 
 zs_err zs_session_next(zs_session *s, int timeout_ms, zs_assignment *a, int *got, int *ended)

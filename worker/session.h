@@ -46,6 +46,10 @@ const zs_config *zs_session_config(const zs_session *s);
 const zs_tensor_table *zs_session_tensors(const zs_session *s);
 const zs_dataset *zs_session_data(const zs_session *s);
 zs_client *zs_session_client(zs_session *s);
+/* Opens another data-plane client to the job's servers with conns streams per server (0:
+ * the transport's default), pushing as this worker; the caller closes it, before the
+ * session. */
+zs_err zs_session_open_client(zs_session *s, int conns, zs_client **out);
 
 /* Waits up to timeout_ms for chunks to compute: *got = 1 and *a filled, or *got = 0 on
  * timeout.  *ended is set when the coordinator said the job is over: then ZS_OK if it
