@@ -1,23 +1,42 @@
 /*
  * server: real `zshard server` processes on loopback (1, 2 and 3 of them), with this test as
- * the coordinator (a ROUTER) and as a worker (worker/client.h for the traffic, raw frames for
- * the bad input).  Checks: fetches of the
- * initial weights equal the seed's init; a fetch of a future version waits until it is
- * published; pushes of 4 chunks in random order, split by shard, with duplicates, give after
- * the verdict bitwise the weights of `zshard train`; stale pushes, pushes of chunks not
- * assigned to the sender, ranges outside the server's shards and random bytes are refused
- * and leave the server serving; Shutdown ends every server with exit status 0.
+ * the coordinator (a ROUTER) and as workers (worker/client.h for the traffic, raw frames and
+ * raw sockets for the bad input).  Checks:
+ *  - fetches of the initial weights equal the seed's init; a fetch of a future version waits
+ *    until it is published;
+ *  - every step's weights (and the gradient norm the servers' partial sums give) are bitwise
+ *    those of `zshard train` on the same gradients.  The trainer adds chunks 0..C-1 in order,
+ *    so this is also equality with in-order arrival.  Each step delivers its chunks differently:
+ *      step 0: one client pushes the 4 chunks in random order, split by shard, with duplicates;
+ *      step 1: each chunk has its own worker id (one StepAssign per worker) and its own
+ *        sender thread with its own client, which waits a seeded 2-40 ms, then pushes its
+ *        chunk shard by shard (some shards cut in two) in a seeded order with seeded pauses
+ *        of 0-8 ms (one of 15-40 ms), re-pushing one piece at once; so pieces of all chunks
+ *        interleave at the servers.  One sender pushes its whole chunk again after every
+ *        other sender is done (a late duplicate);
+ *      step 2: before the owner pushes, raw sockets send the start of a valid PUSH frame
+ *        (right step, chunk and sender) and go away mid-frame: cut inside the 64-byte header,
+ *        right after it, or inside a payload of huge values; with a FIN or a RST, before and
+ *        after the step's assignment reached the servers.  Every server must keep serving and
+ *        none of those bytes may reach the accumulator;
+ *  - stale pushes, pushes of chunks not assigned to the sender, ranges outside the server's
+ *    shards and random bytes are refused and leave the server serving;
+ *  - Shutdown ends every server with exit status 0.
+ * The schedules come from one seed, printed at the start; ZS_TEST_SEED=<seed> repeats them.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/data.h"
 #include "common/rng.h"
 #include "kernels/adamw.h"
@@ -31,7 +50,13 @@
 #include "transport/transport.h"
 #include "worker/trainer.h"
 
-enum { MAXS = 3, C = 4, STEPS = 2, WORKER = 100 };
+enum { MAXS = 3, C = 4, STEPS = 3, WORKER = 100 };
+
+/* How a step's chunks reach the servers (step % 3; see the top comment). */
+enum { MODE_ONE_CLIENT, MODE_CONCURRENT, MODE_CUT };
+
+/* The seed of every schedule below (printed; ZS_TEST_SEED overrides it). */
+static uint64_t test_seed;
 
 static const zs_transport_ops *ops = &zs_tcp_ops;
 
@@ -102,6 +127,271 @@ static zs_frame request(rig *r, int s, zs_frame f, zs_mr *send_mr, size_t send_o
         fprintf(stderr, "request: %s\n", zs_last_error());
     return reply;
 }
+
+/* A stream of seeded random numbers: zs_rng_u64(test_seed, stream, 0, 1, ...). */
+typedef struct {
+    uint64_t stream, index;
+} sched;
+
+static uint64_t sched_next(sched *g)
+{
+    return zs_rng_u64(test_seed, g->stream, g->index++);
+}
+
+/* A number in [lo, hi]. */
+static int sched_int(sched *g, int lo, int hi)
+{
+    return lo + (int)(sched_next(g) % (uint64_t)(hi - lo + 1));
+}
+
+static void shuffle(sched *g, int *v, int n)
+{
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(sched_next(g) % (uint64_t)(i + 1)), t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+    }
+}
+
+static void sleep_ms(int ms)
+{
+    if (ms > 0)
+        usleep((useconds_t)ms * 1000);
+}
+
+/* The first element where a and b differ bitwise; n if none. */
+static size_t first_diff(const float *a, const float *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n && memcmp(&a[i], &b[i], sizeof *a) == 0)
+        i++;
+    return i;
+}
+
+/*
+ * One sender of MODE_CONCURRENT: a worker id, a chunk, and a client of its own (a client is
+ * driven by one thread).  It runs in its own thread, so it records failures here instead of
+ * using CHECK; the main thread checks them after the join.
+ */
+typedef struct {
+    const zs_shardmap *map;
+    const char *const *eps;
+    uint32_t sender;
+    long step;
+    int chunk;
+    const float *grad; /* [N]: the chunk's gradient */
+    size_t N;
+    sched rng;              /* this sender's own stream */
+    int late_duplicate;     /* 1: push the whole chunk again once the others are done */
+    atomic_int *first_done; /* senders past their first pass (or failed) */
+    int n_senders;
+    int failures;    /* out: pushes that failed */
+    int pushes;      /* out: pushes that succeeded */
+    char error[512]; /* out: the first failure */
+} sender_job;
+
+static void sender_push(sender_job *j, zs_client *cl, size_t b, size_t e)
+{
+    zs_client_op *op = NULL;
+    int done = 0;
+    zs_err err = zs_client_push(cl, b, e, j->step, j->chunk, j->grad + b, &op);
+    if (err == ZS_OK)
+        err = zs_client_wait(cl, op, 20000, &done);
+    if (err == ZS_OK && done) {
+        j->pushes++;
+        return;
+    }
+    if (j->failures++ == 0)
+        snprintf(j->error, sizeof j->error, "worker %u chunk %d: push of [%zu, %zu): %s",
+                 j->sender, j->chunk, b, e, err != ZS_OK ? zs_last_error() : "timed out");
+}
+
+static void *sender_main(void *arg)
+{
+    sender_job *j = arg;
+    const zs_shardmap *map = j->map;
+    zs_client *cl = NULL;
+    int *order = malloc((size_t)map->n_shards * sizeof *order);
+    int counted = 0;
+    if (!order || zs_client_open(map, j->eps, j->sender, 0, &cl) != ZS_OK ||
+        zs_client_register(cl, (void *)j->grad, j->N * sizeof *j->grad) != ZS_OK) {
+        j->failures++;
+        snprintf(j->error, sizeof j->error, "worker %u: client: %s", j->sender,
+                 order ? zs_last_error() : "out of memory");
+        goto out;
+    }
+    for (int k = 0; k < map->n_shards; k++)
+        order[k] = k;
+    shuffle(&j->rng, order, map->n_shards);
+    int stall = sched_int(&j->rng, 0, map->n_shards - 1); /* where the long pause goes */
+    int again = sched_int(&j->rng, 0, map->n_shards - 1); /* the piece pushed twice */
+    sleep_ms(sched_int(&j->rng, 2, 40));
+    for (int k = 0; k < map->n_shards; k++) {
+        const zs_shard *sh = &map->shards[order[k]];
+        size_t b = sh->begin, e = sh->end;
+        if (e - b > 1 && sched_next(&j->rng) % 2) {
+            /* Two pieces of one shard, in a seeded order, with a pause between them. */
+            size_t cut = b + 1 + (size_t)(sched_next(&j->rng) % (e - b - 1));
+            int high_first = (int)(sched_next(&j->rng) % 2);
+            sender_push(j, cl, high_first ? cut : b, high_first ? e : cut);
+            sleep_ms(sched_int(&j->rng, 0, 8));
+            sender_push(j, cl, high_first ? b : cut, high_first ? cut : e);
+        } else {
+            sender_push(j, cl, b, e);
+        }
+        if (k == again)
+            sender_push(j, cl, b, e); /* a duplicate, at once */
+        sleep_ms(k == stall ? sched_int(&j->rng, 15, 40) : sched_int(&j->rng, 0, 8));
+    }
+    atomic_fetch_add(j->first_done, 1);
+    counted = 1;
+    if (j->late_duplicate) {
+        /* After every other sender's last piece: all of this chunk again, every piece a
+         * duplicate the servers must drop. */
+        for (int t = 0; t < 20000 && atomic_load(j->first_done) < j->n_senders; t++)
+            sleep_ms(1);
+        sleep_ms(sched_int(&j->rng, 2, 10));
+        sender_push(j, cl, 0, j->N);
+    }
+out:
+    if (!counted)
+        atomic_fetch_add(j->first_done, 1);
+    zs_client_close(cl);
+    free(order);
+    return NULL;
+}
+
+/* Pushes the C chunks of `step`, chunk c from worker owner[c], each from its own thread. */
+static void push_concurrently(rig *r, const char *const *eps, long step, float **grads,
+                              size_t N, const uint32_t *owner)
+{
+    sender_job jobs[C];
+    pthread_t th[C];
+    int started[C] = {0};
+    atomic_int first_done = 0;
+    sched g = {.stream = 1000 + (uint64_t)(r->S * STEPS + step)};
+    int late = sched_int(&g, 0, C - 1);
+    for (int c = 0; c < C; c++) {
+        jobs[c] = (sender_job){.map = &r->map, .eps = eps, .sender = owner[c], .step = step,
+                               .chunk = c, .grad = grads[c], .N = N,
+                               .rng = {.stream = 2000 + (uint64_t)((r->S * STEPS + step) * C + c)},
+                               .late_duplicate = c == late, .first_done = &first_done,
+                               .n_senders = C};
+        started[c] = pthread_create(&th[c], NULL, sender_main, &jobs[c]) == 0;
+        CHECK(started[c]);
+        if (!started[c])
+            atomic_fetch_add(&first_done, 1);
+    }
+    for (int c = 0; c < C; c++) {
+        if (!started[c])
+            continue;
+        pthread_join(th[c], NULL);
+        if (jobs[c].failures)
+            fprintf(stderr, "test_server: S=%d step %ld: %s\n", r->S, step, jobs[c].error);
+        CHECK_EQ_INT(jobs[c].failures, 0);
+        CHECK(jobs[c].pushes > r->map.n_shards); /* every shard, plus the duplicates */
+    }
+}
+
+/* A TCP connection to the server at endpoint "HOST:PORT" (-1 on failure). */
+static int connect_raw(const char *endpoint)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)zs_test_port_of(endpoint)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/*
+ * A peer that goes away mid-frame: sends the first `cut` bytes (cut < 64 + payload) of a
+ * valid PUSH of [b, b + count) for (step, chunk) from `sender`, whose payload is huge values
+ * that would show in any weight they reached; then, after `linger_ms` (time for the server
+ * to take in the header and start on the payload), closes with a FIN, or a RST if `reset`.
+ * Returns 1 if the bytes went out.
+ */
+static int push_cut(const char *endpoint, long step, int chunk, uint32_t sender, size_t b,
+                    size_t count, size_t cut, int linger_ms, int reset, uint64_t id)
+{
+    zs_frame f = {.op = ZS_OP_PUSH, .dtype = ZS_DTYPE_F32, .id = id, .step = (uint64_t)step,
+                  .chunk = (uint32_t)chunk, .sender = sender, .offset = b, .count = count,
+                  .length = count * sizeof(float)};
+    size_t total = ZS_FRAME_HEADER_BYTES + f.length;
+    uint8_t *buf = malloc(total);
+    int fd = -1, ok = 0;
+    if (!buf || cut >= total)
+        goto out;
+    zs_frame_encode(&f, buf);
+    for (size_t i = 0; i < count; i++) {
+        float v = (i % 3 == 0) ? 3.0e38f : (i % 3 == 1) ? -1.0e30f : 7.0e37f;
+        memcpy(buf + ZS_FRAME_HEADER_BYTES + i * sizeof v, &v, sizeof v);
+    }
+    if ((fd = connect_raw(endpoint)) < 0)
+        goto out;
+    size_t sent = 0;
+    while (sent < cut) {
+        ssize_t w = write(fd, buf + sent, cut - sent);
+        if (w <= 0)
+            goto out;
+        sent += (size_t)w;
+    }
+    ok = 1;
+    sleep_ms(linger_ms);
+    if (reset) {
+        struct linger l = {.l_onoff = 1, .l_linger = 0};
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    }
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return ok;
+}
+
+/* MODE_CUT's broken frames: `n` of them, each for a seeded chunk and sub-range of a shard,
+ * with the owner's id, cut at a seeded place of the kind `i` names. */
+static void push_cuts(rig *r, long step, const uint32_t *owner, sched *g, int first, int n)
+{
+    for (int i = first; i < first + n; i++) {
+        const zs_shard *sh = &r->map.shards[sched_int(g, 0, r->map.n_shards - 1)];
+        size_t len = sh->end - sh->begin;
+        size_t lo = (size_t)(sched_next(g) % (len / 2 + 1)),
+               hi = (size_t)(sched_next(g) % (len / 2 + 1));
+        size_t b = sh->begin + lo, count = len - lo - hi;
+        if (count == 0)
+            count = 1;
+        int chunk = i % 2 == 0 ? 0 : sched_int(g, 1, C - 1);
+        size_t payload = count * sizeof(float), cut;
+        switch (i % 5) {
+        case 0: /* inside the header */
+            cut = (size_t)sched_int(g, 1, ZS_FRAME_HEADER_BYTES - 1);
+            break;
+        case 1: /* the whole header, no payload */
+            cut = ZS_FRAME_HEADER_BYTES;
+            break;
+        case 2: /* half the payload */
+            cut = ZS_FRAME_HEADER_BYTES + payload / 2;
+            break;
+        case 3: /* all but the last byte: the last float is cut too */
+            cut = ZS_FRAME_HEADER_BYTES + payload - 1;
+            break;
+        default: /* anywhere in the payload */
+            cut = ZS_FRAME_HEADER_BYTES + (size_t)(sched_next(g) % payload);
+            break;
+        }
+        int reset = (int)(sched_next(g) % 2), linger = sched_int(g, 0, 1) * 10;
+        CHECK(push_cut(r->endpoint[sh->server], step, chunk, owner[chunk], b, count, cut,
+                       linger, reset, 0xc070000u + (uint64_t)i));
+    }
+    sleep_ms(20); /* the servers see the connections end before anything else */
+    for (int s = 0; s < r->S; s++)
+        CHECK_EQ_INT(waitpid(r->pid[s], NULL, WNOHANG), 0); /* still running */
+}
+
 
 static void run(const char *zshard, int S)
 {
@@ -198,8 +488,9 @@ static void run(const char *zshard, int S)
         CHECK_OK(zs_client_register(cl, grads[c], N * 4));
     zs_gpt2 *model;
     CHECK_OK(zs_gpt2_create(&cfg.model, &tr.tt, 2, 16, 1, &model));
-    uint64_t rs = 77;
     for (long step = 0; step < STEPS; step++) {
+        int mode = (int)(step % 3);
+        sched g = {.stream = 3000 + (uint64_t)(S * STEPS + step)};
         /* Fetch version `step` layer by layer (layer ranges cut across shards). */
         for (int l = 0; l < tr.tt.n_layers; l++) {
             zs_client_op *op;
@@ -209,23 +500,39 @@ static void run(const char *zshard, int S)
             CHECK_OK(zs_client_wait(cl, op, 20000, &done));
             CHECK(done);
         }
-        CHECK(memcmp(params, tr.params, N * 4) == 0);
-        /* Tell the servers who computes which chunk. */
-        uint32_t chunks[C] = {0, 1, 2, 3};
-        Zshard__StepAssign sa = ZSHARD__STEP_ASSIGN__INIT;
-        sa.has_step = sa.has_worker = sa.has_lr = 1;
-        sa.step = (uint64_t)step;
-        sa.worker = WORKER;
-        sa.n_chunks = C;
-        sa.chunks = chunks;
-        sa.lr = zs_config_lr(&cfg, (int)step);
-        for (int s = 0; s < S; s++) {
-            Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
-            out.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
-            out.step_assign = &sa;
-            send_to(&r, s, &out);
+        CHECK_EQ_INT(first_diff(params, tr.params, N), N);
+        /* Who computes which chunk: one worker for all, or one per chunk. */
+        uint32_t owner[C];
+        for (int c = 0; c < C; c++)
+            owner[c] = mode == MODE_CONCURRENT ? WORKER + 10 + (uint32_t)c : WORKER;
+        if (mode == MODE_CUT) /* broken frames whose chunk has no owner yet: held, then lost */
+            push_cuts(&r, step, owner, &g, 0, 5);
+        /* Tell the servers, one StepAssign per worker. */
+        for (int c = 0; c < C; c++) {
+            uint32_t chunks[C];
+            size_t n = 0;
+            for (int d = 0; d < C; d++)
+                if (owner[d] == owner[c])
+                    chunks[n++] = (uint32_t)d;
+            if (chunks[0] != (uint32_t)c)
+                continue; /* that worker's chunks went out already */
+            Zshard__StepAssign sa = ZSHARD__STEP_ASSIGN__INIT;
+            sa.has_step = sa.has_worker = sa.has_lr = 1;
+            sa.step = (uint64_t)step;
+            sa.worker = owner[c];
+            sa.n_chunks = n;
+            sa.chunks = chunks;
+            sa.lr = zs_config_lr(&cfg, (int)step);
+            for (int s = 0; s < S; s++) {
+                Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
+                out.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
+                out.step_assign = &sa;
+                send_to(&r, s, &out);
+            }
         }
         usleep(100000); /* the assignment travels on another socket than the pushes */
+        if (mode == MODE_CUT) /* broken frames for owned chunks: their payload is lost */
+            push_cuts(&r, step, owner, &g, 5, 5);
         memcpy(compute, params, N * 4);
         for (int c = 0; c < C; c++) {
             zs_gpt2_flat flat = {.params = compute, .grads = grads[c]};
@@ -247,7 +554,7 @@ static void run(const char *zshard, int S)
         bad.sender = WORKER + 1;
         rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
         CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_NOT_ASSIGNED);
-        bad.sender = WORKER;
+        bad.sender = owner[0];
         bad.count = 0; /* an empty push: refused, and the connection goes on */
         bad.length = 0;
         rep = request(&r, s0->server, bad, NULL, 0, reply_mr, 0, 1 << 16);
@@ -266,17 +573,19 @@ static void run(const char *zshard, int S)
         zs_req *held = NULL;
         CHECK_OK(ops->irecv(r.conn[sl->server], hf.id, reply_mr, 0, 1 << 16, NULL, &held));
         CHECK_OK(ops->isend(r.conn[sl->server], &hf, NULL, 0, NULL, NULL));
-        /* Pushes: chunks in random order, each split by shard; every third repeated. */
-        int order[C] = {0, 1, 2, 3};
-        for (int i = C - 1; i > 0; i--) {
-            rs = zs_rng_mix(rs);
-            int j = (int)(rs % (uint64_t)(i + 1)), t = order[i];
-            order[i] = order[j];
-            order[j] = t;
+        /* Pushes.  MODE_CONCURRENT: one thread per chunk and worker, delayed and interleaved
+         * (push_concurrently).  Otherwise one client: chunks in random order, each chunk's
+         * layers in reverse (as backward produces them), split by shard and all in flight at
+         * once; every second chunk pushed again whole, dropped as a duplicate. */
+        if (mode == MODE_CONCURRENT) {
+            push_concurrently(&r, eps, step, grads, N, owner);
+            int done = 0;
+            CHECK_OK(ops->test(held, &done, NULL));
+            CHECK(!done); /* not published yet */
         }
-        /* Each chunk's layers in reverse (as backward produces them), all in flight at once;
-         * a repeated push of a chunk is dropped as a duplicate. */
-        for (int k = 0; k < C; k++) {
+        int order[C] = {0, 1, 2, 3};
+        shuffle(&g, order, C);
+        for (int k = 0; k < C && mode != MODE_CONCURRENT; k++) {
             int c = order[k];
             zs_client_op *ops_[16];
             int n = 0;
@@ -364,10 +673,7 @@ static void run(const char *zshard, int S)
         int done = 0;
         CHECK_OK(zs_client_wait(cl, op, 20000, &done));
     }
-    size_t diff = 0;
-    while (diff < N && memcmp(&params[diff], &tr.params[diff], 4) == 0)
-        diff++;
-    CHECK_EQ_INT(diff, N);
+    CHECK_EQ_INT(first_diff(params, tr.params, N), N);
     /* Random bytes to a server's port: the server closes that connection and goes on
      * serving everyone else. */
     CHECK_EQ_INT(zs_test_send_garbage(zs_test_port_of(r.endpoint[0]), 99, 10), 1);
@@ -423,6 +729,11 @@ int main(void)
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);
+    const char *seed = getenv("ZS_TEST_SEED");
+    test_seed = seed ? strtoull(seed, NULL, 0) : zs_rng_mix(zs_now_ms() ^ (uint64_t)getpid() << 32);
+    printf("test_server: seed %llu (ZS_TEST_SEED=%llu repeats the schedules)\n",
+           (unsigned long long)test_seed, (unsigned long long)test_seed);
+    fflush(stdout);
     for (int S = 1; S <= MAXS; S++)
         run(zshard, S);
     return zs_test_result("test_server");
