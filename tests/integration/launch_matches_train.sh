@@ -1,0 +1,37 @@
+# zshard launch with (servers, workers) = (1, 1), (2, 2) and (3, 2) writes the same bits as
+# zshard train: model.safetensors identical, metrics.jsonl identical less the timings and the
+# worker count, config.json identical.
+source "$(dirname "$0")/lib.sh"
+STEPS=4
+
+expect_ok "$ZSHARD" train --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --threads 1 --out "$WORK/train"
+
+# metrics_compared FILE: the metrics without timings and without "workers".
+metrics_compared() {
+  metrics_without_timing "$1" | sed -E 's/, "workers": [^,}]*//'
+}
+
+for sw in 1,1 2,2 3,2; do
+  s=${sw%,*}
+  w=${sw#*,}
+  out="$WORK/launch-$s-$w"
+  expect_ok "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
+    --servers "$s" --workers "$w" --out "$out"
+  [ -f "$out/model.safetensors" ] || { fail "S=$s W=$w: no model: $(tail -n 5 "$WORK/err.txt")"; continue; }
+  checks=$((checks + 3))
+  cmp "$WORK/train/model.safetensors" "$out/model.safetensors" ||
+    fail "S=$s W=$w: model.safetensors differs from zshard train's"
+  diff <(metrics_compared "$WORK/train/metrics.jsonl") <(metrics_compared "$out/metrics.jsonl") ||
+    fail "S=$s W=$w: metrics.jsonl differs from zshard train's"
+  cmp "$WORK/train/config.json" "$out/config.json" ||
+    fail "S=$s W=$w: config.json differs from zshard train's"
+  [ "$(grep -c '^step ' "$WORK/err.txt")" -eq $STEPS ] ||
+    fail "S=$s W=$w: expected $STEPS progress lines: $(cat "$WORK/err.txt")"
+  grep -q "zshard launch: done: $STEPS steps, final loss" "$WORK/err.txt" ||
+    fail "S=$s W=$w: no summary: $(tail -n 5 "$WORK/err.txt")"
+  for f in coord server-1 worker-1; do
+    [ -s "$out/logs/$f.log" ] || fail "S=$s W=$w: no $out/logs/$f.log"
+  done
+done
+finish
