@@ -116,9 +116,11 @@ int zs_cmd_train(int argc, char **argv)
         }
         fprintf(metrics,
                 "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                "\"clip\": %.9g, \"tokens_per_sec\": %.1f, \"step_ms\": %.1f, \"workers\": 1}\n",
+                "\"clip\": %.9g, \"tokens_per_sec\": %.1f, \"step_ms\": %.1f, "
+                "\"compute_ms\": %.1f, \"fetch_wait_ms\": 0.0, \"push_wait_ms\": 0.0, "
+                "\"workers\": 1}\n",
                 st.step, st.loss, st.lr, st.grad_norm, st.clip, st.tokens_per_sec,
-                st.seconds * 1e3);
+                st.seconds * 1e3, st.seconds * 1e3);
         fflush(metrics);
         double eta = st.seconds * (double)(steps - st.step);
         fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %.0f ms"

@@ -792,6 +792,13 @@ zs_err zs_msg_check_chunk_done(const Zshard__ChunkDone *m, const zs_msg_ctx *ctx
         return FAIL("ChunkDone.chunk: %" PRIu32 ", a step has chunks 0..%" PRIu64, m->chunk,
                     chunks - 1);
     ZS_CHECK(id_ok("ChunkDone.worker", m->has_worker, m->worker));
+    /* Timings are optional; present, they are durations. */
+    if (m->has_compute_ms)
+        ZS_CHECK(dbl_in("ChunkDone.compute_ms", 1, m->compute_ms, 0, ZS_MSG_MAX_CHUNK_MS));
+    if (m->has_fetch_wait_ms)
+        ZS_CHECK(dbl_in("ChunkDone.fetch_wait_ms", 1, m->fetch_wait_ms, 0, ZS_MSG_MAX_CHUNK_MS));
+    if (m->has_push_wait_ms)
+        ZS_CHECK(dbl_in("ChunkDone.push_wait_ms", 1, m->push_wait_ms, 0, ZS_MSG_MAX_CHUNK_MS));
     /* Any value: a non-finite loss is news for the coordinator, not a malformed message. */
     return need(m->has_loss, "ChunkDone.loss");
 }

@@ -86,6 +86,14 @@ typedef struct {
     uint32_t steps;    /* steps of the job: step numbers must be below it */
 } zs_msg_ctx;
 
+/* Where a worker's time on one chunk went (ChunkDone's optional timing fields), in ms. */
+typedef struct {
+    double compute_ms;    /* forward and backward, less the waits */
+    double fetch_wait_ms; /* blocked on parameter fetches */
+    double push_wait_ms;  /* blocked on gradient pushes */
+} zs_msg_chunk_times;
+#define ZS_MSG_MAX_CHUNK_MS 1e9 /* a timing field above this (11 days) is malformed */
+
 /* Job facts of a JobSpec that are not in zs_config. */
 typedef struct {
     char data_path[ZS_MSG_MAX_STRING + 1];

@@ -377,8 +377,10 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
     double tps = (double)co->cfg.train_batch_size * co->cfg.model.block_size / dt;
     fprintf(co->metrics,
             "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"clip\": %.9g, "
-            "\"tokens_per_sec\": %.1f, \"step_ms\": %.1f, \"workers\": %d}\n",
-            st.step, st.loss, st.lr, st.grad_norm, st.clip, tps, dt * 1e3, st.workers);
+            "\"tokens_per_sec\": %.1f, \"step_ms\": %.1f, \"compute_ms\": %.1f, "
+            "\"fetch_wait_ms\": %.1f, \"push_wait_ms\": %.1f, \"workers\": %d}\n",
+            st.step, st.loss, st.lr, st.grad_norm, st.clip, tps, dt * 1e3, st.compute_ms,
+            st.fetch_wait_ms, st.push_wait_ms, st.workers);
     fflush(co->metrics);
     fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
             " | eta %.0fs\n", st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps,
@@ -436,8 +438,14 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
         break;
     case ZSHARD__ENVELOPE__BODY_CHUNK_DONE:
         if (p->cs_id >= 0)
-            zs_coord_chunk_done(co->cs, p->cs_id, (long)env->chunk_done->step,
-                                (int)env->chunk_done->chunk, env->chunk_done->loss);
+        {
+            const Zshard__ChunkDone *cd = env->chunk_done;
+            zs_msg_chunk_times t = {.compute_ms = cd->compute_ms,
+                                    .fetch_wait_ms = cd->fetch_wait_ms,
+                                    .push_wait_ms = cd->push_wait_ms};
+            zs_coord_chunk_done(co->cs, p->cs_id, (long)cd->step, (int)cd->chunk, cd->loss,
+                                cd->has_compute_ms ? &t : NULL);
+        }
         break;
     case ZSHARD__ENVELOPE__BODY_GRAD_NORM_PARTIAL:
         if (p->role == ZSHARD__ROLE__ROLE_SERVER && co->cs)

@@ -27,6 +27,7 @@ struct zs_coord_state {
     int *owner;          /* [C] worker id, -1 while unassigned */
     char *done;          /* [C] */
     double *loss;        /* [C] */
+    zs_msg_chunk_times *times; /* [C] */
     int workers_at_begin;
     char *have_partial;  /* [n_shards] */
     double *partial;     /* [n_shards] */
@@ -53,9 +54,10 @@ zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, 
     cs->owner = malloc((size_t)C * sizeof *cs->owner);
     cs->done = calloc((size_t)C, 1);
     cs->loss = calloc((size_t)C, sizeof *cs->loss);
+    cs->times = calloc((size_t)C, sizeof *cs->times);
     cs->have_partial = calloc((size_t)n_shards, 1);
     cs->partial = calloc((size_t)n_shards, sizeof *cs->partial);
-    if (!cs->owner || !cs->done || !cs->loss || !cs->have_partial || !cs->partial) {
+    if (!cs->owner || !cs->done || !cs->loss || !cs->times || !cs->have_partial || !cs->partial) {
         zs_coord_state_free(cs);
         return zs_error(ZS_ERR_NOMEM, "coordinator: out of memory for %d chunks", C);
     }
@@ -73,6 +75,7 @@ void zs_coord_state_free(zs_coord_state *cs)
     free(cs->owner);
     free(cs->done);
     free(cs->loss);
+    free(cs->times);
     free(cs->have_partial);
     free(cs->partial);
     free(cs->published);
@@ -253,6 +256,7 @@ int zs_coord_try_begin(zs_coord_state *cs)
         cs->owner[c] = ids[c % live];
         cs->done[c] = 0;
         cs->loss[c] = 0;
+        cs->times[c] = (zs_msg_chunk_times){0};
     }
     free(ids);
     memset(cs->have_partial, 0, (size_t)cs->n_shards);
@@ -294,13 +298,16 @@ static void check_verdict(zs_coord_state *cs)
     cs->phase = ZS_PHASE_VERDICT;
 }
 
-int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double loss)
+int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double loss,
+                        const zs_msg_chunk_times *times)
 {
     if (cs->phase != ZS_PHASE_COMPUTE || step != cs->step || chunk < 0 ||
         chunk >= cs->cfg.chunks || cs->done[chunk] || cs->owner[chunk] != id)
         return 0;
     cs->done[chunk] = 1;
     cs->loss[chunk] = loss;
+    if (times)
+        cs->times[chunk] = *times;
     cs->members[id].chunks_done++;
     check_verdict(cs);
     return 1;
@@ -356,9 +363,17 @@ int zs_coord_published(zs_coord_state *cs, int id, long version, zs_coord_step_s
         if (cs->members[i].role == ZS_MEMBER_SERVER && !cs->published[i])
             return 0;
     double loss = 0;
-    for (int c = 0; c < cs->cfg.chunks; c++)
+    zs_msg_chunk_times t = {0};
+    for (int c = 0; c < cs->cfg.chunks; c++) {
         loss += cs->loss[c];
+        t.compute_ms += cs->times[c].compute_ms;
+        t.fetch_wait_ms += cs->times[c].fetch_wait_ms;
+        t.push_wait_ms += cs->times[c].push_wait_ms;
+    }
     *stats = (zs_coord_step_stats){.step = cs->step + 1,
+                                   .compute_ms = t.compute_ms,
+                                   .fetch_wait_ms = t.fetch_wait_ms,
+                                   .push_wait_ms = t.push_wait_ms,
                                    .loss = loss / cs->cfg.chunks,
                                    .lr = cs->lr,
                                    .grad_norm = cs->norm,

@@ -24,6 +24,7 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "proto/messages.h"
 
 typedef enum { ZS_MEMBER_SERVER = 1, ZS_MEMBER_WORKER = 2 } zs_member_role;
 
@@ -53,6 +54,9 @@ typedef struct {
     double grad_norm;
     double clip;
     int workers;           /* live workers when the step began */
+    /* Where the workers' time went, summed over the step's chunks (ms; 0 when the workers
+     * did not report it). */
+    double compute_ms, fetch_wait_ms, push_wait_ms;
 } zs_coord_step_stats;
 
 typedef struct zs_coord_state zs_coord_state;
@@ -90,8 +94,10 @@ int zs_coord_assigned(const zs_coord_state *cs, int id, int *chunks, int max);
 /* The worker a chunk of the current step is assigned to (-1 if none). */
 int zs_coord_owner(const zs_coord_state *cs, int chunk);
 
-/* Worker id finished chunk of step with that loss: 1 if it counted, 0 if ignored. */
-int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double loss);
+/* Worker id finished chunk of step with that loss (and those timings; may be NULL): 1 if it
+ * counted, 0 if ignored. */
+int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double loss,
+                        const zs_msg_chunk_times *times);
 /* Server id's per-shard partials for step: ZS_ERR_INVALID for an unknown shard, a repeat, a
  * non-server or another step (nothing recorded then). */
 zs_err zs_coord_partials(zs_coord_state *cs, int id, long step, const int *shard,

@@ -271,7 +271,8 @@ zs_err zs_session_next(zs_session *s, int timeout_ms, zs_assignment *a, int *got
     return s->ended ? s->end_result : ZS_OK;
 }
 
-zs_err zs_session_chunk_done(zs_session *s, long step, int chunk, double loss)
+zs_err zs_session_chunk_done(zs_session *s, long step, int chunk, double loss,
+                             const zs_msg_chunk_times *times)
 {
     Zshard__ChunkDone cd = ZSHARD__CHUNK_DONE__INIT;
     cd.has_step = cd.has_chunk = cd.has_worker = cd.has_loss = 1;
@@ -279,6 +280,12 @@ zs_err zs_session_chunk_done(zs_session *s, long step, int chunk, double loss)
     cd.chunk = (uint32_t)chunk;
     cd.worker = s->id;
     cd.loss = loss;
+    if (times) {
+        cd.has_compute_ms = cd.has_fetch_wait_ms = cd.has_push_wait_ms = 1;
+        cd.compute_ms = times->compute_ms;
+        cd.fetch_wait_ms = times->fetch_wait_ms;
+        cd.push_wait_ms = times->push_wait_ms;
+    }
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_CHUNK_DONE;
     env.chunk_done = &cd;

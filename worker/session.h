@@ -56,8 +56,10 @@ zs_err zs_session_open_client(zs_session *s, int conns, zs_client **out);
  * finished, the reason if it was aborted or this worker refused. */
 zs_err zs_session_next(zs_session *s, int timeout_ms, zs_assignment *a, int *got, int *ended);
 
-/* Reports a chunk computed and pushed (its mean loss). */
-zs_err zs_session_chunk_done(zs_session *s, long step, int chunk, double loss);
+/* Reports a chunk computed and pushed: its mean loss, and where the time went (NULL: not
+ * measured). */
+zs_err zs_session_chunk_done(zs_session *s, long step, int chunk, double loss,
+                             const zs_msg_chunk_times *times);
 
 /* Sends a heartbeat if the configured interval has passed since the last one. */
 void zs_session_heartbeat(zs_session *s);

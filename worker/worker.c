@@ -361,7 +361,7 @@ static zs_err run_chunk(wk *w, zs_gpt2 *model, int32_t *in, int32_t *tg, long st
 {
     const zs_config *cfg = w->cfg;
     int b = cfg->micro_batch, T = cfg->model.block_size;
-    double t0 = zs_now_s(), waits0 = w->st.fetch_wait_s + w->st.push_wait_s;
+    double t0 = zs_now_s(), fetch0 = w->st.fetch_wait_s, push0 = w->st.push_wait_s;
     w->step = step;
     w->chunk = chunk;
     zs_data_chunk(zs_session_data(w->s), cfg->seed, step, chunk, b, T, in, tg);
@@ -374,10 +374,14 @@ static zs_err run_chunk(wk *w, zs_gpt2 *model, int32_t *in, int32_t *tg, long st
     zs_err d = drain(w);
     if (res == ZS_OK)
         res = d;
-    double waits = w->st.fetch_wait_s + w->st.push_wait_s - waits0;
-    w->st.compute_s += zs_now_s() - t0 - waits;
+    zs_msg_chunk_times times = {.fetch_wait_ms = (w->st.fetch_wait_s - fetch0) * 1e3,
+                                .push_wait_ms = (w->st.push_wait_s - push0) * 1e3};
+    times.compute_ms = (zs_now_s() - t0) * 1e3 - times.fetch_wait_ms - times.push_wait_ms;
+    if (times.compute_ms < 0)
+        times.compute_ms = 0;
+    w->st.compute_s += times.compute_ms / 1e3;
     ZS_CHECK(res);
-    ZS_CHECK(zs_session_chunk_done(w->s, step, chunk, loss));
+    ZS_CHECK(zs_session_chunk_done(w->s, step, chunk, loss, &times));
     w->st.chunks++;
     ZS_DEBUG("worker %u: step %ld chunk %d loss %.6f", zs_session_id(w->s), step + 1, chunk,
              loss);

@@ -37,7 +37,7 @@ expect_ok() {
 
 # metrics_without_timing FILE: the metrics with the wall-clock fields removed.
 metrics_without_timing() {
-  sed -E 's/, "tokens_per_sec": [^,}]*//; s/, "step_ms": [^,}]*//' "$1"
+  sed -E 's/, "(tokens_per_sec|step_ms|compute_ms|fetch_wait_ms|push_wait_ms)": [^,}]*//g' "$1"
 }
 
 finish() {

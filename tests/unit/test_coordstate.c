@@ -79,11 +79,11 @@ int main(void)
     CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &w2));
     CHECK_EQ_INT(zs_coord_assigned(cs, w2, ch, 8), 0);
     /* Reports that must not count. */
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 0, 1.0), 0); /* not its chunk */
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 1, 0, 1.0), 0); /* another step */
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 7, 1.0), 0); /* no such chunk */
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 0, 2.0), 1);
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 0, 9.0), 0); /* repeat */
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 0, 1.0, NULL), 0); /* not its chunk */
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 1, 0, 1.0, NULL), 0); /* another step */
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 7, 1.0, NULL), 0); /* no such chunk */
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 0, 2.0, NULL), 1);
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 0, 9.0, NULL), 0); /* repeat */
     /* w0 dies (heartbeat timeout): its unfinished chunks 2 and 4 go to the least loaded. */
     zs_coord_heartbeat(cs, w1, 900);
     zs_coord_heartbeat(cs, w2, 900);
@@ -96,12 +96,12 @@ int main(void)
     CHECK(!zs_coord_member(cs, w0)->alive);
     CHECK_EQ_INT(zs_coord_owner(cs, 2), w2); /* w2 had 0, w1 had 2 */
     CHECK_EQ_INT(zs_coord_owner(cs, 4), w2);
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 2, 1.0), 0); /* the dead worker's late report */
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 2, 1.0, NULL), 0); /* the dead worker's late report */
     double losses[5] = {2.0, 1.5, 1.25, 1.0, 0.5};
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 1, losses[1]), 1);
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 3, losses[3]), 1);
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w2, 0, 2, losses[2]), 1);
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w2, 0, 4, losses[4]), 1);
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 1, losses[1], NULL), 1);
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 3, losses[3], NULL), 1);
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w2, 0, 2, losses[2], NULL), 1);
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w2, 0, 4, losses[4], NULL), 1);
     /* Partial errors. */
     int k1 = 1, k9 = 9;
     double v = 1.0;
@@ -121,7 +121,7 @@ int main(void)
     /* Step 2: w1 and w2 alive; both leave mid-step: the job waits, a new worker takes over. */
     CHECK_EQ_INT(zs_coord_try_begin(cs), 1);
     CHECK_EQ_INT(zs_coord_assigned(cs, w1, ch, 8) + zs_coord_assigned(cs, w2, ch, 8), 5);
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 1, 0, 1.0), 1);
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 1, 0, 1.0, NULL), 1);
     zs_coord_leave(cs, w1, "SIGTERM");
     zs_coord_leave(cs, w2, "connection closed");
     CHECK_EQ_INT(zs_coord_live_workers(cs), 0);
@@ -130,17 +130,25 @@ int main(void)
     CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 2000, &w3));
     CHECK_EQ_INT(zs_coord_assigned(cs, w3, ch, 8), 4); /* all unfinished chunks */
     for (int c = 1; c < 5; c++)
-        CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 1, c, 1.0), 1);
+        CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 1, c, 1.0, NULL), 1);
     double small[4] = {0.01, 0.01, 0.01, 0.01};
     finish_step(cs, s0, s1, 1, small, 4, &st);
     CHECK(st.clip == 1.0);
     CHECK_EQ_INT(st.workers, 2);
     /* Step 3, the last. */
     CHECK_EQ_INT(zs_coord_try_begin(cs), 1);
-    for (int c = 0; c < 5; c++)
-        CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 2, c, 1.0), 1);
+    /* with timings: the step's stats sum them over the chunks that counted */
+    for (int c = 0; c < 5; c++) {
+        zs_msg_chunk_times t = {.compute_ms = 100.0 + c, .fetch_wait_ms = 2.0,
+                                .push_wait_ms = 0.5 * c};
+        CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 2, c, 1.0, c == 3 ? NULL : &t), 1);
+        CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 2, c, 1.0, &t), 0); /* a repeat adds nothing */
+    }
     finish_step(cs, s0, s1, 2, small, 4, &st);
     CHECK_EQ_INT(st.workers, 1);
+    CHECK(st.compute_ms == 100.0 + 101.0 + 102.0 + 104.0);
+    CHECK(st.fetch_wait_ms == 8.0);
+    CHECK(st.push_wait_ms == 0.5 + 1.0 + 2.0);
     CHECK_EQ_INT(zs_coord_phase(cs), ZS_PHASE_DONE);
     CHECK_EQ_INT(zs_coord_try_begin(cs), 0);
     zs_coord_state_free(cs);

@@ -962,6 +962,23 @@ static void test_step_assign_chunk_done(void)
     cd.worker = 8;
     REFUSED(&env, &COORD, "ChunkDone.worker: 8, but the envelope's sender is 3");
     cd.worker = 3;
+    cd.has_compute_ms = cd.has_fetch_wait_ms = cd.has_push_wait_ms = 1;
+    cd.compute_ms = 812.5;
+    cd.fetch_wait_ms = 0;
+    cd.push_wait_ms = 3.25;
+    CHECK_OK(roundtrip(&env, &COORD, &out));
+    if (out)
+        CHECK(out->chunk_done->has_push_wait_ms && out->chunk_done->push_wait_ms == 3.25);
+    zs_msg_free(out);
+    cd.fetch_wait_ms = -1;
+    REFUSED(&env, &COORD, "ChunkDone.fetch_wait_ms: -1 is outside [0, 1e+09]");
+    cd.fetch_wait_ms = 0;
+    cd.compute_ms = NAN;
+    REFUSED(&env, &COORD, "ChunkDone.compute_ms: nan is outside [0, 1e+09]");
+    cd.compute_ms = 1;
+    cd.push_wait_ms = 2e9;
+    REFUSED(&env, &COORD, "ChunkDone.push_wait_ms: 2e+09 is outside [0, 1e+09]");
+    cd.has_compute_ms = cd.has_fetch_wait_ms = cd.has_push_wait_ms = 0;
     cd.step = 1000;
     REFUSED(&env, &COORD, "ChunkDone.step: 1000, the job has 100 steps");
     REFUSED(&env, &SERVER, "a server does not take ChunkDone messages");

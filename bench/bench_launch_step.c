@@ -1,0 +1,169 @@
+/*
+ * bench_launch_step: the step time of `zshard launch` with 1 partition server and 1 worker
+ * against `zshard train` on the small model (deploy/configs/small-gpt.json: 6 x 384, byte
+ * vocabulary, 2 chunks of 8 x 256 tokens), both with the same kernel threads, measured in the
+ * same run.  The target is at most 1.25x.  It also prints where the worker's step went:
+ * computing, waiting on fetches, waiting on pushes, and waiting on the step (the server's
+ * AdamW, the coordinator's round trips), from the per-step split the coordinator writes to
+ * metrics.jsonl.
+ *
+ * The runs alternate (train, launch, train, launch, ...) so that a slow spell of the machine
+ * hits both alike; each figure is the median over all runs of the steps after the first (the
+ * first step of a run pays for starting processes, connecting and faulting memory in).  The
+ * two runs must end with the same weights (cmp), as the project promises.
+ *
+ * usage: bench_launch_step ZSHARD CONFIG.json [steps=6 [rounds=2 [threads=2]]]
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_STEPS 256
+#define MAX_SAMPLES 4096
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    if (n == 0)
+        return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int run(char *const argv[], const char *log)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        FILE *f = freopen(log, "w", stderr);
+        (void)f;
+        if (!freopen("/dev/null", "w", stdout))
+            _exit(127);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    if (p < 0 || waitpid(p, &st, 0) != p)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The number after "key": in line, or NAN. */
+static double field(const char *line, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+typedef struct {
+    double step_ms[MAX_SAMPLES], compute[MAX_SAMPLES], fetch[MAX_SAMPLES], push[MAX_SAMPLES];
+    int n;
+} samples;
+
+/* Adds steps 2.. of dir/metrics.jsonl to s; returns the steps read (-1: unreadable). */
+static int read_metrics(const char *dir, samples *s)
+{
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    int steps = 0;
+    while (fgets(line, sizeof line, f)) {
+        steps++;
+        if (field(line, "step") < 2 || s->n >= MAX_SAMPLES)
+            continue;
+        s->step_ms[s->n] = field(line, "step_ms");
+        s->compute[s->n] = field(line, "compute_ms");
+        s->fetch[s->n] = field(line, "fetch_wait_ms");
+        s->push[s->n] = field(line, "push_wait_ms");
+        s->n++;
+    }
+    fclose(f);
+    return steps;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_launch_step ZSHARD CONFIG.json [steps [rounds [threads]]]\n");
+        return 2;
+    }
+    char *zshard = argv[1], *cfg = argv[2];
+    char *steps = argc > 3 ? argv[3] : "6";
+    int rounds = argc > 4 ? atoi(argv[4]) : 2;
+    char *threads = argc > 5 ? argv[5] : "2";
+    signal(SIGPIPE, SIG_IGN);
+    char dir[] = "/tmp/zs_bench_launch_XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    char data[512], cmd[2048];
+    snprintf(data, sizeof data, "%s/data.txt", dir);
+    FILE *f = fopen(data, "w");
+    if (!f)
+        return 1;
+    /* 1 MB of varied bytes; the speed does not depend on what the text says. */
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 1 << 20; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        fputc(" etaoinshrdlucmfwypvbgkqjxz\n.,"[x % 30], f);
+    }
+    fclose(f);
+
+    samples tr = {0}, la = {0};
+    int rc = 1, same = 1;
+    for (int r = 0; r < rounds; r++) {
+        char tdir[600], ldir[600], tlog[700], llog[700];
+        snprintf(tdir, sizeof tdir, "%s/train%d", dir, r);
+        snprintf(ldir, sizeof ldir, "%s/launch%d", dir, r);
+        snprintf(tlog, sizeof tlog, "%s/train%d.log", dir, r);
+        snprintf(llog, sizeof llog, "%s/launch%d.log", dir, r);
+        char *targv[] = {zshard, "train", "--config", cfg, "--data", data, "--steps", steps,
+                         "--out", tdir, "--threads", threads, NULL};
+        char *largv[] = {zshard, "launch", "--config", cfg, "--data", data, "--steps", steps,
+                         "--servers", "1", "--workers", "1", "--threads", threads, "--out",
+                         ldir, NULL};
+        if (run(targv, tlog) != 0 || read_metrics(tdir, &tr) < 2) {
+            fprintf(stderr, "bench_launch_step: zshard train failed (log %s)\n", tlog);
+            goto out;
+        }
+        if (run(largv, llog) != 0 || read_metrics(ldir, &la) < 2) {
+            fprintf(stderr, "bench_launch_step: zshard launch failed (log %s)\n", llog);
+            goto out;
+        }
+        snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", tdir, ldir);
+        same &= system(cmd) == 0;
+    }
+    double t_train = median(tr.step_ms, tr.n), t_launch = median(la.step_ms, la.n);
+    double compute = median(la.compute, la.n), fetch = median(la.fetch, la.n);
+    double push = median(la.push, la.n);
+    double wait = t_launch - compute - fetch - push;
+    printf("small model (%s), %s steps x %d rounds, %s kernel threads; medians of steps 2..%s\n",
+           cfg, steps, rounds, threads, steps);
+    printf("zshard train: %.0f ms/step; zshard launch (1 server, 1 worker): %.0f ms/step\n",
+           t_train, t_launch);
+    printf("worker's step: compute %.0f ms (%.0f%%), waiting on fetches %.0f ms (%.1f%%), on "
+           "pushes %.0f ms (%.1f%%), on the step %.0f ms (%.1f%%)\n", compute,
+           100 * compute / t_launch, fetch, 100 * fetch / t_launch, push, 100 * push / t_launch,
+           wait, 100 * wait / t_launch);
+    printf("final weights: %s\n", same ? "bitwise equal" : "DIFFERENT");
+    printf("bench_launch_step: %.0f ms/step (launch 1+1), zshard train %.0f ms/step, ratio %.2f "
+           "(target <= 1.25)\n", t_launch, t_train, t_launch / t_train);
+    rc = same ? 0 : 1;
+out:
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        rc = 1;
+    return rc;
+}
