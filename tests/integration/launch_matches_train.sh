@@ -1,6 +1,8 @@
 # zshard launch with (servers, workers) = (1, 1), (2, 2) and (3, 2) writes the same bits as
 # zshard train: model.safetensors identical, metrics.jsonl identical less the timings and the
-# worker count, config.json identical.
+# worker count, config.json identical.  Also with bf16.enabled (workers fetch bf16 weights and
+# compute with them widened, as zshard train computes with its weights rounded to bf16); the
+# worker's log must say it fetches bf16.
 source "$(dirname "$0")/lib.sh"
 STEPS=4
 
@@ -34,4 +36,23 @@ for sw in 1,1 2,2 3,2; do
     [ -s "$out/logs/$f.log" ] || fail "S=$s W=$w: no $out/logs/$f.log"
   done
 done
+
+# bf16: the same bits as zshard train with the same config, over 2 servers and 2 workers.
+sed 's/"gradient_clipping"/"bf16": {"enabled": true}, "gradient_clipping"/' "$DATA/tiny.json" \
+  > "$WORK/bf16.json"
+expect_ok "$ZSHARD" train --config "$WORK/bf16.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --threads 1 --out "$WORK/train-bf16"
+checks=$((checks + 1))
+cmp -s "$WORK/train/model.safetensors" "$WORK/train-bf16/model.safetensors" &&
+  fail "bf16: zshard train gave the fp32 run's bits; the config change did not take"
+expect_ok "$ZSHARD" launch --config "$WORK/bf16.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --servers 2 --workers 2 --log-level info --out "$WORK/launch-bf16"
+checks=$((checks + 3))
+cmp "$WORK/train-bf16/model.safetensors" "$WORK/launch-bf16/model.safetensors" ||
+  fail "bf16: model.safetensors differs from zshard train's"
+diff <(metrics_compared "$WORK/train-bf16/metrics.jsonl") \
+  <(metrics_compared "$WORK/launch-bf16/metrics.jsonl") ||
+  fail "bf16: metrics.jsonl differs from zshard train's"
+grep -q "bf16 weights" "$WORK/launch-bf16/logs/worker-1.log" ||
+  fail "bf16: worker 1 does not say it fetches bf16: $(cat "$WORK/launch-bf16/logs/worker-1.log")"
 finish
