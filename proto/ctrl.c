@@ -110,11 +110,16 @@ out:
     return res;
 }
 
-zs_err zs_ctrl_send_as(zs_ctrl *c, const zs_ctrl_peer *to, uint32_t sender, Zshard__Envelope *env)
+void zs_ctrl_stamp(Zshard__Envelope *env, uint32_t sender)
 {
     env->has_protocol_version = env->has_sender = 1;
     env->protocol_version = ZS_PROTOCOL_VERSION;
     env->sender = sender;
+}
+
+zs_err zs_ctrl_send_as(zs_ctrl *c, const zs_ctrl_peer *to, uint32_t sender, Zshard__Envelope *env)
+{
+    zs_ctrl_stamp(env, sender);
     return zs_ctrl_send(c, to, env);
 }
 

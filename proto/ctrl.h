@@ -40,7 +40,10 @@ void zs_ctrl_close(zs_ctrl *c);
 zs_err zs_ctrl_send(zs_ctrl *c, const zs_ctrl_peer *to, const Zshard__Envelope *env);
 
 /* Stamps env with ZS_PROTOCOL_VERSION and sender (our id; 0 before registration and for the
- * coordinator), then sends it as zs_ctrl_send does. */
+ * coordinator). */
+void zs_ctrl_stamp(Zshard__Envelope *env, uint32_t sender);
+
+/* zs_ctrl_stamp, then zs_ctrl_send. */
 zs_err zs_ctrl_send_as(zs_ctrl *c, const zs_ctrl_peer *to, uint32_t sender, Zshard__Envelope *env);
 
 /* Sends this process's Register (DEALER side): role, the data-plane endpoint (NULL: none),

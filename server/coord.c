@@ -4,6 +4,12 @@
  * into coordstate calls; state changes go out as messages.  Peers are known by their proto id
  * (1, 2, ... in registration order); coordstate has ids of its own for the members it tracks
  * (servers from registration, workers once their data matched).
+ *
+ * One turn of the loop (zs_coord_turn) takes one message from the socket, handles it
+ * (on_message; a refused one is answered by on_refused), then advance()s the job: expired
+ * members, the start of a step, the verdict, changed assignments.  zs_coord_feed is the same
+ * turn with bytes that a test gives instead of the socket.  Every send goes through
+ * send_env, where a test's hook sees it.
  */
 #include "common/clock.h"
 #include "server/coord.h"
@@ -38,8 +44,10 @@ typedef struct {
     uint64_t sent_sig; /* a signature of its chunk list, to send only changes */
 } peer_entry;
 
-typedef struct {
+struct zs_coord {
     const zs_coord_opts *opts;
+    zs_coord_hooks hooks;
+    zs_msg_ctx ctx; /* what received messages are checked against; grows with the job */
     zs_config cfg;
     zs_tensor_table tt;
     zs_dataset data;
@@ -57,11 +65,20 @@ typedef struct {
     double step_start;
     int done;
     zs_err result;
-} coord;
+};
+typedef struct zs_coord coord;
+
+static uint64_t now_ms(const coord *co)
+{
+    return co->hooks.now_ms ? co->hooks.now_ms(co->hooks.user) : zs_now_ms();
+}
 
 static void send_env(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env)
 {
-    if (zs_ctrl_send_as(co->ctrl, to, 0, env) != ZS_OK)
+    zs_ctrl_stamp(env, 0);
+    if (co->hooks.sent)
+        co->hooks.sent(co->hooks.user, to, env);
+    if (co->ctrl && zs_ctrl_send(co->ctrl, to, env) != ZS_OK)
         ZS_WARN("coord: %s", zs_last_error());
 }
 
@@ -144,7 +161,7 @@ static zs_err make_map(coord *co)
     ZS_CHECK(zs_coord_state_create(&co->cfg, n, co->map.n_shards, co->opts->steps, &co->cs));
     for (int i = 0; i < co->n_peers; i++) {
         if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
-            zs_coord_join(co->cs, ZS_MEMBER_SERVER, i + 1, co->peers[i].endpoint, zs_now_ms(),
+            zs_coord_join(co->cs, ZS_MEMBER_SERVER, i + 1, co->peers[i].endpoint, now_ms(co),
                           &co->peers[i].cs_id);
         }
         send_job(co, &co->peers[i].peer);
@@ -278,7 +295,7 @@ static void on_ready(coord *co, int pi, const Zshard__Ready *r)
         p->gone = 1;
         return;
     }
-    zs_err e = zs_coord_join(co->cs, ZS_MEMBER_WORKER, pi + 1, "", zs_now_ms(), &p->cs_id);
+    zs_err e = zs_coord_join(co->cs, ZS_MEMBER_WORKER, pi + 1, "", now_ms(co), &p->cs_id);
     if (e != ZS_OK) {
         send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_REFUSED, zs_last_error());
         send_shutdown(co, &p->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, zs_last_error());
@@ -386,7 +403,7 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
             " | eta %.0fs\n", st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps,
             st.workers, dt * (double)(co->opts->steps - st.step));
     if (zs_coord_phase(co->cs) == ZS_PHASE_DONE) {
-        zs_err e = gather_and_save(co);
+        zs_err e = co->hooks.gather ? co->hooks.gather(co->hooks.user) : gather_and_save(co);
         if (e != ZS_OK) {
             abort_job(co, e);
             return;
@@ -428,7 +445,7 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
     }
     peer_entry *p = &co->peers[pi];
     if (co->cs && p->cs_id >= 0)
-        zs_coord_heartbeat(co->cs, p->cs_id, zs_now_ms());
+        zs_coord_heartbeat(co->cs, p->cs_id, now_ms(co));
     switch (env->body_case) {
     case ZSHARD__ENVELOPE__BODY_HEARTBEAT:
         break;
@@ -488,77 +505,151 @@ static zs_err coord_setup(coord *co)
     co->peers = calloc(MAX_PEERS, sizeof *co->peers);
     if (!co->peers)
         return zs_error(ZS_ERR_NOMEM, "coord: out of memory");
-    ZS_CHECK(zs_ctrl_bind(co->opts->listen, &co->ctrl));
-    ZS_INFO("coord: listening on %s for %d servers; %ld steps of %d chunks", zs_ctrl_endpoint(co->ctrl),
-            co->opts->servers, co->opts->steps, co->cfg.chunks);
+    co->ctx = (zs_msg_ctx){.self = ZS_MSG_COORDINATOR, .chunks = (uint32_t)co->cfg.chunks,
+                           .steps = (uint32_t)co->opts->steps};
+    if (co->opts->listen)
+        ZS_CHECK(zs_ctrl_bind(co->opts->listen, &co->ctrl));
+    ZS_INFO("coord: listening on %s for %d servers; %ld steps of %d chunks",
+            co->ctrl ? zs_ctrl_endpoint(co->ctrl) : "(no socket)", co->opts->servers,
+            co->opts->steps, co->cfg.chunks);
     return ZS_OK;
+}
+
+/* A message that zs_ctrl_recv or zs_msg_decode refused, the reason in zs_last_error(). */
+static void on_refused(coord *co, const zs_ctrl_peer *from)
+{
+    ZS_WARN("coord: refused a message: %s", zs_last_error());
+    if (from->len)
+        send_error(co, from, strstr(zs_last_error(), "protocol version")
+                                 ? ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION
+                                 : ZSHARD__ERROR_CODE__ERROR_MALFORMED,
+                   zs_last_error());
+}
+
+/* What follows every message (or timeout) once the shard map exists: members whose
+ * heartbeats stopped, the start of a step, the verdict, changed assignments. */
+static void advance(coord *co)
+{
+    if (!co->cs || co->done)
+        return;
+    co->ctx.n_shards = (uint32_t)co->map.n_shards;
+    int dead[64];
+    int n = zs_coord_expire(co->cs, now_ms(co), dead, 64);
+    for (int i = 0; i < n && i < 64; i++) {
+        int pi = peer_of_cs(co, dead[i]);
+        if (pi >= 0)
+            member_gone(co, pi, "no heartbeat within the timeout");
+    }
+    if (co->done)
+        return;
+    if (co->servers_ready == co->opts->servers && zs_coord_try_begin(co->cs)) {
+        co->step_start = zs_now_s();
+        co->assignment_dirty = 1;
+    }
+    if (zs_coord_phase(co->cs) == ZS_PHASE_VERDICT)
+        send_verdict(co);
+    if (co->assignment_dirty && zs_coord_phase(co->cs) == ZS_PHASE_COMPUTE) {
+        broadcast_assignment(co);
+        co->assignment_dirty = 0;
+    }
+}
+
+zs_err zs_coord_open(const zs_coord_opts *opts, zs_coord **out)
+{
+    *out = NULL;
+    coord *co = calloc(1, sizeof *co);
+    if (!co)
+        return zs_error(ZS_ERR_NOMEM, "coord: out of memory");
+    co->opts = opts;
+    zs_err res = coord_setup(co);
+    if (res != ZS_OK) {
+        zs_coord_close(co);
+        return res;
+    }
+    *out = co;
+    return ZS_OK;
+}
+
+void zs_coord_set_hooks(zs_coord *co, const zs_coord_hooks *hooks)
+{
+    co->hooks = *hooks;
+}
+
+void zs_coord_turn(zs_coord *co, int timeout_ms, volatile int *stop_flag)
+{
+    if (co->done)
+        return;
+    if (stop_flag && *stop_flag) {
+        abort_job(co, zs_error(ZS_ERR_IO, "coord: interrupted"));
+        return;
+    }
+    zs_ctrl_peer from = {.len = 0};
+    Zshard__Envelope *env = NULL;
+    if (co->ctrl && zs_ctrl_recv(co->ctrl, timeout_ms, &co->ctx, &from, &env) != ZS_OK) {
+        on_refused(co, &from);
+    } else if (env) {
+        on_message(co, &from, env);
+        zs_msg_free(env);
+    }
+    advance(co);
+}
+
+void zs_coord_feed(zs_coord *co, const zs_ctrl_peer *from, const void *bytes, size_t len)
+{
+    /* ZeroMQ drops a message over ZS_MSG_MAX_BYTES (ZMQ_MAXMSGSIZE) before a turn sees it. */
+    if (co->done || len > ZS_MSG_MAX_BYTES)
+        return;
+    Zshard__Envelope *env = NULL;
+    if (zs_msg_decode(bytes, len, &co->ctx, &env) != ZS_OK) {
+        on_refused(co, from);
+    } else {
+        on_message(co, from, env);
+        zs_msg_free(env);
+    }
+    advance(co);
+}
+
+int zs_coord_done(const zs_coord *co, zs_err *result)
+{
+    if (result)
+        *result = co->result;
+    return co->done;
+}
+
+long zs_coord_steps_done(const zs_coord *co)
+{
+    return co->cs ? zs_coord_step(co->cs) : 0;
+}
+
+void zs_coord_close(zs_coord *co)
+{
+    if (!co)
+        return;
+    if (co->metrics)
+        fclose(co->metrics);
+    zs_ctrl_close(co->ctrl);
+    zs_coord_state_free(co->cs);
+    if (co->have_map)
+        zs_shardmap_free(&co->map);
+    if (co->map_msg)
+        zshard__shard_map__free_unpacked(co->map_msg, NULL);
+    zs_msg_jobspec_free(co->job);
+    zs_tensors_free(&co->tt);
+    zs_data_close(&co->data);
+    free(co->peers);
+    free(co);
 }
 
 zs_err zs_coord_run(const zs_coord_opts *opts, volatile int *stop_flag)
 {
-    coord co = {.opts = opts};
-    zs_err res = coord_setup(&co);
-    if (res != ZS_OK)
-        goto out;
-    zs_msg_ctx ctx = {.self = ZS_MSG_COORDINATOR, .chunks = (uint32_t)co.cfg.chunks,
-                      .steps = (uint32_t)opts->steps};
-    while (!co.done) {
-        if (stop_flag && *stop_flag) {
-            abort_job(&co, zs_error(ZS_ERR_IO, "coord: interrupted"));
-            break;
-        }
-        zs_ctrl_peer from;
-        Zshard__Envelope *env = NULL;
-        zs_err e = zs_ctrl_recv(co.ctrl, 20, &ctx, &from, &env);
-        if (e != ZS_OK) {
-            ZS_WARN("coord: refused a message: %s", zs_last_error());
-            if (from.len)
-                send_error(&co, &from, strstr(zs_last_error(), "protocol version")
-                                           ? ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION
-                                           : ZSHARD__ERROR_CODE__ERROR_MALFORMED,
-                           zs_last_error());
-        } else if (env) {
-            on_message(&co, &from, env);
-            zs_msg_free(env);
-        }
-        if (!co.cs || co.done)
-            continue;
-        ctx.n_shards = (uint32_t)co.map.n_shards;
-        int dead[64];
-        int n = zs_coord_expire(co.cs, zs_now_ms(), dead, 64);
-        for (int i = 0; i < n && i < 64; i++) {
-            int pi = peer_of_cs(&co, dead[i]);
-            if (pi >= 0)
-                member_gone(&co, pi, "no heartbeat within the timeout");
-        }
-        if (co.done)
-            break;
-        if (co.servers_ready == opts->servers && zs_coord_try_begin(co.cs)) {
-            co.step_start = zs_now_s();
-            co.assignment_dirty = 1;
-        }
-        if (zs_coord_phase(co.cs) == ZS_PHASE_VERDICT)
-            send_verdict(&co);
-        if (co.assignment_dirty && zs_coord_phase(co.cs) == ZS_PHASE_COMPUTE) {
-            broadcast_assignment(&co);
-            co.assignment_dirty = 0;
-        }
-    }
-    res = co.result;
-out:
-    if (res != ZS_OK && !co.done)
+    coord *co = NULL;
+    zs_err res = zs_coord_open(opts, &co);
+    if (res != ZS_OK) {
         ZS_ERROR("coord: %s", zs_last_error());
-    if (co.metrics)
-        fclose(co.metrics);
-    zs_ctrl_close(co.ctrl);
-    zs_coord_state_free(co.cs);
-    if (co.have_map)
-        zs_shardmap_free(&co.map);
-    if (co.map_msg)
-        zshard__shard_map__free_unpacked(co.map_msg, NULL);
-    zs_msg_jobspec_free(co.job);
-    zs_tensors_free(&co.tt);
-    zs_data_close(&co.data);
-    free(co.peers);
+        return res;
+    }
+    while (!zs_coord_done(co, &res))
+        zs_coord_turn(co, 20, stop_flag);
+    zs_coord_close(co);
     return res;
 }

@@ -10,14 +10,22 @@
  * Malformed or out-of-place messages are answered with an Error and logged with the peer;
  * the coordinator keeps running.  A server that dies aborts the job (its shards are gone);
  * a worker that dies has its chunks reassigned.
+ *
+ * zs_coord_run is the whole process; zs_coord_open / _turn / _close are its loop cut into
+ * pieces (run = open, turn until done, close), so that a test can drive a coordinator one
+ * message at a time.  The last section is for tests and the fuzzer only.
  */
 #ifndef ZS_COORD_H
 #define ZS_COORD_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "common/err.h"
+#include "proto/ctrl.h"
 
 typedef struct {
-    const char *listen;      /* "tcp://HOST:PORT" */
+    const char *listen;      /* "tcp://HOST:PORT"; NULL: no socket (tests: zs_coord_feed) */
     const char *config_path; /* the job's JSON config */
     const char *data_path;   /* training data; workers must have the same (fingerprint) */
     const char *out_dir;
@@ -25,6 +33,53 @@ typedef struct {
     long steps;              /* N */
 } zs_coord_opts;
 
+typedef struct zs_coord zs_coord;
+
+/* Runs the job until it is done (ZS_OK), aborted, or stop_flag becomes non-zero (a signal
+ * handler sets it; the peers are told to abort). */
 zs_err zs_coord_run(const zs_coord_opts *opts, volatile int *stop_flag);
+
+/* Loads the config and the data, builds the job spec, opens OUT/metrics.jsonl and binds the
+ * control endpoint.  opts must outlive the coordinator.  Does not block.  On failure nothing
+ * needs closing. */
+zs_err zs_coord_open(const zs_coord_opts *opts, zs_coord **out);
+
+/*
+ * One turn of the loop: when stop_flag is set, aborts the job; else waits up to timeout_ms
+ * for one control message and handles it, then moves the job on (members whose heartbeats
+ * stopped, the start of a step, the clip verdict, changed assignments).  The turn that ends
+ * the last step gathers the weights from the servers (up to 60 s).  Nothing once done.
+ */
+void zs_coord_turn(zs_coord *co, int timeout_ms, volatile int *stop_flag);
+
+/* 1 once the job is over; *result (may be NULL) is ZS_OK, or why the job was aborted (the
+ * message is in zs_last_error() when the job ended). */
+int zs_coord_done(const zs_coord *co, zs_err *result);
+
+/* Closes the socket and the metrics file and frees everything; NULL is fine. */
+void zs_coord_close(zs_coord *co);
+
+/* ---- internal: for tests and the fuzzer (tests/fuzz/fuzz_handlers.c) ---- */
+
+typedef struct {
+    /* Sees every envelope the coordinator sends (stamped), before ZeroMQ gets it. */
+    void (*sent)(void *user, const zs_ctrl_peer *to, const Zshard__Envelope *env);
+    /* The clock of heartbeats and their timeouts, in ms (NULL: zs_now_ms). */
+    uint64_t (*now_ms)(void *user);
+    /* Called instead of gathering the weights over the data plane after the last step
+     * (NULL: gather); its error aborts the job as a failed gathering would. */
+    zs_err (*gather)(void *user);
+    void *user;
+} zs_coord_hooks;
+
+void zs_coord_set_hooks(zs_coord *co, const zs_coord_hooks *hooks);
+
+/* Takes len bytes as one control message from routing id `from`, as a turn takes one from
+ * the socket: refused with an Error to `from`, or handled; then moves the job on as a turn
+ * does.  Nothing once done. */
+void zs_coord_feed(zs_coord *co, const zs_ctrl_peer *from, const void *bytes, size_t len);
+
+/* Steps finished (published by every server) so far. */
+long zs_coord_steps_done(const zs_coord *co);
 
 #endif

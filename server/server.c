@@ -9,6 +9,12 @@
  * while every scratch buffer is busy stays pending in the transport (which then reads nothing
  * more from that stream) until one is free.  Before AdamW rewrites the weights, the server
  * waits for every send from them to complete.
+ *
+ * One turn of the loop (zs_server_turn): poll the data plane and handle its events
+ * (on_data_event), close the connections doomed meanwhile, handle every control message
+ * waiting (on_ctrl), send a heartbeat when one is due.  zs_server_feed hands on_ctrl bytes
+ * that a test gives instead of the socket; every control message sent goes through send_ctrl,
+ * where a test's hook sees it.
  */
 #include "common/clock.h"
 #include "server/server.h"
@@ -25,6 +31,7 @@
 #include "proto/ctrl.h"
 #include "server/shardmap.h"
 #include "server/shardstore.h"
+#include "transport/tcp.h"
 #include "transport/transport.h"
 
 #define SCRATCH_BUFFERS 8
@@ -56,8 +63,10 @@ typedef struct {
     zs_frame frame;
 } scratch;
 
-typedef struct {
+struct zs_server {
     const zs_server_opts *opts;
+    zs_server_hooks hooks;
+    zs_msg_ctx ctx; /* what control messages are checked against; grows with the job */
     const zs_transport_ops *ops;
     zs_net *net;
     zs_listener *listener;
@@ -94,11 +103,15 @@ typedef struct {
     uint64_t last_heartbeat_ms;
     int done;
     zs_err result;
-} server;
+};
+typedef struct zs_server server;
 
 static zs_err send_ctrl(server *sv, Zshard__Envelope *env)
 {
-    return zs_ctrl_send_as(sv->ctrl, NULL, sv->id, env);
+    zs_ctrl_stamp(env, sv->id);
+    if (sv->hooks.sent)
+        sv->hooks.sent(sv->hooks.user, env);
+    return sv->ctrl ? zs_ctrl_send(sv->ctrl, NULL, env) : ZS_OK;
 }
 
 /* An error reply for frame f on c; the payload is the reason, for the peer's logs. */
@@ -635,8 +648,10 @@ static void send_heartbeat(server *sv)
         ZS_WARN("server %u: heartbeat: %s", sv->id, zs_last_error());
 }
 
-static void server_free(server *sv)
+void zs_server_close(zs_server *sv)
 {
+    if (!sv)
+        return;
     if (sv->net)
         sv->ops->close(sv->net); /* frees listener, connections and registrations */
     for (int i = 0; i < SCRATCH_BUFFERS; i++)
@@ -654,77 +669,156 @@ static void server_free(server *sv)
     free(sv->held);
     free(sv->waiting);
     free(sv->doomed);
+    free(sv);
 }
 
-zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
+static zs_err server_setup(server *sv)
 {
-    server sv = {.opts = opts, .ops = &zs_tcp_ops};
-    zs_err res;
-    ZS_CHECK_GOTO(sv.ops->open(&sv.net), res, out);
+    ZS_CHECK(sv->ops->open(&sv->net));
     /* Replies queue up during a turn of the loop and go out in one sendmsg per socket. */
     zs_net_opts nopts = {.batch_sends = 1};
-    ZS_CHECK_GOTO(sv.ops->set_opts(sv.net, &nopts), res, out);
-    ZS_CHECK_GOTO(sv.ops->listen(sv.net, opts->listen, NULL, &sv.listener), res, out);
-    {
+    ZS_CHECK(sv->ops->set_opts(sv->net, &nopts));
+    if (sv->opts->listen) {
+        ZS_CHECK(sv->ops->listen(sv->net, sv->opts->listen, NULL, &sv->listener));
         /* Register the address with the port actually bound. */
         char host[96];
-        snprintf(host, sizeof host, "%s", opts->listen);
+        snprintf(host, sizeof host, "%s", sv->opts->listen);
         char *colon = strrchr(host, ':');
         if (colon)
             *colon = '\0';
         if (!*host || strcmp(host, "*") == 0 || strcmp(host, "0.0.0.0") == 0)
             snprintf(host, sizeof host, "127.0.0.1");
-        snprintf(sv.endpoint, sizeof sv.endpoint, "%s:%d", host,
-                 sv.ops->listener_port(sv.listener));
+        snprintf(sv->endpoint, sizeof sv->endpoint, "%s:%d", host,
+                 sv->ops->listener_port(sv->listener));
     }
-    ZS_CHECK_GOTO(zs_ctrl_connect(opts->coord, &sv.ctrl), res, out);
-    ZS_CHECK_GOTO(zs_ctrl_register(sv.ctrl, ZSHARD__ROLE__ROLE_SERVER, sv.endpoint), res, out);
-    zs_msg_ctx ctx = {.self = ZS_MSG_SERVER};
+    sv->ctx = (zs_msg_ctx){.self = ZS_MSG_SERVER};
+    if (sv->opts->coord) {
+        ZS_CHECK(zs_ctrl_connect(sv->opts->coord, &sv->ctrl));
+        ZS_CHECK(zs_ctrl_register(sv->ctrl, ZSHARD__ROLE__ROLE_SERVER, sv->endpoint));
+    }
+    return ZS_OK;
+}
+
+zs_err zs_server_open(const zs_server_opts *opts, zs_server **out)
+{
+    *out = NULL;
+    server *sv = calloc(1, sizeof *sv);
+    if (!sv)
+        return zs_error(ZS_ERR_NOMEM, "server: out of memory");
+    sv->opts = opts;
+    sv->ops = &zs_tcp_ops;
+    zs_err res = server_setup(sv);
+    if (res != ZS_OK) {
+        zs_server_close(sv);
+        return res;
+    }
+    *out = sv;
+    return ZS_OK;
+}
+
+void zs_server_set_hooks(zs_server *sv, const zs_server_hooks *hooks)
+{
+    sv->hooks = *hooks;
+}
+
+/* A control message: refused (logged) or handled. */
+static void on_ctrl_bytes(server *sv, zs_err decoded, Zshard__Envelope *env)
+{
+    if (decoded != ZS_OK) {
+        ZS_WARN("server %u: refused a control message: %s", sv->id, zs_last_error());
+        return;
+    }
+    if (sv->have_job)
+        sv->ctx.chunks = (uint32_t)sv->cfg.chunks;
+    on_ctrl(sv, env);
+    zs_msg_free(env);
+}
+
+zs_err zs_server_turn(zs_server *sv, int timeout_ms)
+{
     zs_event evs[MAX_EVENTS];
-    while (!sv.done && !(stop_flag && *stop_flag)) {
-        int n = 0;
-        ZS_CHECK_GOTO(sv.ops->poll(sv.net, evs, MAX_EVENTS, POLL_MS, &n), res, out);
-        for (int i = 0; i < n; i++)
-            on_data_event(&sv, &evs[i]);
-        for (int i = 0; i < sv.n_doomed; i++) {
-            forget_conn(&sv, sv.doomed[i]);
-            sv.ops->conn_close(sv.doomed[i]);
-        }
-        sv.n_doomed = 0;
-        for (;;) {
-            Zshard__Envelope *env = NULL;
-            zs_err e = zs_ctrl_recv(sv.ctrl, 0, &ctx, NULL, &env);
-            if (e != ZS_OK) {
-                ZS_WARN("server %u: refused a control message: %s", sv.id, zs_last_error());
-                continue;
-            }
-            if (!env)
-                break;
-            if (sv.have_job)
-                ctx.chunks = (uint32_t)sv.cfg.chunks;
-            on_ctrl(&sv, env);
-            zs_msg_free(env);
-        }
-        uint64_t t = zs_now_ms();
-        if (sv.id && t - sv.last_heartbeat_ms >= (uint64_t)(sv.have_job
-                                                                 ? sv.cfg.cluster.heartbeat_interval_ms
-                                                                 : 500)) {
-            send_heartbeat(&sv);
-            sv.last_heartbeat_ms = t;
-        }
+    int n = 0;
+    ZS_CHECK(sv->ops->poll(sv->net, evs, MAX_EVENTS, timeout_ms, &n));
+    for (int i = 0; i < n; i++)
+        on_data_event(sv, &evs[i]);
+    for (int i = 0; i < sv->n_doomed; i++) {
+        forget_conn(sv, sv->doomed[i]);
+        sv->ops->conn_close(sv->doomed[i]);
     }
-    res = sv.result;
-    if (stop_flag && *stop_flag && sv.id) {
-        Zshard__Shutdown s = ZSHARD__SHUTDOWN__INIT;
-        s.has_kind = 1;
-        s.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_LEAVING;
-        s.reason = (char *)"signal";
-        Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
-        env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
-        env.shutdown = &s;
-        send_ctrl(&sv, &env);
+    sv->n_doomed = 0;
+    while (sv->ctrl) {
+        Zshard__Envelope *env = NULL;
+        zs_err e = zs_ctrl_recv(sv->ctrl, 0, &sv->ctx, NULL, &env);
+        if (e == ZS_OK && !env)
+            break;
+        on_ctrl_bytes(sv, e, env);
     }
+    uint64_t t = zs_now_ms();
+    if (sv->id && t - sv->last_heartbeat_ms >= (uint64_t)(sv->have_job
+                                                              ? sv->cfg.cluster.heartbeat_interval_ms
+                                                              : 500)) {
+        send_heartbeat(sv);
+        sv->last_heartbeat_ms = t;
+    }
+    return ZS_OK;
+}
+
+void zs_server_feed(zs_server *sv, const void *bytes, size_t len)
+{
+    /* ZeroMQ drops a message over ZS_MSG_MAX_BYTES (ZMQ_MAXMSGSIZE) before a turn sees it. */
+    if (sv->done || len > ZS_MSG_MAX_BYTES)
+        return;
+    Zshard__Envelope *env = NULL;
+    zs_err e = zs_msg_decode(bytes, len, &sv->ctx, &env);
+    on_ctrl_bytes(sv, e, env);
+}
+
+zs_err zs_server_adopt(zs_server *sv, int fd, const char *peer)
+{
+    /* The data plane is TCP (sv->ops), whose connections can be made of any stream socket. */
+    zs_conn *c = NULL;
+    zs_err e = zs_tcp_adopt(sv->net, fd, peer, &c);
+    if (e != ZS_OK)
+        close(fd);
+    return e;
+}
+
+int zs_server_done(const zs_server *sv, zs_err *result)
+{
+    if (result)
+        *result = sv->result;
+    return sv->done;
+}
+
+long zs_server_version(const zs_server *sv)
+{
+    return sv->store ? zs_store_version(sv->store) : -1;
+}
+
+/* Tells the coordinator that this server leaves (it was stopped by a signal). */
+static void send_leaving(server *sv)
+{
+    Zshard__Shutdown s = ZSHARD__SHUTDOWN__INIT;
+    s.has_kind = 1;
+    s.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_LEAVING;
+    s.reason = (char *)"signal";
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
+    env.shutdown = &s;
+    send_ctrl(sv, &env);
+}
+
+zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
+{
+    server *sv = NULL;
+    zs_err res;
+    ZS_CHECK(zs_server_open(opts, &sv));
+    while (!sv->done && !(stop_flag && *stop_flag))
+        ZS_CHECK_GOTO(zs_server_turn(sv, POLL_MS), res, out);
+    res = sv->result;
+    if (stop_flag && *stop_flag && sv->id)
+        send_leaving(sv);
 out:
-    server_free(&sv);
+    zs_server_close(sv);
     return res;
 }
