@@ -486,7 +486,9 @@ zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_wor
             w.st.steps++;
             last_step = a.step;
         }
-        for (int i = 0; i < a.n && res == ZS_OK; i++)
+        /* A stop request ends the loop after the chunk in hand; the coordinator gives the
+         * rest of the assignment to others once this worker leaves. */
+        for (int i = 0; i < a.n && res == ZS_OK && !(stop_flag && *stop_flag); i++)
             res = run_chunk(&w, model, in, tg, a.step, a.chunks[i]);
         if (res != ZS_OK)
             break;
