@@ -279,6 +279,13 @@ static void on_ready(coord *co, int pi, const Zshard__Ready *r)
             ZS_INFO("coord: all %d servers are ready", co->servers_ready);
         return;
     }
+    if (p->role != ZSHARD__ROLE__ROLE_WORKER) {
+        /* A client tool takes no chunks: joining it as a worker would assign it chunks that
+         * no StepAssign ever tells it about, and the step would wait for them forever. */
+        send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER,
+                   "a client tool takes no chunks: Ready is for servers and workers");
+        return;
+    }
     if (r->what_case != ZSHARD__READY__WHAT_DATA || r->data->fingerprint != co->data.fingerprint ||
         r->data->ntokens != co->data.ntokens) {
         char text[256];
