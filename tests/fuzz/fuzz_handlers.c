@@ -156,6 +156,8 @@ static struct {
 
 static void conv_put(const void *p, size_t n)
 {
+    if (n == 0)
+        return;
     if (conv.len + n > conv.cap) {
         conv.cap = (conv.len + n) * 2;
         conv.buf = realloc(conv.buf, conv.cap);
@@ -668,9 +670,9 @@ enum {
     SV_VERDICT,   /* f a b: ClipVerdict, clip (a + 1) / 256, skip if b & 1 */
     SV_SHUTDOWN,  /* a: Shutdown DONE or ABORT (a & 1), or an Error (a & 2) */
     SV_PUSH,      /* f a b d: a push (see sv_push) */
-    SV_FETCH,     /* f a b: a fetch (see sv_fetch) */
+    SV_FETCH,     /* f a b: a fetch, or a frame that is no request (see sv_fetch) */
     SV_DATA_RAW,  /* u16 length, bytes: onto the data-plane connection */
-    SV_HANGUP,    /* the worker's connection closes */
+    SV_HANGUP,    /* a: the worker's connection closes (a & 1: in the middle of a push) */
     SV_PUMP,      /* turns of the server's loop */
     SV_OPS
 };
@@ -681,6 +683,7 @@ typedef struct {
     uint64_t step, offset, count;
     uint32_t chunk, sender;
     int dtype;
+    int cut; /* a push whose payload breaks off: it can only be refused */
 } sv_req;
 
 static struct {
@@ -783,7 +786,7 @@ static void sv_check_partials(void)
 static void sv_forget_requests(void)
 {
     for (int i = 0; i < sh.n_req; i++)
-        if (sh.req[i].op == ZS_OP_PUSH && sh.req[i].step < SERVER_STEPS)
+        if (sh.req[i].op == ZS_OP_PUSH && !sh.req[i].cut && sh.req[i].step < SERVER_STEPS)
             sh.uncertain[sh.req[i].step] = 1;
     sh.n_req = 0;
 }
@@ -813,6 +816,8 @@ static int sv_connect(void)
 
 static void sv_put(const void *p, size_t n)
 {
+    if (n == 0)
+        return;
     if (sh.out_len + n > sh.out_cap) {
         sh.out_cap = (sh.out_len + n) * 2;
         sh.out = realloc(sh.out, sh.out_cap);
@@ -849,7 +854,7 @@ static void sv_reply(const zs_frame *f)
         REQUIRE(f->offset == r.offset && f->count == r.count && f->dtype == r.dtype);
         REQUIRE(f->status == ZS_FS_OK);
     } else if (f->op == ZS_OP_PUSH_REPLY) {
-        REQUIRE(r.op == ZS_OP_PUSH);
+        REQUIRE(r.op == ZS_OP_PUSH && !r.cut);
         REQUIRE(f->status == ZS_FS_OK || f->status == ZS_FS_DUPLICATE);
         REQUIRE(f->step == r.step && f->chunk == r.chunk);
         REQUIRE(r.chunk < (uint32_t)g.C && r.sender >= 1 && r.sender < 16);
@@ -861,6 +866,10 @@ static void sv_reply(const zs_frame *f)
         }
     } else {
         REQUIRE(f->op == ZS_OP_ERROR);
+        /* A frame that is no request is refused as such (or, before the shards exist, as
+         * every frame is). */
+        REQUIRE(r.op != ZS_OP_PUSH_REPLY || f->status == ZS_FS_BAD_FRAME ||
+                (f->status == ZS_FS_SHUTDOWN && !sh.ready_sent));
     }
 }
 
@@ -999,9 +1008,10 @@ static void sv_range(unsigned b, uint64_t *offset, uint64_t *count)
 /*
  * f a b d: a push of chunk (a >> 2) % (C + 1) from worker 10 + (a & 3) (f & 0x80: sender
  * f & 15).  b & 1 with no bit 6 or 7: every shard of this server (per the map it took), one
- * frame each; else the range of sv_range(b).  d & 1: a NaN in it; d & 2: dtype BF16.
+ * frame each; else the range of sv_range(b).  d & 1: a NaN in it; d & 2: dtype BF16.  cut:
+ * only the first frame, and only half of its payload (the connection is about to close).
  */
-static void sv_push(unsigned f, unsigned a, unsigned b, unsigned d)
+static void sv_push(unsigned f, unsigned a, unsigned b, unsigned d, int cut)
 {
     uint64_t step = sv_step(f);
     uint32_t chunk = (a >> 2) % (unsigned)(g.C + 1);
@@ -1020,6 +1030,8 @@ static void sv_push(unsigned f, unsigned a, unsigned b, unsigned d)
         sv_range(b, &ranges[0][0], &ranges[0][1]);
         n = 1;
     }
+    if (cut)
+        n = n > 0 ? 1 : 0;
     float *grad = malloc((g.shard_floats + 1) * sizeof *grad);
     REQUIRE(grad);
     for (int i = 0; i < n && sh.n_req < MAX_REQ; i++) {
@@ -1036,23 +1048,34 @@ static void sv_push(unsigned f, unsigned a, unsigned b, unsigned d)
                        .length = cnt * (d & 2 ? 2 : 4)};
         sh.req[sh.n_req++] = (sv_req){.id = fr.id, .op = ZS_OP_PUSH, .step = step,
                                       .offset = fr.offset, .count = cnt, .chunk = chunk,
-                                      .sender = sender, .dtype = fr.dtype};
+                                      .sender = sender, .dtype = fr.dtype, .cut = cut};
+        if (cut) {
+            uint8_t h[ZS_FRAME_HEADER_BYTES];
+            zs_frame_encode(&fr, h);
+            sv_put(h, sizeof h);
+            sv_put(grad, fr.length / 2);
+            break;
+        }
         sv_put_frame(&fr, grad);
     }
     free(grad);
 }
 
 /* f a b: a fetch of the current version + a % 3 (f & 0x40: version (f >> 4) & 3) of the range
- * of sv_range(b), dtype BF16 if a & 4. */
+ * of sv_range(b), dtype BF16 if a & 4; with a & 0x18 == 0x18 a PUSH_REPLY instead, which is no
+ * request (the server answers BAD_FRAME and drops the connection). */
 static void sv_fetch(unsigned f, unsigned a, unsigned b)
 {
     if (sh.n_req >= MAX_REQ)
         return;
     uint64_t step = f & 0x40 ? (f >> 4) & 3 : sv_step(0) + a % 3;
-    zs_frame fr = {.op = ZS_OP_FETCH, .dtype = a & 4 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32,
+    int op = (a & 0x18) == 0x18 ? ZS_OP_PUSH_REPLY : ZS_OP_FETCH;
+    zs_frame fr = {.op = (uint16_t)op, .dtype = a & 4 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32,
                    .id = ++sh.next_id, .step = step};
     sv_range(b, &fr.offset, &fr.count);
-    sh.req[sh.n_req++] = (sv_req){.id = fr.id, .op = ZS_OP_FETCH, .step = step,
+    if (op == ZS_OP_PUSH_REPLY)
+        fr.count = 0;
+    sh.req[sh.n_req++] = (sv_req){.id = fr.id, .op = op, .step = step,
                                   .offset = fr.offset, .count = fr.count, .dtype = fr.dtype};
     sv_put_frame(&fr, NULL);
 }
@@ -1151,7 +1174,7 @@ static void sv_record(input *in)
     case SV_PUSH: {
         unsigned f = take8(in), a = take8(in), b = take8(in), d = take8(in);
         if (sv_connect())
-            sv_push(f, a, b, d);
+            sv_push(f, a, b, d, 0);
         break;
     }
     case SV_FETCH: {
@@ -1169,9 +1192,17 @@ static void sv_record(input *in)
         }
         break;
     }
-    case SV_HANGUP:
+    case SV_HANGUP: {
+        unsigned a = take8(in);
+        if (a & 1 && sv_connect()) {
+            /* Half a push of chunk (a >> 1) % (C + 1) from worker 10 + (a >> 3) % 4, then the
+             * connection closes under it. */
+            sv_push(0, ((a >> 3) & 3) | ((a >> 1) % (unsigned)(g.C + 1)) << 2, 1, 0, 1);
+            sv_pump();
+        }
         sv_hangup();
         break;
+    }
     default:
         break;
     }
@@ -1483,7 +1514,7 @@ static void write_corpus(const char *dir)
     R4(&s, SV_PUSH, 0, 0, 1, 0x82, 2);
     R3(&s, SV_VERDICT, 0, 0, 99, 1);
     R3(&s, SV_FETCH, 0, 0, 0, 0x80);
-    R0(&s, SV_HANGUP, 0);
+    R1(&s, SV_HANGUP, 0, 0);
     R3(&s, SV_FETCH, 0, 0, 4, 2);
     s.b[s.n++] = SV_DATA_RAW << 3;
     s.b[s.n++] = 8;
@@ -1493,6 +1524,24 @@ static void write_corpus(const char *dir)
     R3(&s, SV_FETCH, 0, 0, 0, 2);
     R1(&s, SV_SHUTDOWN, 0, 1);
     emit(dir, "server-two-workers", &s);
+
+    /* A step whose pushes break off: a connection closes in the middle of a push payload (of
+     * an assigned chunk, and of one whose owner is not known yet), a frame that is no request;
+     * then the step completes over a new connection. */
+    s.n = 0;
+    s.b[s.n++] = 1;
+    R1(&s, SV_REPLY, 0, 0);
+    R1(&s, SV_JOB, 0, 0);
+    R1(&s, SV_MAP, 0, 0);
+    R3(&s, SV_ASSIGN, 0, 0, 0, 3);
+    R1(&s, SV_HANGUP, 0, 1);
+    R1(&s, SV_HANGUP, 0, 1 | 2 << 1);
+    R3(&s, SV_FETCH, 0, 0, 0x18, 2);
+    R3(&s, SV_ASSIGN, 0, 0, 1, 4);
+    for (int c = 0; c < g.C; c++)
+        R4(&s, SV_PUSH, 0, 0, (unsigned)c << 2 | (c == 2), 1, 0);
+    R3(&s, SV_VERDICT, 0, 0, 127, 0);
+    emit(dir, "server-broken-pushes", &s);
 
     /* Setups that fail: an id the map does not name; a job whose model the map does not fit;
      * a refused registration. */
