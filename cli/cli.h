@@ -11,6 +11,7 @@ int zs_cmd_eval(int argc, char **argv);
 int zs_cmd_server(int argc, char **argv);
 int zs_cmd_coord(int argc, char **argv);
 int zs_cmd_worker(int argc, char **argv);
+int zs_cmd_status(int argc, char **argv);
 int zs_cmd_launch(int argc, char **argv);
 
 /* Parses a positive integer flag value; prints "zshard CMD: --FLAG: ..." and returns -1. */

@@ -24,6 +24,7 @@ static const char usage[] =
     "  coord   run the coordinator (membership, shard map, step state)\n"
     "  server  run a partition server (holds shards, applies AdamW)\n"
     "  worker  run a worker (computes chunks with fetched layers, pushes gradients)\n"
+    "  status  print what a running job is doing (step, members, throughput)\n"
     "  launch  run a whole job on this host: coord, servers and workers\n"
     "\n"
     "Run 'zshard COMMAND --help' for the options of a command.\n";
@@ -111,6 +112,8 @@ int main(int argc, char **argv)
         return zs_cmd_server(argc - 1, argv + 1);
     if (strcmp(cmd, "worker") == 0)
         return zs_cmd_worker(argc - 1, argv + 1);
+    if (strcmp(cmd, "status") == 0)
+        return zs_cmd_status(argc - 1, argv + 1);
     if (strcmp(cmd, "launch") == 0)
         return zs_cmd_launch(argc - 1, argv + 1);
     fprintf(stderr, "zshard: unknown command \"%s\"\n\n%s", cmd, usage);

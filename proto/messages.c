@@ -97,7 +97,7 @@ static int wire_next(wire *w, wire_field *f)
 }
 
 #define BODY_FIRST ZSHARD__ENVELOPE__BODY_REGISTRATION
-#define BODY_LAST ZSHARD__ENVELOPE__BODY_SHUTDOWN
+#define BODY_LAST ZSHARD__ENVELOPE__BODY_STATUS_REPLY
 
 /* What pass 1 learns of an envelope. */
 typedef struct {
@@ -894,6 +894,50 @@ zs_err zs_msg_check_shutdown(const Zshard__Shutdown *m, const zs_msg_ctx *ctx)
     return str_ok("Shutdown.reason", m->reason, ZS_MSG_MAX_STRING, STR_EMPTY_OK);
 }
 
+zs_err zs_msg_check_status_request(const Zshard__StatusRequest *m, const zs_msg_ctx *ctx)
+{
+    (void)ctx;
+    return m ? ZS_OK : FAIL("StatusRequest: missing");
+}
+
+zs_err zs_msg_check_status_reply(const Zshard__StatusReply *m, const zs_msg_ctx *ctx)
+{
+    (void)ctx;
+    if (!m)
+        return FAIL("StatusReply: missing");
+    ZS_CHECK(need(m->has_steps_done, "StatusReply.steps_done"));
+    ZS_CHECK(need(m->has_steps, "StatusReply.steps"));
+    if (m->steps > ZS_MSG_MAX_STEPS || m->steps_done > m->steps)
+        return FAIL("StatusReply.steps_done: %" PRIu64 " of %" PRIu64 " steps", m->steps_done,
+                    m->steps);
+    ZS_CHECK(str_ok("StatusReply.phase", m->phase, 64, 0));
+    if (m->has_tokens_per_sec && !(m->tokens_per_sec >= 0 && m->tokens_per_sec < 1e15))
+        return FAIL("StatusReply.tokens_per_sec: %g", m->tokens_per_sec);
+    if (m->n_members > 2 * (size_t)ZS_MSG_MAX_SERVERS + (1u << 16))
+        return FAIL("StatusReply.members: %zu", m->n_members);
+    for (size_t i = 0; i < m->n_members; i++) {
+        const Zshard__MemberStatus *s = m->members[i];
+        if (!s)
+            return FAIL("StatusReply.members[%zu]: missing", i);
+        ZS_CHECK(id_ok("StatusReply.members[].id", s->has_id, s->id));
+        if (!s->has_role || s->role < ZSHARD__ROLE__ROLE_SERVER ||
+            s->role > ZSHARD__ROLE__ROLE_CLIENT_TOOL)
+            return FAIL("StatusReply.members[%zu].role: missing or not a role", i);
+        if (!s->has_state || s->state < ZSHARD__MEMBER_STATE__MEMBER_JOINING ||
+            s->state > ZSHARD__MEMBER_STATE__MEMBER_GONE)
+            return FAIL("StatusReply.members[%zu].state: missing or not a state", i);
+        if (s->reason)
+            ZS_CHECK(str_ok("StatusReply.members[].reason", s->reason, ZS_MSG_MAX_STRING, STR_EMPTY_OK));
+        if (s->endpoint)
+            ZS_CHECK(str_ok("StatusReply.members[].endpoint", s->endpoint, ZS_MSG_MAX_ENDPOINT, STR_EMPTY_OK));
+        if (s->hostname)
+            ZS_CHECK(str_ok("StatusReply.members[].hostname", s->hostname, ZS_MSG_MAX_HOSTNAME, STR_EMPTY_OK));
+        if (s->has_tokens_per_sec && !(s->tokens_per_sec >= 0 && s->tokens_per_sec < 1e15))
+            return FAIL("StatusReply.members[%zu].tokens_per_sec: %g", i, s->tokens_per_sec);
+    }
+    return ZS_OK;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Envelopes.                                                                                  */
 
@@ -930,6 +974,10 @@ static const struct {
                                       FROM_COORD | FROM_PEER | FROM_NEW, ZS_MSG_MAX_SMALL_BYTES},
     [ZSHARD__ENVELOPE__BODY_SHUTDOWN] = {"Shutdown", TO_COORD | TO_SERVER | TO_WORKER,
                                          FROM_COORD | FROM_PEER, ZS_MSG_MAX_SMALL_BYTES},
+    [ZSHARD__ENVELOPE__BODY_STATUS_REQUEST] = {"StatusRequest", TO_COORD, FROM_NEW | FROM_PEER,
+                                               ZS_MSG_MAX_SMALL_BYTES},
+    [ZSHARD__ENVELOPE__BODY_STATUS_REPLY] = {"StatusReply", TO_WORKER, FROM_COORD,
+                                             ZS_MSG_MAX_BYTES},
 };
 
 static int body_known(unsigned body)
@@ -1011,6 +1059,10 @@ static zs_err check_body(const Zshard__Envelope *env, const zs_msg_ctx *ctx)
         return zs_msg_check_error(env->error, ctx);
     case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
         return zs_msg_check_shutdown(env->shutdown, ctx);
+    case ZSHARD__ENVELOPE__BODY_STATUS_REQUEST:
+        return zs_msg_check_status_request(env->status_request, ctx);
+    case ZSHARD__ENVELOPE__BODY_STATUS_REPLY:
+        return zs_msg_check_status_reply(env->status_reply, ctx);
     default:
         return FAIL("Envelope: no body");
     }

@@ -40,6 +40,9 @@ typedef struct {
     int ready;
     int gone;
     char endpoint[128];
+    char hostname[64];
+    uint32_t pid;
+    char gone_why[160]; /* why it is gone: "no heartbeat within 1000 ms", "worker leaving" */
     long sent_step;   /* the step of the last StepAssign sent to this worker, -1: none */
     uint64_t sent_sig; /* a signature of its chunk list, to send only changes */
 } peer_entry;
@@ -63,6 +66,7 @@ struct zs_coord {
     int assignment_dirty;
     FILE *metrics;
     double step_start;
+    double last_loss, last_tps; /* of the last finished step, for StatusReply */
     int done;
     zs_err result;
 };
@@ -107,11 +111,12 @@ static void send_shutdown(coord *co, const zs_ctrl_peer *to, Zshard__ShutdownKin
     send_env(co, to, &env);
 }
 
+/* To every peer that ever registered: one declared dead may still be running (a hang that
+ * ended), and must learn that the job is over too.  ZeroMQ drops what cannot be routed. */
 static void broadcast_shutdown(coord *co, Zshard__ShutdownKind kind, const char *reason)
 {
     for (int i = 0; i < co->n_peers; i++)
-        if (!co->peers[i].gone)
-            send_shutdown(co, &co->peers[i].peer, kind, reason);
+        send_shutdown(co, &co->peers[i].peer, kind, reason);
 }
 
 static void abort_job(coord *co, zs_err err)
@@ -200,6 +205,8 @@ static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Regis
     p->sent_step = -1;
     if (r->n_endpoints > 0)
         snprintf(p->endpoint, sizeof p->endpoint, "%s", r->endpoints[0]);
+    snprintf(p->hostname, sizeof p->hostname, "%s", r->hostname ? r->hostname : "");
+    p->pid = r->pid;
     rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
     rr.assigned_id = (uint32_t)co->n_peers;
     send_env(co, from, &env);
@@ -399,6 +406,8 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
         return;
     double dt = zs_now_s() - co->step_start;
     double tps = (double)co->cfg.train_batch_size * co->cfg.model.block_size / dt;
+    co->last_loss = st.loss;
+    co->last_tps = tps;
     fprintf(co->metrics,
             "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"clip\": %.9g, "
             "\"tokens_per_sec\": %.1f, \"step_ms\": %.1f, \"compute_ms\": %.1f, "
@@ -420,6 +429,85 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
     }
 }
 
+static const char *phase_name(const coord *co)
+{
+    if (!co->cs)
+        return "waiting for servers";
+    switch (zs_coord_phase(co->cs)) {
+    case ZS_PHASE_WAIT_SERVERS: return "waiting for servers";
+    case ZS_PHASE_WAIT_WORKERS: return "waiting for workers";
+    case ZS_PHASE_COMPUTE: return "computing";
+    case ZS_PHASE_VERDICT: return "gradient norm";
+    case ZS_PHASE_PUBLISH: return "optimizer step";
+    case ZS_PHASE_DONE: return "done";
+    }
+    return "unknown";
+}
+
+/* Answers a StatusRequest: the step, and every peer that ever registered. */
+static void send_status(coord *co, const zs_ctrl_peer *to)
+{
+    int n = co->n_peers;
+    Zshard__MemberStatus *ms = calloc((size_t)(n ? n : 1), sizeof *ms);
+    Zshard__MemberStatus **ptrs = calloc((size_t)(n ? n : 1), sizeof *ptrs);
+    int *chunks = co->cs ? malloc((size_t)co->cfg.chunks * sizeof *chunks) : NULL;
+    if (!ms || !ptrs || (co->cs && !chunks)) {
+        send_error(co, to, ZSHARD__ERROR_CODE__ERROR_REFUSED, "coord: out of memory for status");
+        goto out;
+    }
+    uint64_t now = now_ms(co);
+    double tokens_per_chunk = (double)co->cfg.micro_batch * co->cfg.model.block_size;
+    for (int i = 0; i < n; i++) {
+        const peer_entry *p = &co->peers[i];
+        Zshard__MemberStatus *m = &ms[i];
+        zshard__member_status__init(m);
+        m->has_id = m->has_role = m->has_state = m->has_pid = 1;
+        m->id = (uint32_t)(i + 1);
+        m->role = p->role;
+        m->state = p->gone ? ZSHARD__MEMBER_STATE__MEMBER_GONE
+                   : p->cs_id >= 0 ? ZSHARD__MEMBER_STATE__MEMBER_ACTIVE
+                                   : ZSHARD__MEMBER_STATE__MEMBER_JOINING;
+        m->reason = p->gone ? (char *)p->gone_why : (char *)"";
+        m->endpoint = (char *)p->endpoint;
+        m->hostname = (char *)p->hostname;
+        m->pid = p->pid;
+        const zs_member *cm = co->cs && p->cs_id >= 0 ? zs_coord_member(co->cs, p->cs_id) : NULL;
+        if (cm) {
+            m->has_heartbeat_age_ms = 1;
+            m->heartbeat_age_ms = now > cm->last_heartbeat_ms ? now - cm->last_heartbeat_ms : 0;
+            if (p->role == ZSHARD__ROLE__ROLE_WORKER) {
+                m->has_chunks_done = m->has_chunks_assigned = m->has_tokens_per_sec = 1;
+                m->chunks_done = (uint32_t)cm->chunks_done;
+                m->chunks_assigned =
+                    cm->alive ? (uint32_t)zs_coord_assigned(co->cs, p->cs_id, chunks,
+                                                            co->cfg.chunks)
+                              : 0;
+                m->tokens_per_sec = cm->last_chunk_ms > 0
+                                        ? tokens_per_chunk / (cm->last_chunk_ms / 1e3) : 0;
+            }
+        }
+        ptrs[i] = m;
+    }
+    Zshard__StatusReply r = ZSHARD__STATUS_REPLY__INIT;
+    r.has_steps_done = r.has_steps = r.has_loss = r.has_tokens_per_sec = r.has_live_workers = 1;
+    r.steps_done = co->cs ? (uint64_t)zs_coord_step(co->cs) : 0;
+    r.steps = (uint64_t)co->opts->steps;
+    r.phase = (char *)phase_name(co);
+    r.loss = r.steps_done ? co->last_loss : NAN;
+    r.tokens_per_sec = r.steps_done ? co->last_tps : 0;
+    r.live_workers = co->cs ? (uint32_t)zs_coord_live_workers(co->cs) : 0;
+    r.n_members = (size_t)n;
+    r.members = ptrs;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_STATUS_REPLY;
+    env.status_reply = &r;
+    send_env(co, to, &env);
+out:
+    free(ms);
+    free(ptrs);
+    free(chunks);
+}
+
 /* A member is gone (left, or its heartbeats stopped): a server aborts the job. */
 static void member_gone(coord *co, int pi, const char *why)
 {
@@ -427,6 +515,7 @@ static void member_gone(coord *co, int pi, const char *why)
     if (p->gone)
         return;
     p->gone = 1;
+    snprintf(p->gone_why, sizeof p->gone_why, "%s", why);
     if (p->cs_id >= 0 && zs_coord_member(co->cs, p->cs_id)->alive)
         zs_coord_leave(co->cs, p->cs_id, why);
     if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
@@ -443,7 +532,24 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
         on_register(co, from, env->registration);
         return;
     }
+    if (env->body_case == ZSHARD__ENVELOPE__BODY_STATUS_REQUEST) {
+        send_status(co, from);
+        return;
+    }
     int pi = (int)env->sender - 1;
+    if (pi >= 0 && pi < co->n_peers && co->peers[pi].gone && co->peers[pi].peer.len == from->len &&
+        memcmp(co->peers[pi].peer.id, from->id, from->len) == 0) {
+        /* A member declared dead that is still running (it hung, and came back): it must
+         * stop, its chunks are someone else's now.  Its data-plane pushes, if any, are
+         * refused by the servers as stale or not assigned. */
+        char text[320];
+        snprintf(text, sizeof text, "%s %d was dropped from the job (%s); its chunks went to "
+                 "other workers", co->peers[pi].role == ZSHARD__ROLE__ROLE_SERVER ? "server"
+                                                                               : "worker",
+                 pi + 1, co->peers[pi].gone_why);
+        send_shutdown(co, from, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, text);
+        return;
+    }
     if (pi < 0 || pi >= co->n_peers || co->peers[pi].peer.len != from->len ||
         memcmp(co->peers[pi].peer.id, from->id, from->len) != 0 || co->peers[pi].gone) {
         send_error(co, from, ZSHARD__ERROR_CODE__ERROR_NOT_REGISTERED,

@@ -306,8 +306,11 @@ int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double
         return 0;
     cs->done[chunk] = 1;
     cs->loss[chunk] = loss;
-    if (times)
+    if (times) {
         cs->times[chunk] = *times;
+        cs->members[id].last_chunk_ms =
+            times->compute_ms + times->fetch_wait_ms + times->push_wait_ms;
+    }
     cs->members[id].chunks_done++;
     check_verdict(cs);
     return 1;

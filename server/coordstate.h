@@ -45,6 +45,7 @@ typedef struct {
     uint64_t last_heartbeat_ms;
     char endpoint[128]; /* data-plane address of a server */
     int chunks_done;    /* over the whole run (workers) */
+    double last_chunk_ms; /* workers: compute + waits of its last chunk (0: not reported) */
 } zs_member;
 
 typedef struct {

@@ -420,6 +420,29 @@ static zs_err setup_slots(wk *w)
     return ZS_OK;
 }
 
+/*
+ * A transfer failed with res.  If this worker hung long enough to be declared dead, the
+ * servers refuse its pushes (the step moved on, or its chunks have other owners) and the
+ * coordinator answers its next heartbeat with the reason it was dropped: that is the message
+ * worth reporting.  Listens up to two heartbeat timeouts for it; otherwise returns res.
+ */
+static zs_err why_refused(wk *w, zs_err res)
+{
+    char first[1024];
+    snprintf(first, sizeof first, "%s", zs_last_error());
+    uint64_t until = zs_now_ms() + 2 * (uint64_t)w->cfg->cluster.heartbeat_timeout_ms;
+    while (zs_now_ms() < until) {
+        zs_assignment a;
+        int got = 0, ended = 0;
+        zs_err e = zs_session_next(w->s, 100, &a, &got, &ended);
+        if (ended)
+            return e != ZS_OK ? e : zs_error(res, "%s", first);
+        if (e != ZS_OK || got)
+            break; /* still a member: the failure is the transfer's own */
+    }
+    return zs_error(res, "%s", first);
+}
+
 static void log_stats(const wk *w)
 {
     const zs_worker_stats *s = &w->st;
@@ -490,8 +513,10 @@ zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_wor
          * rest of the assignment to others once this worker leaves. */
         for (int i = 0; i < a.n && res == ZS_OK && !(stop_flag && *stop_flag); i++)
             res = run_chunk(&w, model, in, tg, a.step, a.chunks[i]);
-        if (res != ZS_OK)
+        if (res != ZS_OK) {
+            res = why_refused(&w, res);
             break;
+        }
         idle_since = zs_now_s();
     }
     if (res == ZS_OK && stop_flag && *stop_flag)

@@ -170,6 +170,12 @@ static void check_unfiltered(const Zshard__Envelope *env, const uint8_t *data, s
         case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
             (void)zs_msg_check_shutdown(env->shutdown, ctx);
             break;
+        case ZSHARD__ENVELOPE__BODY_STATUS_REQUEST:
+            (void)zs_msg_check_status_request(env->status_request, ctx);
+            break;
+        case ZSHARD__ENVELOPE__BODY_STATUS_REPLY:
+            (void)zs_msg_check_status_reply(env->status_reply, ctx);
+            break;
         default:
             break;
         }

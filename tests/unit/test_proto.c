@@ -1193,6 +1193,62 @@ static void test_version_error_shutdown(void)
     sd.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_LEAVING;
     sd.reason = NULL;
     REFUSED(&env, &COORD, "Shutdown.reason: missing");
+
+    /* StatusRequest: from anyone, registered or not; StatusReply to the asker. */
+    Zshard__StatusRequest sq;
+    zs_msg_envelope_init(&env, 0);
+    zshard__status_request__init(&sq);
+    env.body_case = ZSHARD__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = &sq;
+    CHECK_OK(roundtrip(&env, &COORD, &out));
+    zs_msg_free(out);
+    write_seed(&env, "status_request", 1);
+    env.sender = 7;
+    CHECK_OK(decode_raw(&env, &COORD));
+    REFUSED(&env, &SERVER, "a server does not take StatusRequest messages");
+
+    Zshard__StatusReply sr;
+    Zshard__MemberStatus m[2], *mp[2] = {&m[0], &m[1]};
+    zs_msg_envelope_init(&env, 0);
+    zshard__status_reply__init(&sr);
+    sr.has_steps_done = sr.has_steps = 1;
+    sr.steps_done = 3;
+    sr.steps = 10;
+    sr.phase = "computing";
+    sr.n_members = 2;
+    sr.members = mp;
+    for (int i = 0; i < 2; i++) {
+        zshard__member_status__init(&m[i]);
+        m[i].has_id = m[i].has_role = m[i].has_state = 1;
+        m[i].id = (uint32_t)(i + 1);
+        m[i].role = i ? ZSHARD__ROLE__ROLE_WORKER : ZSHARD__ROLE__ROLE_SERVER;
+        m[i].state = ZSHARD__MEMBER_STATE__MEMBER_ACTIVE;
+    }
+    m[1].has_tokens_per_sec = 1;
+    m[1].tokens_per_sec = 1234.5;
+    env.body_case = ZSHARD__ENVELOPE__BODY_STATUS_REPLY;
+    env.status_reply = &sr;
+    CHECK_OK(roundtrip(&env, &WORKER, &out));
+    if (out)
+        CHECK(out->status_reply->n_members == 2 &&
+              out->status_reply->members[1]->tokens_per_sec == 1234.5);
+    zs_msg_free(out);
+    write_seed(&env, "status_reply", 1);
+    REFUSED(&env, &COORD, "a coordinator does not take StatusReply messages");
+    sr.steps_done = 11;
+    REFUSED(&env, &WORKER, "StatusReply.steps_done: 11 of 10 steps");
+    sr.steps_done = 3;
+    sr.phase = NULL;
+    REFUSED(&env, &WORKER, "StatusReply.phase: missing");
+    sr.phase = "computing";
+    m[1].state = 9;
+    REFUSED(&env, &WORKER, "StatusReply.members[1].state: missing or not a state");
+    m[1].state = ZSHARD__MEMBER_STATE__MEMBER_GONE;
+    m[1].tokens_per_sec = -1;
+    REFUSED(&env, &WORKER, "StatusReply.members[1].tokens_per_sec: -1");
+    m[1].tokens_per_sec = 0;
+    m[0].has_id = 0;
+    REFUSED(&env, &WORKER, "StatusReply.members[].id: missing");
 }
 
 /* ---- the envelope and the wire ---- */
