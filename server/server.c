@@ -53,6 +53,8 @@ typedef struct {
 typedef struct {
     zs_conn *conn;
     zs_frame frame;
+    uint64_t ctrl_epoch; /* the server's ctrl_epoch when the header arrived */
+    uint64_t arrived_ms;
 } waiting_push;
 
 typedef struct {
@@ -96,6 +98,7 @@ struct zs_server {
     held_fetch *held;
     int n_held, cap_held;
     waiting_push *waiting; /* push headers pending until a scratch buffer frees */
+    uint64_t ctrl_epoch;   /* counts the turns that read the control socket empty */
     zs_conn **doomed;      /* connections to close once this turn's events are handled */
     int n_doomed, cap_doomed;
     int n_waiting, cap_waiting;
@@ -227,8 +230,18 @@ static int free_scratch(server *sv)
  * (answered, payload discarded). */
 enum { PUSH_TAKE, PUSH_DEFER, PUSH_REFUSED };
 
-static int push_check(server *sv, zs_conn *c, const zs_frame *f)
+/* How long a push from a sender that is not the chunk's owner here waits for a reassignment
+ * before it is refused (and at least until the control socket has been read empty once
+ * after it arrived).  The coordinator sends a reassignment to the servers before the new
+ * owner, but the server reads its control socket only between data-plane turns. */
+#define OWNER_GRACE_MS 100
+
+static int push_check(server *sv, const waiting_push *w)
 {
+    zs_conn *c = w->conn;
+    const zs_frame *f = &w->frame;
+    int owner_may_change = w->ctrl_epoch == sv->ctrl_epoch ||
+                           zs_now_ms() - w->arrived_ms < OWNER_GRACE_MS;
     const char *why = NULL;
     zs_frame_status st = ZS_FS_OK;
     const void *data;
@@ -240,6 +253,8 @@ static int push_check(server *sv, zs_conn *c, const zs_frame *f)
         st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
     else if (sv->owner[f->chunk] == 0)
         return PUSH_DEFER;
+    else if (sv->owner[f->chunk] != f->sender && owner_may_change)
+        return PUSH_DEFER; /* the chunk may have been reassigned to the sender */
     else if (sv->owner[f->chunk] != f->sender)
         st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
     else if (zs_store_locate(sv->store, f->offset, f->count, ZS_DTYPE_F32, &data) != ZS_FS_OK)
@@ -273,13 +288,13 @@ static void drain_waiting(server *sv)
     for (int i = 0; i < sv->n_waiting; i++) {
         waiting_push w = sv->waiting[i];
         int slot = free_scratch(sv);
-        int verdict = slot >= 0 ? push_check(sv, w.conn, &w.frame) : PUSH_DEFER;
+        int verdict = slot >= 0 ? push_check(sv, &w) : PUSH_DEFER;
         if (verdict == PUSH_TAKE)
             start_push(sv, w.conn, &w.frame, slot);
         else if (verdict == PUSH_DEFER) {
             ZS_DEBUG("server %u: push of step %llu chunk %u waits (%s)", sv->id,
                      (unsigned long long)w.frame.step, w.frame.chunk,
-                     slot < 0 ? "no free buffer" : "chunk owner not known yet");
+                     slot < 0 ? "no free buffer" : "its chunk's owner here is not the sender yet");
             sv->waiting[j++] = w;
         }
     }
@@ -300,7 +315,7 @@ static void on_push_header(server *sv, zs_conn *c, const zs_frame *f)
         sv->waiting = w;
         sv->cap_waiting = cap;
     }
-    sv->waiting[sv->n_waiting++] = (waiting_push){c, *f};
+    sv->waiting[sv->n_waiting++] = (waiting_push){c, *f, sv->ctrl_epoch, zs_now_ms()};
     drain_waiting(sv);
 }
 
@@ -753,6 +768,11 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
             break;
         on_ctrl_bytes(sv, e, env);
     }
+    /* Pushes that waited for a reassignment are judged again now that the control socket
+     * was read. */
+    sv->ctrl_epoch++;
+    if (sv->n_waiting > 0 && sv->store)
+        drain_waiting(sv);
     uint64_t t = zs_now_ms();
     if (sv->id && t - sv->last_heartbeat_ms >= (uint64_t)(sv->have_job
                                                               ? sv->cfg.cluster.heartbeat_interval_ms

@@ -1,0 +1,92 @@
+# zshard status against a running job: the phase while the job waits for workers, a worker
+# that joins (active, chunks, heartbeat age), a worker killed with SIGKILL (gone, with the
+# reason, after the heartbeat timeout) and the job that goes on without it; --json and the
+# table; no answer once the coordinator is gone (exit 1, named); usage errors.
+source "$(dirname "$0")/lib.sh"
+
+sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 800}, "elasticity": {"enabled": true}/' \
+  "$DATA/tiny.json" > "$WORK/cfg.json"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+"$ZSHARD" coord --listen 'tcp://127.0.0.1:*' --config "$WORK/cfg.json" --servers 1 \
+  --data "$DATA/tiny.txt" --steps 400 --out "$WORK/out" 2>"$WORK/coord.log" &
+COORD=$!
+PIDS+=($COORD)
+# The port ZeroMQ chose, from the coordinator's log.
+EP=
+for _ in $(seq 100); do
+  EP=$(sed -nE 's/.*coord: listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$WORK/coord.log")
+  [ -n "$EP" ] && break
+  sleep 0.1
+done
+[ -n "$EP" ] || { fail "the coordinator did not say where it listens: $(cat "$WORK/coord.log")"; finish; }
+"$ZSHARD" server --coord "$EP" --listen 127.0.0.1:0 --threads 1 2>"$WORK/server.log" &
+PIDS+=($!)
+
+# status_until PATTERN: polls `zshard status --json` (up to 10 s) until its output matches.
+status_until() {
+  checks=$((checks + 1))
+  for _ in $(seq 100); do
+    if "$ZSHARD" status --coord "$EP" --json >"$WORK/status.json" 2>"$WORK/status.err" &&
+      grep -qE -- "$1" "$WORK/status.json"; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  fail "status never matched '$1': $(cat "$WORK/status.json" "$WORK/status.err")"
+}
+
+status_until '"phase":"waiting for workers".*"role":"server","state":"active"'
+grep -q '"live_workers":0' "$WORK/status.json" || fail "live_workers is not 0: $(cat "$WORK/status.json")"
+
+"$ZSHARD" worker --coord "$EP" --threads 1 2>"$WORK/w1.log" &
+W1=$!
+PIDS+=($W1)
+status_until "\"role\":\"worker\",\"state\":\"active\",[^}]*\"pid\":$W1,[^}]*\"chunks_done\":[1-9]"
+grep -q '"live_workers":1' "$WORK/status.json" || fail "live_workers is not 1: $(cat "$WORK/status.json")"
+grep -qE '"steps":400' "$WORK/status.json" || fail "steps is not 400: $(cat "$WORK/status.json")"
+
+# The table names the same members.
+expect_ok "$ZSHARD" status --coord "$EP"
+grep -qE "^ +[0-9]+ +worker +active .* $W1 " "$WORK/out.txt" ||
+  fail "the table lacks worker pid $W1: $(cat "$WORK/out.txt")"
+grep -qE '^step [0-9]+ of 400, (computing|gradient norm|optimizer step|waiting for workers)' \
+  "$WORK/out.txt" || fail "the table's first line: $(head -n 1 "$WORK/out.txt")"
+
+# A second worker, then the first one killed: it is declared gone with the reason, and the
+# job goes on with the second.
+"$ZSHARD" worker --coord "$EP" --threads 1 2>"$WORK/w2.log" &
+W2=$!
+PIDS+=($W2)
+status_until "\"pid\":$W2,[^}]*\"chunks_done\":[1-9]"
+kill -9 "$W1"
+status_until "\"state\":\"gone\",[^}]*\"pid\":$W1,"
+grep -qE "\"state\":\"gone\",\"host\":\"[^\"]*\",\"endpoint\":\"\",\"pid\":$W1,\"reason\":\"no heartbeat within the timeout\"" \
+  "$WORK/status.json" || fail "the killed worker's reason: $(cat "$WORK/status.json")"
+grep -q '"live_workers":1' "$WORK/status.json" || fail "live_workers after the kill: $(cat "$WORK/status.json")"
+# steps_done: the count in the last status.json.
+steps_done() { sed -E 's/.*"steps_done":([0-9]+).*/\1/' "$WORK/status.json"; }
+before=$(steps_done)
+checks=$((checks + 1))
+for _ in $(seq 100); do
+  "$ZSHARD" status --coord "$EP" --json >"$WORK/status.json" 2>/dev/null || true
+  [ "$(steps_done)" -gt "$before" ] 2>/dev/null && break
+  sleep 0.1
+done
+[ "$(steps_done)" -gt "$before" ] 2>/dev/null || fail "no step finished after the kill: $(cat "$WORK/status.json")"
+
+# Without a coordinator there is no answer: exit 1, naming the endpoint.
+kill -9 "$COORD"
+wait "$COORD" 2>/dev/null || true
+expect_fail "no answer from $EP within 300 ms" "$ZSHARD" status --coord "$EP" --timeout-ms 300
+
+expect_fail 'missing --coord' "$ZSHARD" status
+expect_fail '--timeout-ms: "0" is not an integer' "$ZSHARD" status --coord "$EP" --timeout-ms 0
+expect_ok "$ZSHARD" status --help
+grep -q -- '--json' "$WORK/out.txt" || fail "status --help lacks --json"
+finish
