@@ -109,6 +109,11 @@ struct zs_server {
 };
 typedef struct zs_server server;
 
+static uint64_t now_ms(const server *sv)
+{
+    return sv->hooks.now_ms ? sv->hooks.now_ms(sv->hooks.user) : zs_now_ms();
+}
+
 static zs_err send_ctrl(server *sv, Zshard__Envelope *env)
 {
     zs_ctrl_stamp(env, sv->id);
@@ -241,7 +246,7 @@ static int push_check(server *sv, const waiting_push *w)
     zs_conn *c = w->conn;
     const zs_frame *f = &w->frame;
     int owner_may_change = w->ctrl_epoch == sv->ctrl_epoch ||
-                           zs_now_ms() - w->arrived_ms < OWNER_GRACE_MS;
+                           now_ms(sv) - w->arrived_ms < OWNER_GRACE_MS;
     const char *why = NULL;
     zs_frame_status st = ZS_FS_OK;
     const void *data;
@@ -315,7 +320,7 @@ static void on_push_header(server *sv, zs_conn *c, const zs_frame *f)
         sv->waiting = w;
         sv->cap_waiting = cap;
     }
-    sv->waiting[sv->n_waiting++] = (waiting_push){c, *f, sv->ctrl_epoch, zs_now_ms()};
+    sv->waiting[sv->n_waiting++] = (waiting_push){c, *f, sv->ctrl_epoch, now_ms(sv)};
     drain_waiting(sv);
 }
 
@@ -773,7 +778,7 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
     sv->ctrl_epoch++;
     if (sv->n_waiting > 0 && sv->store)
         drain_waiting(sv);
-    uint64_t t = zs_now_ms();
+    uint64_t t = now_ms(sv);
     if (sv->id && t - sv->last_heartbeat_ms >= (uint64_t)(sv->have_job
                                                               ? sv->cfg.cluster.heartbeat_interval_ms
                                                               : 500)) {

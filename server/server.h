@@ -20,6 +20,7 @@
 #define ZS_SERVER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "proto/messages.h"
@@ -63,6 +64,9 @@ void zs_server_close(zs_server *sv);
 typedef struct {
     /* Sees every control message the server sends (stamped), before ZeroMQ gets it. */
     void (*sent)(void *user, const Zshard__Envelope *env);
+    /* The clock of heartbeats and of how long a push waits for its chunk's reassignment, in
+     * ms (NULL: zs_now_ms). */
+    uint64_t (*now_ms)(void *user);
     void *user;
 } zs_server_hooks;
 

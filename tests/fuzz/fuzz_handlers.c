@@ -249,6 +249,7 @@ enum {
     CO_LEAVE,     /* f a b: Shutdown LEAVING (a & 1) or an Error */
     CO_CLOCK,     /* a: the clock moves a * 10 ms, then a turn */
     CO_TURN,      /* a: a turn; with a == 0xa5 a stop flag (the job is aborted) */
+    CO_STATUS,    /* f a b: StatusRequest, as a registered peer if a & 1 (else sender 0) */
     CO_OPS
 };
 /* Operand byte f of the built messages: bit 7 spoofs the sender (id f & 15 instead of the
@@ -321,7 +322,8 @@ static void co_sent(void *user, const zs_ctrl_peer *to, const Zshard__Envelope *
     unsigned asked = co.slot[s].asked, server_bit = 1u << ZSHARD__ROLE__ROLE_SERVER;
     /* The receiver: a server, a worker (or client tool), or, for a slot that asked to be
      * both, anyone (the checks below say which bodies go where). */
-    zs_msg_ctx rx = {.self = asked == server_bit ? ZS_MSG_SERVER
+    zs_msg_ctx rx = {.self = env->body_case == ZSHARD__ENVELOPE__BODY_STATUS_REPLY ? ZS_MSG_WORKER
+                             : asked == server_bit ? ZS_MSG_SERVER
                              : asked && !(asked & server_bit) ? ZS_MSG_WORKER : ZS_MSG_ANY,
                      .chunks = (uint32_t)g.C, .n_shards = (uint32_t)g.n_shards,
                      .steps = COORD_STEPS};
@@ -380,6 +382,10 @@ static void co_sent(void *user, const zs_ctrl_peer *to, const Zshard__Envelope *
             REQUIRE(co.partial_fed[st][k]);
         break;
     }
+    case ZSHARD__ENVELOPE__BODY_STATUS_REPLY:
+        REQUIRE((long)env->status_reply->steps_done == step_now);
+        REQUIRE(env->status_reply->steps == COORD_STEPS);
+        break;
     case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
         if (env->shutdown->kind == ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE) {
             REQUIRE(step_now == COORD_STEPS);
@@ -627,6 +633,13 @@ static void co_record(input *in)
         co_feed_env(s, &env, sender);
         break;
     }
+    case CO_STATUS: {
+        Zshard__StatusRequest sr = ZSHARD__STATUS_REQUEST__INIT;
+        env.body_case = ZSHARD__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        co_feed_env(s, &env, f & 0x80 || a & 1 ? sender : 0);
+        break;
+    }
     default:
         break;
     }
@@ -674,6 +687,7 @@ enum {
     SV_DATA_RAW,  /* u16 length, bytes: onto the data-plane connection */
     SV_HANGUP,    /* a: the worker's connection closes (a & 1: in the middle of a push) */
     SV_PUMP,      /* turns of the server's loop */
+    SV_CLOCK,     /* a: the server's clock moves a * 5 ms, then turns of its loop */
     SV_OPS
 };
 
@@ -702,6 +716,7 @@ static struct {
     uint32_t setup_id; /* the id when the shards were set up (which shards are ours) */
     zs_shardmap map; /* the first map the server could take, mirrored */
     int have_map;
+    uint64_t clock_ms;
     long version;   /* zs_server_version after the last record */
     long published; /* the last VersionPublished */
     int ready_sent;
@@ -715,6 +730,12 @@ static struct {
     uint32_t partial_shards[MAX_SHARDS];
     size_t n_partial_shards;
 } sh;
+
+static uint64_t sv_now(void *user)
+{
+    (void)user;
+    return sh.clock_ms;
+}
 
 static void sv_sent(void *user, const Zshard__Envelope *env)
 {
@@ -1192,6 +1213,9 @@ static void sv_record(input *in)
         }
         break;
     }
+    case SV_CLOCK:
+        sh.clock_ms += 5 * (uint64_t)take8(in);
+        break;
     case SV_HANGUP: {
         unsigned a = take8(in);
         if (a & 1 && sv_connect()) {
@@ -1225,9 +1249,10 @@ static void sv_run(input *in)
     memset(sh.covered, 0, (size_t)SERVER_STEPS * (size_t)g.C * g.tt.total);
     sh.fd = -1;
     sh.version = -1;
+    sh.clock_ms = 1000000;
     sh.opts = (zs_server_opts){.coord = NULL, .listen = NULL, .init_dir = NULL, .threads = 1};
     REQUIRE(zs_server_open(&sh.opts, &sh.sv) == ZS_OK);
-    zs_server_hooks h = {.sent = sv_sent};
+    zs_server_hooks h = {.sent = sv_sent, .now_ms = sv_now};
     zs_server_set_hooks(sh.sv, &h);
     for (int r = 0; r < MAX_RECORDS && in->n && !zs_server_done(sh.sv, NULL); r++) {
         conv.rec = in->p;
@@ -1407,9 +1432,11 @@ static void write_corpus(const char *dir)
     s.n = 0;
     s.b[s.n++] = 0;
     co_servers(&s);
+    R3(&s, CO_STATUS, 5, 0, 0, 0);
     R3(&s, CO_REGISTER, 2, 0, 1, 3);
     R3(&s, CO_READY, 2, 0, 0, 0);
     for (int step = 0; step < COORD_STEPS; step++) {
+        R3(&s, CO_STATUS, 2, 0, 1, 0);
         R3(&s, CO_HEARTBEAT, 2, 0, 0, 0);
         for (int c = 0; c < g.C; c++)
             R3(&s, CO_CHUNK, 2, 0, (unsigned)c | (c == 1 ? 0x80 : 0), 16);
@@ -1507,6 +1534,8 @@ static void write_corpus(const char *dir)
     R3(&s, SV_ASSIGN, 0, 0, 1, 6);
     R4(&s, SV_PUSH, 0, 0, 0, 1, 0);
     R4(&s, SV_PUSH, 0, 0, 1 << 2, 1, 0);
+    for (int k = 0; k < 4; k++) /* each refused frame first waits for a reassignment */
+        R1(&s, SV_CLOCK, 0, 30);
     R4(&s, SV_PUSH, 0, 0, 1 | 1 << 2, 1, 1);
     R4(&s, SV_PUSH, 0, 0, 1 | 2 << 2, 1, 0);
     R4(&s, SV_PUSH, 0, 0, 1 | 2 << 2, 0x42, 0);
