@@ -46,8 +46,9 @@ zs_err zs_server_open(const zs_server_opts *opts, zs_server **out);
 
 /*
  * One turn of the loop: the data plane's events (waiting up to timeout_ms for the first),
- * then every control message waiting, then a heartbeat when one is due.  Fails only when the
- * data plane's event loop fails; the server is then unusable (close it).
+ * then every control message waiting, then the pushes that wait for their chunk's owner are
+ * judged again, then a heartbeat when one is due.  Fails only when the data plane's event
+ * loop fails; the server is then unusable (close it).
  */
 zs_err zs_server_turn(zs_server *sv, int timeout_ms);
 
