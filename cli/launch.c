@@ -25,6 +25,21 @@
  * SIGKILL to those still there STOP_GRACE_S later, collects them all, and exits non-zero
  * naming the failed child and its last lines.  A second signal sends SIGKILL at once.  A
  * launcher killed outright takes its children with it (PR_SET_PDEATHSIG, see procs.h).
+ *
+ * Elastic mode (the config's "elasticity": {"enabled": true}, or --elastic-script): a worker
+ * that exits or dies is an event, not a failure: the coordinator gives its chunks to the
+ * others, and with no worker left the job waits for one.  Coordinator and server failures stay
+ * fatal.  The job ends when the coordinator exits; workers still running WORKER_END_S later
+ * are stopped (SIGTERM and SIGCONT, SIGKILL STOP_GRACE_S later), and the exit status is 0 if
+ * the coordinator and the servers exited 0.
+ *
+ * --elastic-script FILE: joins, leaves, kills and hangs on a schedule, for demos and tests.
+ * The whole file is checked before anything starts (a bad line is refused with file:line);
+ * its lines then fire one after the other, each when its condition holds and the previous
+ * line has fired: "step K" when the coordinator's progress line for step K-1 has come (step K
+ * began), "after MS" that many milliseconds after the previous line fired.  Workers started by
+ * the script take the next numbers ("worker 4"), and all the children that can ever exist are
+ * counted at parse time, so the table of children is allocated once.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -40,6 +55,7 @@
 #include "cli/cli.h"
 #include "cli/procs.h"
 #include "common/clock.h"
+#include "common/config.h"
 
 /* From SIGTERM to SIGKILL when stopping the children. */
 #define STOP_GRACE_S 5.0
@@ -48,10 +64,15 @@
 #define END_GRACE_S 10.0
 /* Pipes still open this long after every child was collected are abandoned. */
 #define DRAIN_S 1.0
+/* Elastic mode: workers still running this long after the coordinator exited are stopped. */
+#define WORKER_END_S 2.0
+/* The most workers one launch may start, from --workers and the script together. */
+#define MAX_WORKERS 1024
 
 static const char launch_usage[] =
     "usage: zshard launch --config CFG.json --data PATH --steps N --servers S --workers W\n"
     "                     --out DIR [--threads T] [--bind HOST] [--log-level LEVEL]\n"
+    "                     [--elastic-script FILE]\n"
     "\n"
     "Runs a whole job on this host: the coordinator, S partition servers and W workers, as\n"
     "child processes.  Writes what 'zshard train' writes (DIR/metrics.jsonl,\n"
@@ -71,17 +92,58 @@ static const char launch_usage[] =
     "  --log-level LEVEL  error, warn, info (default) or debug, for every process; without\n"
     "                     it, only their warnings and errors are shown here (the logs have\n"
     "                     everything)\n"
-    "  -h, --help         this text\n";
+    "  --elastic-script FILE\n"
+    "                     start, stop and kill workers on a schedule (implies elastic mode)\n"
+    "  -h, --help         this text\n"
+    "\n"
+    "Elastic mode (config \"elasticity\": {\"enabled\": true}, or --elastic-script): a worker\n"
+    "that exits or dies does not stop the job; the coordinator gives its chunks to the others,\n"
+    "and with no worker left the job waits for one.  A coordinator or server failure still\n"
+    "stops everything.  The job ends when the coordinator exits; workers still running then\n"
+    "are stopped.  The result is bitwise the same whatever the workers do.\n"
+    "\n"
+    "The elastic script has one action per line; '#' starts a comment, blank lines are\n"
+    "ignored.  Lines fire in file order, each only after the previous one fired:\n"
+    "  step K ACTION [TARGET]    when step K begins (the coordinator reported step K-1;\n"
+    "                            step 1: at once)\n"
+    "  after MS ACTION [TARGET]  MS milliseconds after the previous line fired (the first\n"
+    "                            line: after the start), also while the job waits for workers\n"
+    "ACTION: start (new workers; TARGET: how many, default 1), kill (SIGKILL), term (SIGTERM:\n"
+    "the worker finishes its chunk and leaves), stop (SIGSTOP: a hang), cont (SIGCONT).\n"
+    "TARGET for kill, term, stop, cont: a worker number (1, 2, ... in start order, counting\n"
+    "those the script starts), any (the lowest-numbered one still running and not killed or\n"
+    "terminated by the script; the default) or all.  Example:\n"
+    "  step 3 start       # a second worker joins\n"
+    "  step 7 kill 1      # SIGKILL worker 1 when step 7 begins\n"
+    "  after 500 stop any # a hang\n"
+    "  after 2000 cont 2\n";
+
+/* One line of an elastic script. */
+typedef enum { ACT_START, ACT_KILL, ACT_TERM, ACT_STOP, ACT_CONT } action_kind;
+#define TARGET_ANY (-1)
+#define TARGET_ALL (-2)
 
 typedef struct {
-    const char *config, *data, *out, *bind, *log_level;
-    long steps, servers, workers, threads; /* threads: 0 = divide the CPUs */
+    int line;      /* in the file, for messages */
+    long step;     /* "step K": fires once step K began; 0 for "after" */
+    long after_ms; /* "after MS": this long after the previous line fired */
+    action_kind kind;
+    int target; /* start: how many workers; signals: a worker number, TARGET_ANY or _ALL */
+} script_line;
 
-    zs_proc *procs;      /* [n_procs]: coord, servers 1..S, workers 1..W */
+typedef struct {
+    const char *config, *data, *out, *bind, *log_level, *script_path;
+    long steps, servers, workers, threads; /* threads: 0 = divide the CPUs */
+    int elastic;                           /* a worker's exit is an event, not a failure */
+
+    zs_proc *procs;      /* [n_procs]: coord, servers 1..S, workers 1..W, then the script's */
     struct pollfd *pfds; /* [n_procs], rebuilt each turn */
     int *pfd_proc;       /* [n_procs]: the proc of each pfds entry */
-    int n_procs;
+    char *leaving;       /* [n_procs]: the script sent it SIGKILL or SIGTERM */
+    int n_procs;         /* every child that can exist: 1 + S + W + the script's starts */
+    int n_initial;       /* 1 + S + W: started at once */
     int started;         /* procs[0 .. started) were spawned */
+    long server_threads, worker_threads;
     char endpoint[128];  /* the coordinator's control endpoint */
     int failed;          /* index of the child whose failure stops the job, or -1 */
     char failure[8192];  /* or what went wrong in the launcher itself ("" if nothing) */
@@ -90,6 +152,17 @@ typedef struct {
     int killed;          /* SIGKILL went out */
     double ending_at;    /* when the job started to end (0: not yet) */
     char ending_why[96]; /* who exited first: "coord exited" */
+
+    long done_step;        /* the last step the coordinator reported finished */
+    double coord_exit_at;  /* when the coordinator was collected (0: not yet) */
+    int workers_ending;    /* elastic end: SIGTERM went to the workers left */
+    double workers_end_at; /* when it went out */
+    int workers_killed;    /* and SIGKILL, STOP_GRACE_S later */
+
+    script_line *script; /* [n_script] */
+    int n_script;
+    int next_line;   /* the next line to fire */
+    double fired_at; /* when the previous line fired (or the workers started) */
 } launch;
 
 static volatile sig_atomic_t got_signal, n_signals;
@@ -148,6 +221,10 @@ static void on_line(zs_proc *p, const char *line, void *user)
 {
     launch *L = user;
     if (p == &L->procs[0] && strncmp(line, "step ", 5) == 0) {
+        /* "step     7/12 | loss ...": step 7 is finished, step 8 begins. */
+        long step, total;
+        if (sscanf(line, "step %ld/%ld", &step, &total) == 2 && step > L->done_step)
+            L->done_step = step;
         fprintf(stderr, "%s\n", line);
         return;
     }
@@ -235,46 +312,89 @@ static void list_pids(const launch *L, int from, int to, char *buf, size_t n)
     }
 }
 
+/* Starts procs[L->started] as a server or a worker (by its index).  Returns 0 or -1 (with
+ * L->failure set). */
+static int start_next(launch *L)
+{
+    int i = L->started;
+    arglist a = {.n = 0};
+    arg(&a, "zshard");
+    if (i <= L->servers) {
+        arg(&a, "server");
+        arg(&a, "--coord");
+        arg(&a, "%s", L->endpoint);
+        arg(&a, "--listen");
+        arg(&a, "%s:0", L->bind);
+        arg(&a, "--threads");
+        arg(&a, "%ld", L->server_threads);
+    } else {
+        arg(&a, "worker");
+        arg(&a, "--coord");
+        arg(&a, "%s", L->endpoint);
+        arg(&a, "--threads");
+        arg(&a, "%ld", L->worker_threads);
+    }
+    log_level_args(L, &a);
+    return spawn(L, i, &a);
+}
+
 /* The coordinator listens on port: start the servers and the workers. */
-static int start_rest(launch *L, int port)
+static int start_rest(launch *L, int port, double now)
 {
     snprintf(L->endpoint, sizeof L->endpoint, "tcp://%s:%d", L->bind, port);
     fprintf(stderr, "zshard launch: coord (pid %d) listening on %s\n", (int)L->procs[0].pid,
             L->endpoint);
     long cpus = zs_cli_cpus();
-    long server_threads = cpus / L->servers > 0 ? cpus / L->servers : 1;
-    long worker_threads = L->threads > 0                            ? L->threads
-                          : L->workers > 0 && cpus / L->workers > 0 ? cpus / L->workers
-                                                                    : 1;
-    for (int i = 1; i < L->n_procs; i++) {
-        arglist a = {.n = 0};
-        arg(&a, "zshard");
-        if (i <= L->servers) {
-            arg(&a, "server");
-            arg(&a, "--coord");
-            arg(&a, "%s", L->endpoint);
-            arg(&a, "--listen");
-            arg(&a, "%s:0", L->bind);
-            arg(&a, "--threads");
-            arg(&a, "%ld", server_threads);
-        } else {
-            arg(&a, "worker");
-            arg(&a, "--coord");
-            arg(&a, "%s", L->endpoint);
-            arg(&a, "--threads");
-            arg(&a, "%ld", worker_threads);
-        }
-        log_level_args(L, &a);
-        if (spawn(L, i, &a) != 0)
+    L->server_threads = cpus / L->servers > 0 ? cpus / L->servers : 1;
+    /* Workers that a script starts later get as many as the first ones. */
+    L->worker_threads = L->threads > 0                            ? L->threads
+                        : L->workers > 0 && cpus / L->workers > 0 ? cpus / L->workers
+                        : cpus > 0                                ? cpus
+                                                                  : 1;
+    while (L->started < L->n_initial)
+        if (start_next(L) != 0)
             return -1;
-    }
     char list[1024];
-    list_pids(L, 1, L->n_procs, list, sizeof list);
+    list_pids(L, 1, L->n_initial, list, sizeof list);
     fprintf(stderr, "zshard launch: started %s; logs in %s/logs/\n", list, L->out);
-    if (L->workers == 0)
-        fprintf(stderr, "zshard launch: no workers started; attach them with: zshard worker "
-                        "--coord %s\n", L->endpoint);
+    if (L->elastic)
+        fprintf(stderr,
+                "zshard launch: elastic: a worker that leaves or dies does not stop the "
+                "job%s%s\n",
+                L->script_path ? "; script " : "", L->script_path ? L->script_path : "");
+    if (L->workers == 0 && L->n_procs == L->n_initial)
+        fprintf(stderr,
+                "zshard launch: no workers started; attach them with: zshard worker "
+                "--coord %s\n",
+                L->endpoint);
+    L->fired_at = now;
     return 0;
+}
+
+static int is_worker(const launch *L, int i)
+{
+    return i > L->servers;
+}
+
+/* "worker 3" is procs[S + 3]. */
+static int worker_number(const launch *L, int i)
+{
+    return i - (int)L->servers;
+}
+
+static int running_workers(const launch *L)
+{
+    int n = 0;
+    for (int i = 1 + (int)L->servers; i < L->started; i++)
+        n += L->procs[i].running;
+    return n;
+}
+
+/* SIGTERM, then SIGCONT: a stopped process acts on SIGTERM only once it runs again. */
+static void terminate(zs_proc *p)
+{
+    zs_proc_kill(p, SIGTERM);
+    zs_proc_kill(p, SIGCONT);
 }
 
 static void stop_all(launch *L, double now)
@@ -286,29 +406,87 @@ static void stop_all(launch *L, double now)
         fprintf(stderr, "zshard launch: stopping %d process%s (SIGTERM, SIGKILL after %.0f s)\n",
                 alive, alive == 1 ? "" : "es", STOP_GRACE_S);
     for (int i = 0; i < L->started; i++)
-        zs_proc_kill(&L->procs[i], SIGTERM);
+        terminate(&L->procs[i]);
     L->stopping = 1;
     L->stop_at = now;
 }
 
-static void kill_all(launch *L)
+/* SIGKILL to the children from procs[from] on that are still running. */
+static void kill_from(launch *L, int from)
 {
-    for (int i = 0; i < L->started; i++) {
+    for (int i = from; i < L->started; i++) {
         if (!L->procs[i].running)
             continue;
         fprintf(stderr, "zshard launch: %s (pid %d) is still running; sending SIGKILL\n",
                 L->procs[i].name, (int)L->procs[i].pid);
         zs_proc_kill(&L->procs[i], SIGKILL);
     }
+}
+
+static void kill_all(launch *L)
+{
+    kill_from(L, 0);
     L->killed = 1;
+}
+
+/* Elastic mode, the coordinator exited WORKER_END_S ago: stop the workers still there. */
+static void end_workers(launch *L, double now)
+{
+    for (int i = 1 + (int)L->servers; i < L->started; i++) {
+        zs_proc *p = &L->procs[i];
+        if (!p->running)
+            continue;
+        fprintf(stderr,
+                "zshard launch: %s (pid %d) is still running %.0f s after the coordinator "
+                "exited; stopping it (SIGTERM, SIGKILL after %.0f s)\n",
+                p->name, (int)p->pid, WORKER_END_S, STOP_GRACE_S);
+        terminate(p);
+    }
+    L->workers_ending = 1;
+    L->workers_end_at = now;
+}
+
+/* Elastic mode: a worker left or died while the job runs. */
+static void worker_event(launch *L, int i)
+{
+    const zs_proc *p = &L->procs[i];
+    char how[128];
+    zs_proc_describe_exit(p, how, sizeof how);
+    /* Why it exited, if it said so, was shown already: its "zshard worker: ..." line. */
+    fprintf(stderr,
+            "zshard launch: %s (pid %d) %s; the job goes on: the coordinator gives its "
+            "chunks to the others\n",
+            p->name, (int)p->pid, how);
+    if (running_workers(L) > 0)
+        return;
+    int starts_left = 0;
+    for (int k = L->next_line; k < L->n_script; k++)
+        starts_left |= L->script[k].kind == ACT_START;
+    if (starts_left)
+        fprintf(stderr, "zshard launch: no worker is running; the job waits for the script to "
+                        "start one\n");
+    else
+        fprintf(stderr,
+                "zshard launch: no worker is running; the job waits for one: zshard "
+                "worker --coord %s\n",
+                L->endpoint);
 }
 
 /* procs[i] exited just now. */
 static void on_exit_of(launch *L, int i, double now)
 {
     zs_proc *p = &L->procs[i];
+    if (i == 0)
+        L->coord_exit_at = now;
     if (L->stopping)
         return; /* we asked for it; the cause was recorded already */
+    if (L->elastic && is_worker(L, i)) {
+        /* Once the last step is reported or the coordinator is gone, workers leave because
+         * the job is over: nothing to tell. */
+        if (L->done_step < L->steps && L->coord_exit_at == 0)
+            worker_event(L, i);
+        return;
+    }
     if (!zs_proc_succeeded(p) || (i == 0 && L->endpoint[0] == '\0')) {
         char how[128];
         zs_proc_describe_exit(p, how, sizeof how);
@@ -320,14 +498,255 @@ static void on_exit_of(launch *L, int i, double now)
     }
     /* A clean exit means the job is ending, except for a worker while others remain: a
      * worker may leave a running job. */
-    int workers_left = 0;
-    for (int w = 1 + (int)L->servers; w < L->started; w++)
-        workers_left += L->procs[w].running;
-    if (L->ending_at == 0 && (i <= L->servers || workers_left == 0)) {
+    if (L->ending_at == 0 && (i <= L->servers || running_workers(L) == 0)) {
         L->ending_at = now;
         snprintf(L->ending_why, sizeof L->ending_why, "%s exited",
                  i <= L->servers ? p->name : "the last worker");
     }
+}
+
+/* ---- The elastic script ---- */
+
+static const char *const action_names[] = {"start", "kill", "term", "stop", "cont"};
+static const char *const action_signames[] = {"start", "SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT"};
+static const int action_signals[] = {0, SIGKILL, SIGTERM, SIGSTOP, SIGCONT};
+
+/* The whole token as a long in [lo, hi]: 0, or -1 if it is not one. */
+static int parse_long(const char *tok, long lo, long hi, long *v)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(tok, &end, 10);
+    if (errno != 0 || end == tok || *end != '\0' || x < lo || x > hi)
+        return -1;
+    *v = x;
+    return 0;
+}
+
+static void script_error(const char *path, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void script_error(const char *path, int line, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "zshard launch: %s:%d: ", path, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* Checks one line's tokens (tok[0 .. nt), nt <= 5: a fifth means "too many") against the
+ * job; *workers counts the workers that exist once the lines above fired.  Returns 0 and
+ * fills sl, or -1 after printing why. */
+static int parse_script_line(const launch *L, int lineno, char **tok, int nt, long *workers,
+                             script_line *sl)
+{
+    const char *path = L->script_path;
+    *sl = (script_line){.line = lineno};
+    if (strcmp(tok[0], "step") == 0) {
+        if (nt < 2 || parse_long(tok[1], 1, L->steps, &sl->step) != 0) {
+            script_error(path, lineno,
+                         "step \"%s\": not a step of this job (1 to %ld, from "
+                         "--steps)",
+                         nt < 2 ? "" : tok[1], L->steps);
+            return -1;
+        }
+    } else if (strcmp(tok[0], "after") == 0) {
+        if (nt < 2 || parse_long(tok[1], 0, 86400000, &sl->after_ms) != 0) {
+            script_error(path, lineno,
+                         "after \"%s\": not a number of milliseconds (0 to "
+                         "86400000)",
+                         nt < 2 ? "" : tok[1]);
+            return -1;
+        }
+    } else {
+        script_error(path, lineno,
+                     "\"%s\": a line is \"step K ACTION [TARGET]\" or \"after MS "
+                     "ACTION [TARGET]\"",
+                     tok[0]);
+        return -1;
+    }
+    int k = 0;
+    while (nt >= 3 && k < 5 && strcmp(tok[2], action_names[k]) != 0)
+        k++;
+    if (nt < 3 || k == 5) {
+        script_error(path, lineno, "%s%s%s: the action is start, kill, term, stop or cont",
+                     nt < 3 ? "no action after \"" : "\"", nt < 3 ? tok[0] : tok[2],
+                     nt < 3 ? " ...\"" : "\"");
+        return -1;
+    }
+    sl->kind = (action_kind)k;
+    if (nt > 4) {
+        script_error(path, lineno, "unexpected \"%s\" after the target", tok[4]);
+        return -1;
+    }
+    const char *target = nt == 4 ? tok[3] : NULL;
+    long v = 1;
+    if (sl->kind == ACT_START) {
+        if (target && parse_long(target, 1, MAX_WORKERS, &v) != 0) {
+            script_error(path, lineno, "start \"%s\": not a number of workers (1 to %d)", target,
+                         MAX_WORKERS);
+            return -1;
+        }
+        if (*workers + v > MAX_WORKERS) {
+            script_error(path, lineno,
+                         "start %ld: more than %d workers in all (%ld before "
+                         "this line)",
+                         v, MAX_WORKERS, *workers);
+            return -1;
+        }
+        *workers += v;
+        sl->target = (int)v;
+    } else if (!target || strcmp(target, "any") == 0) {
+        sl->target = TARGET_ANY;
+    } else if (strcmp(target, "all") == 0) {
+        sl->target = TARGET_ALL;
+    } else if (parse_long(target, 1, MAX_WORKERS, &v) != 0) {
+        script_error(path, lineno, "%s \"%s\": the target is a worker number, any or all", tok[2],
+                     target);
+        return -1;
+    } else if (v > *workers) {
+        script_error(path, lineno,
+                     "%s %ld: there is no worker %ld when this line fires (%ld "
+                     "by then: %ld from --workers, %ld started by the lines above)",
+                     tok[2], v, v, *workers, L->workers, *workers - L->workers);
+        return -1;
+    } else {
+        sl->target = (int)v;
+    }
+    return 0;
+}
+
+/* Reads and checks the whole script into L->script; *starts gets how many workers it starts.
+ * Returns 0, or -1 after printing why (nothing is left allocated then). */
+static int load_script(launch *L, long *starts)
+{
+    FILE *f = fopen(L->script_path, "re");
+    if (!f) {
+        fprintf(stderr, "zshard launch: --elastic-script %s: %s\n", L->script_path,
+                strerror(errno));
+        return -1;
+    }
+    char *buf = NULL;
+    size_t cap = 0;
+    int lineno = 0, res = 0, room = 0;
+    long workers = L->workers;
+    while (res == 0 && getline(&buf, &cap, f) >= 0) {
+        lineno++;
+        char *hash = strchr(buf, '#');
+        if (hash)
+            *hash = '\0';
+        char *tok[5], *save = NULL;
+        int nt = 0;
+        for (char *t = strtok_r(buf, " \t\r\n\v\f", &save); t && nt < 5;
+             t = strtok_r(NULL, " \t\r\n\v\f", &save))
+            tok[nt++] = t;
+        if (nt == 0)
+            continue;
+        if (L->n_script == room) {
+            room = room ? 2 * room : 16;
+            script_line *v = realloc(L->script, (size_t)room * sizeof *v);
+            if (!v) {
+                script_error(L->script_path, lineno, "out of memory for %d lines", room);
+                res = -1;
+                break;
+            }
+            L->script = v;
+        }
+        res = parse_script_line(L, lineno, tok, nt, &workers, &L->script[L->n_script]);
+        if (res == 0)
+            L->n_script++;
+    }
+    if (res == 0 && ferror(f)) {
+        fprintf(stderr, "zshard launch: --elastic-script %s: read error after line %d\n",
+                L->script_path, lineno);
+        res = -1;
+    }
+    free(buf);
+    fclose(f);
+    if (res != 0) {
+        free(L->script);
+        L->script = NULL;
+        L->n_script = 0;
+        return -1;
+    }
+    *starts = workers - L->workers;
+    return 0;
+}
+
+/* Carries out one line.  Returns 0, or -1 if a worker could not be started (L->failure). */
+static int fire(launch *L, const script_line *sl)
+{
+    char when[48];
+    if (sl->step)
+        snprintf(when, sizeof when, "step %ld", sl->step);
+    else
+        snprintf(when, sizeof when, "after %ld ms", sl->after_ms);
+    if (sl->kind == ACT_START) {
+        for (int k = 0; k < sl->target; k++) {
+            if (start_next(L) != 0)
+                return -1;
+            const zs_proc *p = &L->procs[L->started - 1];
+            fprintf(stderr, "zshard launch: %s: start %s (pid %d)\n", when, p->name, (int)p->pid);
+        }
+        return 0;
+    }
+    int sig = action_signals[sl->kind], hit = 0;
+    for (int i = 1 + (int)L->servers; i < L->started; i++) {
+        zs_proc *p = &L->procs[i];
+        if (sl->target > 0 && worker_number(L, i) != sl->target)
+            continue;
+        if (sl->target == TARGET_ANY && (!p->running || L->leaving[i]))
+            continue;
+        if (!p->running) {
+            if (sl->target > 0) {
+                char how[128];
+                zs_proc_describe_exit(p, how, sizeof how);
+                fprintf(stderr, "zshard launch: %s: %s %s: not sent, it %s already\n", when,
+                        action_signames[sl->kind], p->name, how);
+                hit = 1;
+            }
+            continue;
+        }
+        zs_proc_kill(p, sig);
+        if (sig == SIGKILL || sig == SIGTERM)
+            L->leaving[i] = 1;
+        fprintf(stderr, "zshard launch: %s: %s %s (pid %d)\n", when, action_signames[sl->kind],
+                p->name, (int)p->pid);
+        hit = 1;
+        if (sl->target != TARGET_ALL)
+            break;
+    }
+    if (!hit)
+        fprintf(stderr, "zshard launch: %s: %s %s: no worker is running; nothing sent\n", when,
+                action_names[sl->kind], sl->target == TARGET_ALL ? "all" : "any");
+    return 0;
+}
+
+/* Fires the lines that are due, in order, while the job runs. */
+static void run_script(launch *L, double now)
+{
+    while (L->next_line < L->n_script && L->endpoint[0] && !L->stopping && L->coord_exit_at == 0 &&
+           L->done_step < L->steps) {
+        const script_line *sl = &L->script[L->next_line];
+        if (sl->step ? L->done_step < sl->step - 1 : now < L->fired_at + (double)sl->after_ms / 1e3)
+            return;
+        L->next_line++;
+        L->fired_at = now;
+        if (fire(L, sl) != 0) {
+            fprintf(stderr, "zshard launch: %s\n", L->failure);
+            stop_all(L, now);
+        }
+    }
+}
+
+/* How long pump() may wait: 100 ms, or less when an "after" line is due sooner. */
+static int wait_ms(const launch *L, double now)
+{
+    if (L->next_line >= L->n_script || !L->endpoint[0] || L->script[L->next_line].step)
+        return 100;
+    double due = L->fired_at + (double)L->script[L->next_line].after_ms / 1e3 - now;
+    return due <= 0 ? 0 : due >= 0.1 ? 100 : (int)(due * 1e3) + 1;
 }
 
 /* Waits up to timeout_ms for output and hands out the lines that came. */
@@ -354,7 +773,7 @@ static void run(launch *L)
     if (start_coord(L) != 0)
         return;
     for (;;) {
-        pump(L, 100);
+        pump(L, wait_ms(L, zs_now_s()));
         double now = zs_now_s();
         /* Signals first: Ctrl-C in a terminal reaches the children too, and their exits are
          * then its consequence, not the cause. */
@@ -378,13 +797,17 @@ static void run(launch *L)
                 snprintf(L->failure, sizeof L->failure,
                          "cannot find the coordinator's port in /proc/%d: %s",
                          (int)L->procs[0].pid, strerror(-port));
-            if ((port < 0 && port != -ENOENT) || (port > 0 && start_rest(L, port) != 0)) {
+            if ((port < 0 && port != -ENOENT) || (port > 0 && start_rest(L, port, now) != 0)) {
                 fprintf(stderr, "zshard launch: %s\n", L->failure);
                 stop_all(L, now);
             }
         }
+        run_script(L, now);
+        /* A straggler once the job is ending is a failure; in elastic mode workers are not
+         * waited for (they are stopped below). */
         int late = 0;
-        while (late < L->started && !L->procs[late].running)
+        while (late < L->started &&
+               (!L->procs[late].running || (L->elastic && is_worker(L, late))))
             late++;
         if (!L->stopping && L->ending_at > 0 && now - L->ending_at > END_GRACE_S &&
             late < L->started) {
@@ -392,6 +815,13 @@ static void run(launch *L)
                      L->procs[late].name, (int)L->procs[late].pid, END_GRACE_S, L->ending_why);
             fprintf(stderr, "zshard launch: %s\n", L->failure);
             stop_all(L, now);
+        }
+        if (L->elastic && !L->stopping && !L->workers_ending && L->coord_exit_at > 0 &&
+            now - L->coord_exit_at > WORKER_END_S)
+            end_workers(L, now);
+        if (L->workers_ending && !L->workers_killed && now - L->workers_end_at > STOP_GRACE_S) {
+            kill_from(L, 1 + (int)L->servers);
+            L->workers_killed = 1;
         }
         if (L->stopping && !L->killed && now - L->stop_at > STOP_GRACE_S)
             kill_all(L);
@@ -407,6 +837,10 @@ static void run(launch *L)
         if (!open || now - all_reaped_at > DRAIN_S)
             break;
     }
+    if (L->next_line < L->n_script)
+        fprintf(stderr, "zshard launch: the job ended before %s:%d%s fired\n", L->script_path,
+                L->script[L->next_line].line,
+                L->next_line + 1 < L->n_script ? " and the lines after it" : "");
 }
 
 /* Prints why the job failed: the failed child and its last lines, or the launcher's reason. */
@@ -474,11 +908,13 @@ static void report_success(const launch *L)
     }
     if (f)
         fclose(f);
+    int workers = L->started - 1 - (int)L->servers;
     fprintf(stderr,
             "zshard launch: done: %ld steps, final loss %.4f, %.0f tok/s on average "
-            "(%ld server%s, %ld worker%s)\n",
+            "(%ld server%s, %d worker%s%s)\n",
             steps, loss, seconds > 0 ? tokens / seconds : 0.0, L->servers,
-            L->servers == 1 ? "" : "s", L->workers, L->workers == 1 ? "" : "s");
+            L->servers == 1 ? "" : "s", workers, workers == 1 ? "" : "s",
+            L->elastic ? " started over the run" : "");
     fprintf(stderr, "zshard launch: model in %s/model.safetensors and %s/config.json, metrics in "
                     "%s, logs in %s/logs/\n", L->out, L->out, path, L->out);
 }
@@ -500,7 +936,7 @@ int zs_cmd_launch(int argc, char **argv)
         {"workers", required_argument, NULL, 'W'},   {"out", required_argument, NULL, 'o'},
         {"threads", required_argument, NULL, 't'},   {"bind", required_argument, NULL, 'b'},
         {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+        {"elastic-script", required_argument, NULL, 'e'}, {NULL, 0, NULL, 0}};
     launch L = {.steps = -1, .servers = -1, .workers = -1, .bind = "127.0.0.1", .failed = -1};
     int c;
     opterr = 0;
@@ -511,6 +947,7 @@ int zs_cmd_launch(int argc, char **argv)
         case 'd': L.data = optarg; break;
         case 'o': L.out = optarg; break;
         case 'b': L.bind = optarg; break;
+        case 'e': L.script_path = optarg; break;
         case 's':
             if ((L.steps = zs_cli_int("launch", "--steps", optarg, 1, 1L << 30)) < 0)
                 return 2;
@@ -552,20 +989,32 @@ int zs_cmd_launch(int argc, char **argv)
                                   "machine (a wildcard cannot be advertised to workers)",
                                   L.bind);
 
+    /* Elastic mode from the config too.  A config that does not load is the coordinator's to
+     * report (its own words, and the failure of the first child). */
+    zs_config cfg;
+    if (zs_config_load(L.config, &cfg) == ZS_OK && cfg.elasticity.enabled)
+        L.elastic = 1;
+    long script_starts = 0;
+    if (L.script_path) {
+        L.elastic = 1;
+        if (load_script(&L, &script_starts) != 0)
+            return 2;
+    }
+
+    int rc = 1;
     char logs[4200];
     snprintf(logs, sizeof logs, "%s/logs", L.out);
     if (make_dir(L.out) != 0 || make_dir(logs) != 0)
-        return 1;
-    L.n_procs = 1 + (int)L.servers + (int)L.workers;
+        goto out_script;
+    L.n_initial = 1 + (int)L.servers + (int)L.workers;
+    L.n_procs = L.n_initial + (int)script_starts;
     L.procs = calloc((size_t)L.n_procs, sizeof *L.procs);
     L.pfds = calloc((size_t)L.n_procs, sizeof *L.pfds);
     L.pfd_proc = calloc((size_t)L.n_procs, sizeof *L.pfd_proc);
-    if (!L.procs || !L.pfds || !L.pfd_proc) {
+    L.leaving = calloc((size_t)L.n_procs, 1);
+    if (!L.procs || !L.pfds || !L.pfd_proc || !L.leaving) {
         fprintf(stderr, "zshard launch: out of memory for %d processes\n", L.n_procs);
-        free(L.procs);
-        free(L.pfds);
-        free(L.pfd_proc);
-        return 1;
+        goto out_free;
     }
     for (int i = 0; i < L.n_procs; i++) {
         char name[32];
@@ -580,18 +1029,24 @@ int zs_cmd_launch(int argc, char **argv)
     catch_signals();
     run(&L);
 
-    int ok = L.failed < 0 && !L.failure[0] && !got_signal;
+    /* In elastic mode a worker's exit is never the job's failure. */
+    int ok = L.failed < 0 && !L.failure[0] && !got_signal && L.started >= L.n_initial;
     for (int i = 0; i < L.started; i++)
-        ok &= zs_proc_succeeded(&L.procs[i]);
-    ok &= L.started == L.n_procs;
+        if (!L.elastic || !is_worker(&L, i))
+            ok &= zs_proc_succeeded(&L.procs[i]);
     if (ok)
         report_success(&L);
     else
         report_failure(&L);
     for (int i = 0; i < L.n_procs; i++)
         zs_proc_close(&L.procs[i]);
+    rc = ok ? 0 : got_signal ? 128 + got_signal : 1;
+out_free:
+    free(L.leaving);
     free(L.procs);
     free(L.pfds);
     free(L.pfd_proc);
-    return ok ? 0 : got_signal ? 128 + got_signal : 1;
+out_script:
+    free(L.script);
+    return rc;
 }
