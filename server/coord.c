@@ -127,15 +127,6 @@ static void abort_job(coord *co, zs_err err)
     co->done = 1;
 }
 
-/* The proto id of a coordstate member. */
-static int peer_of_cs(const coord *co, int cs_id)
-{
-    for (int i = 0; i < co->n_peers; i++)
-        if (co->peers[i].cs_id == cs_id)
-            return i;
-    return -1;
-}
-
 static void send_job(coord *co, const zs_ctrl_peer *to)
 {
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
@@ -646,12 +637,15 @@ static void advance(coord *co)
     if (!co->cs || co->done)
         return;
     co->ctx.n_shards = (uint32_t)co->map.n_shards;
-    int dead[64];
-    int n = zs_coord_expire(co->cs, now_ms(co), dead, 64);
-    for (int i = 0; i < n && i < 64; i++) {
-        int pi = peer_of_cs(co, dead[i]);
-        if (pi >= 0)
-            member_gone(co, pi, "no heartbeat within the timeout");
+    /* Every member that expired now, however many: the list zs_coord_expire fills is only a
+     * sample, so walk the peers whose member is no longer alive. */
+    int dead[1];
+    if (zs_coord_expire(co->cs, now_ms(co), dead, 1) > 0) {
+        for (int pi = 0; pi < co->n_peers && !co->done; pi++) {
+            const peer_entry *p = &co->peers[pi];
+            if (!p->gone && p->cs_id >= 0 && !zs_coord_member(co->cs, p->cs_id)->alive)
+                member_gone(co, pi, "no heartbeat within the timeout");
+        }
     }
     if (co->done)
         return;
