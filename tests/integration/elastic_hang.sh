@@ -1,7 +1,9 @@
 # A hung worker (SIGSTOP) while another one works: the coordinator declares it dead after the
 # heartbeat timeout (2 s here) and gives its chunks to the other; then it runs again (SIGCONT),
 # finds it was dropped and exits on its own, and its late fetches and pushes change nothing:
-# the bits are zshard train's.  No process of the launch is left.
+# the bits are zshard train's.  Then a worker stopped and never continued: the job finishes
+# without it, and the launcher stops it once the coordinator has exited (SIGTERM and SIGCONT).
+# No process of either launch is left.
 source "$(dirname "$0")/elastic_lib.sh"
 STEPS=16
 elastic_config "$WORK/job.json" "$MEDIUM"
@@ -26,4 +28,15 @@ expect_line run '^zshard launch: worker 1 \(pid [0-9]+\) exited with status [0-9
 checks=$((checks + 1))
 ! grep -qE 'worker 1 \(pid [0-9]+\) is still running' "$WORK/run.err" ||
   fail "run: worker 1 had to be stopped by the launcher: $(cat "$WORK/run.err")"
+
+# Stopped for good, on short steps.
+elastic_config "$WORK/small.json" "$SMALL"
+rm -rf "$WORK/train"
+train_reference "$WORK/small.json" 10
+printf 'step 1 start\nstep 3 stop 1\n' >"$WORK/never.txt"
+launch_elastic never "$WORK/small.json" 10 1 1 --elastic-script "$WORK/never.txt"
+check_same never 10
+check_none_left never
+expect_line never '^zshard launch: worker 1 \(pid [0-9]+\) is still running 2 s after the coordinator exited; stopping it' \
+  "the stopped worker was not stopped at the end"
 finish
