@@ -158,8 +158,10 @@ void zs_tensors_init_gpt2(const zs_tensor_table *tt, uint64_t seed, float *dst, 
             double std = 0.02;
             if (t->kind == ZS_T_ATTPROJ_W || t->kind == ZS_T_FCPROJ_W)
                 std = 0.02 / sqrt(2.0 * L);
-            /* The stream is the tensor's index so that indices restart per tensor. */
-            #pragma omp parallel for schedule(static)
+            /* The stream is the tensor's index so that indices restart per tensor.  Small
+             * pieces stay on this thread: a parallel region per piece of a small shard costs
+             * more than the piece (and much more when the cores are busy). */
+            #pragma omp parallel for schedule(static) if (e - b >= 65536)
             for (size_t j = b; j < e; j++)
                 out[j - b] = (float)(std * zs_rng_normal(seed, (uint64_t)i, j - t->offset));
             break;

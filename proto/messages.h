@@ -14,7 +14,7 @@
  * message that names the message type, the field and the value:
  *   "ShardMap.shards[3].begin: 4096, expected 2048 (the end of shard 2): shards must be
  *    contiguous"
- *   "Envelope.protocol_version: protocol version 2, this coordinator speaks 1"
+ *   "Envelope.protocol_version: protocol version 3, this coordinator speaks 2"
  *
  * Messages built here (zs_msg_jobspec_from_config) and messages decoded by protobuf-c are
  * both freed with the matching zs_msg_*_free(): everything is allocated with malloc.
@@ -31,7 +31,7 @@
 #include "proto/zshard.pb-c.h"
 
 /* The control-plane protocol version: peers must speak exactly this one. */
-#define ZS_PROTOCOL_VERSION 1
+#define ZS_PROTOCOL_VERSION 2
 
 /*
  * Size limits, checked before protobuf-c allocates anything.  JobSpec, ShardMap and
@@ -67,7 +67,7 @@
      ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM)
 
 /* Who receives a message: decides which body types are accepted (a coordinator takes no
- * JobSpec) and names the receiver in the version message ("this coordinator speaks 1"). */
+ * JobSpec) and names the receiver in the version message ("this coordinator speaks 2"). */
 typedef enum {
     ZS_MSG_ANY = 0,         /* tests, tools and the fuzzer: every body type */
     ZS_MSG_COORDINATOR = 1, /* peer -> coordinator bodies */
@@ -111,7 +111,7 @@ const char *zs_msg_body_name(Zshard__Envelope__BodyCase body);
  * Decodes len bytes into a new envelope (*out; free with zs_msg_free) and validates it for
  * the receiver ctx (NULL: ZS_MSG_ANY, nothing known).  On failure *out is NULL and the
  * message says why; a peer of another protocol version gets
- * "Envelope.protocol_version: protocol version 2, this coordinator speaks 1" even when the
+ * "Envelope.protocol_version: protocol version 3, this coordinator speaks 2" even when the
  * rest of its message does not decode.  Cost: one pass over the bytes before and one after
  * protobuf-c's unpack, then the body check (linear in its counts).
  */

@@ -514,6 +514,8 @@ static void on_data_event(server *sv, const zs_event *ev)
     }
 }
 
+static void heartbeat_if_due(server *sv);
+
 /* Sets up the shards of this server once both the job spec and the shard map are in. */
 static zs_err setup_shards(server *sv)
 {
@@ -550,7 +552,12 @@ static zs_err setup_shards(server *sv)
         free(full);
         ZS_CHECK(e);
     } else {
-        zs_store_init_seed(sv->store, sv->cfg.seed);
+        /* Shard by shard, with heartbeats in between: a server with many or large shards
+         * may take longer than the heartbeat timeout to initialize them all. */
+        for (int i = 0; i < zs_store_local_count(sv->store); i++) {
+            zs_store_init_seed_shard(sv->store, i, sv->cfg.seed);
+            heartbeat_if_due(sv);
+        }
     }
     size_t biggest = 0;
     for (int i = 0; i < count; i++) {
@@ -652,6 +659,19 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
         ZS_ERROR("server: %s", zs_last_error());
         sv->result = e;
         sv->done = 1;
+    }
+}
+
+static void send_heartbeat(server *sv);
+
+/* Sends a heartbeat if the interval has passed since the last one. */
+static void heartbeat_if_due(server *sv)
+{
+    uint64_t t = now_ms(sv);
+    uint64_t every = sv->have_job ? (uint64_t)sv->cfg.cluster.heartbeat_interval_ms : 500;
+    if (sv->id && t - sv->last_heartbeat_ms >= every) {
+        send_heartbeat(sv);
+        sv->last_heartbeat_ms = t;
     }
 }
 
@@ -778,13 +798,7 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
     sv->ctrl_epoch++;
     if (sv->n_waiting > 0 && sv->store)
         drain_waiting(sv);
-    uint64_t t = now_ms(sv);
-    if (sv->id && t - sv->last_heartbeat_ms >= (uint64_t)(sv->have_job
-                                                              ? sv->cfg.cluster.heartbeat_interval_ms
-                                                              : 500)) {
-        send_heartbeat(sv);
-        sv->last_heartbeat_ms = t;
-    }
+    heartbeat_if_due(sv);
     return ZS_OK;
 }
 

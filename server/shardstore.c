@@ -125,13 +125,22 @@ static void refresh_bf16(shard *s)
         s->bf16[i] = zs_f32_to_bf16(s->param[i]);
 }
 
+void zs_store_init_seed_shard(zs_store *st, int i, uint64_t seed)
+{
+    shard *s = &st->shards[i];
+    zs_tensors_init_gpt2(st->tt, seed, s->param, s->r.begin, s->r.end);
+    refresh_bf16(s);
+}
+
 void zs_store_init_seed(zs_store *st, uint64_t seed)
 {
-    for (int i = 0; i < st->n; i++) {
-        shard *s = &st->shards[i];
-        zs_tensors_init_gpt2(st->tt, seed, s->param, s->r.begin, s->r.end);
-        refresh_bf16(s);
-    }
+    for (int i = 0; i < st->n; i++)
+        zs_store_init_seed_shard(st, i, seed);
+}
+
+int zs_store_local_count(const zs_store *st)
+{
+    return st->n;
 }
 
 void zs_store_load(zs_store *st, const float *full)

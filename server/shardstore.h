@@ -45,6 +45,11 @@ void zs_store_free(zs_store *st);
 
 /* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector. */
 void zs_store_init_seed(zs_store *st, uint64_t seed);
+/* The same for local shard i only (0..n-1), so that a caller can do other work (heartbeats)
+ * between shards of a large store. */
+void zs_store_init_seed_shard(zs_store *st, int i, uint64_t seed);
+/* Local shards of the store. */
+int zs_store_local_count(const zs_store *st);
 /* Copies the shards' ranges out of a whole flat vector (an --init checkpoint). */
 void zs_store_load(zs_store *st, const float *full);
 

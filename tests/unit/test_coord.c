@@ -126,7 +126,7 @@ static void check_version_refusal(const char *ep)
         CHECK_OK(zs_msg_decode(reply, (size_t)got, NULL, &e));
     CHECK(e && e->body_case == ZSHARD__ENVELOPE__BODY_ERROR &&
           e->error->code == ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION &&
-          strstr(e->error->text, "protocol version 2"));
+          strstr(e->error->text, "protocol version 3"));
     zs_msg_free(e);
     zmq_close(sock);
     zmq_ctx_term(ctx);

@@ -167,10 +167,10 @@ static void test_register(void)
     REFUSED(&m.env, &COORD, "Register.role: 0 is not a role");
 
     make_register(&m);
-    m.reg.protocol_version = 2;
+    m.reg.protocol_version = 3;
     REFUSED(&m.env, &COORD,
-            "Register.protocol_version: protocol version 2, this coordinator "
-            "speaks 1");
+            "Register.protocol_version: protocol version 3, this coordinator "
+            "speaks 2");
     m.reg.has_protocol_version = 0;
     REFUSED(&m.env, &COORD, "Register.protocol_version: missing");
 
@@ -289,7 +289,7 @@ static void test_register_reply(void)
 
     make_reply(&m, 0);
     m.rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
-    m.rr.refusal = "protocol version 2, this coordinator speaks 1";
+    m.rr.refusal = "protocol version 3, this coordinator speaks 2";
     m.rr.has_code = 1;
     m.rr.code = ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION;
     CHECK_OK(roundtrip(&m.env, &SERVER, &out));
@@ -1268,19 +1268,19 @@ static void test_envelope(void)
     reg_msg m;
     make_register(&m);
     /* Another protocol version, refused with a message that says both. */
-    m.env.protocol_version = 2;
+    m.env.protocol_version = 3;
     REFUSED(&m.env, &COORD,
-            "Envelope.protocol_version: protocol version 2, this coordinator "
-            "speaks 1");
-    REFUSED(&m.env, &WORKER, "protocol version 2, this worker speaks 1");
-    REFUSED(&m.env, &SERVER, "protocol version 2, this server speaks 1");
-    REFUSED(&m.env, NULL, "protocol version 2, this peer speaks 1");
+            "Envelope.protocol_version: protocol version 3, this coordinator "
+            "speaks 2");
+    REFUSED(&m.env, &WORKER, "protocol version 3, this worker speaks 2");
+    REFUSED(&m.env, &SERVER, "protocol version 3, this server speaks 2");
+    REFUSED(&m.env, NULL, "protocol version 3, this peer speaks 2");
     write_seed(&m.env, "other_version", 0);
     size_t len;
     uint8_t *buf = raw_pack(&m.env, &len);
     uint32_t v = 0;
     CHECK_EQ_INT(zs_msg_peek_version(buf, len, &v), 1);
-    CHECK_EQ_INT(v, 2);
+    CHECK_EQ_INT(v, 3);
     /* ... even when the rest of its message does not decode as ours. */
     uint8_t garbled[64];
     size_t n = 0;
@@ -1292,9 +1292,9 @@ static void test_envelope(void)
     garbled[n++] = 2;
     garbled[n++] = 3;
     CHECK_FAILS_WITH(decode_bytes(garbled, n, &COORD), "protocol version 7, this coordinator "
-                                                       "speaks 1");
+                                                       "speaks 2");
     free(buf);
-    m.env.protocol_version = 1;
+    m.env.protocol_version = ZS_PROTOCOL_VERSION;
     m.env.has_protocol_version = 0;
     REFUSED(&m.env, &COORD, "Envelope.protocol_version: missing");
     buf = raw_pack(&m.env, &len);
@@ -1397,13 +1397,13 @@ static void test_envelope(void)
     const uint8_t junk1[] = {0x08, 0x81};             /* varint cut short */
     const uint8_t junk2[] = {0x0b, 0x01};             /* a group */
     const uint8_t junk3[] = {0x00, 0x01};             /* field 0 */
-    const uint8_t junk4[] = {0x08, 0x01, 0x52, 0x7f}; /* a body longer than the bytes */
+    const uint8_t junk4[] = {0x08, ZS_PROTOCOL_VERSION, 0x52, 0x7f}; /* a body longer than the bytes */
     CHECK_FAILS_WITH(decode_bytes(junk1, sizeof junk1, &COORD), "malformed at byte 0");
     CHECK_FAILS_WITH(decode_bytes(junk2, sizeof junk2, &COORD), "malformed at byte 0");
     CHECK_FAILS_WITH(decode_bytes(junk3, sizeof junk3, &COORD), "malformed at byte 0");
     CHECK_FAILS_WITH(decode_bytes(junk4, sizeof junk4, &COORD), "malformed at byte 2");
     /* A body that is framed right but does not unpack (field 1 of Register as a string). */
-    const uint8_t junk5[] = {0x08, 0x01, 0x10, 0x00, 0x52, 0x02, 0x0a, 0x00};
+    const uint8_t junk5[] = {0x08, ZS_PROTOCOL_VERSION, 0x10, 0x00, 0x52, 0x02, 0x0a, 0x00};
     CHECK_FAILS_WITH(decode_bytes(junk5, sizeof junk5, &COORD), "do not decode as a "
                                                                 "zshard.Envelope with a Register");
     CHECK_EQ_INT(zs_msg_refusal_code(junk4, sizeof junk4), ZSHARD__ERROR_CODE__ERROR_MALFORMED);
@@ -1418,13 +1418,13 @@ static void test_refusal(void)
 {
     reg_msg m;
     make_register(&m);
-    m.env.protocol_version = 2;
-    m.reg.protocol_version = 2;
+    m.env.protocol_version = 3;
+    m.reg.protocol_version = 3;
     size_t len;
     uint8_t *buf = raw_pack(&m.env, &len);
     Zshard__Envelope *env = NULL;
-    CHECK_FAILS_WITH(zs_msg_decode(buf, len, &COORD, &env), "protocol version 2, this "
-                                                            "coordinator speaks 1");
+    CHECK_FAILS_WITH(zs_msg_decode(buf, len, &COORD, &env), "protocol version 3, this "
+                                                            "coordinator speaks 2");
     Zshard__ErrorCode code = zs_msg_refusal_code(buf, len);
     CHECK_EQ_INT(code, ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION);
     free(buf);
@@ -1432,7 +1432,7 @@ static void test_refusal(void)
     snprintf(why, sizeof why, "%s", zs_last_error());
     uint8_t *reply;
     CHECK_OK(zs_msg_encode_error(0, code, why, &reply, &len));
-    /* The peer of version 2 reads our version and the text from the frozen fields. */
+    /* The peer of version 3 reads our version and the text from the frozen fields. */
     uint32_t v = 0;
     CHECK_EQ_INT(zs_msg_peek_version(reply, len, &v), 1);
     CHECK_EQ_INT(v, ZS_PROTOCOL_VERSION);
@@ -1440,7 +1440,7 @@ static void test_refusal(void)
     CHECK(got && got->body_case == ZSHARD__ENVELOPE__BODY_ERROR);
     if (got && got->error) {
         CHECK_EQ_INT(got->error->code, ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION);
-        CHECK(strstr(got->error->text, "protocol version 2, this coordinator speaks 1") != NULL);
+        CHECK(strstr(got->error->text, "protocol version 3, this coordinator speaks 2") != NULL);
     }
     zs_msg_free(got);
     CHECK_OK(decode_bytes(reply, len, &WORKER));
