@@ -77,13 +77,20 @@ static uint64_t now_ms(const coord *co)
     return co->hooks.now_ms ? co->hooks.now_ms(co->hooks.user) : zs_now_ms();
 }
 
-static void send_env(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env)
+/* Sends env to a peer; quiet: a failure is expected (a peer declared dead, most likely gone)
+ * and not worth a warning. */
+static void send_env_to(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env, int quiet)
 {
     zs_ctrl_stamp(env, 0);
     if (co->hooks.sent)
         co->hooks.sent(co->hooks.user, to, env);
-    if (co->ctrl && zs_ctrl_send(co->ctrl, to, env) != ZS_OK)
+    if (co->ctrl && zs_ctrl_send(co->ctrl, to, env) != ZS_OK && !quiet)
         ZS_WARN("coord: %s", zs_last_error());
+}
+
+static void send_env(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env)
+{
+    send_env_to(co, to, env, 0);
 }
 
 static void send_error(coord *co, const zs_ctrl_peer *to, Zshard__ErrorCode code, const char *text)
@@ -98,8 +105,8 @@ static void send_error(coord *co, const zs_ctrl_peer *to, Zshard__ErrorCode code
     send_env(co, to, &env);
 }
 
-static void send_shutdown(coord *co, const zs_ctrl_peer *to, Zshard__ShutdownKind kind,
-                          const char *reason)
+static void send_shutdown_to(coord *co, const zs_ctrl_peer *to, Zshard__ShutdownKind kind,
+                             const char *reason, int quiet)
 {
     Zshard__Shutdown s = ZSHARD__SHUTDOWN__INIT;
     s.has_kind = 1;
@@ -108,7 +115,13 @@ static void send_shutdown(coord *co, const zs_ctrl_peer *to, Zshard__ShutdownKin
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
     env.shutdown = &s;
-    send_env(co, to, &env);
+    send_env_to(co, to, &env, quiet);
+}
+
+static void send_shutdown(coord *co, const zs_ctrl_peer *to, Zshard__ShutdownKind kind,
+                          const char *reason)
+{
+    send_shutdown_to(co, to, kind, reason, 0);
 }
 
 /* To every peer that ever registered: one declared dead may still be running (a hang that
@@ -116,14 +129,18 @@ static void send_shutdown(coord *co, const zs_ctrl_peer *to, Zshard__ShutdownKin
 static void broadcast_shutdown(coord *co, Zshard__ShutdownKind kind, const char *reason)
 {
     for (int i = 0; i < co->n_peers; i++)
-        send_shutdown(co, &co->peers[i].peer, kind, reason);
+        send_shutdown_to(co, &co->peers[i].peer, kind, reason, co->peers[i].gone);
 }
 
 static void abort_job(coord *co, zs_err err)
 {
-    ZS_ERROR("coord: aborting the job: %s", zs_last_error());
-    broadcast_shutdown(co, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, zs_last_error());
-    co->result = err;
+    /* The sends below may record failures of their own (a peer that is gone): keep the
+     * reason, which is what the caller reports. */
+    char why[1024];
+    snprintf(why, sizeof why, "%s", zs_last_error());
+    ZS_ERROR("coord: aborting the job: %s", why);
+    broadcast_shutdown(co, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, why);
+    co->result = zs_error(err, "%s", why);
     co->done = 1;
 }
 

@@ -507,7 +507,12 @@ static void on_data_event(server *sv, const zs_event *ev)
         }
         break;
     case ZS_EV_CLOSED:
-        if (ev->err != ZS_OK)
+        /* A peer that closes between frames is a worker leaving (every job ends so);
+         * anything else -- a cut frame, a reset, a malformed header -- is worth a warning. */
+        if (ev->err != ZS_OK && strstr(ev->reason, "closed by peer") &&
+            !strstr(ev->reason, "closed by peer mid-"))
+            ZS_INFO("server %u: %s", sv->id, ev->reason);
+        else if (ev->err != ZS_OK)
             ZS_WARN("server %u: %s", sv->id, ev->reason);
         doom(sv, ev->conn);
         break;
