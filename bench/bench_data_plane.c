@@ -31,14 +31,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/benchutil.h"
 #include "common/clock.h"
 #include "worker/session.h"
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* ---- the plain copy: one writer thread, the main thread reads ---- */
 
@@ -143,16 +138,6 @@ static void measure(zs_client *cl, size_t N, int chunk, float *buf, figures *fig
     }
 }
 
-static pid_t spawn(char *const argv[])
-{
-    pid_t p = fork();
-    if (p == 0) {
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return p;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -188,7 +173,7 @@ int main(int argc, char **argv)
                      "--data", data, "--steps", "1", "--out", out, "--log-level", "error", NULL};
     char *sargv[] = {(char *)zshard, "server", "--coord", ep, "--listen", "127.0.0.1:0",
                      "--threads", "1", "--log-level", "error", NULL};
-    pid_t coord = spawn(cargv), server = spawn(sargv);
+    pid_t coord = zs_bench_spawn(cargv, NULL), server = zs_bench_spawn(sargv, NULL);
     int rc = 1;
     zs_session *s = NULL;
     if (zs_session_open(ep, NULL, 30000, &s) != ZS_OK) {
@@ -237,7 +222,7 @@ int main(int argc, char **argv)
         if (i % 200 == 0)
             zs_session_heartbeat(s);
     }
-    qsort(lat, LAT, sizeof *lat, cmp_double);
+    qsort(lat, LAT, sizeof *lat, zs_bench_cmp_double);
     printf("model vector %zu floats (%.0f MiB), 1 server, best of %d; limit: a plain loopback "
            "TCP copy of the same bytes between buffers of the same size\n", N, N * 4.0 / 1048576,
            reps);

@@ -23,20 +23,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/benchutil.h"
 #include "common/clock.h"
 #include "proto/ctrl.h"
-
-static pid_t spawn(char *const argv[], const char *log)
-{
-    pid_t p = fork();
-    if (p == 0) {
-        if (log && !freopen(log, "w", stderr))
-            _exit(127);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return p;
-}
 
 /* One StatusReply (NULL if the coordinator did not answer within 1 s). */
 static Zshard__Envelope *status(zs_ctrl *ctrl)
@@ -66,12 +55,6 @@ static const Zshard__MemberStatus *member_by_pid(const Zshard__StatusReply *r, p
         if (r->members[i]->role == ZSHARD__ROLE__ROLE_WORKER && r->members[i]->pid == (uint32_t)pid)
             return r->members[i];
     return NULL;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* step_ms and workers of each step of dir/metrics.jsonl; returns the count. */
@@ -138,7 +121,7 @@ int main(int argc, char **argv)
     /* The coordinator binds a port ZeroMQ picks; its log says which. */
     char *cargv[] = {zshard, "coord", "--listen", "tcp://127.0.0.1:*", "--config", cfg,
                      "--servers", "1", "--data", data, "--steps", steps, "--out", out, NULL};
-    coord = spawn(cargv, logs[0]);
+    coord = zs_bench_spawn(cargv, logs[0]);
     ep[0] = '\0';
     for (int i = 0; i < 200 && !ep[0]; i++) {
         usleep(20000);
@@ -159,9 +142,9 @@ int main(int argc, char **argv)
     char *sargv[] = {zshard, "server", "--coord", ep, "--listen", "127.0.0.1:0", "--threads",
                      "1", NULL};
     char *wargv[] = {zshard, "worker", "--coord", ep, "--threads", "1", NULL};
-    server = spawn(sargv, logs[1]);
-    wk[0] = spawn(wargv, logs[2]);
-    wk[1] = spawn(wargv, logs[3]);
+    server = zs_bench_spawn(sargv, logs[1]);
+    wk[0] = zs_bench_spawn(wargv, logs[2]);
+    wk[1] = zs_bench_spawn(wargv, logs[3]);
 
     /* 1. Failover: wait for step 5, then kill worker 0 while it holds chunks. */
     double t_kill = 0, t_reassigned = 0, t_step_end = 0;
@@ -208,7 +191,7 @@ int main(int argc, char **argv)
             break;
         usleep(10000);
     }
-    wk[2] = spawn(wargv, logs[4]);
+    wk[2] = zs_bench_spawn(wargv, logs[4]);
     int st = 0;
     if (waitpid(coord, &st, 0) != coord || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         fprintf(stderr, "bench_elastic: the coordinator failed (log %s)\n", logs[0]);
@@ -229,12 +212,11 @@ int main(int argc, char **argv)
     for (int i = join + 1; join >= 0 && i < n; i++)
         if (workers[i] == 2)
             after[na++] = ms[i];
-    qsort(after, (size_t)na, sizeof *after, cmp_double);
-    double steady = na ? after[na / 2] : NAN;
+    double steady = zs_bench_median(after, na);
 
     char *targv[] = {zshard, "train", "--config", cfg, "--data", data, "--steps", steps,
                      "--out", ref, "--threads", "1", NULL};
-    pid_t t = spawn(targv, logs[5]);
+    pid_t t = zs_bench_spawn(targv, logs[5]);
     waitpid(t, NULL, 0);
     snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", ref, out);
     int same = system(cmd) == 0;

@@ -23,22 +23,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/benchutil.h"
+
 #define MAX_STEPS 256
 #define MAX_SAMPLES 4096
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    if (n == 0)
-        return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int run(char *const argv[], const char *log)
 {
@@ -145,9 +133,9 @@ int main(int argc, char **argv)
         snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", tdir, ldir);
         same &= system(cmd) == 0;
     }
-    double t_train = median(tr.step_ms, tr.n), t_launch = median(la.step_ms, la.n);
-    double compute = median(la.compute, la.n), fetch = median(la.fetch, la.n);
-    double push = median(la.push, la.n);
+    double t_train = zs_bench_median(tr.step_ms, tr.n), t_launch = zs_bench_median(la.step_ms, la.n);
+    double compute = zs_bench_median(la.compute, la.n), fetch = zs_bench_median(la.fetch, la.n);
+    double push = zs_bench_median(la.push, la.n);
     double wait = t_launch - compute - fetch - push;
     printf("small model (%s), %s steps x %d rounds, %s kernel threads; medians of steps 2..%s\n",
            cfg, steps, rounds, threads, steps);

@@ -23,15 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static pid_t spawn(char *const argv[])
-{
-    pid_t p = fork();
-    if (p == 0) {
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return p;
-}
+#include "bench/benchutil.h"
 
 /* Waits for pid; returns its exit status (-1 for a signal) and its peak RSS in MiB. */
 static int reap(pid_t pid, double *rss_mib)
@@ -42,20 +34,6 @@ static int reap(pid_t pid, double *rss_mib)
         return -1;
     *rss_mib = (double)ru.ru_maxrss / 1024.0; /* ru_maxrss is in KiB on Linux */
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
 }
 
 int main(int argc, char **argv)
@@ -94,11 +72,11 @@ int main(int argc, char **argv)
     double train_rss = 0, worker_rss = 0, server_rss = 0, coord_rss = 0;
     char *targv[] = {zshard, "train", "--config", cfg, "--data", data, "--steps", (char *)steps,
                      "--out", ref, "--threads", (char *)threads, "--log-level", "error", NULL};
-    if (reap(spawn(targv), &train_rss) != 0) {
+    if (reap(zs_bench_spawn(targv, NULL), &train_rss) != 0) {
         fprintf(stderr, "bench_worker_memory: zshard train failed\n");
         goto out;
     }
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", zs_bench_free_port());
     char *cargv[] = {zshard, "coord", "--listen", ep, "--config", cfg, "--servers", "1",
                      "--data", data, "--steps", (char *)steps, "--out", dist, "--log-level",
                      "error", NULL};
@@ -106,7 +84,7 @@ int main(int argc, char **argv)
                      (char *)threads, "--log-level", "error", NULL};
     char *wargv[] = {zshard, "worker", "--coord", ep, "--threads", (char *)threads,
                      "--log-level", "error", NULL};
-    pid_t coord = spawn(cargv), server = spawn(sargv), worker = spawn(wargv);
+    pid_t coord = zs_bench_spawn(cargv, NULL), server = zs_bench_spawn(sargv, NULL), worker = zs_bench_spawn(wargv, NULL);
     int wst = reap(worker, &worker_rss);
     int sst = reap(server, &server_rss);
     int cst = reap(coord, &coord_rss);

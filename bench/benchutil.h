@@ -1,0 +1,60 @@
+/*
+ * benchutil: what the benchmarks that run zshard processes share: starting a child with its
+ * stderr in a log, a free loopback port, and medians.  Header-only (each benchmark is one
+ * program); not part of any library.
+ */
+#ifndef ZS_BENCHUTIL_H
+#define ZS_BENCHUTIL_H
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* Starts argv[0] with argv; its stderr goes to log (NULL: inherited).  Returns the pid. */
+static inline pid_t zs_bench_spawn(char *const argv[], const char *log)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        if (log && !freopen(log, "w", stderr))
+            _exit(127);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return p;
+}
+
+/* A port on 127.0.0.1 that was free a moment ago (-1 on failure). */
+static inline int zs_bench_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static inline int zs_bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (sorts v); NaN for n == 0. */
+static inline double zs_bench_median(double *v, int n)
+{
+    if (n <= 0)
+        return 0.0 / 0.0;
+    qsort(v, (size_t)n, sizeof *v, zs_bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#endif
