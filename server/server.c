@@ -38,8 +38,10 @@
 #define MAX_EVENTS 64
 #define POLL_MS 2 /* data-plane wait per turn; bounds control-plane latency */
 #define MAX_HELD 65536 /* fetches of the next version held at once */
+#define MAX_HELD_PER_CONN 4096 /* of them from one connection (stream): no client can take all */
 
-/* A connection to close at the end of this turn of the loop (its user pointer). */
+/* A connection's user pointer is a tag, not a pointer: CONN_DOOMED (odd) for a connection to
+ * close at the end of this turn of the loop, else twice the number of fetches it has held. */
 #define CONN_DOOMED ((void *)(uintptr_t)1)
 
 /* Marks a send from shard memory in the event cookie (others carry a scratch slot + 1 or 0). */
@@ -140,6 +142,18 @@ static void reply_error(server *sv, zs_conn *c, const zs_frame *f, zs_frame_stat
         ZS_WARN("server %u: cannot answer %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
 }
 
+/* Fetches c holds (waiting for the next version); 0 for a doomed connection. */static int conn_held(const server *sv, const zs_conn *c)
+{
+    uintptr_t u = (uintptr_t)sv->ops->conn_user(c);
+    return u & 1 ? 0 : (int)(u >> 1);
+}
+
+static void conn_held_add(server *sv, zs_conn *c, int delta)
+{
+    if (sv->ops->conn_user(c) != CONN_DOOMED)
+        sv->ops->conn_set_user(c, (void *)(uintptr_t)((uintptr_t)(conn_held(sv, c) + delta) << 1));
+}
+
 /*
  * Schedules c to be closed after the current batch of events: closing at once would leave
  * pointers to it in the lists being walked (waiting pushes, held fetches) and in later events
@@ -200,10 +214,18 @@ static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
         reply_error(sv, c, f, ZS_FS_BAD_RANGE, "fetch dtype must be F32 or BF16");
     } else if ((long)f->step < v || (sv->verdict_pending && (long)f->step == v)) {
         reply_error(sv, c, f, ZS_FS_STALE, "version is no longer held");
-    } else if (f->step > (uint64_t)v + 1 || sv->n_held >= MAX_HELD) {
-        /* Only the next version is worth waiting for; anything further, or more waiting
-         * requests than any job makes, is a peer's mistake (and would grow without bound). */
+    } else if (f->step > (uint64_t)v + 1) {
+        /* Only the next version is worth waiting for; anything further is a peer's mistake
+         * (and would grow without bound). */
         reply_error(sv, c, f, ZS_FS_STALE, "fetch of a version beyond the next one");
+    } else if ((long)f->step > v &&
+               (sv->n_held >= MAX_HELD || conn_held(sv, c) >= MAX_HELD_PER_CONN)) {
+        /* More waiting requests than any job makes: refused, so that memory stays bounded
+         * and one connection cannot take every place. */
+        reply_error(sv, c, f, ZS_FS_STALE,
+                    sv->n_held >= MAX_HELD ? "too many fetches wait for the next version"
+                                           : "too many fetches from this connection wait for "
+                                             "the next version");
     } else if ((long)f->step > v) {
         /* The next version: hold the request until it is published. */
         if (sv->n_held == sv->cap_held) {
@@ -217,6 +239,7 @@ static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
             sv->cap_held = cap;
         }
         sv->held[sv->n_held++] = (held_fetch){c, *f};
+        conn_held_add(sv, c, 1);
     } else {
         serve_fetch(sv, c, f);
     }
@@ -471,9 +494,10 @@ static void maybe_apply(server *sv)
     int j = 0;
     for (int i = 0; i < sv->n_held; i++) {
         held_fetch h = sv->held[i];
-        if ((long)h.frame.step == v)
+        if ((long)h.frame.step == v) {
+            conn_held_add(sv, h.conn, -1);
             serve_fetch(sv, h.conn, &h.frame);
-        else
+        } else
             sv->held[j++] = h;
     }
     sv->n_held = j;

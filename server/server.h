@@ -10,7 +10,9 @@
  * Bad input from peers -- malformed frames, wrong sizes, ranges outside its shards, pushes for
  * another step or for a chunk not assigned to the sender -- is answered with an error frame
  * (the connection closed when the frame itself is malformed), logged with the peer and the
- * reason, and changes no state.  The server never exits because of what a peer sent.
+ * reason, and changes no state.  The server never exits because of what a peer sent.  Only the
+ * next version is held for: at most 65536 fetches in all and 4096 from one connection wait at
+ * once, so a misbehaving client can neither grow the server's memory nor take every place.
  *
  * zs_server_run is the whole process; zs_server_open / _turn / _close are its loop cut into
  * pieces (run = open, turn until done, close), so that a test can drive a server one message

@@ -573,6 +573,37 @@ static void run(const char *zshard, int S)
         zs_req *held = NULL;
         CHECK_OK(ops->irecv(r.conn[sl->server], hf.id, reply_mr, 0, 1 << 16, NULL, &held));
         CHECK_OK(ops->isend(r.conn[sl->server], &hf, NULL, 0, NULL, NULL));
+        if (step == 0) {
+            /* One connection holds at most 4096 fetches of the next version: the next one is
+             * refused with the reason, and the held fetch of the other connection stays. */
+            zs_conn *flood = NULL;
+            CHECK_OK(ops->connect(r.net, r.endpoint[sl->server], NULL, &flood));
+            enum { FLOOD = 4096 };
+            zs_frame ff = hf;
+            ff.dtype = ZS_DTYPE_F32;
+            ff.count = 1;
+            zs_event evs[64];
+            for (int i = 0; flood && i < FLOOD; i++) {
+                ff.id = 2000000 + (uint64_t)i;
+                CHECK_OK(ops->isend(flood, &ff, NULL, 0, NULL, NULL));
+                /* Take the sends' completions, so that the net's event queue never fills. */
+                for (int got = 64; got == 64;)
+                    CHECK_OK(ops->poll(r.net, evs, 64, 0, &got));
+            }
+            ff.id = 2000000 + FLOOD;
+            zs_req *rq = NULL;
+            zs_frame rep = {0};
+            int done = 0;
+            CHECK_OK(ops->irecv(flood, ff.id, reply_mr, 0, 1 << 16, NULL, &rq));
+            CHECK_OK(ops->isend(flood, &ff, NULL, 0, NULL, NULL));
+            CHECK_OK(ops->wait(rq, 20000, &done, &rep));
+            CHECK(done && rep.op == ZS_OP_ERROR && rep.status == ZS_FS_STALE);
+            CHECK(done && rep.length > 0 &&
+                  memmem(replies, rep.length, "too many fetches from this connection", 37));
+            ops->conn_close(flood);
+            CHECK_OK(ops->test(held, &done, NULL));
+            CHECK(!done); /* the other connection's fetch still waits */
+        }
         /* Pushes.  MODE_CONCURRENT: one thread per chunk and worker, delayed and interleaved
          * (push_concurrently).  Otherwise one client: chunks in random order, each chunk's
          * layers in reverse (as backward produces them), split by shard and all in flight at
