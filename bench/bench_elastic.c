@@ -6,8 +6,9 @@
  *   1. Failover: the time from SIGKILL of a worker that holds chunks of the current step to
  *      the moment the coordinator has handed those chunks to the surviving worker (seen with
  *      StatusRequest polls every 2 ms), and to the end of that step.  The limit is the
- *      configured heartbeat timeout: a killed process sends nothing, so the coordinator can
- *      know no sooner than that; the ratio shows what the rest costs.
+ *      configured heartbeat timeout, what finding the dead worker by its silence alone would
+ *      cost; its control connection closes with it, which lets the coordinator act after two
+ *      heartbeat intervals instead.
  *   2. Join: the step time of the step a new worker first computes in, against the median
  *      step time with the same number of workers afterwards (the limit); the ratio is the
  *      cost of a join (registration, data check, its first fetches of every layer).

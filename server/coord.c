@@ -45,6 +45,8 @@ typedef struct {
     char gone_why[160]; /* why it is gone: "no heartbeat within 1000 ms", "worker leaving" */
     long sent_step;   /* the step of the last StepAssign sent to this worker, -1: none */
     uint64_t sent_sig; /* a signature of its chunk list, to send only changes */
+    uint64_t probed_ms;       /* when its assignment was last repeated (probe_workers) */
+    uint64_t unreachable_ms;  /* when a message to it first could not be routed, 0: it can */
 } peer_entry;
 
 struct zs_coord {
@@ -78,14 +80,16 @@ static uint64_t now_ms(const coord *co)
 }
 
 /* Sends env to a peer; quiet: a failure is expected (a peer declared dead, most likely gone)
- * and not worth a warning. */
-static void send_env_to(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env, int quiet)
+ * and not worth a warning.  Fails when ZeroMQ cannot route it: the peer's connection is gone. */
+static zs_err send_env_to(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env, int quiet)
 {
     zs_ctrl_stamp(env, 0);
     if (co->hooks.sent)
         co->hooks.sent(co->hooks.user, to, env);
-    if (co->ctrl && zs_ctrl_send(co->ctrl, to, env) != ZS_OK && !quiet)
+    zs_err e = co->ctrl ? zs_ctrl_send(co->ctrl, to, env) : ZS_OK;
+    if (e != ZS_OK && !quiet)
         ZS_WARN("coord: %s", zs_last_error());
+    return e;
 }
 
 static void send_env(coord *co, const zs_ctrl_peer *to, Zshard__Envelope *env)
@@ -275,9 +279,65 @@ static void broadcast_assignment(coord *co)
         for (int j = 0; j < co->n_peers; j++)
             if (co->peers[j].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[j].gone)
                 send_env(co, &co->peers[j].peer, &env);
-        send_env(co, &w->peer, &env);
+        /* A worker that cannot be reached is on its way out (probe_workers). */
+        if (send_env_to(co, &w->peer, &env, 1) != ZS_OK) {
+            if (!w->unreachable_ms)
+                w->unreachable_ms = now_ms(co);
+        } else {
+            w->unreachable_ms = 0;
+        }
+        w->probed_ms = now_ms(co);
     }
 out:
+    free(chunks);
+    free(tmp);
+}
+
+/*
+ * Finding dead workers sooner than the heartbeat timeout.  A killed worker's control
+ * connection closes at once, and from then on ZeroMQ cannot route a message to it.  So while
+ * a step computes, every heartbeat interval each worker that still has chunks of it is sent
+ * its assignment again (a repeat changes nothing: a worker takes each (step, chunk) once).  A
+ * worker that cannot be reached, and has been silent for two heartbeat intervals, is declared
+ * dead then (advance); one that can be reached is judged by the timeout as before, so a slow
+ * or busy worker is never cut short.
+ */
+static void probe_workers(coord *co)
+{
+    uint64_t now = now_ms(co), every = (uint64_t)co->cfg.cluster.heartbeat_interval_ms;
+    long step = zs_coord_step(co->cs);
+    int C = co->cfg.chunks;
+    uint32_t *chunks = malloc((size_t)C * sizeof *chunks);
+    int *tmp = malloc((size_t)C * sizeof *tmp);
+    for (int i = 0; chunks && tmp && i < co->n_peers; i++) {
+        peer_entry *w = &co->peers[i];
+        if (w->role != ZSHARD__ROLE__ROLE_WORKER || w->cs_id < 0 || w->gone ||
+            now - w->probed_ms < every)
+            continue;
+        int n = zs_coord_assigned(co->cs, w->cs_id, tmp, C);
+        if (n == 0)
+            continue;
+        w->probed_ms = now;
+        for (int k = 0; k < n; k++)
+            chunks[k] = (uint32_t)tmp[k];
+        Zshard__StepAssign sa = ZSHARD__STEP_ASSIGN__INIT;
+        sa.has_step = sa.has_worker = sa.has_lr = 1;
+        sa.step = (uint64_t)step;
+        sa.worker = (uint32_t)(i + 1);
+        sa.n_chunks = (size_t)n;
+        sa.chunks = chunks;
+        sa.lr = zs_config_lr(&co->cfg, (int)step);
+        Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+        env.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
+        env.step_assign = &sa;
+        if (send_env_to(co, &w->peer, &env, 1) != ZS_OK) {
+            if (!w->unreachable_ms)
+                ZS_DEBUG("coord: worker %d cannot be reached: %s", i + 1, zs_last_error());
+            w->unreachable_ms = w->unreachable_ms ? w->unreachable_ms : now;
+        } else {
+            w->unreachable_ms = 0;
+        }
+    }
     free(chunks);
     free(tmp);
 }
@@ -664,6 +724,22 @@ static void advance(coord *co)
                 member_gone(co, pi, "no heartbeat within the timeout");
         }
     }
+    /* Workers whose connection is gone (probe_workers) and who have been silent for two
+     * heartbeat intervals. */
+    uint64_t now = now_ms(co), every = (uint64_t)co->cfg.cluster.heartbeat_interval_ms;
+    for (int pi = 0; pi < co->n_peers && !co->done; pi++) {
+        const peer_entry *p = &co->peers[pi];
+        if (p->gone || p->cs_id < 0 || !p->unreachable_ms)
+            continue;
+        const zs_member *m = zs_coord_member(co->cs, p->cs_id);
+        if (m->alive && now > m->last_heartbeat_ms && now - m->last_heartbeat_ms > 2 * every) {
+            char why[160];
+            snprintf(why, sizeof why, "its connection closed and no heartbeat for %llu ms",
+                     (unsigned long long)(now - m->last_heartbeat_ms));
+            zs_coord_leave(co->cs, p->cs_id, why);
+            member_gone(co, pi, why);
+        }
+    }
     if (co->done)
         return;
     if (co->servers_ready == co->opts->servers && zs_coord_try_begin(co->cs)) {
@@ -676,6 +752,8 @@ static void advance(coord *co)
         broadcast_assignment(co);
         co->assignment_dirty = 0;
     }
+    if (zs_coord_phase(co->cs) == ZS_PHASE_COMPUTE)
+        probe_workers(co);
 }
 
 zs_err zs_coord_open(const zs_coord_opts *opts, zs_coord **out)
