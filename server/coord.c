@@ -238,57 +238,75 @@ static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Regis
     }
 }
 
-/* Sends the current step's assignment to every live worker and to every server. */
+/*
+ * Sends worker pi its n chunks of the current step (chunks[0..n), ascending), first to every
+ * server when to_servers (a push may follow the worker's copy at once), then to the worker.
+ * A worker that ZeroMQ cannot route to is marked unreachable (probe_workers); one it can is
+ * not (any more).
+ */
+static void send_assignment(coord *co, int pi, uint32_t *chunks, int n, int to_servers)
+{
+    peer_entry *w = &co->peers[pi];
+    long step = zs_coord_step(co->cs);
+    Zshard__StepAssign sa = ZSHARD__STEP_ASSIGN__INIT;
+    sa.has_step = sa.has_worker = sa.has_lr = 1;
+    sa.step = (uint64_t)step;
+    sa.worker = (uint32_t)(pi + 1);
+    sa.n_chunks = (size_t)n;
+    sa.chunks = chunks;
+    sa.lr = zs_config_lr(&co->cfg, (int)step);
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
+    env.step_assign = &sa;
+    for (int j = 0; to_servers && j < co->n_peers; j++)
+        if (co->peers[j].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[j].gone)
+            send_env(co, &co->peers[j].peer, &env);
+    uint64_t now = now_ms(co);
+    w->probed_ms = now;
+    if (send_env_to(co, &w->peer, &env, 1) == ZS_OK) {
+        w->unreachable_ms = 0;
+    } else if (!w->unreachable_ms) {
+        ZS_DEBUG("coord: worker %d cannot be reached: %s", pi + 1, zs_last_error());
+        w->unreachable_ms = now;
+    }
+}
+
+/* Worker w's unfinished chunks of the current step into chunks[0..C) (tmp: scratch of C);
+ * returns how many. */
+static int worker_chunks(coord *co, const peer_entry *w, int *tmp, uint32_t *chunks)
+{
+    int n = zs_coord_assigned(co->cs, w->cs_id, tmp, co->cfg.chunks);
+    for (int k = 0; k < n; k++)
+        chunks[k] = (uint32_t)tmp[k];
+    return n;
+}
+
+/* Sends the current step's assignment to every live worker whose list changed, and to every
+ * server. */
 static void broadcast_assignment(coord *co)
 {
     long step = zs_coord_step(co->cs);
-    double lr = zs_config_lr(&co->cfg, (int)step);
     int C = co->cfg.chunks;
     uint32_t *chunks = malloc((size_t)C * sizeof *chunks);
     int *tmp = malloc((size_t)C * sizeof *tmp);
-    if (!chunks || !tmp)
-        goto out;
-    for (int i = 0; i < co->n_peers; i++) {
+    for (int i = 0; chunks && tmp && i < co->n_peers; i++) {
         peer_entry *w = &co->peers[i];
         if (w->role != ZSHARD__ROLE__ROLE_WORKER || w->cs_id < 0 || w->gone)
             continue;
-        int n = zs_coord_assigned(co->cs, w->cs_id, tmp, C);
-        /* FNV-1a over the chunk list: resend only when the assignment changed (a worker
-         * that gets the same list twice would compute its chunks twice). */
+        int n = worker_chunks(co, w, tmp, chunks);
+        /* FNV-1a over the chunk list: send only changes.  A repeat would be harmless (a
+         * worker takes each (step, chunk) once, the servers set the same owners), but it is
+         * a message to every server. */
         uint64_t sig = 0xcbf29ce484222325ull;
         for (int k = 0; k < n; k++)
-            sig = (sig ^ (uint64_t)tmp[k]) * 0x100000001b3ull;
+            sig = (sig ^ (uint64_t)chunks[k]) * 0x100000001b3ull;
         if (n == 0 || (w->sent_step == step && w->sent_sig == sig))
             continue;
         w->sent_step = step;
         w->sent_sig = sig;
-        for (int k = 0; k < n; k++)
-            chunks[k] = (uint32_t)tmp[k];
-        Zshard__StepAssign sa = ZSHARD__STEP_ASSIGN__INIT;
-        sa.has_step = sa.has_worker = sa.has_lr = 1;
-        sa.step = (uint64_t)step;
-        sa.worker = (uint32_t)(i + 1);
-        sa.n_chunks = (size_t)n;
-        sa.chunks = chunks;
-        sa.lr = lr;
-        Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
-        env.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
-        env.step_assign = &sa;
         ZS_DEBUG("coord: step %ld: worker %d gets %d chunks", step + 1, i + 1, n);
-        /* Servers first: a push may follow the worker's copy at once. */
-        for (int j = 0; j < co->n_peers; j++)
-            if (co->peers[j].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[j].gone)
-                send_env(co, &co->peers[j].peer, &env);
-        /* A worker that cannot be reached is on its way out (probe_workers). */
-        if (send_env_to(co, &w->peer, &env, 1) != ZS_OK) {
-            if (!w->unreachable_ms)
-                w->unreachable_ms = now_ms(co);
-        } else {
-            w->unreachable_ms = 0;
-        }
-        w->probed_ms = now_ms(co);
+        send_assignment(co, i, chunks, n, 1);
     }
-out:
     free(chunks);
     free(tmp);
 }
@@ -297,15 +315,14 @@ out:
  * Finding dead workers sooner than the heartbeat timeout.  A killed worker's control
  * connection closes at once, and from then on ZeroMQ cannot route a message to it.  So while
  * a step computes, every heartbeat interval each worker that still has chunks of it is sent
- * its assignment again (a repeat changes nothing: a worker takes each (step, chunk) once).  A
- * worker that cannot be reached, and has been silent for two heartbeat intervals, is declared
- * dead then (advance); one that can be reached is judged by the timeout as before, so a slow
- * or busy worker is never cut short.
+ * its assignment again (to it alone; a repeat changes nothing: a worker takes each (step,
+ * chunk) once).  A worker that cannot be reached, and has been silent for two heartbeat
+ * intervals, is declared dead then (advance); one that can be reached is judged by the
+ * timeout as before, so a slow or busy worker is never cut short.
  */
 static void probe_workers(coord *co)
 {
     uint64_t now = now_ms(co), every = (uint64_t)co->cfg.cluster.heartbeat_interval_ms;
-    long step = zs_coord_step(co->cs);
     int C = co->cfg.chunks;
     uint32_t *chunks = malloc((size_t)C * sizeof *chunks);
     int *tmp = malloc((size_t)C * sizeof *tmp);
@@ -314,29 +331,9 @@ static void probe_workers(coord *co)
         if (w->role != ZSHARD__ROLE__ROLE_WORKER || w->cs_id < 0 || w->gone ||
             now - w->probed_ms < every)
             continue;
-        int n = zs_coord_assigned(co->cs, w->cs_id, tmp, C);
-        if (n == 0)
-            continue;
-        w->probed_ms = now;
-        for (int k = 0; k < n; k++)
-            chunks[k] = (uint32_t)tmp[k];
-        Zshard__StepAssign sa = ZSHARD__STEP_ASSIGN__INIT;
-        sa.has_step = sa.has_worker = sa.has_lr = 1;
-        sa.step = (uint64_t)step;
-        sa.worker = (uint32_t)(i + 1);
-        sa.n_chunks = (size_t)n;
-        sa.chunks = chunks;
-        sa.lr = zs_config_lr(&co->cfg, (int)step);
-        Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
-        env.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
-        env.step_assign = &sa;
-        if (send_env_to(co, &w->peer, &env, 1) != ZS_OK) {
-            if (!w->unreachable_ms)
-                ZS_DEBUG("coord: worker %d cannot be reached: %s", i + 1, zs_last_error());
-            w->unreachable_ms = w->unreachable_ms ? w->unreachable_ms : now;
-        } else {
-            w->unreachable_ms = 0;
-        }
+        int n = worker_chunks(co, w, tmp, chunks);
+        if (n > 0)
+            send_assignment(co, i, chunks, n, 0);
     }
     free(chunks);
     free(tmp);
