@@ -162,13 +162,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < 20000; i++)
         fputc('a' + i % 26, f);
     fclose(f);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ntohs(a.sin_port));
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", zs_bench_free_port());
     char *cargv[] = {(char *)zshard, "coord", "--listen", ep, "--config", cfg, "--servers", "1",
                      "--data", data, "--steps", "1", "--out", out, "--log-level", "error", NULL};
     char *sargv[] = {(char *)zshard, "server", "--coord", ep, "--listen", "127.0.0.1:0",
