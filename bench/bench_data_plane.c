@@ -163,10 +163,11 @@ int main(int argc, char **argv)
         fputc('a' + i % 26, f);
     fclose(f);
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", zs_bench_free_port());
-    char *cargv[] = {(char *)zshard, "coord", "--listen", ep, "--config", cfg, "--servers", "1",
-                     "--data", data, "--steps", "1", "--out", out, "--log-level", "error", NULL};
-    char *sargv[] = {(char *)zshard, "server", "--coord", ep, "--listen", "127.0.0.1:0",
-                     "--threads", "1", "--log-level", "error", NULL};
+    char *cargv[] = {(char *)zshard, "coord", "--listen",    ep,      "--config", cfg,
+                     "--servers",    "1",     "--data",      data,    "--steps",  "1",
+                     "--out",        out,     "--log-level", "error", NULL};
+    char *sargv[] = {(char *)zshard, "server", "--coord",     ep,      "--listen", "127.0.0.1:0",
+                     "--threads",    "1",      "--log-level", "error", NULL};
     pid_t coord = zs_bench_spawn(cargv, NULL), server = zs_bench_spawn(sargv, NULL);
     int rc = 1;
     zs_session *s = NULL;
@@ -218,13 +219,13 @@ int main(int argc, char **argv)
     }
     qsort(lat, LAT, sizeof *lat, zs_bench_cmp_double);
     printf("model vector %zu floats (%.0f MiB), 1 server, best of %d; limit: a plain loopback "
-           "TCP copy of the same bytes between buffers of the same size\n", N, N * 4.0 / 1048576,
-           reps);
+           "TCP copy of the same bytes between buffers of the same size\n",
+           N, N * 4.0 / 1048576, reps);
     const figures *fig[2] = {&one, &two};
     for (int k = 0; k < 2; k++) {
         printf("%d stream%s: fetch 4 MiB %.2f GB/s (ratio %.2f), push 4 MiB %.2f GB/s (%.2f); "
-               "fetch 64 KiB %.2f GB/s (%.2f), push 64 KiB %.2f GB/s (%.2f)\n", k + 1,
-               k ? "s" : " ", fig[k]->fetch4, fig[k]->fetch4 / plain4, fig[k]->push4,
+               "fetch 64 KiB %.2f GB/s (%.2f), push 64 KiB %.2f GB/s (%.2f)\n",
+               k + 1, k ? "s" : " ", fig[k]->fetch4, fig[k]->fetch4 / plain4, fig[k]->push4,
                fig[k]->push4 / plain4, fig[k]->fetch64, fig[k]->fetch64 / plain64, fig[k]->push64,
                fig[k]->push64 / plain64);
     }
@@ -233,7 +234,8 @@ int main(int argc, char **argv)
            lat[LAT * 99 / 100]);
     double worst4 = one.fetch4 < one.push4 ? one.fetch4 : one.push4;
     printf("bench_data_plane: %.2f GB/s (4 MiB, 1 stream, the slower of fetch and push), plain "
-           "socket %.2f GB/s, ratio %.2f\n", worst4, plain4, worst4 / plain4);
+           "socket %.2f GB/s, ratio %.2f\n",
+           worst4, plain4, worst4 / plain4);
     free(lat);
     free(buf);
     free(src);

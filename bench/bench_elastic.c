@@ -100,11 +100,13 @@ int main(int argc, char **argv)
     FILE *f = fopen(cfg, "w");
     if (!f)
         return 1;
-    fprintf(f, "{\"seed\": 3, \"train_batch_size\": 16, \"train_micro_batch_size_per_gpu\": 2, "
-               "\"model\": {\"n_layer\": 4, \"n_head\": 4, \"n_embd\": 128, \"vocab_size\": 256, "
-               "\"block_size\": 64}, \"cluster\": {\"shard_size\": 65536, "
-               "\"heartbeat_interval_ms\": 100, \"heartbeat_timeout_ms\": %d}, "
-               "\"elasticity\": {\"enabled\": true}}\n", timeout_ms);
+    fprintf(f,
+            "{\"seed\": 3, \"train_batch_size\": 16, \"train_micro_batch_size_per_gpu\": 2, "
+            "\"model\": {\"n_layer\": 4, \"n_head\": 4, \"n_embd\": 128, \"vocab_size\": 256, "
+            "\"block_size\": 64}, \"cluster\": {\"shard_size\": 65536, "
+            "\"heartbeat_interval_ms\": 100, \"heartbeat_timeout_ms\": %d}, "
+            "\"elasticity\": {\"enabled\": true}}\n",
+            timeout_ms);
     fclose(f);
     if (!(f = fopen(data, "w")))
         return 1;
@@ -120,8 +122,10 @@ int main(int argc, char **argv)
     zs_ctrl *ctrl = NULL;
     char ep[64];
     /* The coordinator binds a port ZeroMQ picks; its log says which. */
-    char *cargv[] = {zshard, "coord", "--listen", "tcp://127.0.0.1:*", "--config", cfg,
-                     "--servers", "1", "--data", data, "--steps", steps, "--out", out, NULL};
+    char *cargv[] = {zshard,     "coord", "--listen",  "tcp://127.0.0.1:*",
+                     "--config", cfg,     "--servers", "1",
+                     "--data",   data,    "--steps",   steps,
+                     "--out",    out,     NULL};
     coord = zs_bench_spawn(cargv, logs[0]);
     ep[0] = '\0';
     for (int i = 0; i < 200 && !ep[0]; i++) {
@@ -140,8 +144,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_elastic: no coordinator endpoint (log %s)\n", logs[0]);
         goto out;
     }
-    char *sargv[] = {zshard, "server", "--coord", ep, "--listen", "127.0.0.1:0", "--threads",
-                     "1", NULL};
+    char *sargv[] = {zshard,        "server",    "--coord", ep,  "--listen",
+                     "127.0.0.1:0", "--threads", "1",       NULL};
     char *wargv[] = {zshard, "worker", "--coord", ep, "--threads", "1", NULL};
     server = zs_bench_spawn(sargv, logs[1]);
     wk[0] = zs_bench_spawn(wargv, logs[2]);
@@ -215,8 +219,8 @@ int main(int argc, char **argv)
             after[na++] = ms[i];
     double steady = zs_bench_median(after, na);
 
-    char *targv[] = {zshard, "train", "--config", cfg, "--data", data, "--steps", steps,
-                     "--out", ref, "--threads", "1", NULL};
+    char *targv[] = {zshard, "train", "--config", cfg,         "--data", data, "--steps",
+                     steps,  "--out", ref,        "--threads", "1",      NULL};
     pid_t t = zs_bench_spawn(targv, logs[5]);
     waitpid(t, NULL, 0);
     snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", ref, out);
@@ -224,20 +228,22 @@ int main(int argc, char **argv)
 
     double failover = (t_reassigned - t_kill) * 1e3;
     printf("job: 4 x 128 model, 8 chunks per step, %d steps, 1 server, 2 workers; heartbeats "
-           "every 100 ms, timeout %d ms\n", nsteps, timeout_ms);
+           "every 100 ms, timeout %d ms\n",
+           nsteps, timeout_ms);
     printf("failover: SIGKILL during step %ld (the survivor had %u chunks to do) -> declared "
            "dead and its chunks reassigned after %.0f ms (the survivor has %u to do) -> step "
-           "done %.0f ms after the kill\n", kill_step + 1, survivor_before, failover,
-           reassigned_to, (t_step_end - t_kill) * 1e3);
+           "done %.0f ms after the kill\n",
+           kill_step + 1, survivor_before, failover, reassigned_to, (t_step_end - t_kill) * 1e3);
     if (join >= 0)
         printf("join: step %d (the new worker's first) took %.0f ms; median step with 2 workers "
-               "afterwards %.0f ms over %d steps; ratio %.2f\n", join + 1, ms[join], steady, na,
-               ms[join] / steady);
+               "afterwards %.0f ms over %d steps; ratio %.2f\n",
+               join + 1, ms[join], steady, na, ms[join] / steady);
     else
         printf("join: the new worker computed in no step (the job ended first)\n");
     printf("final weights: %s\n", same ? "bitwise equal to zshard train" : "DIFFERENT");
     printf("bench_elastic: %.0f ms from SIGKILL to reassignment, heartbeat timeout %d ms, ratio "
-           "%.2f\n", failover, timeout_ms, failover / timeout_ms);
+           "%.2f\n",
+           failover, timeout_ms, failover / timeout_ms);
     rc = same && join >= 0 ? 0 : 1;
 out:
     zs_ctrl_close(ctrl);

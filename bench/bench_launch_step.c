@@ -117,11 +117,11 @@ int main(int argc, char **argv)
         snprintf(ldir, sizeof ldir, "%s/launch%d", dir, r);
         snprintf(tlog, sizeof tlog, "%s/train%d.log", dir, r);
         snprintf(llog, sizeof llog, "%s/launch%d.log", dir, r);
-        char *targv[] = {zshard, "train", "--config", cfg, "--data", data, "--steps", steps,
-                         "--out", tdir, "--threads", threads, NULL};
-        char *largv[] = {zshard, "launch", "--config", cfg, "--data", data, "--steps", steps,
-                         "--servers", "1", "--workers", "1", "--threads", threads, "--out",
-                         ldir, NULL};
+        char *targv[] = {zshard, "train", "--config", cfg,         "--data", data, "--steps",
+                         steps,  "--out", tdir,       "--threads", threads,  NULL};
+        char *largv[] = {zshard,      "launch", "--config",  cfg,  "--data",    data,
+                         "--steps",   steps,    "--servers", "1",  "--workers", "1",
+                         "--threads", threads,  "--out",     ldir, NULL};
         if (run(targv, tlog) != 0 || read_metrics(tdir, &tr) < 2) {
             fprintf(stderr, "bench_launch_step: zshard train failed (log %s)\n", tlog);
             goto out;
@@ -133,7 +133,8 @@ int main(int argc, char **argv)
         snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", tdir, ldir);
         same &= system(cmd) == 0;
     }
-    double t_train = zs_bench_median(tr.step_ms, tr.n), t_launch = zs_bench_median(la.step_ms, la.n);
+    double t_train = zs_bench_median(tr.step_ms, tr.n),
+           t_launch = zs_bench_median(la.step_ms, la.n);
     double compute = zs_bench_median(la.compute, la.n), fetch = zs_bench_median(la.fetch, la.n);
     double push = zs_bench_median(la.push, la.n);
     double wait = t_launch - compute - fetch - push;
@@ -142,12 +143,13 @@ int main(int argc, char **argv)
     printf("zshard train: %.0f ms/step; zshard launch (1 server, 1 worker): %.0f ms/step\n",
            t_train, t_launch);
     printf("worker's step: compute %.0f ms (%.0f%%), waiting on fetches %.0f ms (%.1f%%), on "
-           "pushes %.0f ms (%.1f%%), on the step %.0f ms (%.1f%%)\n", compute,
-           100 * compute / t_launch, fetch, 100 * fetch / t_launch, push, 100 * push / t_launch,
-           wait, 100 * wait / t_launch);
+           "pushes %.0f ms (%.1f%%), on the step %.0f ms (%.1f%%)\n",
+           compute, 100 * compute / t_launch, fetch, 100 * fetch / t_launch, push,
+           100 * push / t_launch, wait, 100 * wait / t_launch);
     printf("final weights: %s\n", same ? "bitwise equal" : "DIFFERENT");
     printf("bench_launch_step: %.0f ms/step (launch 1+1), zshard train %.0f ms/step, ratio %.2f "
-           "(target <= 1.25)\n", t_launch, t_train, t_launch / t_train);
+           "(target <= 1.25)\n",
+           t_launch, t_train, t_launch / t_train);
     rc = same ? 0 : 1;
 out:
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -27,8 +27,8 @@ int main(int argc, char **argv)
     }
     zs_config cfg;
     zs_config_defaults(&cfg);
-    cfg.model = (zs_model_config){.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257,
-                                  .block_size = 1024};
+    cfg.model = (zs_model_config){
+        .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024};
     cfg.chunks = 1;
     cfg.micro_batch = cfg.train_batch_size = 1;
     zs_tensor_table tt;
@@ -87,10 +87,9 @@ int main(int argc, char **argv)
     volatile double sink = a[nt / 2];
     (void)sink;
     printf("server AdamW step (%d shards of %zu floats, %zu params, %d threads): %.1f ms, "
-           "%.3g params/s, %.2f GB/s\n", n, sf, tt.n_params, threads, best * 1e3,
-           (double)tt.n_params / best, gbs);
-    printf("triad (%d threads, %zu doubles): %.1f ms, %.2f GB/s\n", threads, nt, tbest * 1e3,
-           tgbs);
+           "%.3g params/s, %.2f GB/s\n",
+           n, sf, tt.n_params, threads, best * 1e3, (double)tt.n_params / best, gbs);
+    printf("triad (%d threads, %zu doubles): %.1f ms, %.2f GB/s\n", threads, nt, tbest * 1e3, tgbs);
     printf("bench_server_adamw: %.2f GB/s, triad %.2f GB/s, ratio %.2f\n", gbs, tgbs, gbs / tgbs);
     zs_store_free(st);
     zs_tensors_free(&tt);

@@ -4,9 +4,9 @@
  * a small model (6 x 384, 6 heads, vocab 256, B=8, T=256), on synthetic tokens.
  *
  * The limit measured in the same run is the peak sgemm rate of zs_sgemm (the same BLIS
- * micro-kernels) on the same threads (best of 1024^3 and 2048 x 768 x 768 products); the figure is the step's achieved GFLOP/s
- * (zs_gpt2_flops / step time).  The issue's target, 3x faster than llm.c's train_gpt2.c on
- * this machine class (5,800 and 6,800 ms per step), is printed beside it.
+ * micro-kernels) on the same threads (best of 1024^3 and 2048 x 768 x 768 products); the figure is
+ * the step's achieved GFLOP/s (zs_gpt2_flops / step time).  The issue's target, 3x faster than
+ * llm.c's train_gpt2.c on this machine class (5,800 and 6,800 ms per step), is printed beside it.
  *
  * usage: bench_train_step [threads] [steps] [which: all|124m|small]
  */
@@ -116,9 +116,13 @@ int main(int argc, char **argv)
     double p2 = sgemm_gflops(2048, 768, 768, threads);
     double peak = p1 > p2 ? p1 : p2;
     printf("sgemm peak (BLIS %s kernels, %d threads): 1024^3 %.1f GFLOP/s, 2048x768x768 %.1f "
-           "GFLOP/s\n", zs_sgemm_config(), threads, p1, p2);
+           "GFLOP/s\n",
+           zs_sgemm_config(), threads, p1, p2);
     bench_case cases[] = {
-        {"gpt2-124m", {.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257}, 4, 64,
+        {"gpt2-124m",
+         {.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257},
+         4,
+         64,
          5800},
         {"small", {.n_layer = 6, .n_head = 6, .n_embd = 384, .vocab_size = 256}, 8, 256, 6800},
     };
@@ -135,6 +139,7 @@ int main(int argc, char **argv)
     if (strcmp(which, "all") == 0)
         last = 0;
     printf("bench_train_step: %.1f GFLOP/s (%s, %.0f ms/step), sgemm peak %.1f GFLOP/s, "
-           "ratio %.2f\n", g[last], cases[last].name, ms[last], peak, g[last] / peak);
+           "ratio %.2f\n",
+           g[last], cases[last].name, ms[last], peak, g[last] / peak);
     return 0;
 }

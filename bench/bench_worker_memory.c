@@ -70,27 +70,32 @@ int main(int argc, char **argv)
 
     int rc = 1;
     double train_rss = 0, worker_rss = 0, server_rss = 0, coord_rss = 0;
-    char *targv[] = {zshard, "train", "--config", cfg, "--data", data, "--steps", (char *)steps,
-                     "--out", ref, "--threads", (char *)threads, "--log-level", "error", NULL};
+    char *targv[] = {zshard,      "train",         "--config",    cfg,     "--data",
+                     data,        "--steps",       (char *)steps, "--out", ref,
+                     "--threads", (char *)threads, "--log-level", "error", NULL};
     if (reap(zs_bench_spawn(targv, NULL), &train_rss) != 0) {
         fprintf(stderr, "bench_worker_memory: zshard train failed\n");
         goto out;
     }
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", zs_bench_free_port());
-    char *cargv[] = {zshard, "coord", "--listen", ep, "--config", cfg, "--servers", "1",
-                     "--data", data, "--steps", (char *)steps, "--out", dist, "--log-level",
-                     "error", NULL};
-    char *sargv[] = {zshard, "server", "--coord", ep, "--listen", "127.0.0.1:0", "--threads",
-                     (char *)threads, "--log-level", "error", NULL};
-    char *wargv[] = {zshard, "worker", "--coord", ep, "--threads", (char *)threads,
-                     "--log-level", "error", NULL};
-    pid_t coord = zs_bench_spawn(cargv, NULL), server = zs_bench_spawn(sargv, NULL), worker = zs_bench_spawn(wargv, NULL);
+    char *cargv[] = {zshard,      "coord", "--listen",    ep,      "--config", cfg,
+                     "--servers", "1",     "--data",      data,    "--steps",  (char *)steps,
+                     "--out",     dist,    "--log-level", "error", NULL};
+    char *sargv[] = {zshard,        "server",      "--coord",   ep,
+                     "--listen",    "127.0.0.1:0", "--threads", (char *)threads,
+                     "--log-level", "error",       NULL};
+    char *wargv[] = {zshard,          "worker",      "--coord", ep,  "--threads",
+                     (char *)threads, "--log-level", "error",   NULL};
+    pid_t coord = zs_bench_spawn(cargv, NULL), server = zs_bench_spawn(sargv, NULL),
+          worker = zs_bench_spawn(wargv, NULL);
     int wst = reap(worker, &worker_rss);
     int sst = reap(server, &server_rss);
     int cst = reap(coord, &coord_rss);
     if (wst != 0 || sst != 0 || cst != 0) {
-        fprintf(stderr, "bench_worker_memory: the distributed run failed (coord %d, server %d, "
-                "worker %d)\n", cst, sst, wst);
+        fprintf(stderr,
+                "bench_worker_memory: the distributed run failed (coord %d, server %d, "
+                "worker %d)\n",
+                cst, sst, wst);
         goto out;
     }
     snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", ref, dist);
@@ -98,10 +103,11 @@ int main(int argc, char **argv)
     printf("GPT-2 124M (12 x 768, V 50257, T 64, 2 chunks of 4), %s step(s), %s threads\n", steps,
            threads);
     printf("peak RSS: zshard train %.0f MiB; worker %.0f MiB, server %.0f MiB, coordinator "
-           "%.0f MiB; final weights %s\n", train_rss, worker_rss, server_rss, coord_rss,
-           same ? "bitwise equal" : "DIFFERENT");
+           "%.0f MiB; final weights %s\n",
+           train_rss, worker_rss, server_rss, coord_rss, same ? "bitwise equal" : "DIFFERENT");
     printf("bench_worker_memory: worker peak RSS %.0f MiB, zshard train %.0f MiB, ratio %.2f "
-           "(target <= 0.40)\n", worker_rss, train_rss, worker_rss / train_rss);
+           "(target <= 0.40)\n",
+           worker_rss, train_rss, worker_rss / train_rss);
     rc = same ? 0 : 1;
 out:
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -26,22 +26,33 @@ static const char coord_usage[] =
 
 int zs_cmd_coord(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"listen", required_argument, NULL, 'l'}, {"config", required_argument, NULL, 'c'},
-        {"servers", required_argument, NULL, 'S'}, {"data", required_argument, NULL, 'd'},
-        {"steps", required_argument, NULL, 's'},  {"out", required_argument, NULL, 'o'},
-        {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"listen", required_argument, NULL, 'l'},
+                                         {"config", required_argument, NULL, 'c'},
+                                         {"servers", required_argument, NULL, 'S'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"steps", required_argument, NULL, 's'},
+                                         {"out", required_argument, NULL, 'o'},
+                                         {"log-level", required_argument, NULL, 'L'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     zs_coord_opts o = {.servers = -1, .steps = -1};
     int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'l': o.listen = optarg; break;
-        case 'c': o.config_path = optarg; break;
-        case 'd': o.data_path = optarg; break;
-        case 'o': o.out_dir = optarg; break;
+        case 'l':
+            o.listen = optarg;
+            break;
+        case 'c':
+            o.config_path = optarg;
+            break;
+        case 'd':
+            o.data_path = optarg;
+            break;
+        case 'o':
+            o.out_dir = optarg;
+            break;
         case 'S':
             if ((o.servers = (int)zs_cli_int("coord", "--servers", optarg, 1, 4096)) < 0)
                 return 2;
@@ -54,16 +65,24 @@ int zs_cmd_coord(int argc, char **argv)
             if (zs_cli_log_level("coord", optarg))
                 return 2;
             break;
-        case 'h': fputs(coord_usage, stdout); return 0;
-        case ':': return zs_cli_usage_error("coord", "%s needs a value", argv[optind - 1]);
-        default: return zs_cli_usage_error("coord", "unknown option \"%s\"", argv[optind - 1]);
+        case 'h':
+            fputs(coord_usage, stdout);
+            return 0;
+        case ':':
+            return zs_cli_usage_error("coord", "%s needs a value", argv[optind - 1]);
+        default:
+            return zs_cli_usage_error("coord", "unknown option \"%s\"", argv[optind - 1]);
         }
     }
     if (optind < argc)
         return zs_cli_usage_error("coord", "unexpected argument \"%s\"", argv[optind]);
-    const char *missing = !o.listen ? "--listen" : !o.config_path ? "--config"
-                        : o.servers < 0 ? "--servers" : !o.data_path ? "--data"
-                        : o.steps < 0 ? "--steps" : !o.out_dir ? "--out" : NULL;
+    const char *missing = !o.listen        ? "--listen"
+                          : !o.config_path ? "--config"
+                          : o.servers < 0  ? "--servers"
+                          : !o.data_path   ? "--data"
+                          : o.steps < 0    ? "--steps"
+                          : !o.out_dir     ? "--out"
+                                           : NULL;
     if (missing)
         return zs_cli_usage_error("coord", "missing %s", missing);
     zs_cli_catch_signals();

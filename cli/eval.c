@@ -31,11 +31,13 @@ static const char eval_usage[] =
 
 int zs_cmd_eval(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'}, {"data", required_argument, NULL, 'd'},
-        {"seqs", required_argument, NULL, 'k'},  {"seq-len", required_argument, NULL, 't'},
-        {"threads", required_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"seqs", required_argument, NULL, 'k'},
+                                         {"seq-len", required_argument, NULL, 't'},
+                                         {"threads", required_argument, NULL, 'n'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *model_dir = NULL, *data_path = NULL;
     long seqs = -1, seq_len = -1, threads = zs_cli_cpus();
     int c;
@@ -43,8 +45,12 @@ int zs_cmd_eval(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': model_dir = optarg; break;
-        case 'd': data_path = optarg; break;
+        case 'm':
+            model_dir = optarg;
+            break;
+        case 'd':
+            data_path = optarg;
+            break;
         case 'k':
             if ((seqs = zs_cli_int("eval", "--seqs", optarg, 1, 1L << 40)) < 0)
                 return 2;
@@ -57,9 +63,13 @@ int zs_cmd_eval(int argc, char **argv)
             if ((threads = zs_cli_int("eval", "--threads", optarg, 1, 1024)) < 0)
                 return 2;
             break;
-        case 'h': fputs(eval_usage, stdout); return 0;
-        case ':': return zs_cli_usage_error("eval", "%s needs a value", argv[optind - 1]);
-        default: return zs_cli_usage_error("eval", "unknown option \"%s\"", argv[optind - 1]);
+        case 'h':
+            fputs(eval_usage, stdout);
+            return 0;
+        case ':':
+            return zs_cli_usage_error("eval", "%s needs a value", argv[optind - 1]);
+        default:
+            return zs_cli_usage_error("eval", "unknown option \"%s\"", argv[optind - 1]);
         }
     }
     if (optind < argc)

@@ -795,8 +795,8 @@ static void run(launch *L)
             int port = zs_proc_listen_port(L->procs[0].pid);
             if (port < 0 && port != -ENOENT) /* ENOENT: it exited; the next reap sees it */
                 snprintf(L->failure, sizeof L->failure,
-                         "cannot find the coordinator's port in /proc/%d: %s",
-                         (int)L->procs[0].pid, strerror(-port));
+                         "cannot find the coordinator's port in /proc/%d: %s", (int)L->procs[0].pid,
+                         strerror(-port));
             if ((port < 0 && port != -ENOENT) || (port > 0 && start_rest(L, port, now) != 0)) {
                 fprintf(stderr, "zshard launch: %s\n", L->failure);
                 stop_all(L, now);
@@ -806,8 +806,7 @@ static void run(launch *L)
         /* A straggler once the job is ending is a failure; in elastic mode workers are not
          * waited for (they are stopped below). */
         int late = 0;
-        while (late < L->started &&
-               (!L->procs[late].running || (L->elastic && is_worker(L, late))))
+        while (late < L->started && (!L->procs[late].running || (L->elastic && is_worker(L, late))))
             late++;
         if (!L->stopping && L->ending_at > 0 && now - L->ending_at > END_GRACE_S &&
             late < L->started) {
@@ -862,11 +861,11 @@ static void report_failure(const launch *L)
     if (!p->running && WIFEXITED(p->status) && last && strncmp(last, "zshard ", 7) == 0) {
         fprintf(stderr, "zshard launch: %s (pid %d) %s: %s\n", p->name, (int)p->pid, how, last);
     } else if (!last) {
-        fprintf(stderr, "zshard launch: %s (pid %d) %s; it printed nothing\n", p->name,
-                (int)p->pid, how);
+        fprintf(stderr, "zshard launch: %s (pid %d) %s; it printed nothing\n", p->name, (int)p->pid,
+                how);
     } else {
-        fprintf(stderr, "zshard launch: %s (pid %d) %s; its last lines:\n", p->name,
-                (int)p->pid, how);
+        fprintf(stderr, "zshard launch: %s (pid %d) %s; its last lines:\n", p->name, (int)p->pid,
+                how);
         int n = 0;
         while (n < 4 && zs_proc_tail(p, n))
             n++;
@@ -915,8 +914,10 @@ static void report_success(const launch *L)
             steps, loss, seconds > 0 ? tokens / seconds : 0.0, L->servers,
             L->servers == 1 ? "" : "s", workers, workers == 1 ? "" : "s",
             L->elastic ? " started over the run" : "");
-    fprintf(stderr, "zshard launch: model in %s/model.safetensors and %s/config.json, metrics in "
-                    "%s, logs in %s/logs/\n", L->out, L->out, path, L->out);
+    fprintf(stderr,
+            "zshard launch: model in %s/model.safetensors and %s/config.json, metrics in "
+            "%s, logs in %s/logs/\n",
+            L->out, L->out, path, L->out);
 }
 
 static int make_dir(const char *path)
@@ -931,11 +932,11 @@ static int make_dir(const char *path)
 int zs_cmd_launch(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},    {"data", required_argument, NULL, 'd'},
-        {"steps", required_argument, NULL, 's'},     {"servers", required_argument, NULL, 'S'},
-        {"workers", required_argument, NULL, 'W'},   {"out", required_argument, NULL, 'o'},
-        {"threads", required_argument, NULL, 't'},   {"bind", required_argument, NULL, 'b'},
-        {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
+        {"config", required_argument, NULL, 'c'},         {"data", required_argument, NULL, 'd'},
+        {"steps", required_argument, NULL, 's'},          {"servers", required_argument, NULL, 'S'},
+        {"workers", required_argument, NULL, 'W'},        {"out", required_argument, NULL, 'o'},
+        {"threads", required_argument, NULL, 't'},        {"bind", required_argument, NULL, 'b'},
+        {"log-level", required_argument, NULL, 'L'},      {"help", no_argument, NULL, 'h'},
         {"elastic-script", required_argument, NULL, 'e'}, {NULL, 0, NULL, 0}};
     launch L = {.steps = -1, .servers = -1, .workers = -1, .bind = "127.0.0.1", .failed = -1};
     int c;
@@ -943,11 +944,21 @@ int zs_cmd_launch(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': L.config = optarg; break;
-        case 'd': L.data = optarg; break;
-        case 'o': L.out = optarg; break;
-        case 'b': L.bind = optarg; break;
-        case 'e': L.script_path = optarg; break;
+        case 'c':
+            L.config = optarg;
+            break;
+        case 'd':
+            L.data = optarg;
+            break;
+        case 'o':
+            L.out = optarg;
+            break;
+        case 'b':
+            L.bind = optarg;
+            break;
+        case 'e':
+            L.script_path = optarg;
+            break;
         case 's':
             if ((L.steps = zs_cli_int("launch", "--steps", optarg, 1, 1L << 30)) < 0)
                 return 2;
@@ -969,23 +980,32 @@ int zs_cmd_launch(int argc, char **argv)
                 return 2;
             L.log_level = optarg;
             break;
-        case 'h': fputs(launch_usage, stdout); return 0;
-        case ':': return zs_cli_usage_error("launch", "%s needs a value", argv[optind - 1]);
-        default: return zs_cli_usage_error("launch", "unknown option \"%s\"", argv[optind - 1]);
+        case 'h':
+            fputs(launch_usage, stdout);
+            return 0;
+        case ':':
+            return zs_cli_usage_error("launch", "%s needs a value", argv[optind - 1]);
+        default:
+            return zs_cli_usage_error("launch", "unknown option \"%s\"", argv[optind - 1]);
         }
     }
     if (optind < argc)
         return zs_cli_usage_error("launch", "unexpected argument \"%s\"", argv[optind]);
-    const char *missing = !L.config ? "--config" : !L.data ? "--data" : L.steps < 0 ? "--steps"
-                        : L.servers < 0 ? "--servers" : L.workers < 0 ? "--workers"
-                        : !L.out ? "--out" : NULL;
+    const char *missing = !L.config       ? "--config"
+                          : !L.data       ? "--data"
+                          : L.steps < 0   ? "--steps"
+                          : L.servers < 0 ? "--servers"
+                          : L.workers < 0 ? "--workers"
+                          : !L.out        ? "--out"
+                                          : NULL;
     if (missing)
         return zs_cli_usage_error("launch", "missing %s", missing);
     /* A server advertises the address it listens on; a wildcard would be advertised as
      * loopback, which workers elsewhere cannot reach. */
     if (!L.bind[0] || strchr(L.bind, ':') || strcmp(L.bind, "*") == 0 ||
         strcmp(L.bind, "0.0.0.0") == 0)
-        return zs_cli_usage_error("launch", "--bind: \"%s\" is not an IPv4 address of this "
+        return zs_cli_usage_error("launch",
+                                  "--bind: \"%s\" is not an IPv4 address of this "
                                   "machine (a wildcard cannot be advertised to workers)",
                                   L.bind);
 

@@ -1,13 +1,13 @@
 /*
  * zshard: one binary, one subcommand per role.
  */
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
-#include <sched.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -35,8 +35,8 @@ long zs_cli_int(const char *cmd, const char *flag, const char *value, long lo, l
     errno = 0;
     long v = strtol(value, &end, 10);
     if (errno || end == value || *end || v < lo || v > hi) {
-        fprintf(stderr, "zshard %s: %s: \"%s\" is not an integer in [%ld, %ld]\n", cmd, flag,
-                value, lo, hi);
+        fprintf(stderr, "zshard %s: %s: \"%s\" is not an integer in [%ld, %ld]\n", cmd, flag, value,
+                lo, hi);
         return -1;
     }
     return v;

@@ -24,20 +24,28 @@ static const char server_usage[] =
 
 int zs_cmd_server(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"coord", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
-        {"init", required_argument, NULL, 'i'},      {"threads", required_argument, NULL, 't'},
-        {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"coord", required_argument, NULL, 'c'},
+                                         {"listen", required_argument, NULL, 'l'},
+                                         {"init", required_argument, NULL, 'i'},
+                                         {"threads", required_argument, NULL, 't'},
+                                         {"log-level", required_argument, NULL, 'L'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     zs_server_opts o = {.threads = zs_cli_cpus()};
     int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': o.coord = optarg; break;
-        case 'l': o.listen = optarg; break;
-        case 'i': o.init_dir = optarg; break;
+        case 'c':
+            o.coord = optarg;
+            break;
+        case 'l':
+            o.listen = optarg;
+            break;
+        case 'i':
+            o.init_dir = optarg;
+            break;
         case 't': {
             long t = zs_cli_int("server", "--threads", optarg, 1, 1024);
             if (t < 0)
@@ -49,9 +57,13 @@ int zs_cmd_server(int argc, char **argv)
             if (zs_cli_log_level("server", optarg))
                 return 2;
             break;
-        case 'h': fputs(server_usage, stdout); return 0;
-        case ':': return zs_cli_usage_error("server", "%s needs a value", argv[optind - 1]);
-        default: return zs_cli_usage_error("server", "unknown option \"%s\"", argv[optind - 1]);
+        case 'h':
+            fputs(server_usage, stdout);
+            return 0;
+        case ':':
+            return zs_cli_usage_error("server", "%s needs a value", argv[optind - 1]);
+        default:
+            return zs_cli_usage_error("server", "unknown option \"%s\"", argv[optind - 1]);
         }
     }
     if (optind < argc)

@@ -28,7 +28,7 @@ static const char status_usage[] =
 
 static const char *role_name(Zshard__Role r)
 {
-    return r == ZSHARD__ROLE__ROLE_SERVER ? "server"
+    return r == ZSHARD__ROLE__ROLE_SERVER   ? "server"
            : r == ZSHARD__ROLE__ROLE_WORKER ? "worker"
                                             : "tool";
 }
@@ -78,7 +78,8 @@ static int print_json(const Zshard__StatusReply *r)
         if (m->reason && *m->reason)
             json_object_set_new(o, "reason", json_string(m->reason));
         if (m->has_heartbeat_age_ms)
-            json_object_set_new(o, "heartbeat_age_ms", json_integer((json_int_t)m->heartbeat_age_ms));
+            json_object_set_new(o, "heartbeat_age_ms",
+                                json_integer((json_int_t)m->heartbeat_age_ms));
         if (m->has_chunks_done) {
             json_object_set_new(o, "chunks_done", json_integer(m->chunks_done));
             json_object_set_new(o, "chunks_assigned", json_integer(m->chunks_assigned));
@@ -86,10 +87,9 @@ static int print_json(const Zshard__StatusReply *r)
         }
         json_array_append_new(members, o);
     }
-    json_t *root = json_pack("{s:i, s:i, s:s, s:i, s:o}", "steps_done",
-                             (json_int_t)r->steps_done, "steps", (json_int_t)r->steps, "phase",
-                             r->phase, "live_workers", (json_int_t)r->live_workers, "members",
-                             members);
+    json_t *root = json_pack("{s:i, s:i, s:s, s:i, s:o}", "steps_done", (json_int_t)r->steps_done,
+                             "steps", (json_int_t)r->steps, "phase", r->phase, "live_workers",
+                             (json_int_t)r->live_workers, "members", members);
     if (r->steps_done && isfinite(r->loss)) {
         json_object_set_new(root, "loss", json_real(r->loss));
         json_object_set_new(root, "tokens_per_sec", json_real(r->tokens_per_sec));
@@ -118,15 +118,23 @@ int zs_cmd_status(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': coord = optarg; break;
-        case 'j': json = 1; break;
+        case 'c':
+            coord = optarg;
+            break;
+        case 'j':
+            json = 1;
+            break;
         case 't':
             if ((timeout = zs_cli_int("status", "--timeout-ms", optarg, 1, 3600000)) < 0)
                 return 2;
             break;
-        case 'h': fputs(status_usage, stdout); return 0;
-        case ':': return zs_cli_usage_error("status", "%s needs a value", argv[optind - 1]);
-        default: return zs_cli_usage_error("status", "unknown option \"%s\"", argv[optind - 1]);
+        case 'h':
+            fputs(status_usage, stdout);
+            return 0;
+        case ':':
+            return zs_cli_usage_error("status", "%s needs a value", argv[optind - 1]);
+        default:
+            return zs_cli_usage_error("status", "unknown option \"%s\"", argv[optind - 1]);
         }
     }
     if (optind < argc)

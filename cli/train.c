@@ -35,12 +35,15 @@ static const char train_usage[] =
 
 int zs_cmd_train(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'}, {"data", required_argument, NULL, 'd'},
-        {"steps", required_argument, NULL, 's'},  {"out", required_argument, NULL, 'o'},
-        {"threads", required_argument, NULL, 't'}, {"init", required_argument, NULL, 'i'},
-        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"steps", required_argument, NULL, 's'},
+                                         {"out", required_argument, NULL, 'o'},
+                                         {"threads", required_argument, NULL, 't'},
+                                         {"init", required_argument, NULL, 'i'},
+                                         {"log-level", required_argument, NULL, 'l'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *config_path = NULL, *data_path = NULL, *out = NULL, *init = NULL;
     long steps = -1, threads = zs_cli_cpus();
     int c;
@@ -48,10 +51,18 @@ int zs_cmd_train(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': config_path = optarg; break;
-        case 'd': data_path = optarg; break;
-        case 'o': out = optarg; break;
-        case 'i': init = optarg; break;
+        case 'c':
+            config_path = optarg;
+            break;
+        case 'd':
+            data_path = optarg;
+            break;
+        case 'o':
+            out = optarg;
+            break;
+        case 'i':
+            init = optarg;
+            break;
         case 's':
             if ((steps = zs_cli_int("train", "--steps", optarg, 0, 1L << 40)) < 0)
                 return 2;
@@ -64,18 +75,23 @@ int zs_cmd_train(int argc, char **argv)
             if (zs_cli_log_level("train", optarg))
                 return 2;
             break;
-        case 'h': fputs(train_usage, stdout); return 0;
-        case ':': return zs_cli_usage_error("train", "%s needs a value", argv[optind - 1]);
-        default: return zs_cli_usage_error("train", "unknown option \"%s\"", argv[optind - 1]);
+        case 'h':
+            fputs(train_usage, stdout);
+            return 0;
+        case ':':
+            return zs_cli_usage_error("train", "%s needs a value", argv[optind - 1]);
+        default:
+            return zs_cli_usage_error("train", "unknown option \"%s\"", argv[optind - 1]);
         }
     }
     if (optind < argc)
         return zs_cli_usage_error("train", "unexpected argument \"%s\"", argv[optind]);
     if (!config_path || !data_path || steps < 0 || !out)
-        return zs_cli_usage_error("train", "missing %s", !config_path ? "--config"
-                                                        : !data_path  ? "--data"
-                                                        : steps < 0   ? "--steps"
-                                                                      : "--out");
+        return zs_cli_usage_error("train", "missing %s",
+                                  !config_path ? "--config"
+                                  : !data_path ? "--data"
+                                  : steps < 0  ? "--steps"
+                                               : "--out");
     zs_config cfg;
     zs_dataset data;
     zs_trainer tr;
@@ -104,9 +120,9 @@ int zs_cmd_train(int argc, char **argv)
         goto out_trainer;
     }
     ZS_INFO("train: %zu parameters, %d layers x %d wide, %d chunks of %d x %d tokens per step, "
-            "%ld threads, data %s (%zu tokens)", tr.tt.n_params, cfg.model.n_layer,
-            cfg.model.n_embd, cfg.chunks, cfg.micro_batch, cfg.model.block_size, threads,
-            data_path, data.ntokens);
+            "%ld threads, data %s (%zu tokens)",
+            tr.tt.n_params, cfg.model.n_layer, cfg.model.n_embd, cfg.chunks, cfg.micro_batch,
+            cfg.model.block_size, threads, data_path, data.ntokens);
     zs_cli_catch_signals();
     for (long s = 0; s < steps && !zs_cli_stop; s++) {
         zs_step_stats st;
@@ -119,13 +135,15 @@ int zs_cmd_train(int argc, char **argv)
                 "\"clip\": %.9g, \"tokens_per_sec\": %.1f, \"step_ms\": %.1f, "
                 "\"compute_ms\": %.1f, \"fetch_wait_ms\": 0.0, \"push_wait_ms\": 0.0, "
                 "\"workers\": 1}\n",
-                st.step, st.loss, st.lr, st.grad_norm, st.clip, st.tokens_per_sec,
-                st.seconds * 1e3, st.seconds * 1e3);
+                st.step, st.loss, st.lr, st.grad_norm, st.clip, st.tokens_per_sec, st.seconds * 1e3,
+                st.seconds * 1e3);
         fflush(metrics);
         double eta = st.seconds * (double)(steps - st.step);
-        fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %.0f ms"
-                " | eta %.0fs\n", st.step, steps, st.loss, st.lr, st.grad_norm,
-                st.tokens_per_sec, st.seconds * 1e3, eta);
+        fprintf(stderr,
+                "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %.0f ms"
+                " | eta %.0fs\n",
+                st.step, steps, st.loss, st.lr, st.grad_norm, st.tokens_per_sec, st.seconds * 1e3,
+                eta);
     }
     if (zs_cli_stop)
         ZS_WARN("train: interrupted after step %ld; saving the model", tr.step);

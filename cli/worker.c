@@ -48,11 +48,13 @@ static int write_stats(const char *path, const zs_worker_stats *s)
 
 int zs_cmd_worker(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"coord", required_argument, NULL, 'c'},     {"data", required_argument, NULL, 'd'},
-        {"threads", required_argument, NULL, 't'},   {"stats", required_argument, NULL, 's'},
-        {"log-level", required_argument, NULL, 'L'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"coord", required_argument, NULL, 'c'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"threads", required_argument, NULL, 't'},
+                                         {"stats", required_argument, NULL, 's'},
+                                         {"log-level", required_argument, NULL, 'L'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     zs_worker_opts o = {.threads = zs_cli_cpus()};
     const char *stats_path = NULL;
     int c;
@@ -60,9 +62,15 @@ int zs_cmd_worker(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': o.coord = optarg; break;
-        case 'd': o.data = optarg; break;
-        case 's': stats_path = optarg; break;
+        case 'c':
+            o.coord = optarg;
+            break;
+        case 'd':
+            o.data = optarg;
+            break;
+        case 's':
+            stats_path = optarg;
+            break;
         case 't': {
             long t = zs_cli_int("worker", "--threads", optarg, 1, 1024);
             if (t < 0)
@@ -74,9 +82,13 @@ int zs_cmd_worker(int argc, char **argv)
             if (zs_cli_log_level("worker", optarg))
                 return 2;
             break;
-        case 'h': fputs(worker_usage, stdout); return 0;
-        case ':': return zs_cli_usage_error("worker", "%s needs a value", argv[optind - 1]);
-        default: return zs_cli_usage_error("worker", "unknown option \"%s\"", argv[optind - 1]);
+        case 'h':
+            fputs(worker_usage, stdout);
+            return 0;
+        case ':':
+            return zs_cli_usage_error("worker", "%s needs a value", argv[optind - 1]);
+        default:
+            return zs_cli_usage_error("worker", "unknown option \"%s\"", argv[optind - 1]);
         }
     }
     if (optind < argc)

@@ -79,7 +79,8 @@ static zs_err check_keys(const parser *p, const char *path, json_t *obj, const c
 {
     const char *key;
     json_t *val;
-    json_object_foreach(obj, key, val) {
+    json_object_foreach(obj, key, val)
+    {
         int ok = 0;
         for (const char *const *a = allowed; *a; a++)
             ok |= strcmp(*a, key) == 0;
@@ -199,8 +200,8 @@ static zs_err get_obj(const parser *p, json_t *obj, const char *path, const char
 
 static zs_err parse_model(const parser *p, json_t *m, zs_model_config *mc)
 {
-    static const char *const keys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "block_size",
-                                       NULL};
+    static const char *const keys[] = {"n_layer",    "n_head",     "n_embd",
+                                       "vocab_size", "block_size", NULL};
     ZS_CHECK(check_keys(p, "model", m, keys));
     ZS_CHECK(get_int32(p, m, "model", "n_layer", 1, 1024, &mc->n_layer, NULL));
     ZS_CHECK(get_int32(p, m, "model", "n_head", 1, 1024, &mc->n_head, NULL));
@@ -208,8 +209,10 @@ static zs_err parse_model(const parser *p, json_t *m, zs_model_config *mc)
     ZS_CHECK(get_int32(p, m, "model", "vocab_size", 1, 1 << 24, &mc->vocab_size, NULL));
     ZS_CHECK(get_int32(p, m, "model", "block_size", 1, 1 << 20, &mc->block_size, NULL));
     if (mc->n_embd % mc->n_head != 0)
-        return zs_error(ZS_ERR_INVALID, "%s: key \"model.n_embd\": %d is not a multiple of "
-                        "model.n_head %d", p->source, mc->n_embd, mc->n_head);
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: key \"model.n_embd\": %d is not a multiple of "
+                        "model.n_head %d",
+                        p->source, mc->n_embd, mc->n_head);
     return ZS_OK;
 }
 
@@ -221,8 +224,10 @@ static zs_err parse_optimizer(const parser *p, json_t *o, zs_adamw_config *a)
     const char *type = NULL;
     ZS_CHECK(get_str(p, o, "optimizer", "type", &type));
     if (type && strcasecmp(type, "AdamW") != 0)
-        return zs_error(ZS_ERR_INVALID, "%s: key \"optimizer.type\": \"%s\" is not supported "
-                        "(supported: \"AdamW\")", p->source, type);
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: key \"optimizer.type\": \"%s\" is not supported "
+                        "(supported: \"AdamW\")",
+                        p->source, type);
     json_t *prm;
     ZS_CHECK(get_obj(p, o, "optimizer", "params", &prm));
     if (!prm)
@@ -241,8 +246,10 @@ static zs_err parse_optimizer(const parser *p, json_t *o, zs_adamw_config *a)
         double b1 = json_number_value(json_array_get(betas, 0));
         double b2 = json_number_value(json_array_get(betas, 1));
         if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1))
-            return zs_error(ZS_ERR_INVALID, "%s: key \"optimizer.params.betas\": [%g, %g] must "
-                            "be in [0, 1)", p->source, b1, b2);
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"optimizer.params.betas\": [%g, %g] must "
+                            "be in [0, 1)",
+                            p->source, b1, b2);
         a->beta1 = b1;
         a->beta2 = b2;
     }
@@ -252,9 +259,9 @@ static zs_err parse_optimizer(const parser *p, json_t *o, zs_adamw_config *a)
 static zs_err parse_scheduler(const parser *p, json_t *s, zs_schedule *sc)
 {
     static const char *const keys[] = {"type", "params", NULL};
-    static const char *const pkeys[] = {"warmup_min_lr",   "warmup_max_lr",    "warmup_num_steps",
-                                        "warmup_type",     "total_num_steps",  "warmup_min_ratio",
-                                        "cos_min_ratio",   "last_batch_iteration", NULL};
+    static const char *const pkeys[] = {"warmup_min_lr", "warmup_max_lr",        "warmup_num_steps",
+                                        "warmup_type",   "total_num_steps",      "warmup_min_ratio",
+                                        "cos_min_ratio", "last_batch_iteration", NULL};
     ZS_CHECK(check_keys(p, "scheduler", s, keys));
     const char *type = NULL;
     ZS_CHECK(get_str(p, s, "scheduler", "type", &type));
@@ -267,8 +274,10 @@ static zs_err parse_scheduler(const parser *p, json_t *s, zs_schedule *sc)
     else if (strcmp(type, "WarmupCosineLR") == 0)
         sc->type = ZS_SCHED_WARMUP_COSINE;
     else
-        return zs_error(ZS_ERR_INVALID, "%s: key \"scheduler.type\": \"%s\" is not supported "
-                        "(supported: WarmupLR, WarmupDecayLR, WarmupCosineLR)", p->source, type);
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: key \"scheduler.type\": \"%s\" is not supported "
+                        "(supported: WarmupLR, WarmupDecayLR, WarmupCosineLR)",
+                        p->source, type);
     json_t *prm;
     ZS_CHECK(get_obj(p, s, "scheduler", "params", &prm));
     if (!prm)
@@ -284,8 +293,9 @@ static zs_err parse_scheduler(const parser *p, json_t *s, zs_schedule *sc)
     ZS_CHECK_GOTO(get_num(p, prm, P, "warmup_max_lr", 0, 10, &sc->warmup_max_lr), res, out);
     ZS_CHECK_GOTO(get_int32(p, prm, P, "warmup_num_steps", 0, 1 << 30, &sc->warmup_num_steps, NULL),
                   res, out);
-    ZS_CHECK_GOTO(get_int32(p, prm, P, "total_num_steps", 1, 1 << 30, &sc->total_num_steps,
-                            &have_total), res, out);
+    ZS_CHECK_GOTO(
+        get_int32(p, prm, P, "total_num_steps", 1, 1 << 30, &sc->total_num_steps, &have_total), res,
+        out);
     ZS_CHECK_GOTO(get_num(p, prm, P, "warmup_min_ratio", 0, 1, &sc->warmup_min_ratio), res, out);
     ZS_CHECK_GOTO(get_num(p, prm, P, "cos_min_ratio", 0, 1, &sc->cos_min_ratio), res, out);
     /* DeepSpeed's resume cursor: only the fresh-start value -1 means the same thing here. */
@@ -293,23 +303,28 @@ static zs_err parse_scheduler(const parser *p, json_t *s, zs_schedule *sc)
     const char *wt = NULL;
     ZS_CHECK_GOTO(get_str(p, prm, P, "warmup_type", &wt), res, out);
     if (wt && strcmp(wt, "log") != 0 && strcmp(wt, "linear") != 0) {
-        res = zs_error(ZS_ERR_INVALID, "%s: key \"scheduler.params.warmup_type\": \"%s\" is not "
-                       "\"log\" or \"linear\"", p->source, wt);
+        res = zs_error(ZS_ERR_INVALID,
+                       "%s: key \"scheduler.params.warmup_type\": \"%s\" is not "
+                       "\"log\" or \"linear\"",
+                       p->source, wt);
         goto out;
     }
     sc->warmup_linear = wt && strcmp(wt, "linear") == 0;
     if (sc->warmup_num_steps < 2)
         sc->warmup_num_steps = 2; /* as DeepSpeed: log warmup needs log(n) > 0 */
     if (sc->type != ZS_SCHED_WARMUP && !have_total) {
-        res = zs_error(ZS_ERR_INVALID, "%s: key \"scheduler.params.total_num_steps\" is "
-                       "required by %s", p->source, type);
+        res = zs_error(ZS_ERR_INVALID,
+                       "%s: key \"scheduler.params.total_num_steps\" is "
+                       "required by %s",
+                       p->source, type);
         goto out;
     }
     if (sc->type != ZS_SCHED_WARMUP && sc->total_num_steps <= sc->warmup_num_steps &&
         sc->type == ZS_SCHED_WARMUP_COSINE) {
-        res = zs_error(ZS_ERR_INVALID, "%s: key \"scheduler.params.total_num_steps\": %d must "
-                       "exceed warmup_num_steps %d", p->source, sc->total_num_steps,
-                       sc->warmup_num_steps);
+        res = zs_error(ZS_ERR_INVALID,
+                       "%s: key \"scheduler.params.total_num_steps\": %d must "
+                       "exceed warmup_num_steps %d",
+                       p->source, sc->total_num_steps, sc->warmup_num_steps);
         goto out;
     }
     res = ZS_OK;
@@ -321,23 +336,37 @@ out:
 /* Keys whose only supported value is "off": present so DeepSpeed configs load unchanged. */
 static zs_err parse_fp16(const parser *p, json_t *f)
 {
-    static const char *const keys[] = {"enabled",      "loss_scale",      "initial_scale_power",
-                                       "loss_scale_window", "hysteresis", "min_loss_scale", NULL};
+    static const char *const keys[] = {
+        "enabled",        "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+        "min_loss_scale", NULL};
     ZS_CHECK(check_keys(p, "fp16", f, keys));
     int on = 0;
     ZS_CHECK(get_bool(p, f, "fp16", "enabled", &on));
     if (on)
-        return zs_error(ZS_ERR_INVALID, "%s: key \"fp16.enabled\": fp16 training is not "
-                        "supported; use \"bf16\": {\"enabled\": true}", p->source);
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: key \"fp16.enabled\": fp16 training is not "
+                        "supported; use \"bf16\": {\"enabled\": true}",
+                        p->source);
     return ZS_OK;
 }
 
 static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
 {
-    static const char *const keys[] = {
-        "seed", "train_batch_size", "train_micro_batch_size_per_gpu",
-        "gradient_accumulation_steps", "optimizer", "scheduler", "gradient_clipping", "bf16",
-        "fp16", "steps_per_print", "model", "cluster", "elasticity", "wall_clock_breakdown", NULL};
+    static const char *const keys[] = {"seed",
+                                       "train_batch_size",
+                                       "train_micro_batch_size_per_gpu",
+                                       "gradient_accumulation_steps",
+                                       "optimizer",
+                                       "scheduler",
+                                       "gradient_clipping",
+                                       "bf16",
+                                       "fp16",
+                                       "steps_per_print",
+                                       "model",
+                                       "cluster",
+                                       "elasticity",
+                                       "wall_clock_breakdown",
+                                       NULL};
     static const char *const bf16_keys[] = {"enabled", NULL};
     static const char *const cluster_keys[] = {"shard_size", "heartbeat_interval_ms",
                                                "heartbeat_timeout_ms", NULL};
@@ -350,9 +379,10 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
     ZS_CHECK(get_int(p, root, "", "seed", 0, INT64_MAX, &seed, NULL));
     cfg->seed = (uint64_t)seed;
     int have_B = 0, have_b = 0, have_gas = 0, gas = 1;
-    ZS_CHECK(get_int32(p, root, "", "train_batch_size", 1, 1 << 24, &cfg->train_batch_size, &have_B));
-    ZS_CHECK(get_int32(p, root, "", "train_micro_batch_size_per_gpu", 1, 1 << 20,
-                       &cfg->micro_batch, &have_b));
+    ZS_CHECK(
+        get_int32(p, root, "", "train_batch_size", 1, 1 << 24, &cfg->train_batch_size, &have_B));
+    ZS_CHECK(get_int32(p, root, "", "train_micro_batch_size_per_gpu", 1, 1 << 20, &cfg->micro_batch,
+                       &have_b));
     ZS_CHECK(get_int32(p, root, "", "gradient_accumulation_steps", 1, 1 << 20, &gas, &have_gas));
     ZS_CHECK(get_num(p, root, "", "gradient_clipping", 0, 1e30, &cfg->gradient_clipping));
     ZS_CHECK(get_int32(p, root, "", "steps_per_print", 1, 1 << 30, &cfg->steps_per_print, NULL));
@@ -383,17 +413,21 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
         long long sb = (long long)cfg->cluster.shard_bytes;
         ZS_CHECK(get_int(p, o, "cluster", "shard_size", 256, 1ll << 40, &sb, NULL));
         if (sb % 256 != 0)
-            return zs_error(ZS_ERR_INVALID, "%s: key \"cluster.shard_size\": %lld bytes is not a "
-                            "multiple of 256", p->source, sb);
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"cluster.shard_size\": %lld bytes is not a "
+                            "multiple of 256",
+                            p->source, sb);
         cfg->cluster.shard_bytes = (size_t)sb;
         ZS_CHECK(get_int32(p, o, "cluster", "heartbeat_interval_ms", 1, 3600000,
                            &cfg->cluster.heartbeat_interval_ms, NULL));
         ZS_CHECK(get_int32(p, o, "cluster", "heartbeat_timeout_ms", 1, 3600000,
                            &cfg->cluster.heartbeat_timeout_ms, NULL));
         if (cfg->cluster.heartbeat_timeout_ms <= cfg->cluster.heartbeat_interval_ms)
-            return zs_error(ZS_ERR_INVALID, "%s: key \"cluster.heartbeat_timeout_ms\": %d must "
-                            "exceed heartbeat_interval_ms %d", p->source,
-                            cfg->cluster.heartbeat_timeout_ms, cfg->cluster.heartbeat_interval_ms);
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"cluster.heartbeat_timeout_ms\": %d must "
+                            "exceed heartbeat_interval_ms %d",
+                            p->source, cfg->cluster.heartbeat_timeout_ms,
+                            cfg->cluster.heartbeat_interval_ms);
     }
     ZS_CHECK(get_obj(p, root, "", "elasticity", &o));
     if (o) {
@@ -403,10 +437,12 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                            &cfg->elasticity.min_workers, NULL));
         ZS_CHECK(get_int32(p, o, "elasticity", "max_workers", 0, 1 << 20,
                            &cfg->elasticity.max_workers, NULL));
-        if (cfg->elasticity.max_workers && cfg->elasticity.max_workers < cfg->elasticity.min_workers)
-            return zs_error(ZS_ERR_INVALID, "%s: key \"elasticity.max_workers\": %d is below "
-                            "min_workers %d", p->source, cfg->elasticity.max_workers,
-                            cfg->elasticity.min_workers);
+        if (cfg->elasticity.max_workers &&
+            cfg->elasticity.max_workers < cfg->elasticity.min_workers)
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"elasticity.max_workers\": %d is below "
+                            "min_workers %d",
+                            p->source, cfg->elasticity.max_workers, cfg->elasticity.min_workers);
     }
 
     /* Batch geometry, as DeepSpeed relates the three keys (with one "GPU" per chunk). */
@@ -414,18 +450,22 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
         cfg->micro_batch = 1;
     if (have_B && have_b) {
         if (cfg->train_batch_size % cfg->micro_batch != 0)
-            return zs_error(ZS_ERR_INVALID, "%s: key \"train_batch_size\": %d is not a multiple of "
-                            "train_micro_batch_size_per_gpu %d", p->source, cfg->train_batch_size,
-                            cfg->micro_batch);
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"train_batch_size\": %d is not a multiple of "
+                            "train_micro_batch_size_per_gpu %d",
+                            p->source, cfg->train_batch_size, cfg->micro_batch);
         cfg->chunks = cfg->train_batch_size / cfg->micro_batch;
         if (have_gas && gas != cfg->chunks)
-            return zs_error(ZS_ERR_INVALID, "%s: key \"gradient_accumulation_steps\": %d, but "
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"gradient_accumulation_steps\": %d, but "
                             "train_batch_size / train_micro_batch_size_per_gpu = %d / %d = %d",
                             p->source, gas, cfg->train_batch_size, cfg->micro_batch, cfg->chunks);
     } else if (have_B) {
         if (cfg->train_batch_size % gas != 0)
-            return zs_error(ZS_ERR_INVALID, "%s: key \"train_batch_size\": %d is not a multiple of "
-                            "gradient_accumulation_steps %d", p->source, cfg->train_batch_size, gas);
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"train_batch_size\": %d is not a multiple of "
+                            "gradient_accumulation_steps %d",
+                            p->source, cfg->train_batch_size, gas);
         cfg->chunks = gas;
         cfg->micro_batch = cfg->train_batch_size / gas;
     } else {
@@ -463,8 +503,8 @@ zs_err zs_config_load(const char *path, zs_config *cfg)
     }
     long len = ftell(f);
     if (len < 0 || len > (64l << 20)) {
-        res = zs_error(ZS_ERR_INVALID, "config %s: size %ld is not that of a config file", path,
-                       len);
+        res =
+            zs_error(ZS_ERR_INVALID, "config %s: size %ld is not that of a config file", path, len);
         goto out;
     }
     rewind(f);
@@ -600,8 +640,10 @@ zs_err zs_config_read_hf(const char *path, zs_model_config *m)
     const char *act = NULL;
     ZS_CHECK_GOTO(get_str(&p, o, "", "activation_function", &act), res, out);
     if (act && strcmp(act, "gelu_new") != 0) {
-        res = zs_error(ZS_ERR_FORMAT, "%s: activation_function \"%s\" is not supported "
-                       "(zshard computes gelu_new)", path, act);
+        res = zs_error(ZS_ERR_FORMAT,
+                       "%s: activation_function \"%s\" is not supported "
+                       "(zshard computes gelu_new)",
+                       path, act);
         goto out;
     }
     json_t *inner = json_object_get(o, "n_inner");

@@ -24,10 +24,10 @@ typedef struct {
 } zs_model_config;
 
 typedef enum {
-    ZS_SCHED_CONSTANT = 0,   /* no "scheduler" block: optimizer.params.lr at every step */
-    ZS_SCHED_WARMUP,         /* DeepSpeed WarmupLR */
-    ZS_SCHED_WARMUP_DECAY,   /* DeepSpeed WarmupDecayLR */
-    ZS_SCHED_WARMUP_COSINE,  /* DeepSpeed WarmupCosineLR */
+    ZS_SCHED_CONSTANT = 0,  /* no "scheduler" block: optimizer.params.lr at every step */
+    ZS_SCHED_WARMUP,        /* DeepSpeed WarmupLR */
+    ZS_SCHED_WARMUP_DECAY,  /* DeepSpeed WarmupDecayLR */
+    ZS_SCHED_WARMUP_COSINE, /* DeepSpeed WarmupCosineLR */
 } zs_sched_type;
 
 typedef struct {
@@ -46,7 +46,7 @@ typedef struct {
 } zs_adamw_config;
 
 typedef struct {
-    size_t shard_bytes;       /* cluster.shard_size: bytes of fp32 per shard, multiple of 256 */
+    size_t shard_bytes; /* cluster.shard_size: bytes of fp32 per shard, multiple of 256 */
     int heartbeat_interval_ms;
     int heartbeat_timeout_ms;
 } zs_cluster_config;

@@ -95,8 +95,10 @@ static zs_err load_file(const char *path, zs_dataset *ds, size_t *cap, int first
         size_t n = (size_t)header[2];
         size_t expect = sizeof header + 2 * n;
         if (size != expect) {
-            res = zs_error(ZS_ERR_FORMAT, "data %s: header says %zu tokens (%zu bytes), file has "
-                           "%zu bytes", path, n, expect, size);
+            res = zs_error(ZS_ERR_FORMAT,
+                           "data %s: header says %zu tokens (%zu bytes), file has "
+                           "%zu bytes",
+                           path, n, expect, size);
             goto out;
         }
         ZS_CHECK_GOTO(reserve(ds, cap, n, path), res, out);
@@ -218,8 +220,10 @@ zs_err zs_data_check(const zs_dataset *ds, int vocab_size, int t)
         size_t at = 0;
         while (ds->tokens[at] != ds->max_token)
             at++;
-        return zs_error(ZS_ERR_INVALID, "data: token id %d at position %zu is outside the "
-                        "model's vocab_size %d", ds->max_token, at, vocab_size);
+        return zs_error(ZS_ERR_INVALID,
+                        "data: token id %d at position %zu is outside the "
+                        "model's vocab_size %d",
+                        ds->max_token, at, vocab_size);
     }
     if (ds->ntokens < (size_t)t + 1)
         return zs_error(ZS_ERR_INVALID, "data: %zu tokens, a sequence of %d needs at least %d",
@@ -262,8 +266,7 @@ zs_err zs_data_write_llmc(const char *path, const uint16_t *tokens, size_t ntoke
     FILE *f = fopen(path, "wb");
     if (!f)
         return zs_error(ZS_ERR_IO, "%s: %s", path, strerror(errno));
-    int ok = fwrite(header, sizeof header, 1, f) == 1 &&
-             fwrite(tokens, 2, ntokens, f) == ntokens;
+    int ok = fwrite(header, sizeof header, 1, f) == 1 && fwrite(tokens, 2, ntokens, f) == ntokens;
     ok &= fclose(f) == 0;
     return ok ? ZS_OK : zs_error(ZS_ERR_IO, "%s: write failed", path);
 }

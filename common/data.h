@@ -26,9 +26,9 @@ typedef enum { ZS_DATA_TEXT = 0, ZS_DATA_LLMC = 1 } zs_data_kind;
 
 typedef struct {
     zs_data_kind kind;
-    uint16_t *tokens;     /* ntokens ids */
+    uint16_t *tokens; /* ntokens ids */
     size_t ntokens;
-    int max_token;        /* the largest id present */
+    int max_token; /* the largest id present */
     int n_files;
     uint64_t fingerprint; /* FNV-1a over the kind and the tokens: equal data, equal value */
 } zs_dataset;

@@ -72,8 +72,10 @@ zs_err zs_modelfile_load_weights(const zs_tensor_table *tt, const char *path, fl
         }
         int idx = (int)(t - tt->tensors);
         if (seen[idx]) {
-            res = zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\" appears twice (with and without "
-                           "the transformer. prefix)", path, t->name);
+            res = zs_error(ZS_ERR_FORMAT,
+                           "%s: tensor \"%s\" appears twice (with and without "
+                           "the transformer. prefix)",
+                           path, t->name);
             goto out;
         }
         int same = e->ndim == t->ndim;
@@ -87,8 +89,10 @@ zs_err zs_modelfile_load_weights(const zs_tensor_table *tt, const char *path, fl
             for (int d = 0; d < t->ndim; d++)
                 snprintf(want + strlen(want), sizeof want - strlen(want), "%s%zu", d ? "," : "",
                          t->shape[d]);
-            res = zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\" has shape [%s], the config needs "
-                           "[%s]", path, e->name, got, want);
+            res = zs_error(ZS_ERR_FORMAT,
+                           "%s: tensor \"%s\" has shape [%s], the config needs "
+                           "[%s]",
+                           path, e->name, got, want);
             goto out;
         }
         ZS_CHECK_GOTO(zs_st_read_f32(&f, e, params + t->offset, t->numel), res, out);
@@ -96,8 +100,8 @@ zs_err zs_modelfile_load_weights(const zs_tensor_table *tt, const char *path, fl
     }
     for (int i = 0; i < tt->count; i++)
         if (!seen[i]) {
-            res = zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\" is missing", path,
-                           tt->tensors[i].name);
+            res =
+                zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\" is missing", path, tt->tensors[i].name);
             goto out;
         }
 out:
@@ -116,8 +120,7 @@ zs_err zs_modelfile_load(const char *dir, zs_model_config *model, zs_tensor_tabl
     *params = malloc(tt->total * sizeof **params);
     if (!*params) {
         zs_tensors_free(tt);
-        return zs_error(ZS_ERR_NOMEM, "model %s: out of memory for %zu parameters", dir,
-                        tt->total);
+        return zs_error(ZS_ERR_NOMEM, "model %s: out of memory for %zu parameters", dir, tt->total);
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     zs_err res = zs_modelfile_load_weights(tt, path, *params);

@@ -33,9 +33,9 @@ static const struct {
     const char *name;
     size_t size; /* bytes per element */
 } dtypes[] = {
-    [ZS_DT_F32] = {"F32", 4}, [ZS_DT_F16] = {"F16", 2}, [ZS_DT_BF16] = {"BF16", 2},
-    [ZS_DT_F64] = {"F64", 8}, [ZS_DT_I64] = {"I64", 8}, [ZS_DT_I32] = {"I32", 4},
-    [ZS_DT_I16] = {"I16", 2}, [ZS_DT_I8] = {"I8", 1},   [ZS_DT_U8] = {"U8", 1},
+    [ZS_DT_F32] = {"F32", 4},   [ZS_DT_F16] = {"F16", 2}, [ZS_DT_BF16] = {"BF16", 2},
+    [ZS_DT_F64] = {"F64", 8},   [ZS_DT_I64] = {"I64", 8}, [ZS_DT_I32] = {"I32", 4},
+    [ZS_DT_I16] = {"I16", 2},   [ZS_DT_I8] = {"I8", 1},   [ZS_DT_U8] = {"U8", 1},
     [ZS_DT_BOOL] = {"BOOL", 1},
 };
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
@@ -77,12 +77,13 @@ static const char *json_desc(char *buf, size_t cap, const json_t *v)
     else if (json_is_string(v))
         snprintf(buf, cap, "the string \"%.32s\"", json_string_value(v));
     else
-        snprintf(buf, cap, "%s", !v                  ? "missing"
-                                 : json_is_object(v) ? "an object"
-                                 : json_is_array(v)  ? "an array"
-                                 : json_is_real(v)   ? "a real number"
-                                 : json_is_null(v)   ? "null"
-                                                     : "a boolean");
+        snprintf(buf, cap, "%s",
+                 !v                  ? "missing"
+                 : json_is_object(v) ? "an object"
+                 : json_is_array(v)  ? "an array"
+                 : json_is_real(v)   ? "a real number"
+                 : json_is_null(v)   ? "null"
+                                     : "a boolean");
     return buf;
 }
 
@@ -136,13 +137,13 @@ static zs_err parse_entry(const char *path, const char *name, const json_t *v, z
 {
     char desc[ST_JSON_STR], shp[ST_SHAPE_STR];
     if (!json_is_object(v))
-        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": entry is %s, not an object", path,
-                        name, json_desc(desc, sizeof desc, v));
+        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": entry is %s, not an object", path, name,
+                        json_desc(desc, sizeof desc, v));
 
     const json_t *dt = json_object_get(v, "dtype");
     if (!json_is_string(dt))
-        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": dtype is %s, not a string", path,
-                        name, json_desc(desc, sizeof desc, dt));
+        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": dtype is %s, not a string", path, name,
+                        json_desc(desc, sizeof desc, dt));
     int d = zs_dtype_parse(json_string_value(dt));
     if (d < 0)
         return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", path, name,
@@ -151,45 +152,60 @@ static zs_err parse_entry(const char *path, const char *name, const json_t *v, z
 
     const json_t *shape = json_object_get(v, "shape");
     if (!json_is_array(shape))
-        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": shape is %s, not an array", path,
-                        name, json_desc(desc, sizeof desc, shape));
+        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": shape is %s, not an array", path, name,
+                        json_desc(desc, sizeof desc, shape));
     if (json_array_size(shape) > ZS_ST_MAX_DIMS)
-        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": shape has %zu dimensions, at most %d "
-                        "supported", path, name, json_array_size(shape), ZS_ST_MAX_DIMS);
+        return zs_error(ZS_ERR_FORMAT,
+                        "%s: tensor \"%s\": shape has %zu dimensions, at most %d "
+                        "supported",
+                        path, name, json_array_size(shape), ZS_ST_MAX_DIMS);
     e->ndim = (int)json_array_size(shape);
     for (int i = 0; i < e->ndim; i++) {
         const json_t *s = json_array_get(shape, (size_t)i);
         if (!json_size(s, &e->shape[i]))
-            return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": shape[%d] is %s, not a "
-                            "non-negative integer", path, name, i, json_desc(desc, sizeof desc, s));
+            return zs_error(ZS_ERR_FORMAT,
+                            "%s: tensor \"%s\": shape[%d] is %s, not a "
+                            "non-negative integer",
+                            path, name, i, json_desc(desc, sizeof desc, s));
     }
     shape_str(shp, sizeof shp, e->shape, e->ndim);
     if (!shape_numel(e->shape, e->ndim, dtypes[e->dtype].size, &e->numel))
-        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": shape %s of %s overflows the size "
-                        "in bytes", path, name, shp, dtypes[e->dtype].name);
+        return zs_error(ZS_ERR_FORMAT,
+                        "%s: tensor \"%s\": shape %s of %s overflows the size "
+                        "in bytes",
+                        path, name, shp, dtypes[e->dtype].name);
 
     const json_t *off = json_object_get(v, "data_offsets");
     if (!json_is_array(off) || json_array_size(off) != 2)
         return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets is %s, not [begin, end]",
-                        path, name, json_is_array(off) ? "an array of the wrong length"
-                                                       : json_desc(desc, sizeof desc, off));
+                        path, name,
+                        json_is_array(off) ? "an array of the wrong length"
+                                           : json_desc(desc, sizeof desc, off));
     for (int i = 0; i < 2; i++) {
         const json_t *o = json_array_get(off, (size_t)i);
         if (!json_size(o, i ? &e->end : &e->begin))
-            return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets[%d] is %s, not a "
-                            "non-negative integer", path, name, i, json_desc(desc, sizeof desc, o));
+            return zs_error(ZS_ERR_FORMAT,
+                            "%s: tensor \"%s\": data_offsets[%d] is %s, not a "
+                            "non-negative integer",
+                            path, name, i, json_desc(desc, sizeof desc, o));
     }
     if (e->begin > e->end)
-        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%zu, %zu] begin after "
-                        "they end", path, name, e->begin, e->end);
+        return zs_error(ZS_ERR_FORMAT,
+                        "%s: tensor \"%s\": data_offsets [%zu, %zu] begin after "
+                        "they end",
+                        path, name, e->begin, e->end);
     if (e->end > data_len)
-        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%zu, %zu] outside the "
-                        "data section of %zu bytes", path, name, e->begin, e->end, data_len);
+        return zs_error(ZS_ERR_FORMAT,
+                        "%s: tensor \"%s\": data_offsets [%zu, %zu] outside the "
+                        "data section of %zu bytes",
+                        path, name, e->begin, e->end, data_len);
     size_t want = e->numel * dtypes[e->dtype].size;
     if (e->end - e->begin != want)
-        return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%zu, %zu] hold %zu "
-                        "bytes, shape %s of %s needs %zu", path, name, e->begin, e->end,
-                        e->end - e->begin, shp, dtypes[e->dtype].name, want);
+        return zs_error(ZS_ERR_FORMAT,
+                        "%s: tensor \"%s\": data_offsets [%zu, %zu] hold %zu "
+                        "bytes, shape %s of %s needs %zu",
+                        path, name, e->begin, e->end, e->end - e->begin, shp, dtypes[e->dtype].name,
+                        want);
     return ZS_OK;
 }
 
@@ -201,10 +217,11 @@ static zs_err check_metadata(const char *path, const json_t *v)
                         json_desc(desc, sizeof desc, v));
     const char *k;
     const json_t *mv;
-    json_object_foreach((json_t *)v, k, mv) {
+    json_object_foreach((json_t *)v, k, mv)
+    {
         if (!json_is_string(mv))
-            return zs_error(ZS_ERR_FORMAT, "%s: __metadata__ \"%s\" is %s, not a string", path,
-                            k, json_desc(desc, sizeof desc, mv));
+            return zs_error(ZS_ERR_FORMAT, "%s: __metadata__ \"%s\" is %s, not a string", path, k,
+                            json_desc(desc, sizeof desc, mv));
     }
     return ZS_OK;
 }
@@ -234,14 +251,18 @@ static zs_err check_coverage(const zs_st_file *f)
         const zs_st_entry *e = order[i];
         if (e->begin < cursor) {
             /* cursor > 0, so i > 0 and order[i - 1] is the entry that ends there. */
-            res = zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%zu, %zu] overlap "
-                           "tensor \"%s\" at [%zu, %zu]", f->path, e->name, e->begin, e->end,
-                           order[i - 1]->name, order[i - 1]->begin, cursor);
+            res = zs_error(ZS_ERR_FORMAT,
+                           "%s: tensor \"%s\": data_offsets [%zu, %zu] overlap "
+                           "tensor \"%s\" at [%zu, %zu]",
+                           f->path, e->name, e->begin, e->end, order[i - 1]->name,
+                           order[i - 1]->begin, cursor);
             goto out;
         }
         if (e->begin > cursor) {
-            res = zs_error(ZS_ERR_FORMAT, "%s: data bytes [%zu, %zu) belong to no tensor (gap "
-                           "before tensor \"%s\")", f->path, cursor, e->begin, e->name);
+            res = zs_error(ZS_ERR_FORMAT,
+                           "%s: data bytes [%zu, %zu) belong to no tensor (gap "
+                           "before tensor \"%s\")",
+                           f->path, cursor, e->begin, e->name);
             goto out;
         }
         cursor = e->end;
@@ -277,7 +298,8 @@ static zs_err parse_header(zs_st_file *f, const char *text, size_t len)
     /* jansson iterates in insertion order, so entries keep the order of the file. */
     const char *key;
     json_t *v;
-    json_object_foreach(root, key, v) {
+    json_object_foreach(root, key, v)
+    {
         if (strcmp(key, "__metadata__") == 0) {
             ZS_CHECK_GOTO(check_metadata(f->path, v), res, out);
             continue;
@@ -321,8 +343,10 @@ zs_err zs_st_open(const char *path, zs_st_file *f)
     }
     size_t size = (size_t)st.st_size;
     if (size < 8) {
-        res = zs_error(ZS_ERR_FORMAT, "%s: %zu bytes is too short for a safetensors file (8-byte "
-                       "header length)", path, size);
+        res = zs_error(ZS_ERR_FORMAT,
+                       "%s: %zu bytes is too short for a safetensors file (8-byte "
+                       "header length)",
+                       path, size);
         goto fail;
     }
     uint8_t lenbuf[8];
@@ -336,13 +360,13 @@ zs_err zs_st_open(const char *path, zs_st_file *f)
         goto fail;
     }
     if (hlen > ST_MAX_HEADER) {
-        res = zs_error(ZS_ERR_FORMAT, "%s: header length %llu exceeds the limit of %u bytes",
-                       path, (unsigned long long)hlen, ST_MAX_HEADER);
+        res = zs_error(ZS_ERR_FORMAT, "%s: header length %llu exceeds the limit of %u bytes", path,
+                       (unsigned long long)hlen, ST_MAX_HEADER);
         goto fail;
     }
     if (hlen < 2) {
-        res = zs_error(ZS_ERR_FORMAT, "%s: header length %llu is too short for a JSON object",
-                       path, (unsigned long long)hlen);
+        res = zs_error(ZS_ERR_FORMAT, "%s: header length %llu is too short for a JSON object", path,
+                       (unsigned long long)hlen);
         goto fail;
     }
     if (!(header = malloc(hlen))) {
@@ -412,11 +436,15 @@ static float f16_to_f32(uint16_t h)
 zs_err zs_st_read_f32(const zs_st_file *f, const zs_st_entry *e, float *dst, size_t numel)
 {
     if (numel != e->numel)
-        return zs_error(ZS_ERR_INVALID, "%s: tensor \"%s\": caller expects %zu elements, the "
-                        "file has %zu", f->path, e->name, numel, e->numel);
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: tensor \"%s\": caller expects %zu elements, the "
+                        "file has %zu",
+                        f->path, e->name, numel, e->numel);
     if (e->dtype != ZS_DT_F32 && e->dtype != ZS_DT_BF16 && e->dtype != ZS_DT_F16)
-        return zs_error(ZS_ERR_INVALID, "%s: tensor \"%s\": dtype %s cannot be read as F32 "
-                        "(only F32, BF16 and F16)", f->path, e->name, zs_dtype_name(e->dtype));
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: tensor \"%s\": dtype %s cannot be read as F32 "
+                        "(only F32, BF16 and F16)",
+                        f->path, e->name, zs_dtype_name(e->dtype));
     if (numel == 0)
         return ZS_OK; /* dst may be NULL */
     size_t off = f->data_start + e->begin;
@@ -484,8 +512,10 @@ static zs_err build_header(const char *path, const zs_st_tensor *tensors, int co
         for (int i = 0; i < n_meta; i++) {
             const char *k = meta_kv[2 * i], *val = meta_kv[2 * i + 1];
             if (!k || !val || !utf8_ok(k) || !utf8_ok(val)) {
-                res = zs_error(ZS_ERR_INVALID, "%s: metadata pair %d (\"%s\") is NULL or not "
-                               "valid UTF-8", path, i, k ? k : "(null)");
+                res = zs_error(ZS_ERR_INVALID,
+                               "%s: metadata pair %d (\"%s\") is NULL or not "
+                               "valid UTF-8",
+                               path, i, k ? k : "(null)");
                 goto fail;
             }
             if (json_object_get(meta, k)) {
@@ -502,8 +532,10 @@ static zs_err build_header(const char *path, const zs_st_tensor *tensors, int co
     for (int i = 0; i < count; i++) {
         const zs_st_tensor *t = &tensors[i];
         if (!t->name || !utf8_ok(t->name) || strcmp(t->name, "__metadata__") == 0) {
-            res = zs_error(ZS_ERR_INVALID, "%s: tensor %d: name \"%s\" is NULL, not valid UTF-8 "
-                           "or reserved", path, i, t->name ? t->name : "(null)");
+            res = zs_error(ZS_ERR_INVALID,
+                           "%s: tensor %d: name \"%s\" is NULL, not valid UTF-8 "
+                           "or reserved",
+                           path, i, t->name ? t->name : "(null)");
             goto fail;
         }
         if (json_object_get(root, t->name)) {
@@ -523,14 +555,14 @@ static zs_err build_header(const char *path, const zs_st_tensor *tensors, int co
         size_t numel;
         shape_str(shp, sizeof shp, t->shape, t->ndim);
         if (!shape_numel(t->shape, t->ndim, zs_dtype_size(t->dtype), &numel)) {
-            res = zs_error(ZS_ERR_INVALID, "%s: tensor \"%s\": shape %s overflows", path,
-                           t->name, shp);
+            res = zs_error(ZS_ERR_INVALID, "%s: tensor \"%s\": shape %s overflows", path, t->name,
+                           shp);
             goto fail;
         }
         bytes[i] = numel * zs_dtype_size(t->dtype);
         if (bytes[i] && !t->data) {
-            res = zs_error(ZS_ERR_INVALID, "%s: tensor \"%s\": shape %s but no data", path,
-                           t->name, shp);
+            res = zs_error(ZS_ERR_INVALID, "%s: tensor \"%s\": shape %s but no data", path, t->name,
+                           shp);
             goto fail;
         }
         if (bytes[i] > (size_t)INT64_MAX - offset) {
@@ -544,9 +576,9 @@ static zs_err build_header(const char *path, const zs_st_tensor *tensors, int co
                 json_decref(shape);
                 shape = NULL;
             }
-        json_t *entry = shape ? json_pack("{s:s, s:o, s:[I, I]}", "dtype",
-                                          zs_dtype_name(t->dtype), "shape", shape, "data_offsets",
-                                          (json_int_t)offset, (json_int_t)(offset + bytes[i]))
+        json_t *entry = shape ? json_pack("{s:s, s:o, s:[I, I]}", "dtype", zs_dtype_name(t->dtype),
+                                          "shape", shape, "data_offsets", (json_int_t)offset,
+                                          (json_int_t)(offset + bytes[i]))
                               : NULL;
         if (!entry || json_object_set_new(root, t->name, entry) != 0) {
             res = zs_error(ZS_ERR_NOMEM, "%s: out of memory for tensor \"%s\"", path, t->name);

@@ -19,8 +19,18 @@
 
 #include "common/err.h"
 
-typedef enum { ZS_DT_F32, ZS_DT_F16, ZS_DT_BF16, ZS_DT_F64, ZS_DT_I64, ZS_DT_I32, ZS_DT_I16,
-               ZS_DT_I8, ZS_DT_U8, ZS_DT_BOOL } zs_dtype;
+typedef enum {
+    ZS_DT_F32,
+    ZS_DT_F16,
+    ZS_DT_BF16,
+    ZS_DT_F64,
+    ZS_DT_I64,
+    ZS_DT_I32,
+    ZS_DT_I16,
+    ZS_DT_I8,
+    ZS_DT_U8,
+    ZS_DT_BOOL
+} zs_dtype;
 
 #define ZS_ST_MAX_DIMS 8
 

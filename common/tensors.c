@@ -1,16 +1,16 @@
 #include "common/tensors.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <math.h>
 
 #include "common/rng.h"
 
 static const char *block_names[ZS_BLOCK_TENSORS] = {
-    "ln_1.weight",        "ln_1.bias",         "attn.c_attn.weight", "attn.c_attn.bias",
-    "attn.c_proj.weight", "attn.c_proj.bias",  "ln_2.weight",        "ln_2.bias",
-    "mlp.c_fc.weight",    "mlp.c_fc.bias",     "mlp.c_proj.weight",  "mlp.c_proj.bias",
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias",
 };
 
 static size_t align_up(size_t x)
@@ -41,9 +41,10 @@ zs_err zs_tensors_gpt2(const zs_model_config *m, zs_tensor_table *tt)
     memset(tt, 0, sizeof *tt);
     if (m->n_layer <= 0 || m->n_embd <= 0 || m->vocab_size <= 0 || m->block_size <= 0 ||
         m->n_head <= 0 || m->n_embd % m->n_head != 0)
-        return zs_error(ZS_ERR_INVALID, "tensor table: bad model shape (n_layer %d, n_head %d, "
-                        "n_embd %d, vocab_size %d, block_size %d)", m->n_layer, m->n_head,
-                        m->n_embd, m->vocab_size, m->block_size);
+        return zs_error(ZS_ERR_INVALID,
+                        "tensor table: bad model shape (n_layer %d, n_head %d, "
+                        "n_embd %d, vocab_size %d, block_size %d)",
+                        m->n_layer, m->n_head, m->n_embd, m->vocab_size, m->block_size);
     int L = m->n_layer;
     size_t C = (size_t)m->n_embd;
     tt->n_layers = L + 2;
@@ -158,10 +159,10 @@ void zs_tensors_init_gpt2(const zs_tensor_table *tt, uint64_t seed, float *dst, 
             double std = 0.02;
             if (t->kind == ZS_T_ATTPROJ_W || t->kind == ZS_T_FCPROJ_W)
                 std = 0.02 / sqrt(2.0 * L);
-            /* The stream is the tensor's index so that indices restart per tensor.  Small
-             * pieces stay on this thread: a parallel region per piece of a small shard costs
-             * more than the piece (and much more when the cores are busy). */
-            #pragma omp parallel for schedule(static) if (e - b >= 65536)
+/* The stream is the tensor's index so that indices restart per tensor.  Small
+ * pieces stay on this thread: a parallel region per piece of a small shard costs
+ * more than the piece (and much more when the cores are busy). */
+#pragma omp parallel for schedule(static) if (e - b >= 65536)
             for (size_t j = b; j < e; j++)
                 out[j - b] = (float)(std * zs_rng_normal(seed, (uint64_t)i, j - t->offset));
             break;

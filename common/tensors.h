@@ -32,10 +32,22 @@
 
 /* Which GPT-2 tensor a table entry is, within its layer. */
 typedef enum {
-    ZS_T_WTE, ZS_T_WPE,
-    ZS_T_LN1_W, ZS_T_LN1_B, ZS_T_QKV_W, ZS_T_QKV_B, ZS_T_ATTPROJ_W, ZS_T_ATTPROJ_B,
-    ZS_T_LN2_W, ZS_T_LN2_B, ZS_T_FC_W, ZS_T_FC_B, ZS_T_FCPROJ_W, ZS_T_FCPROJ_B,
-    ZS_T_LNF_W, ZS_T_LNF_B,
+    ZS_T_WTE,
+    ZS_T_WPE,
+    ZS_T_LN1_W,
+    ZS_T_LN1_B,
+    ZS_T_QKV_W,
+    ZS_T_QKV_B,
+    ZS_T_ATTPROJ_W,
+    ZS_T_ATTPROJ_B,
+    ZS_T_LN2_W,
+    ZS_T_LN2_B,
+    ZS_T_FC_W,
+    ZS_T_FC_B,
+    ZS_T_FCPROJ_W,
+    ZS_T_FCPROJ_B,
+    ZS_T_LNF_W,
+    ZS_T_LNF_B,
 } zs_tensor_kind;
 
 #define ZS_BLOCK_TENSORS 12 /* tensors per transformer block */
@@ -43,16 +55,16 @@ typedef enum {
 typedef struct {
     char name[ZS_TENSOR_NAME_MAX]; /* HF name with the "transformer." prefix */
     zs_tensor_kind kind;
-    int layer;                     /* 0 embeddings, 1..L blocks, L+1 final norm */
+    int layer; /* 0 embeddings, 1..L blocks, L+1 final norm */
     int ndim;
     size_t shape[ZS_TENSOR_MAX_DIMS];
     size_t numel;
-    size_t offset;                 /* floats from the start of the vector, aligned */
-    int decay;                     /* AdamW weight decay applies (ndim >= 2) */
+    size_t offset; /* floats from the start of the vector, aligned */
+    int decay;     /* AdamW weight decay applies (ndim >= 2) */
 } zs_tensor;
 
 typedef struct {
-    zs_tensor *tensors;  /* count entries, in vector order */
+    zs_tensor *tensors; /* count entries, in vector order */
     int count;
     int n_layers;        /* L + 2 layer ranges */
     size_t *layer_begin; /* n_layers + 1 offsets: layer i is [layer_begin[i], layer_begin[i+1]) */
@@ -76,8 +88,8 @@ const zs_tensor *zs_tensors_get(const zs_tensor_table *tt, int block, zs_tensor_
  * tensors differently.  fn returns ZS_OK to go on.
  */
 typedef zs_err (*zs_tensor_span_fn)(void *ctx, size_t begin, size_t end, const zs_tensor *t);
-zs_err zs_tensors_spans(const zs_tensor_table *tt, size_t begin, size_t end,
-                        zs_tensor_span_fn fn, void *ctx);
+zs_err zs_tensors_spans(const zs_tensor_table *tt, size_t begin, size_t end, zs_tensor_span_fn fn,
+                        void *ctx);
 
 /*
  * Writes [begin, end) of the flat vector, initialized as Hugging Face initializes GPT-2:

@@ -37,7 +37,7 @@ typedef struct {
     float one_minus_b2; /* 1 - beta2 */
     float bc2_sqrt;     /* sqrt(1 - beta2^t) */
     float eps;
-    float step_size;    /* lr / (1 - beta1^t) */
+    float step_size; /* lr / (1 - beta1^t) */
 } zs_adamw_hparams;
 
 /* t is the 1-based step count used for bias correction. */
@@ -62,7 +62,10 @@ const char *zs_adamw_isa(void);
 /* float -> bf16, round to nearest even; NaN maps to a quiet NaN of the same sign. */
 static inline uint16_t zs_f32_to_bf16(float f)
 {
-    union { float f; uint32_t u; } x = {.f = f};
+    union {
+        float f;
+        uint32_t u;
+    } x = {.f = f};
     if ((x.u & 0x7fffffffu) > 0x7f800000u)
         return (uint16_t)((x.u >> 16) | 0x0040u);
     uint32_t rounding = 0x7fffu + ((x.u >> 16) & 1u);
@@ -71,7 +74,10 @@ static inline uint16_t zs_f32_to_bf16(float f)
 
 static inline float zs_bf16_to_f32(uint16_t h)
 {
-    union { uint32_t u; float f; } x = {.u = (uint32_t)h << 16};
+    union {
+        uint32_t u;
+        float f;
+    } x = {.u = (uint32_t)h << 16};
     return x.f;
 }
 

@@ -65,10 +65,10 @@ typedef struct {
     float *logits;   /* (N, V) logits; dlogits once the forward has run */
     float *losses;   /* (N) cross-entropy per position */
     /* Backward scratch, shared by all layers. */
-    float *dres;     /* (N, C) gradient of the residual stream */
-    float *dln;      /* (N, C) gradient of a LayerNorm output, or of atty */
-    float *dbig;     /* (N, 4C) gradient of fch_gelu / fch, or (N, 3C) of qkv */
-    float *datt;     /* (B, NH, T, T) gradient of the attention scores */
+    float *dres; /* (N, C) gradient of the residual stream */
+    float *dln;  /* (N, C) gradient of a LayerNorm output, or of atty */
+    float *dbig; /* (N, 4C) gradient of fch_gelu / fch, or (N, 3C) of qkv */
+    float *datt; /* (B, NH, T, T) gradient of the attention scores */
 } gpt2_acts;
 
 typedef struct {
@@ -82,15 +82,15 @@ struct zs_gpt2 {
     int threads;
     /* Offsets (floats) of the tensors in the flat vector. */
     size_t wte, wpe, lnf_w, lnf_b;
-    size_t *blk;         /* (L, ZS_BLOCK_TENSORS): kind ZS_T_LN1_W + k of block l */
-    tensor_span *spans;  /* every tensor, in vector order, to zero the gaps of gradients */
+    size_t *blk;        /* (L, ZS_BLOCK_TENSORS): kind ZS_T_LN1_W + k of block l */
+    tensor_span *spans; /* every tensor, in vector order, to zero the gaps of gradients */
     int n_spans;
     size_t *layer_begin; /* (L + 3) */
     float *mem;          /* one allocation for all activations */
     gpt2_acts a;
-    int32_t *inputs;     /* (max_b, max_t) the last forward's inputs, for the encoder backward */
+    int32_t *inputs; /* (max_b, max_t) the last forward's inputs, for the encoder backward */
     /* Between a forward and its backward/finish: */
-    int pending;         /* layers 0 and L+1 are held */
+    int pending; /* layers 0 and L+1 are held */
     int b, t;
     const float *p0, *pf; /* bases of layers 0 and L+1 */
 };
@@ -103,16 +103,18 @@ static size_t round16(size_t n)
     return (n + 15) / 16 * 16;
 }
 
-static zs_err check_tensor(const zs_tensor_table *tt, int block, zs_tensor_kind kind,
-                           size_t numel, size_t *offset)
+static zs_err check_tensor(const zs_tensor_table *tt, int block, zs_tensor_kind kind, size_t numel,
+                           size_t *offset)
 {
     const zs_tensor *t = zs_tensors_get(tt, block, kind);
     if (!t)
         return zs_error(ZS_ERR_INVALID, "gpt2: tensor table has no tensor of kind %d in block %d",
                         (int)kind, block);
     if (t->numel != numel || t->offset + t->numel > tt->total)
-        return zs_error(ZS_ERR_INVALID, "gpt2: tensor %s has %zu floats at offset %zu, expected "
-                        "%zu within %zu", t->name, t->numel, t->offset, numel, tt->total);
+        return zs_error(ZS_ERR_INVALID,
+                        "gpt2: tensor %s has %zu floats at offset %zu, expected "
+                        "%zu within %zu",
+                        t->name, t->numel, t->offset, numel, tt->total);
     *offset = t->offset;
     return ZS_OK;
 }
@@ -123,9 +125,10 @@ zs_err zs_gpt2_create(const zs_model_config *cfg, const zs_tensor_table *tt, int
     *out = NULL;
     if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->vocab_size <= 0 ||
         cfg->block_size <= 0 || cfg->n_embd % cfg->n_head != 0)
-        return zs_error(ZS_ERR_INVALID, "gpt2: bad model shape (n_layer %d, n_head %d, n_embd "
-                        "%d, vocab_size %d, block_size %d)", cfg->n_layer, cfg->n_head,
-                        cfg->n_embd, cfg->vocab_size, cfg->block_size);
+        return zs_error(ZS_ERR_INVALID,
+                        "gpt2: bad model shape (n_layer %d, n_head %d, n_embd "
+                        "%d, vocab_size %d, block_size %d)",
+                        cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size);
     if (max_b < 1)
         return zs_error(ZS_ERR_INVALID, "gpt2: max_b %d, expected >= 1", max_b);
     if (max_t < 1 || max_t > cfg->block_size)
@@ -187,14 +190,29 @@ zs_err zs_gpt2_create(const zs_model_config *cfg, const zs_tensor_table *tt, int
         float **p;
         size_t n;
     } parts[] = {
-        {&m->a.resid, (L + 1) * N * C}, {&m->a.ln1, L * N * C},      {&m->a.ln1_mean, L * N},
-        {&m->a.ln1_rstd, L * N},        {&m->a.qkv, L * N * 3 * C},  {&m->a.att, L * att},
-        {&m->a.atty, L * N * C},        {&m->a.res2, L * N * C},     {&m->a.ln2, L * N * C},
-        {&m->a.ln2_mean, L * N},        {&m->a.ln2_rstd, L * N},     {&m->a.fch, L * N * 4 * C},
-        {&m->a.fch_gelu, L * N * 4 * C}, {&m->a.lnf, N * C},          {&m->a.lnf_mean, N},
-        {&m->a.lnf_rstd, N},            {&m->a.proj, N * C},         {&m->a.logits, N * V},
-        {&m->a.losses, N},              {&m->a.dres, N * C},         {&m->a.dln, N * C},
-        {&m->a.dbig, N * 4 * C},        {&m->a.datt, att},
+        {&m->a.resid, (L + 1) * N * C},
+        {&m->a.ln1, L * N * C},
+        {&m->a.ln1_mean, L * N},
+        {&m->a.ln1_rstd, L * N},
+        {&m->a.qkv, L * N * 3 * C},
+        {&m->a.att, L * att},
+        {&m->a.atty, L * N * C},
+        {&m->a.res2, L * N * C},
+        {&m->a.ln2, L * N * C},
+        {&m->a.ln2_mean, L * N},
+        {&m->a.ln2_rstd, L * N},
+        {&m->a.fch, L * N * 4 * C},
+        {&m->a.fch_gelu, L * N * 4 * C},
+        {&m->a.lnf, N * C},
+        {&m->a.lnf_mean, N},
+        {&m->a.lnf_rstd, N},
+        {&m->a.proj, N * C},
+        {&m->a.logits, N * V},
+        {&m->a.losses, N},
+        {&m->a.dres, N * C},
+        {&m->a.dln, N * C},
+        {&m->a.dbig, N * 4 * C},
+        {&m->a.datt, att},
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
@@ -253,8 +271,10 @@ static zs_err check_tokens(const zs_gpt2 *m, const int32_t *tok, const char *wha
 {
     for (int i = 0; i < b * t; i++)
         if (tok[i] < 0 || tok[i] >= m->V)
-            return zs_error(ZS_ERR_INVALID, "gpt2: %s token %d at sequence %d, position %d is out "
-                            "of range [0, %d)", what, (int)tok[i], i / t, i % t, m->V);
+            return zs_error(ZS_ERR_INVALID,
+                            "gpt2: %s token %d at sequence %d, position %d is out "
+                            "of range [0, %d)",
+                            what, (int)tok[i], i / t, i % t, m->V);
     return ZS_OK;
 }
 
@@ -267,12 +287,14 @@ static void block_forward(zs_gpt2 *m, int l, const float *p)
     const size_t Nn = (size_t)m->max_b * m->max_t;
     const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
     const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
-#define PARAM(kind) (p + o[(kind) - ZS_T_LN1_W])
+#define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
     float *resid = a->resid + l * NC;
-    float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn, *ln1_rstd = a->ln1_rstd + l * Nn;
+    float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn,
+          *ln1_rstd = a->ln1_rstd + l * Nn;
     float *qkv = a->qkv + l * 3 * NC, *attp = a->att + l * att, *atty = a->atty + l * NC;
     float *res2 = a->res2 + l * NC;
-    float *ln2 = a->ln2 + l * NC, *ln2_mean = a->ln2_mean + l * Nn, *ln2_rstd = a->ln2_rstd + l * Nn;
+    float *ln2 = a->ln2 + l * NC, *ln2_mean = a->ln2_mean + l * Nn,
+          *ln2_rstd = a->ln2_rstd + l * Nn;
     float *fch = a->fch + l * 4 * NC, *gelu = a->fch_gelu + l * 4 * NC;
 
     if (l == 0)
@@ -284,8 +306,8 @@ static void block_forward(zs_gpt2 *m, int l, const float *p)
     zs_linear_forward(qkv, ln1, PARAM(ZS_T_QKV_W), PARAM(ZS_T_QKV_B), N, C, 3 * C, nt);
     zs_attention_forward(atty, attp, qkv, B, T, C, m->NH, nt);
     zs_linear_forward(a->proj, atty, PARAM(ZS_T_ATTPROJ_W), PARAM(ZS_T_ATTPROJ_B), N, C, C, nt);
-    zs_residual_layernorm_forward(res2, ln2, ln2_mean, ln2_rstd, resid, a->proj,
-                                  PARAM(ZS_T_LN2_W), PARAM(ZS_T_LN2_B), N, C, nt);
+    zs_residual_layernorm_forward(res2, ln2, ln2_mean, ln2_rstd, resid, a->proj, PARAM(ZS_T_LN2_W),
+                                  PARAM(ZS_T_LN2_B), N, C, nt);
     zs_linear_forward(fch, ln2, PARAM(ZS_T_FC_W), NULL, N, C, 4 * C, nt);
     zs_bias_gelu_forward(fch, gelu, PARAM(ZS_T_FC_B), N, 4 * C, nt);
     zs_linear_forward(a->proj, gelu, PARAM(ZS_T_FCPROJ_W), PARAM(ZS_T_FCPROJ_B), N, 4 * C, C, nt);
@@ -296,11 +318,11 @@ zs_err zs_gpt2_forward(zs_gpt2 *m, const zs_gpt2_io *io, const int32_t *inputs,
                        const int32_t *targets, int b, int t, float *loss)
 {
     if (m->pending)
-        return zs_error(ZS_ERR_INVALID, "gpt2: forward while the previous forward still holds "
+        return zs_error(ZS_ERR_INVALID,
+                        "gpt2: forward while the previous forward still holds "
                         "its layers (call zs_gpt2_backward or zs_gpt2_finish first)");
     if (b < 1 || b > m->max_b)
-        return zs_error(ZS_ERR_INVALID, "gpt2: batch of %d sequences, expected 1..%d", b,
-                        m->max_b);
+        return zs_error(ZS_ERR_INVALID, "gpt2: batch of %d sequences, expected 1..%d", b, m->max_b);
     if (t < 1 || t > m->max_t)
         return zs_error(ZS_ERR_INVALID, "gpt2: sequence length %d, expected 1..%d", t, m->max_t);
     ZS_CHECK(check_tokens(m, inputs, "input", b, t));
@@ -325,8 +347,8 @@ zs_err zs_gpt2_forward(zs_gpt2 *m, const zs_gpt2_io *io, const int32_t *inputs,
     }
     ZS_CHECK_GOTO(io->acquire(io->ctx, L + 1, &pf), err, fail);
     zs_residual_layernorm_forward(a->resid + L * NC, a->lnf, a->lnf_mean, a->lnf_rstd,
-                                  a->res2 + (L - 1) * NC, a->proj, pf + m->lnf_w, pf + m->lnf_b,
-                                  N, C, nt);
+                                  a->res2 + (L - 1) * NC, a->proj, pf + m->lnf_w, pf + m->lnf_b, N,
+                                  C, nt);
     zs_lm_head_forward(a->logits, a->lnf, p0 + m->wte, N, C, m->V, nt);
     zs_crossentropy_fused(a->logits, a->losses, targets, N, m->V, 1.0f / (float)N, nt);
     double sum = 0.0;
@@ -364,8 +386,8 @@ static void block_backward(zs_gpt2 *m, int l, const float *p, float *g)
     const size_t Nn = (size_t)m->max_b * m->max_t;
     const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
     const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
-#define PARAM(kind) (p + o[(kind) - ZS_T_LN1_W])
-#define GRAD(kind) (g + o[(kind) - ZS_T_LN1_W])
+#define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
+#define GRAD(kind) (g + o[(kind)-ZS_T_LN1_W])
     const float *resid = a->resid + l * NC;
     const float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn;
     const float *ln1_rstd = a->ln1_rstd + l * Nn;
@@ -387,8 +409,8 @@ static void block_backward(zs_gpt2 *m, int l, const float *p, float *g)
     zs_linear_backward(a->dln, GRAD(ZS_T_ATTPROJ_W), GRAD(ZS_T_ATTPROJ_B), a->dres, atty,
                        PARAM(ZS_T_ATTPROJ_W), N, C, C, nt);
     zs_attention_backward(a->dbig, a->datt, a->dln, qkv, attp, B, T, C, m->NH, nt);
-    zs_linear_backward(a->dln, GRAD(ZS_T_QKV_W), GRAD(ZS_T_QKV_B), a->dbig, ln1,
-                       PARAM(ZS_T_QKV_W), N, C, 3 * C, nt);
+    zs_linear_backward(a->dln, GRAD(ZS_T_QKV_W), GRAD(ZS_T_QKV_B), a->dbig, ln1, PARAM(ZS_T_QKV_W),
+                       N, C, 3 * C, nt);
     zs_layernorm_backward(a->dres, GRAD(ZS_T_LN1_W), GRAD(ZS_T_LN1_B), a->dln, resid,
                           PARAM(ZS_T_LN1_W), ln1_mean, ln1_rstd, N, C, nt);
 #undef PARAM

@@ -32,7 +32,8 @@ double zs_sumsq(const float *x, size_t n, int threads)
         /* Without memory for the partials, the same sum serially. */
         double s = 0;
         for (size_t b = 0; b < nblocks; b++) {
-            size_t lo = b * ZS_REDUCE_BLOCK, hi = lo + ZS_REDUCE_BLOCK < n ? lo + ZS_REDUCE_BLOCK : n;
+            size_t lo = b * ZS_REDUCE_BLOCK,
+                   hi = lo + ZS_REDUCE_BLOCK < n ? lo + ZS_REDUCE_BLOCK : n;
             s += block_sumsq(x + lo, hi - lo);
         }
         return s;

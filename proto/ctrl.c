@@ -173,8 +173,8 @@ zs_err zs_ctrl_recv(zs_ctrl *c, int timeout_ms, const zs_msg_ctx *ctx, zs_ctrl_p
     zmq_msg_init(&part);
     if (recv_part(c->sock, &part, &more) != 0) {
         zmq_msg_close(&part);
-        return errno == EAGAIN ? ZS_OK : zs_error(ZS_ERR_IO, "control: recv: %s",
-                                                  zmq_strerror(errno));
+        return errno == EAGAIN ? ZS_OK
+                               : zs_error(ZS_ERR_IO, "control: recv: %s", zmq_strerror(errno));
     }
     if (c->router) {
         /* The routing id, then the payload. */

@@ -927,11 +927,14 @@ zs_err zs_msg_check_status_reply(const Zshard__StatusReply *m, const zs_msg_ctx 
             s->state > ZSHARD__MEMBER_STATE__MEMBER_GONE)
             return FAIL("StatusReply.members[%zu].state: missing or not a state", i);
         if (s->reason)
-            ZS_CHECK(str_ok("StatusReply.members[].reason", s->reason, ZS_MSG_MAX_STRING, STR_EMPTY_OK));
+            ZS_CHECK(
+                str_ok("StatusReply.members[].reason", s->reason, ZS_MSG_MAX_STRING, STR_EMPTY_OK));
         if (s->endpoint)
-            ZS_CHECK(str_ok("StatusReply.members[].endpoint", s->endpoint, ZS_MSG_MAX_ENDPOINT, STR_EMPTY_OK));
+            ZS_CHECK(str_ok("StatusReply.members[].endpoint", s->endpoint, ZS_MSG_MAX_ENDPOINT,
+                            STR_EMPTY_OK));
         if (s->hostname)
-            ZS_CHECK(str_ok("StatusReply.members[].hostname", s->hostname, ZS_MSG_MAX_HOSTNAME, STR_EMPTY_OK));
+            ZS_CHECK(str_ok("StatusReply.members[].hostname", s->hostname, ZS_MSG_MAX_HOSTNAME,
+                            STR_EMPTY_OK));
         if (s->has_tokens_per_sec && !(s->tokens_per_sec >= 0 && s->tokens_per_sec < 1e15))
             return FAIL("StatusReply.members[%zu].tokens_per_sec: %g", i, s->tokens_per_sec);
     }

@@ -11,8 +11,8 @@
  * turn with bytes that a test gives instead of the socket.  Every send goes through
  * send_env, where a test's hook sees it.
  */
-#include "common/clock.h"
 #include "server/coord.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <math.h>
@@ -42,11 +42,11 @@ typedef struct {
     char endpoint[128];
     char hostname[64];
     uint32_t pid;
-    char gone_why[160]; /* why it is gone: "no heartbeat within 1000 ms", "worker leaving" */
-    long sent_step;   /* the step of the last StepAssign sent to this worker, -1: none */
-    uint64_t sent_sig; /* a signature of its chunk list, to send only changes */
-    uint64_t probed_ms;       /* when its assignment was last repeated (probe_workers) */
-    uint64_t unreachable_ms;  /* when a message to it first could not be routed, 0: it can */
+    char gone_why[160];      /* why it is gone: "no heartbeat within 1000 ms", "worker leaving" */
+    long sent_step;          /* the step of the last StepAssign sent to this worker, -1: none */
+    uint64_t sent_sig;       /* a signature of its chunk list, to send only changes */
+    uint64_t probed_ms;      /* when its assignment was last repeated (probe_workers) */
+    uint64_t unreachable_ms; /* when a message to it first could not be routed, 0: it can */
 } peer_entry;
 
 struct zs_coord {
@@ -173,8 +173,8 @@ static zs_err make_map(coord *co)
     ZS_CHECK(zs_shardmap_build(co->tt.total, co->cfg.cluster.shard_bytes, n, ids, &co->map));
     co->have_map = 1;
     ZS_CHECK(zs_shardmap_to_msg(&co->map, eps, &co->map_msg));
-    ZS_INFO("coord: %d servers; %d shards of %zu floats over a vector of %zu", n,
-            co->map.n_shards, co->map.shard_floats, co->tt.total);
+    ZS_INFO("coord: %d servers; %d shards of %zu floats over a vector of %zu", n, co->map.n_shards,
+            co->map.shard_floats, co->tt.total);
     ZS_CHECK(zs_coord_state_create(&co->cfg, n, co->map.n_shards, co->opts->steps, &co->cs));
     for (int i = 0; i < co->n_peers; i++) {
         if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
@@ -361,12 +361,14 @@ static void on_ready(coord *co, int pi, const Zshard__Ready *r)
     if (r->what_case != ZSHARD__READY__WHAT_DATA || r->data->fingerprint != co->data.fingerprint ||
         r->data->ntokens != co->data.ntokens) {
         char text[256];
-        snprintf(text, sizeof text, "worker %d: its data (fingerprint %016llx, %llu tokens) "
-                 "differs from the job's (%016llx, %zu tokens)", pi + 1,
-                 r->what_case == ZSHARD__READY__WHAT_DATA
-                     ? (unsigned long long)r->data->fingerprint : 0ull,
-                 r->what_case == ZSHARD__READY__WHAT_DATA
-                     ? (unsigned long long)r->data->ntokens : 0ull,
+        snprintf(text, sizeof text,
+                 "worker %d: its data (fingerprint %016llx, %llu tokens) "
+                 "differs from the job's (%016llx, %zu tokens)",
+                 pi + 1,
+                 r->what_case == ZSHARD__READY__WHAT_DATA ? (unsigned long long)r->data->fingerprint
+                                                          : 0ull,
+                 r->what_case == ZSHARD__READY__WHAT_DATA ? (unsigned long long)r->data->ntokens
+                                                          : 0ull,
                  (unsigned long long)co->data.fingerprint, co->data.ntokens);
         ZS_WARN("coord: refused %s", text);
         send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_DATA_MISMATCH, text);
@@ -480,9 +482,11 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
             st.step, st.loss, st.lr, st.grad_norm, st.clip, tps, dt * 1e3, st.compute_ms,
             st.fetch_wait_ms, st.push_wait_ms, st.workers);
     fflush(co->metrics);
-    fprintf(stderr, "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
-            " | eta %.0fs\n", st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps,
-            st.workers, dt * (double)(co->opts->steps - st.step));
+    fprintf(stderr,
+            "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
+            " | eta %.0fs\n",
+            st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps, st.workers,
+            dt * (double)(co->opts->steps - st.step));
     if (zs_coord_phase(co->cs) == ZS_PHASE_DONE) {
         zs_err e = co->hooks.gather ? co->hooks.gather(co->hooks.user) : gather_and_save(co);
         if (e != ZS_OK) {
@@ -499,12 +503,18 @@ static const char *phase_name(const coord *co)
     if (!co->cs)
         return "waiting for servers";
     switch (zs_coord_phase(co->cs)) {
-    case ZS_PHASE_WAIT_SERVERS: return "waiting for servers";
-    case ZS_PHASE_WAIT_WORKERS: return "waiting for workers";
-    case ZS_PHASE_COMPUTE: return "computing";
-    case ZS_PHASE_VERDICT: return "gradient norm";
-    case ZS_PHASE_PUBLISH: return "optimizer step";
-    case ZS_PHASE_DONE: return "done";
+    case ZS_PHASE_WAIT_SERVERS:
+        return "waiting for servers";
+    case ZS_PHASE_WAIT_WORKERS:
+        return "waiting for workers";
+    case ZS_PHASE_COMPUTE:
+        return "computing";
+    case ZS_PHASE_VERDICT:
+        return "gradient norm";
+    case ZS_PHASE_PUBLISH:
+        return "optimizer step";
+    case ZS_PHASE_DONE:
+        return "done";
     }
     return "unknown";
 }
@@ -529,7 +539,7 @@ static void send_status(coord *co, const zs_ctrl_peer *to)
         m->has_id = m->has_role = m->has_state = m->has_pid = 1;
         m->id = (uint32_t)(i + 1);
         m->role = p->role;
-        m->state = p->gone ? ZSHARD__MEMBER_STATE__MEMBER_GONE
+        m->state = p->gone         ? ZSHARD__MEMBER_STATE__MEMBER_GONE
                    : p->cs_id >= 0 ? ZSHARD__MEMBER_STATE__MEMBER_ACTIVE
                                    : ZSHARD__MEMBER_STATE__MEMBER_JOINING;
         m->reason = p->gone ? (char *)p->gone_why : (char *)"";
@@ -543,12 +553,11 @@ static void send_status(coord *co, const zs_ctrl_peer *to)
             if (p->role == ZSHARD__ROLE__ROLE_WORKER) {
                 m->has_chunks_done = m->has_chunks_assigned = m->has_tokens_per_sec = 1;
                 m->chunks_done = (uint32_t)cm->chunks_done;
-                m->chunks_assigned =
-                    cm->alive ? (uint32_t)zs_coord_assigned(co->cs, p->cs_id, chunks,
-                                                            co->cfg.chunks)
-                              : 0;
-                m->tokens_per_sec = cm->last_chunk_ms > 0
-                                        ? tokens_per_chunk / (cm->last_chunk_ms / 1e3) : 0;
+                m->chunks_assigned = cm->alive ? (uint32_t)zs_coord_assigned(co->cs, p->cs_id,
+                                                                             chunks, co->cfg.chunks)
+                                               : 0;
+                m->tokens_per_sec =
+                    cm->last_chunk_ms > 0 ? tokens_per_chunk / (cm->last_chunk_ms / 1e3) : 0;
             }
         }
         ptrs[i] = m;
@@ -584,8 +593,8 @@ static void member_gone(coord *co, int pi, const char *why)
     if (p->cs_id >= 0 && zs_coord_member(co->cs, p->cs_id)->alive)
         zs_coord_leave(co->cs, p->cs_id, why);
     if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
-        abort_job(co, zs_error(ZS_ERR_IO, "server %d is gone (%s); its shards are lost", pi + 1,
-                               why));
+        abort_job(co,
+                  zs_error(ZS_ERR_IO, "server %d is gone (%s); its shards are lost", pi + 1, why));
         return;
     }
     co->assignment_dirty = 1;
@@ -608,10 +617,11 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
          * stop, its chunks are someone else's now.  Its data-plane pushes, if any, are
          * refused by the servers as stale or not assigned. */
         char text[320];
-        snprintf(text, sizeof text, "%s %d was dropped from the job (%s); its chunks went to "
-                 "other workers", co->peers[pi].role == ZSHARD__ROLE__ROLE_SERVER ? "server"
-                                                                               : "worker",
-                 pi + 1, co->peers[pi].gone_why);
+        snprintf(text, sizeof text,
+                 "%s %d was dropped from the job (%s); its chunks went to "
+                 "other workers",
+                 co->peers[pi].role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "worker", pi + 1,
+                 co->peers[pi].gone_why);
         send_shutdown(co, from, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, text);
         return;
     }
@@ -632,8 +642,7 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
             on_ready(co, pi, env->ready);
         break;
     case ZSHARD__ENVELOPE__BODY_CHUNK_DONE:
-        if (p->cs_id >= 0)
-        {
+        if (p->cs_id >= 0) {
             const Zshard__ChunkDone *cd = env->chunk_done;
             zs_msg_chunk_times t = {.compute_ms = cd->compute_ms,
                                     .fetch_wait_ms = cd->fetch_wait_ms,
@@ -668,7 +677,8 @@ static zs_err coord_setup(coord *co)
     ZS_CHECK(zs_data_open(co->opts->data_path, &co->data));
     ZS_CHECK(zs_data_check(&co->data, co->cfg.model.vocab_size, co->cfg.model.block_size));
     ZS_CHECK(zs_tensors_gpt2(&co->cfg.model, &co->tt));
-    zs_msg_job job = {.data_fingerprint = co->data.fingerprint, .data_ntokens = co->data.ntokens,
+    zs_msg_job job = {.data_fingerprint = co->data.fingerprint,
+                      .data_ntokens = co->data.ntokens,
                       .steps = (uint32_t)co->opts->steps};
     char *abs = realpath(co->opts->data_path, NULL);
     snprintf(job.data_path, sizeof job.data_path, "%s", abs ? abs : co->opts->data_path);
@@ -683,7 +693,8 @@ static zs_err coord_setup(coord *co)
     co->peers = calloc(MAX_PEERS, sizeof *co->peers);
     if (!co->peers)
         return zs_error(ZS_ERR_NOMEM, "coord: out of memory");
-    co->ctx = (zs_msg_ctx){.self = ZS_MSG_COORDINATOR, .chunks = (uint32_t)co->cfg.chunks,
+    co->ctx = (zs_msg_ctx){.self = ZS_MSG_COORDINATOR,
+                           .chunks = (uint32_t)co->cfg.chunks,
                            .steps = (uint32_t)co->opts->steps};
     if (co->opts->listen)
         ZS_CHECK(zs_ctrl_bind(co->opts->listen, &co->ctrl));
@@ -698,9 +709,10 @@ static void on_refused(coord *co, const zs_ctrl_peer *from)
 {
     ZS_WARN("coord: refused a message: %s", zs_last_error());
     if (from->len)
-        send_error(co, from, strstr(zs_last_error(), "protocol version")
-                                 ? ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION
-                                 : ZSHARD__ERROR_CODE__ERROR_MALFORMED,
+        send_error(co, from,
+                   strstr(zs_last_error(), "protocol version")
+                       ? ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION
+                       : ZSHARD__ERROR_CODE__ERROR_MALFORMED,
                    zs_last_error());
 }
 

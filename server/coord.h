@@ -29,8 +29,8 @@ typedef struct {
     const char *config_path; /* the job's JSON config */
     const char *data_path;   /* training data; workers must have the same (fingerprint) */
     const char *out_dir;
-    int servers;             /* S */
-    long steps;              /* N */
+    int servers; /* S */
+    long steps;  /* N */
 } zs_coord_opts;
 
 typedef struct zs_coord zs_coord;

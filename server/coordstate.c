@@ -24,14 +24,14 @@ struct zs_coord_state {
     int n_servers; /* registered */
 
     /* The current step. */
-    int *owner;          /* [C] worker id, -1 while unassigned */
-    char *done;          /* [C] */
-    double *loss;        /* [C] */
+    int *owner;                /* [C] worker id, -1 while unassigned */
+    char *done;                /* [C] */
+    double *loss;              /* [C] */
     zs_msg_chunk_times *times; /* [C] */
     int workers_at_begin;
-    char *have_partial;  /* [n_shards] */
-    double *partial;     /* [n_shards] */
-    char *published;     /* [members] by id, servers only */
+    char *have_partial; /* [n_shards] */
+    double *partial;    /* [n_shards] */
+    char *published;    /* [members] by id, servers only */
     double norm, clip, lr;
 };
 
@@ -40,8 +40,10 @@ zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, 
 {
     *out = NULL;
     if (n_servers < 1 || n_shards < n_servers || steps < 0)
-        return zs_error(ZS_ERR_INVALID, "coordinator: %d servers for %d shards and %ld steps: need "
-                        "1 <= servers <= shards", n_servers, n_shards, steps);
+        return zs_error(ZS_ERR_INVALID,
+                        "coordinator: %d servers for %d shards and %ld steps: need "
+                        "1 <= servers <= shards",
+                        n_servers, n_shards, steps);
     zs_coord_state *cs = calloc(1, sizeof *cs);
     if (!cs)
         return zs_error(ZS_ERR_NOMEM, "coordinator: out of memory");
@@ -148,13 +150,16 @@ zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, int label, const c
                      uint64_t now_ms, int *id)
 {
     if (role == ZS_MEMBER_SERVER && cs->n_servers >= cs->S)
-        return zs_error(ZS_ERR_INVALID, "coordinator: all %d servers are registered; another "
-                        "server is refused", cs->S);
+        return zs_error(ZS_ERR_INVALID,
+                        "coordinator: all %d servers are registered; another "
+                        "server is refused",
+                        cs->S);
     if (role == ZS_MEMBER_WORKER && cs->cfg.elasticity.max_workers > 0 &&
         zs_coord_live_workers(cs) >= cs->cfg.elasticity.max_workers)
-        return zs_error(ZS_ERR_INVALID, "coordinator: %d workers attached, "
-                        "elasticity.max_workers is %d", zs_coord_live_workers(cs),
-                        cs->cfg.elasticity.max_workers);
+        return zs_error(ZS_ERR_INVALID,
+                        "coordinator: %d workers attached, "
+                        "elasticity.max_workers is %d",
+                        zs_coord_live_workers(cs), cs->cfg.elasticity.max_workers);
     if (role != ZS_MEMBER_SERVER && role != ZS_MEMBER_WORKER)
         return zs_error(ZS_ERR_INVALID, "coordinator: unknown role %d", (int)role);
     if (cs->n_members == cs->cap_members) {
@@ -301,8 +306,8 @@ static void check_verdict(zs_coord_state *cs)
 int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double loss,
                         const zs_msg_chunk_times *times)
 {
-    if (cs->phase != ZS_PHASE_COMPUTE || step != cs->step || chunk < 0 ||
-        chunk >= cs->cfg.chunks || cs->done[chunk] || cs->owner[chunk] != id)
+    if (cs->phase != ZS_PHASE_COMPUTE || step != cs->step || chunk < 0 || chunk >= cs->cfg.chunks ||
+        cs->done[chunk] || cs->owner[chunk] != id)
         return 0;
     cs->done[chunk] = 1;
     cs->loss[chunk] = loss;
@@ -323,12 +328,16 @@ zs_err zs_coord_partials(zs_coord_state *cs, int id, long step, const int *shard
     if (!m || m->role != ZS_MEMBER_SERVER)
         return zs_error(ZS_ERR_INVALID, "coordinator: partials from %d, which is not a server", id);
     if (step != cs->step || cs->phase != ZS_PHASE_COMPUTE)
-        return zs_error(ZS_ERR_INVALID, "coordinator: partials from server %d for step %ld, the "
-                        "current step is %ld", id, step, cs->step);
+        return zs_error(ZS_ERR_INVALID,
+                        "coordinator: partials from server %d for step %ld, the "
+                        "current step is %ld",
+                        id, step, cs->step);
     for (int i = 0; i < n; i++)
         if (shard[i] < 0 || shard[i] >= cs->n_shards || cs->have_partial[shard[i]])
-            return zs_error(ZS_ERR_INVALID, "coordinator: server %d sent a partial for shard %d, "
-                            "unknown or already in", id, shard[i]);
+            return zs_error(ZS_ERR_INVALID,
+                            "coordinator: server %d sent a partial for shard %d, "
+                            "unknown or already in",
+                            id, shard[i]);
     for (int i = 0; i < n; i++) {
         cs->have_partial[shard[i]] = 1;
         cs->partial[shard[i]] = sumsq[i];

@@ -39,22 +39,22 @@ typedef enum {
 
 typedef struct {
     int id;
-    int label;          /* how logs name it: the caller's id for the member (its proto id) */
+    int label; /* how logs name it: the caller's id for the member (its proto id) */
     zs_member_role role;
     int alive;
     uint64_t last_heartbeat_ms;
-    char endpoint[128]; /* data-plane address of a server */
-    int chunks_done;    /* over the whole run (workers) */
+    char endpoint[128];   /* data-plane address of a server */
+    int chunks_done;      /* over the whole run (workers) */
     double last_chunk_ms; /* workers: compute + waits of its last chunk (0: not reported) */
 } zs_member;
 
 typedef struct {
-    long step;             /* 1-based number of the step just finished */
-    double loss;           /* mean of the chunk losses, summed in chunk order */
+    long step;   /* 1-based number of the step just finished */
+    double loss; /* mean of the chunk losses, summed in chunk order */
     double lr;
     double grad_norm;
     double clip;
-    int workers;           /* live workers when the step began */
+    int workers; /* live workers when the step began */
     /* Where the workers' time went, summed over the step's chunks (ms; 0 when the workers
      * did not report it). */
     double compute_ms, fetch_wait_ms, push_wait_ms;

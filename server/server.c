@@ -16,8 +16,8 @@
  * that a test gives instead of the socket; every control message sent goes through send_ctrl,
  * where a test's hook sees it.
  */
-#include "common/clock.h"
 #include "server/server.h"
+#include "common/clock.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -36,8 +36,8 @@
 
 #define SCRATCH_BUFFERS 8
 #define MAX_EVENTS 64
-#define POLL_MS 2 /* data-plane wait per turn; bounds control-plane latency */
-#define MAX_HELD 65536 /* fetches of the next version held at once */
+#define POLL_MS 2              /* data-plane wait per turn; bounds control-plane latency */
+#define MAX_HELD 65536         /* fetches of the next version held at once */
 #define MAX_HELD_PER_CONN 4096 /* of them from one connection (stream): no client can take all */
 
 /* A connection's user pointer is a tag, not a pointer: CONN_DOOMED (odd) for a connection to
@@ -63,7 +63,7 @@ typedef struct {
     float *buf;
     zs_mr *mr;
     int busy;
-    zs_conn *conn;  /* the push it is receiving */
+    zs_conn *conn; /* the push it is receiving */
     zs_frame frame;
 } scratch;
 
@@ -90,12 +90,12 @@ struct zs_server {
     int n_local;
     scratch pool[SCRATCH_BUFFERS];
 
-    uint32_t *owner;      /* [C] worker id assigned to each chunk of the current step, 0: none */
+    uint32_t *owner; /* [C] worker id assigned to each chunk of the current step, 0: none */
     int partials_sent;
-    int verdict_pending;  /* a verdict arrived and waits for sends to drain */
+    int verdict_pending; /* a verdict arrived and waits for sends to drain */
     double verdict_clip, verdict_lr;
     int verdict_skip;
-    long store_sends;     /* sends from shard memory not completed */
+    long store_sends; /* sends from shard memory not completed */
 
     held_fetch *held;
     int n_held, cap_held;
@@ -135,14 +135,21 @@ static void reply_error(server *sv, zs_conn *c, const zs_frame *f, zs_frame_stat
     size_t n = strlen(why);
     if (n > ZS_NET_INLINE_MAX)
         n = ZS_NET_INLINE_MAX;
-    zs_frame e = {.op = ZS_OP_ERROR, .dtype = ZS_DTYPE_TEXT, .status = status, .id = f->id,
-                  .step = f->step, .chunk = f->chunk, .offset = f->offset, .count = 0,
+    zs_frame e = {.op = ZS_OP_ERROR,
+                  .dtype = ZS_DTYPE_TEXT,
+                  .status = status,
+                  .id = f->id,
+                  .step = f->step,
+                  .chunk = f->chunk,
+                  .offset = f->offset,
+                  .count = 0,
                   .length = n};
     if (sv->ops->isend_inline(c, &e, why, NULL, NULL) != ZS_OK)
         ZS_WARN("server %u: cannot answer %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
 }
 
-/* Fetches c holds (waiting for the next version); 0 for a doomed connection. */static int conn_held(const server *sv, const zs_conn *c)
+/* Fetches c holds (waiting for the next version); 0 for a doomed connection. */ static int
+conn_held(const server *sv, const zs_conn *c)
 {
     uintptr_t u = (uintptr_t)sv->ops->conn_user(c);
     return u & 1 ? 0 : (int)(u >> 1);
@@ -195,16 +202,19 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
     while (i < sv->n_local && !(f->offset >= sv->local[i].begin && f->offset < sv->local[i].end))
         i++;
     size_t esz = zs_frame_dtype_size((zs_frame_dtype)f->dtype);
-    zs_frame r = {.op = ZS_OP_FETCH_REPLY, .dtype = f->dtype, .id = f->id,
-                  .step = (uint64_t)zs_store_version(sv->store), .offset = f->offset,
-                  .count = f->count, .length = f->count * esz};
+    zs_frame r = {.op = ZS_OP_FETCH_REPLY,
+                  .dtype = f->dtype,
+                  .id = f->id,
+                  .step = (uint64_t)zs_store_version(sv->store),
+                  .offset = f->offset,
+                  .count = f->count,
+                  .length = f->count * esz};
     zs_mr *mr = f->dtype == ZS_DTYPE_F32 ? sv->mr_f32[i] : sv->mr_bf16[i];
     size_t off = (f->offset - sv->local[i].begin) * esz;
     if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
         sv->store_sends++;
     else
-        ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
-                zs_last_error());
+        ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
 }
 
 static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
@@ -268,8 +278,8 @@ static int push_check(server *sv, const waiting_push *w)
 {
     zs_conn *c = w->conn;
     const zs_frame *f = &w->frame;
-    int owner_may_change = w->ctrl_epoch == sv->ctrl_epoch ||
-                           now_ms(sv) - w->arrived_ms < OWNER_GRACE_MS;
+    int owner_may_change =
+        w->ctrl_epoch == sv->ctrl_epoch || now_ms(sv) - w->arrived_ms < OWNER_GRACE_MS;
     const char *why = NULL;
     zs_frame_status st = ZS_FS_OK;
     const void *data;
@@ -397,9 +407,15 @@ static void on_push_done(server *sv, int slot, zs_err err)
         zs_frame_status st = zs_store_push(sv->store, (long)s->frame.step, (int)s->frame.chunk,
                                            s->frame.offset, s->frame.count, s->buf, &why);
         if (st == ZS_FS_OK || st == ZS_FS_DUPLICATE) {
-            zs_frame r = {.op = ZS_OP_PUSH_REPLY, .dtype = ZS_DTYPE_F32, .status = st,
-                          .id = s->frame.id, .step = s->frame.step, .chunk = s->frame.chunk,
-                          .offset = s->frame.offset, .count = 0, .length = 0};
+            zs_frame r = {.op = ZS_OP_PUSH_REPLY,
+                          .dtype = ZS_DTYPE_F32,
+                          .status = st,
+                          .id = s->frame.id,
+                          .step = s->frame.step,
+                          .chunk = s->frame.chunk,
+                          .offset = s->frame.offset,
+                          .count = 0,
+                          .length = 0};
             if (s->conn && !sv->ops->conn_closed(s->conn))
                 sv->ops->isend(s->conn, &r, NULL, 0, NULL, NULL);
             if (st == ZS_FS_DUPLICATE)
@@ -555,8 +571,10 @@ static zs_err setup_shards(server *sv)
         return zs_error(ZS_ERR_INVALID, "server %u: the shard map gives this server no shard",
                         sv->id);
     if (sv->map.total != sv->tt.total)
-        return zs_error(ZS_ERR_INVALID, "server %u: the shard map covers %zu floats, the job's "
-                        "vector has %zu", sv->id, sv->map.total, sv->tt.total);
+        return zs_error(ZS_ERR_INVALID,
+                        "server %u: the shard map covers %zu floats, the job's "
+                        "vector has %zu",
+                        sv->id, sv->map.total, sv->tt.total);
     sv->n_local = count;
     sv->local = calloc((size_t)count, sizeof *sv->local);
     sv->mr_f32 = calloc((size_t)count, sizeof *sv->mr_f32);
@@ -604,8 +622,8 @@ static zs_err setup_shards(server *sv)
         ZS_CHECK(sv->ops->reg_mr(sv->net, sv->pool[i].buf, biggest * sizeof(float), ZS_MR_RECV,
                                  &sv->pool[i].mr));
     }
-    ZS_INFO("server %u: %d shards, %zu floats, at %s", sv->id, count,
-            sv->map.server_floats[s], sv->endpoint);
+    ZS_INFO("server %u: %d shards, %zu floats, at %s", sv->id, count, sv->map.server_floats[s],
+            sv->endpoint);
     Zshard__Ready r = ZSHARD__READY__INIT;
     r.what_case = ZSHARD__READY__WHAT_VERSION;
     r.version = 0;
@@ -622,8 +640,10 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
     case ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY: {
         const Zshard__RegisterReply *r = env->registration_reply;
         if (r->outcome_case != ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID) {
-            sv->result = zs_error(ZS_ERR_INVALID, "server: the coordinator refused "
-                                  "registration: %s", r->refusal);
+            sv->result = zs_error(ZS_ERR_INVALID,
+                                  "server: the coordinator refused "
+                                  "registration: %s",
+                                  r->refusal);
             sv->done = 1;
             return;
         }
@@ -667,8 +687,8 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
         return;
     }
     case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
-        ZS_INFO("server %u: shutdown: %s", sv->id, env->shutdown->reason ? env->shutdown->reason
-                                                                          : "");
+        ZS_INFO("server %u: shutdown: %s", sv->id,
+                env->shutdown->reason ? env->shutdown->reason : "");
         if (env->shutdown->kind == ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT)
             sv->result = zs_error(ZS_ERR_INVALID, "server %u: the job was aborted: %s", sv->id,
                                   env->shutdown->reason ? env->shutdown->reason : "");

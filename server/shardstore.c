@@ -51,16 +51,17 @@ static void *zalloc(size_t n)
     return p;
 }
 
-zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *ranges,
-                       int n, int threads, zs_store **out)
+zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
+                       const zs_shard_range *ranges, int n, int threads, zs_store **out)
 {
     *out = NULL;
     for (int i = 0; i < n; i++) {
         const zs_shard_range *r = &ranges[i];
         if (r->begin >= r->end || r->end > tt->total || (i > 0 && r->begin < ranges[i - 1].end))
-            return zs_error(ZS_ERR_INVALID, "shard store: shard %d [%zu, %zu) is empty, overlaps "
-                            "the previous one or exceeds the vector of %zu floats", r->index,
-                            r->begin, r->end, tt->total);
+            return zs_error(ZS_ERR_INVALID,
+                            "shard store: shard %d [%zu, %zu) is empty, overlaps "
+                            "the previous one or exceeds the vector of %zu floats",
+                            r->index, r->begin, r->end, tt->total);
     }
     zs_store *st = calloc(1, sizeof *st);
     if (!st)
@@ -239,8 +240,12 @@ static void advance(shard *s, int C)
 zs_frame_status zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
                               const float *grad, const char **why)
 {
-    static const char *const reasons[] = {"", "duplicate", "", "range not inside one shard here",
-                                          "push for another step", "chunk index out of range"};
+    static const char *const reasons[] = {"",
+                                          "duplicate",
+                                          "",
+                                          "range not inside one shard here",
+                                          "push for another step",
+                                          "chunk index out of range"};
     zs_frame_status res = ZS_FS_OK;
     shard *s = count ? find_shard(st, offset, count) : NULL;
     if (step != st->version)
@@ -331,8 +336,10 @@ void zs_store_partials(const zs_store *st, int *index, double *sumsq)
 zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
 {
     if (!zs_store_complete(st))
-        return zs_error(ZS_ERR_INVALID, "shard store: apply at version %ld before all %d chunks "
-                        "arrived", st->version, st->C);
+        return zs_error(ZS_ERR_INVALID,
+                        "shard store: apply at version %ld before all %d chunks "
+                        "arrived",
+                        st->version, st->C);
     const zs_adamw_config *a = &st->cfg.adamw;
     float scale = (float)(clip / st->C);
     for (int i = 0; i < st->n; i++) {

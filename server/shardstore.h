@@ -39,8 +39,8 @@ typedef struct zs_store zs_store;
 
 /* A store for `n` shards (sorted by begin, non-overlapping, inside tt->total); weights zero
  * until zs_store_init_seed or zs_store_load. */
-zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *shards,
-                       int n, int threads, zs_store **out);
+zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
+                       const zs_shard_range *shards, int n, int threads, zs_store **out);
 void zs_store_free(zs_store *st);
 
 /* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector. */

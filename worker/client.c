@@ -105,8 +105,7 @@ zs_err zs_client_register(zs_client *cl, void *base, size_t bytes)
 }
 
 /* The registered region holding [p, p + bytes), and p's offset in it. */
-static zs_err find_region(const zs_client *cl, const void *p, size_t bytes, zs_mr **mr,
-                          size_t *off)
+static zs_err find_region(const zs_client *cl, const void *p, size_t bytes, zs_mr **mr, size_t *off)
 {
     const char *c = p;
     for (int i = 0; i < cl->n_regions; i++) {
@@ -117,8 +116,8 @@ static zs_err find_region(const zs_client *cl, const void *p, size_t bytes, zs_m
             return ZS_OK;
         }
     }
-    return zs_error(ZS_ERR_INVALID, "client: buffer %p of %zu bytes is not in registered memory",
-                    p, bytes);
+    return zs_error(ZS_ERR_INVALID, "client: buffer %p of %zu bytes is not in registered memory", p,
+                    bytes);
 }
 
 int zs_client_pieces(const zs_client *cl, size_t begin, size_t end)
@@ -148,8 +147,10 @@ static zs_err op_new(zs_client *cl, size_t begin, size_t end, int is_push, zs_cl
 {
     int n = zs_shardmap_count_pieces(cl->map, begin, end);
     if (n <= 0)
-        return zs_error(ZS_ERR_INVALID, "client: range [%zu, %zu) is empty or outside the vector "
-                        "of %zu floats", begin, end, cl->map->total);
+        return zs_error(ZS_ERR_INVALID,
+                        "client: range [%zu, %zu) is empty or outside the vector "
+                        "of %zu floats",
+                        begin, end, cl->map->total);
     zs_client_op *op = calloc(1, sizeof *op);
     zs_shard_piece *pieces = malloc((size_t)n * sizeof *pieces);
     if (!op || !pieces) {
@@ -195,8 +196,12 @@ zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs
     for (int i = 0; i < op->n; i++) {
         op_piece *p = &op->pieces[i];
         size_t count = p->piece.end - p->piece.begin;
-        zs_frame f = {.op = ZS_OP_FETCH, .dtype = dtype, .id = ++cl->next_id,
-                      .step = (uint64_t)version, .offset = p->piece.begin, .count = count};
+        zs_frame f = {.op = ZS_OP_FETCH,
+                      .dtype = dtype,
+                      .id = ++cl->next_id,
+                      .step = (uint64_t)version,
+                      .offset = p->piece.begin,
+                      .count = count};
         zs_conn *c = cl->conn[p->piece.server];
         size_t off = base_off + (p->piece.begin - begin) * esz;
         p->reply_at = (const char *)dst + (p->piece.begin - begin) * esz;
@@ -225,9 +230,15 @@ zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int ch
     for (int i = 0; i < op->n; i++) {
         op_piece *p = &op->pieces[i];
         size_t count = p->piece.end - p->piece.begin;
-        zs_frame f = {.op = ZS_OP_PUSH, .dtype = ZS_DTYPE_F32, .id = ++cl->next_id,
-                      .step = (uint64_t)step, .chunk = (uint32_t)chunk, .sender = cl->sender,
-                      .offset = p->piece.begin, .count = count, .length = count * 4};
+        zs_frame f = {.op = ZS_OP_PUSH,
+                      .dtype = ZS_DTYPE_F32,
+                      .id = ++cl->next_id,
+                      .step = (uint64_t)step,
+                      .chunk = (uint32_t)chunk,
+                      .sender = cl->sender,
+                      .offset = p->piece.begin,
+                      .count = count,
+                      .length = count * 4};
         zs_conn *c = cl->conn[p->piece.server];
         p->reply_at = op->replies + (size_t)i * REPLY_BYTES;
         zs_err e = cl->ops->irecv(c, f.id, op->replies_mr, (size_t)i * REPLY_BYTES, REPLY_BYTES,
@@ -274,10 +285,11 @@ zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done
             } else if (f.op == ZS_OP_ERROR) {
                 /* The error text is in the reply buffer (fetch: the destination). */
                 int len = f.length < 300 ? (int)f.length : 300;
-                res = zs_error(ZS_ERR_INVALID, "%s of [%zu, %zu) (shard %d) refused by %s "
-                               "(status %u): %.*s", op->is_push ? "push" : "fetch",
-                               p->piece.begin, p->piece.end, p->piece.shard, server, f.status,
-                               len, p->reply_at);
+                res = zs_error(ZS_ERR_INVALID,
+                               "%s of [%zu, %zu) (shard %d) refused by %s "
+                               "(status %u): %.*s",
+                               op->is_push ? "push" : "fetch", p->piece.begin, p->piece.end,
+                               p->piece.shard, server, f.status, len, p->reply_at);
             }
         }
     }

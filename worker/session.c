@@ -3,8 +3,8 @@
  * resends a worker's list when it grows, e.g. when another worker's chunks are reassigned);
  * a bitmap of the chunks already handed out for the current step filters the repeats.
  */
-#include "common/clock.h"
 #include "worker/session.h"
+#include "common/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,11 +30,11 @@ struct zs_session {
     zs_client *client;
     char (*endpoints)[128]; /* [map.n_servers] data-plane HOST:PORT of each server */
     uint64_t last_heartbeat_ms;
-    long step;          /* the step `given` is about, -1 before the first */
-    uint8_t *given;     /* [chunks] handed out for `step` */
-    long last_step;     /* the latest step worked on, for heartbeats */
-    int opening;        /* in zs_session_open: stop pumping once set up, so that the first
-                           assignment is left for zs_session_next */
+    long step;      /* the step `given` is about, -1 before the first */
+    uint8_t *given; /* [chunks] handed out for `step` */
+    long last_step; /* the latest step worked on, for heartbeats */
+    int opening;    /* in zs_session_open: stop pumping once set up, so that the first
+                       assignment is left for zs_session_next */
     int ended;
     zs_err end_result;
     char end_reason[512];
@@ -77,8 +77,8 @@ static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
 }
 
 /* Handles one control message; fills *a when it carries new chunks for us. */
-static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *data,
-                     zs_assignment *a, int *got)
+static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *data, zs_assignment *a,
+                     int *got)
 {
     *got = 0;
     switch (env->body_case) {
@@ -131,8 +131,9 @@ static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *dat
         s->ended = 1;
         if (env->shutdown->kind != ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE)
             s->end_result = zs_error(ZS_ERR_INVALID, "worker %u: the job was aborted: %s", s->id,
-                                     *s->end_reason ? s->end_reason
-                                     : env->shutdown->reason ? env->shutdown->reason : "");
+                                     *s->end_reason          ? s->end_reason
+                                     : env->shutdown->reason ? env->shutdown->reason
+                                                             : "");
         return ZS_OK;
     default:
         return ZS_OK;

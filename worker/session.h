@@ -28,8 +28,8 @@ typedef struct zs_session zs_session;
 typedef struct {
     long step;
     double lr;
-    int n;                              /* chunks to compute */
-    int chunks[ZS_SESSION_MAX_CHUNKS];  /* ascending */
+    int n;                             /* chunks to compute */
+    int chunks[ZS_SESSION_MAX_CHUNKS]; /* ascending */
 } zs_assignment;
 
 /* Registers and sets up (blocks up to timeout_ms for the coordinator's answers).  data: a

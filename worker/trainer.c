@@ -2,8 +2,8 @@
  * trainer: `zshard train`'s step, top to bottom.  See trainer.h for the operation order that
  * the partition servers reproduce.
  */
-#include "common/clock.h"
 #include "worker/trainer.h"
+#include "common/clock.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -57,8 +57,8 @@ zs_err zs_trainer_init(zs_trainer *tr, const zs_config *cfg, const zs_dataset *d
         tr->compute = alloc_floats(n);
         tr->bf16 = calloc(n, sizeof *tr->bf16);
     }
-    if (!tr->params || !tr->grads || !tr->acc || !tr->m || !tr->v || !tr->inputs ||
-        !tr->targets || (cfg->bf16 && (!tr->compute || !tr->bf16))) {
+    if (!tr->params || !tr->grads || !tr->acc || !tr->m || !tr->v || !tr->inputs || !tr->targets ||
+        (cfg->bf16 && (!tr->compute || !tr->bf16))) {
         res = zs_error(ZS_ERR_NOMEM, "trainer: out of memory for %zu parameters", n);
         goto fail;
     }

@@ -30,23 +30,23 @@ typedef struct {
     const zs_dataset *data;
     zs_gpt2 *model;
     int threads;
-    long step;          /* steps done so far */
-    float *params;      /* [tt.total] fp32 master weights */
-    float *compute;     /* [tt.total] bf16-rounded weights the model reads, or == params */
-    uint16_t *bf16;     /* [tt.total] bf16 copy written by AdamW, or NULL */
-    float *grads;       /* [tt.total] one chunk's gradient */
-    float *acc;         /* [tt.total] the step's accumulated gradient */
-    float *m, *v;       /* [tt.total] AdamW moments */
-    int32_t *inputs;    /* [b, T] */
-    int32_t *targets;   /* [b, T] */
+    long step;        /* steps done so far */
+    float *params;    /* [tt.total] fp32 master weights */
+    float *compute;   /* [tt.total] bf16-rounded weights the model reads, or == params */
+    uint16_t *bf16;   /* [tt.total] bf16 copy written by AdamW, or NULL */
+    float *grads;     /* [tt.total] one chunk's gradient */
+    float *acc;       /* [tt.total] the step's accumulated gradient */
+    float *m, *v;     /* [tt.total] AdamW moments */
+    int32_t *inputs;  /* [b, T] */
+    int32_t *targets; /* [b, T] */
 } zs_trainer;
 
 typedef struct {
-    long step;             /* 1-based number of the step just done */
-    double loss;           /* mean of the chunk losses */
+    long step;   /* 1-based number of the step just done */
+    double loss; /* mean of the chunk losses */
     double lr;
-    double grad_norm;      /* before clipping */
-    double clip;           /* factor applied (1 when no clipping happened) */
+    double grad_norm; /* before clipping */
+    double clip;      /* factor applied (1 when no clipping happened) */
     double seconds;
     double tokens_per_sec;
 } zs_step_stats;

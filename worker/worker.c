@@ -28,7 +28,7 @@
 #include "worker/client.h"
 #include "worker/session.h"
 
-#define SLOTS 4           /* embeddings, final norm, two blocks */
+#define SLOTS 4 /* embeddings, final norm, two blocks */
 #define SLOT_EMBED 0
 #define SLOT_FINAL 1
 #define SLOT_BLOCK 2      /* block l (layer l, 1..L) uses SLOT_BLOCK + l % 2 */
@@ -41,24 +41,24 @@ typedef enum { XF_IDLE = 0, XF_QUEUED, XF_RUNNING, XF_DONE } xfer_state;
 typedef struct {
     xfer_state state;
     int is_push;
-    uint64_t seq;        /* submission order: the communication thread drives the oldest */
+    uint64_t seq; /* submission order: the communication thread drives the oldest */
     int layer;
-    size_t begin, end;   /* the layer's range of the flat vector */
-    long version;        /* fetch: the version; push: the step */
-    int chunk;           /* push */
+    size_t begin, end; /* the layer's range of the flat vector */
+    long version;      /* fetch: the version; push: the step */
+    int chunk;         /* push */
     zs_frame_dtype dtype;
     void *buf;
-    zs_client_op *op;    /* communication thread only */
+    zs_client_op *op; /* communication thread only */
     zs_err err;
-    char msg[512];       /* err's message (messages are per thread) */
+    char msg[512]; /* err's message (messages are per thread) */
 } xfer;
 
 typedef struct {
-    float *buf;          /* the largest layer of its kind, 64-byte aligned */
-    int layer;           /* the layer it holds, -1: none */
+    float *buf; /* the largest layer of its kind, 64-byte aligned */
+    int layer;  /* the layer it holds, -1: none */
     long version;
-    int refs;            /* acquired and not yet released */
-    xfer x;              /* a parameter slot's fetch, or a gradient slot's push */
+    int refs; /* acquired and not yet released */
+    xfer x;   /* a parameter slot's fetch, or a gradient slot's push */
 } slot;
 
 typedef struct {
@@ -73,7 +73,7 @@ typedef struct {
     /* The chunk being computed. */
     long step;
     int chunk;
-    int backward;        /* in the backward pass: prefetch downwards */
+    int backward; /* in the backward pass: prefetch downwards */
 
     pthread_t comm;
     int comm_started;
@@ -272,8 +272,10 @@ static zs_err ensure(wk *w, int layer)
             return ZS_OK;
         prefetch(w, layer);
         if (p->x.state == XF_IDLE)
-            return zs_error(ZS_ERR_INTERNAL, "worker: layer %d's slot is still in use by "
-                            "layer %d", layer, p->layer);
+            return zs_error(ZS_ERR_INTERNAL,
+                            "worker: layer %d's slot is still in use by "
+                            "layer %d",
+                            layer, p->layer);
     }
 }
 
@@ -365,8 +367,11 @@ static zs_err run_chunk(wk *w, zs_gpt2 *model, int32_t *in, int32_t *tg, long st
     w->step = step;
     w->chunk = chunk;
     zs_data_chunk(zs_session_data(w->s), cfg->seed, step, chunk, b, T, in, tg);
-    zs_gpt2_io io = {.ctx = w, .acquire = io_acquire, .release = io_release,
-                     .grads = io_grads, .grads_done = io_grads_done};
+    zs_gpt2_io io = {.ctx = w,
+                     .acquire = io_acquire,
+                     .release = io_release,
+                     .grads = io_grads,
+                     .grads_done = io_grads_done};
     float loss;
     zs_err res = zs_gpt2_forward(model, &io, in, tg, b, T, &loss);
     if (res == ZS_OK)
@@ -383,8 +388,7 @@ static zs_err run_chunk(wk *w, zs_gpt2 *model, int32_t *in, int32_t *tg, long st
     ZS_CHECK(res);
     ZS_CHECK(zs_session_chunk_done(w->s, step, chunk, loss, &times));
     w->st.chunks++;
-    ZS_DEBUG("worker %u: step %ld chunk %d loss %.6f", zs_session_id(w->s), step + 1, chunk,
-             loss);
+    ZS_DEBUG("worker %u: step %ld chunk %d loss %.6f", zs_session_id(w->s), step + 1, chunk, loss);
     return ZS_OK;
 }
 
@@ -407,8 +411,7 @@ static zs_err setup_slots(wk *w)
             size_t bytes = floats[i] * sizeof(float);
             void *p = NULL;
             if (posix_memalign(&p, 64, bytes) != 0)
-                return zs_error(ZS_ERR_NOMEM, "worker: out of memory for a %zu-byte buffer",
-                                bytes);
+                return zs_error(ZS_ERR_NOMEM, "worker: out of memory for a %zu-byte buffer", bytes);
             /* Zeroed: a gradient buffer's padding is pushed too and must be 0 (the model
              * writes it as 0 as well). */
             memset(p, 0, bytes);
@@ -448,9 +451,10 @@ static void log_stats(const wk *w)
     const zs_worker_stats *s = &w->st;
     ZS_INFO("worker %u: %ld chunks over %ld steps; compute %.2f s, waiting on fetches %.2f s, "
             "on pushes %.2f s, on the step %.2f s; fetched %.1f MB, pushed %.1f MB; buffers "
-            "%.1f MB", w->s ? zs_session_id(w->s) : 0, s->chunks, s->steps, s->compute_s,
-            s->fetch_wait_s, s->push_wait_s, s->step_wait_s, s->fetched_bytes / 1e6,
-            s->pushed_bytes / 1e6, s->buffer_bytes / 1e6);
+            "%.1f MB",
+            w->s ? zs_session_id(w->s) : 0, s->chunks, s->steps, s->compute_s, s->fetch_wait_s,
+            s->push_wait_s, s->step_wait_s, s->fetched_bytes / 1e6, s->pushed_bytes / 1e6,
+            s->buffer_bytes / 1e6);
 }
 
 zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_worker_stats *stats)
@@ -488,9 +492,8 @@ zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_wor
         goto out;
     }
     w.comm_started = 1;
-    ZS_INFO("worker %u: %s weights, %d threads, %.1f MB of layer buffers",
-            zs_session_id(w.s), w.dtype == ZS_DTYPE_BF16 ? "bf16" : "fp32", opts->threads,
-            w.st.buffer_bytes / 1e6);
+    ZS_INFO("worker %u: %s weights, %d threads, %.1f MB of layer buffers", zs_session_id(w.s),
+            w.dtype == ZS_DTYPE_BF16 ? "bf16" : "fp32", opts->threads, w.st.buffer_bytes / 1e6);
 
     long last_step = -1;
     double idle_since = -1; /* when it last finished a chunk: waiting from then is step wait */

@@ -32,23 +32,23 @@
 #include "common/err.h"
 
 typedef struct {
-    const char *coord;       /* the coordinator's control endpoint, "tcp://HOST:PORT" */
-    const char *data;        /* a local copy of the job's data, or NULL for the job's path */
-    int threads;             /* kernel threads (OpenMP); the communication thread is extra */
-    int join_timeout_ms;     /* how long to wait for the job spec after registering */
+    const char *coord;   /* the coordinator's control endpoint, "tcp://HOST:PORT" */
+    const char *data;    /* a local copy of the job's data, or NULL for the job's path */
+    int threads;         /* kernel threads (OpenMP); the communication thread is extra */
+    int join_timeout_ms; /* how long to wait for the job spec after registering */
 } zs_worker_opts;
 
 /* Where a worker's time went, and what it moved.  Seconds of wall-clock time. */
 typedef struct {
-    long chunks;             /* chunks computed, pushed and reported */
-    long steps;              /* distinct steps it computed chunks of */
-    double compute_s;        /* forward and backward, less the waits below */
-    double fetch_wait_s;     /* blocked on a parameter fetch that had not landed */
-    double push_wait_s;      /* blocked on gradient pushes (a busy buffer, a chunk's last) */
-    double step_wait_s;      /* waiting for an assignment once it had worked (others, AdamW) */
-    uint64_t fetched_bytes;  /* data-plane payload received */
-    uint64_t pushed_bytes;   /* data-plane payload sent */
-    size_t buffer_bytes;     /* parameter and gradient buffers held for the whole run */
+    long chunks;            /* chunks computed, pushed and reported */
+    long steps;             /* distinct steps it computed chunks of */
+    double compute_s;       /* forward and backward, less the waits below */
+    double fetch_wait_s;    /* blocked on a parameter fetch that had not landed */
+    double push_wait_s;     /* blocked on gradient pushes (a busy buffer, a chunk's last) */
+    double step_wait_s;     /* waiting for an assignment once it had worked (others, AdamW) */
+    uint64_t fetched_bytes; /* data-plane payload received */
+    uint64_t pushed_bytes;  /* data-plane payload sent */
+    size_t buffer_bytes;    /* parameter and gradient buffers held for the whole run */
 } zs_worker_stats;
 
 /*

@@ -37,7 +37,7 @@ static void softmax_causal_row(float *row, int i, int T)
     int n = i + 1;
     float mx = zs_vmax(row, n);
     float inv = (float)(1.0 / zs_vexp_sum(row, n, mx));
-    #pragma omp simd
+#pragma omp simd
     for (int j = 0; j < n; j++)
         row[j] *= inv;
     memset(row + n, 0, (size_t)(T - n) * sizeof *row);
@@ -48,7 +48,7 @@ static void softmax_causal_row_backward(float *drow, const float *p, int i, int 
 {
     int n = i + 1;
     float dot = zs_vdot(p, drow, n);
-    #pragma omp simd
+#pragma omp simd
     for (int j = 0; j < n; j++)
         drow[j] = p[j] * (drow[j] - dot);
     memset(drow + n, 0, (size_t)(end - n) * sizeof *drow);
@@ -103,7 +103,7 @@ void zs_attention_forward(float *out, float *att, const float *qkv, int B, int T
     int nt = zs_kernel_threads(threads);
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
         head_forward(out + (size_t)b * T * C + (size_t)h * hs, att + (size_t)bh * T * T,
@@ -117,7 +117,7 @@ void zs_attention_backward(float *dqkv, float *datt, const float *dout, const fl
     int nt = zs_kernel_threads(threads);
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
         size_t qoff = (size_t)b * T * 3 * C + (size_t)h * hs;

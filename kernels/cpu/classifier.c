@@ -39,7 +39,7 @@ void zs_crossentropy_fused(float *logits, float *losses, const int32_t *targets,
                            float dloss, int threads)
 {
     int nt = zs_kernel_threads(threads);
-    #pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < N; i++) {
         float *x = logits + (size_t)i * V;
         int t = targets[i];
@@ -48,7 +48,7 @@ void zs_crossentropy_fused(float *logits, float *losses, const int32_t *targets,
         double sum = zs_vexp_sum(x, V, mx);
         losses[i] = (float)(log(sum) - ((double)xt - (double)mx));
         float scale = (float)(dloss / sum);
-        #pragma omp simd
+#pragma omp simd
         for (int j = 0; j < V; j++)
             x[j] *= scale;
         x[t] -= dloss;

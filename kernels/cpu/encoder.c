@@ -19,7 +19,7 @@ void zs_encoder_forward(float *out, const int32_t *inp, const float *wte, const 
                         int T, int C, int threads)
 {
     int nt = zs_kernel_threads(threads);
-    #pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
         const float *te = wte + (size_t)inp[bt] * C;
@@ -34,10 +34,10 @@ void zs_encoder_backward(float *dwte, float *dwpe, const float *dout, const int3
 {
     int nt = zs_kernel_threads(threads);
     int nblocks = (C + COL_BLOCK - 1) / COL_BLOCK;
-    #pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt)
     {
-        /* dwte +=: channel blocks, positions in order within each. */
-        #pragma omp for schedule(static)
+/* dwte +=: channel blocks, positions in order within each. */
+#pragma omp for schedule(static)
         for (int blk = 0; blk < nblocks; blk++) {
             int c0 = blk * COL_BLOCK;
             int c1 = C - c0 < COL_BLOCK ? C : c0 + COL_BLOCK;
@@ -48,8 +48,8 @@ void zs_encoder_backward(float *dwte, float *dwpe, const float *dout, const int3
                     dte[c] += d[c];
             }
         }
-        /* dwpe =: each position's row is its own, summed over b in order. */
-        #pragma omp for schedule(static)
+/* dwpe =: each position's row is its own, summed over b in order. */
+#pragma omp for schedule(static)
         for (int t = 0; t < T; t++) {
             float *dpe = dwpe + (size_t)t * C;
             const float *d = dout + (size_t)t * C;

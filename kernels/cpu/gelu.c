@@ -34,7 +34,7 @@
 /* e[c] = exp(-2 u(x[c])) for c < n. */
 static void gelu_exp(float *e, const float *x, int n)
 {
-    #pragma omp simd
+#pragma omp simd
     for (int c = 0; c < n; c++) {
         float v = x[c];
         e[c] = -2.0f * (GELU_K0 * (v + GELU_K1 * v * v * v));
@@ -45,7 +45,7 @@ static void gelu_exp(float *e, const float *x, int n)
 void zs_bias_gelu_forward(float *pre, float *out, const float *bias, int N, int C, int threads)
 {
     int nt = zs_kernel_threads(threads);
-    #pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < N; i++) {
         for (int c0 = 0; c0 < C; c0 += COL_BLOCK) {
             int n = C - c0 < COL_BLOCK ? C - c0 : COL_BLOCK;
@@ -53,12 +53,12 @@ void zs_bias_gelu_forward(float *pre, float *out, const float *bias, int N, int 
             float e[COL_BLOCK];
             if (bias) {
                 const float *b = bias + c0;
-                #pragma omp simd
+#pragma omp simd
                 for (int c = 0; c < n; c++)
                     x[c] += b[c];
             }
             gelu_exp(e, x, n);
-            #pragma omp simd
+#pragma omp simd
             for (int c = 0; c < n; c++)
                 o[c] = x[c] / (1.0f + e[c]);
         }
@@ -69,7 +69,7 @@ void zs_bias_gelu_backward(float *d, float *dbias, const float *pre, int N, int 
 {
     int nt = zs_kernel_threads(threads);
     int nblocks = (C + COL_BLOCK - 1) / COL_BLOCK;
-    #pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int blk = 0; blk < nblocks; blk++) {
         int c0 = blk * COL_BLOCK;
         int n = C - c0 < COL_BLOCK ? C - c0 : COL_BLOCK;
@@ -79,7 +79,7 @@ void zs_bias_gelu_backward(float *d, float *dbias, const float *pre, int N, int 
             const float *x = pre + (size_t)i * C + c0;
             float e[COL_BLOCK];
             gelu_exp(e, x, n);
-            #pragma omp simd
+#pragma omp simd
             for (int c = 0; c < n; c++) {
                 float v = x[c];
                 float s = 1.0f / (1.0f + e[c]);

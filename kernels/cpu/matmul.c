@@ -46,7 +46,7 @@ extern cntx_t **bli_gks_lookup_id(arch_t id) __attribute__((weak));
 /* Columns per block when summing over rows: a thread owns whole blocks. */
 #define COL_BLOCK 64
 
-static cntx_t *sgemm_cntx;             /* NULL: BLIS's own choice */
+static cntx_t *sgemm_cntx; /* NULL: BLIS's own choice */
 static const char *sgemm_config_name = "?";
 static pthread_once_t sgemm_once = PTHREAD_ONCE_INIT;
 
@@ -106,9 +106,9 @@ void zs_linear_forward(float *out, const float *inp, const float *weight, const 
     int nt = zs_kernel_threads(threads);
     float beta = 0.0f;
     if (bias) {
-        /* Start every row at the bias and let sgemm add into it (beta 1): one streaming write
-         * instead of a read-modify-write pass after the product. */
-        #pragma omp parallel for num_threads(nt) schedule(static)
+/* Start every row at the bias and let sgemm add into it (beta 1): one streaming write
+ * instead of a read-modify-write pass after the product. */
+#pragma omp parallel for num_threads(nt) schedule(static)
         for (int i = 0; i < N; i++)
             memcpy(out + (size_t)i * OC, bias, (size_t)OC * sizeof *bias);
         beta = 1.0f;
@@ -132,7 +132,7 @@ void zs_bias_backward(float *dbias, const float *dout, int N, int OC, int thread
 {
     int nt = zs_kernel_threads(threads);
     int nblocks = (OC + COL_BLOCK - 1) / COL_BLOCK;
-    #pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int blk = 0; blk < nblocks; blk++) {
         int c0 = blk * COL_BLOCK;
         int nc = OC - c0 < COL_BLOCK ? OC - c0 : COL_BLOCK;

@@ -32,13 +32,19 @@
 
 static inline int32_t bits_of(float f)
 {
-    union { float f; int32_t i; } u = {.f = f};
+    union {
+        float f;
+        int32_t i;
+    } u = {.f = f};
     return u.i;
 }
 
 static inline float float_of(int32_t i)
 {
-    union { int32_t i; float f; } u = {.i = i};
+    union {
+        int32_t i;
+        float f;
+    } u = {.i = i};
     return u.f;
 }
 
@@ -71,7 +77,7 @@ static inline float exp_elem(float x)
 
 VEC_CLONES void vexp(float *y, const float *x, int n)
 {
-    #pragma omp simd
+#pragma omp simd
     for (int i = 0; i < n; i++)
         y[i] = exp_elem(x[i]);
 }
@@ -82,7 +88,7 @@ VEC_CLONES double vexp_sum(float *x, int n, float shift)
     int i = 0;
     for (; i + ZS_VLANES <= n; i += ZS_VLANES) {
         float *v = x + i;
-        #pragma omp simd
+#pragma omp simd
         for (int k = 0; k < ZS_VLANES; k++) {
             float e = exp_elem(v[k] - shift);
             v[k] = e;
@@ -93,7 +99,7 @@ VEC_CLONES double vexp_sum(float *x, int n, float shift)
         float v[ZS_VLANES];
         for (int k = 0; k < ZS_VLANES; k++)
             v[k] = i + k < n ? x[i + k] : -INFINITY;
-        #pragma omp simd
+#pragma omp simd
         for (int k = 0; k < ZS_VLANES; k++) {
             float e = exp_elem(v[k] - shift);
             v[k] = e;
@@ -115,7 +121,7 @@ VEC_CLONES float vmax(const float *x, int n)
     int i = 0;
     for (; i + ZS_VLANES <= n; i += ZS_VLANES) {
         const float *v = x + i;
-        #pragma omp simd
+#pragma omp simd
         for (int k = 0; k < ZS_VLANES; k++)
             m[k] = select_mask(-(int32_t)(v[k] > m[k]), v[k], m[k]);
     }
@@ -132,7 +138,7 @@ VEC_CLONES float vdot(const float *a, const float *b, int n)
     float acc[ZS_VLANES] = {0};
     int i = 0;
     for (; i + ZS_VLANES <= n; i += ZS_VLANES) {
-        #pragma omp simd
+#pragma omp simd
         for (int k = 0; k < ZS_VLANES; k++)
             acc[k] += a[i + k] * b[i + k];
     }

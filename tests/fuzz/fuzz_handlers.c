@@ -81,17 +81,17 @@ static const char config_text[] =
     " \"elasticity\": {\"enabled\": true, \"min_workers\": 1, \"max_workers\": 3}}\n";
 
 enum {
-    SLOTS = 8,          /* peers of the coordinator */
-    COORD_S = 2,        /* its servers */
-    COORD_STEPS = 2,    /* its steps */
-    SERVER_STEPS = 4,   /* steps the server side tracks (later ones are not checked) */
-    MAX_C = 8,          /* chunks per step, at most */
+    SLOTS = 8,        /* peers of the coordinator */
+    COORD_S = 2,      /* its servers */
+    COORD_STEPS = 2,  /* its steps */
+    SERVER_STEPS = 4, /* steps the server side tracks (later ones are not checked) */
+    MAX_C = 8,        /* chunks per step, at most */
     MAX_SHARDS = 64,
-    MAX_IDS = 512,      /* ids the coordinator gives out in one input, at most */
-    MAX_RECORDS = 400,  /* records per input */
-    MAX_RAW = 0xffff,   /* bytes of one raw record */
-    MAX_REQ = 256,      /* data-plane requests in flight */
-    WORKER0 = 10,       /* the server side's workers are ids 10..13 */
+    MAX_IDS = 512,     /* ids the coordinator gives out in one input, at most */
+    MAX_RECORDS = 400, /* records per input */
+    MAX_RAW = 0xffff,  /* bytes of one raw record */
+    MAX_REQ = 256,     /* data-plane requests in flight */
+    WORKER0 = 10,      /* the server side's workers are ids 10..13 */
 };
 
 /* What every input shares, set up once. */
@@ -100,15 +100,15 @@ static struct {
     zs_config cfg;
     zs_tensor_table tt;
     zs_dataset data;
-    int C;               /* chunks per step */
+    int C; /* chunks per step */
     int n_shards;
     size_t shard_floats;
     /* The server side's coordinator messages, packed once. */
-    uint8_t *job[2];     /* the job; a job with another model */
+    uint8_t *job[2]; /* the job; a job with another model */
     size_t job_len[2];
-    uint8_t *map[3];     /* S = 1 {1}; S = 2 {1, 2}; S = 2 {2, 3} */
+    uint8_t *map[3]; /* S = 1 {1}; S = 2 {1, 2}; S = 2 {2, 3} */
     size_t map_len[3];
-    float *grad;         /* [C + 1][total]: what a worker pushes for each chunk */
+    float *grad; /* [C + 1][total]: what a worker pushes for each chunk */
 } g;
 
 /* ---- input ---- */
@@ -206,14 +206,14 @@ static void trace_env(const char *dir, int slot, const Zshard__Envelope *env)
 {
     if (!trace)
         return;
-    uint64_t step = env->body_case == ZSHARD__ENVELOPE__BODY_STEP_ASSIGN ? env->step_assign->step
-                  : env->body_case == ZSHARD__ENVELOPE__BODY_CHUNK_DONE ? env->chunk_done->step
-                  : env->body_case == ZSHARD__ENVELOPE__BODY_CLIP_VERDICT ? env->clip_verdict->step
-                  : env->body_case == ZSHARD__ENVELOPE__BODY_GRAD_NORM_PARTIAL
-                      ? env->grad_norm_partial->step
-                  : env->body_case == ZSHARD__ENVELOPE__BODY_VERSION_PUBLISHED
-                      ? env->version_published->version
-                      : 0;
+    uint64_t step =
+        env->body_case == ZSHARD__ENVELOPE__BODY_STEP_ASSIGN         ? env->step_assign->step
+        : env->body_case == ZSHARD__ENVELOPE__BODY_CHUNK_DONE        ? env->chunk_done->step
+        : env->body_case == ZSHARD__ENVELOPE__BODY_CLIP_VERDICT      ? env->clip_verdict->step
+        : env->body_case == ZSHARD__ENVELOPE__BODY_GRAD_NORM_PARTIAL ? env->grad_norm_partial->step
+        : env->body_case == ZSHARD__ENVELOPE__BODY_VERSION_PUBLISHED
+            ? env->version_published->version
+            : 0;
     fprintf(stderr, "trace: %s slot %d: %s from %u (step/version %llu)\n", dir, slot,
             zs_msg_body_name(env->body_case), env->sender, (unsigned long long)step);
 }
@@ -323,9 +323,11 @@ static void co_sent(void *user, const zs_ctrl_peer *to, const Zshard__Envelope *
     /* The receiver: a server, a worker (or client tool), or, for a slot that asked to be
      * both, anyone (the checks below say which bodies go where). */
     zs_msg_ctx rx = {.self = env->body_case == ZSHARD__ENVELOPE__BODY_STATUS_REPLY ? ZS_MSG_WORKER
-                             : asked == server_bit ? ZS_MSG_SERVER
-                             : asked && !(asked & server_bit) ? ZS_MSG_WORKER : ZS_MSG_ANY,
-                     .chunks = (uint32_t)g.C, .n_shards = (uint32_t)g.n_shards,
+                             : asked == server_bit                                 ? ZS_MSG_SERVER
+                             : asked && !(asked & server_bit)                      ? ZS_MSG_WORKER
+                                                                                   : ZS_MSG_ANY,
+                     .chunks = (uint32_t)g.C,
+                     .n_shards = (uint32_t)g.n_shards,
                      .steps = COORD_STEPS};
     check_sendable(env, &rx);
     long step_now = zs_coord_steps_done(co.co);
@@ -653,9 +655,12 @@ static void co_run(input *in, int gather_fails)
         co.verdict_feed[s] = -1;
     co.clock_ms = 1000000;
     co.gather_fails = gather_fails;
-    co.opts = (zs_coord_opts){.listen = NULL, .config_path = g.config_path,
-                              .data_path = g.data_path, .out_dir = g.out_dir,
-                              .servers = COORD_S, .steps = COORD_STEPS};
+    co.opts = (zs_coord_opts){.listen = NULL,
+                              .config_path = g.config_path,
+                              .data_path = g.data_path,
+                              .out_dir = g.out_dir,
+                              .servers = COORD_S,
+                              .steps = COORD_STEPS};
     if (zs_coord_open(&co.opts, &co.co) != ZS_OK) {
         fprintf(stderr, "fuzz_handlers: %s\n", zs_last_error());
         abort();
@@ -675,19 +680,19 @@ static void co_run(input *in, int gather_fails)
 /* ======================================================================================== */
 
 enum {
-    SV_RAW,       /* u16 length, bytes: a control message from the coordinator */
-    SV_REPLY,     /* a: RegisterReply, id 1 + (a >> 1) % 3, a refusal if a & 1 */
-    SV_JOB,       /* a: JobSpec (a & 1: another model) */
-    SV_MAP,       /* a: ShardMap a % 3 */
-    SV_ASSIGN,    /* f a b: StepAssign to worker 10 + (a & 3) of the chunks in bits of b */
-    SV_VERDICT,   /* f a b: ClipVerdict, clip (a + 1) / 256, skip if b & 1 */
-    SV_SHUTDOWN,  /* a: Shutdown DONE or ABORT (a & 1), or an Error (a & 2) */
-    SV_PUSH,      /* f a b d: a push (see sv_push) */
-    SV_FETCH,     /* f a b: a fetch, or a frame that is no request (see sv_fetch) */
-    SV_DATA_RAW,  /* u16 length, bytes: onto the data-plane connection */
-    SV_HANGUP,    /* a: the worker's connection closes (a & 1: in the middle of a push) */
-    SV_PUMP,      /* turns of the server's loop */
-    SV_CLOCK,     /* a: the server's clock moves a * 5 ms, then turns of its loop */
+    SV_RAW,      /* u16 length, bytes: a control message from the coordinator */
+    SV_REPLY,    /* a: RegisterReply, id 1 + (a >> 1) % 3, a refusal if a & 1 */
+    SV_JOB,      /* a: JobSpec (a & 1: another model) */
+    SV_MAP,      /* a: ShardMap a % 3 */
+    SV_ASSIGN,   /* f a b: StepAssign to worker 10 + (a & 3) of the chunks in bits of b */
+    SV_VERDICT,  /* f a b: ClipVerdict, clip (a + 1) / 256, skip if b & 1 */
+    SV_SHUTDOWN, /* a: Shutdown DONE or ABORT (a & 1), or an Error (a & 2) */
+    SV_PUSH,     /* f a b d: a push (see sv_push) */
+    SV_FETCH,    /* f a b: a fetch, or a frame that is no request (see sv_fetch) */
+    SV_DATA_RAW, /* u16 length, bytes: onto the data-plane connection */
+    SV_HANGUP,   /* a: the worker's connection closes (a & 1: in the middle of a push) */
+    SV_PUMP,     /* turns of the server's loop */
+    SV_CLOCK,    /* a: the server's clock moves a * 5 ms, then turns of its loop */
     SV_OPS
 };
 
@@ -714,18 +719,18 @@ static struct {
     int n_req;
     uint32_t id;       /* the id the last RegisterReply gave */
     uint32_t setup_id; /* the id when the shards were set up (which shards are ours) */
-    zs_shardmap map; /* the first map the server could take, mirrored */
+    zs_shardmap map;   /* the first map the server could take, mirrored */
     int have_map;
     uint64_t clock_ms;
     long version;   /* zs_server_version after the last record */
     long published; /* the last VersionPublished */
     int ready_sent;
     uint8_t partial_sent[SERVER_STEPS];
-    uint8_t verdict_ok[SERVER_STEPS];    /* a ClipVerdict fed after the partials were out */
-    uint8_t uncertain[SERVER_STEPS];     /* a push reply was lost with its connection */
+    uint8_t verdict_ok[SERVER_STEPS];     /* a ClipVerdict fed after the partials were out */
+    uint8_t uncertain[SERVER_STEPS];      /* a push reply was lost with its connection */
     uint16_t owners[SERVER_STEPS][MAX_C]; /* bit w: a StepAssign gave the chunk to worker w */
-    uint8_t *covered;                    /* [SERVER_STEPS][C][total]: elements accepted */
-    int check_partial;                   /* partials went out: check once the replies are in */
+    uint8_t *covered;                     /* [SERVER_STEPS][C][total]: elements accepted */
+    int check_partial;                    /* partials went out: check once the replies are in */
     long partial_step;
     uint32_t partial_shards[MAX_SHARDS];
     size_t n_partial_shards;
@@ -1063,13 +1068,24 @@ static void sv_push(unsigned f, unsigned a, unsigned b, unsigned d, int cut)
         memcpy(grad, g.grad + chunk * g.tt.total + from, avail * sizeof *grad);
         if (d & 1 && cnt)
             grad[cnt / 2] = NAN;
-        zs_frame fr = {.op = ZS_OP_PUSH, .dtype = d & 2 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32,
-                       .id = ++sh.next_id, .step = step, .chunk = chunk, .sender = sender,
-                       .offset = ranges[i][0], .count = cnt,
+        zs_frame fr = {.op = ZS_OP_PUSH,
+                       .dtype = d & 2 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32,
+                       .id = ++sh.next_id,
+                       .step = step,
+                       .chunk = chunk,
+                       .sender = sender,
+                       .offset = ranges[i][0],
+                       .count = cnt,
                        .length = cnt * (d & 2 ? 2 : 4)};
-        sh.req[sh.n_req++] = (sv_req){.id = fr.id, .op = ZS_OP_PUSH, .step = step,
-                                      .offset = fr.offset, .count = cnt, .chunk = chunk,
-                                      .sender = sender, .dtype = fr.dtype, .cut = cut};
+        sh.req[sh.n_req++] = (sv_req){.id = fr.id,
+                                      .op = ZS_OP_PUSH,
+                                      .step = step,
+                                      .offset = fr.offset,
+                                      .count = cnt,
+                                      .chunk = chunk,
+                                      .sender = sender,
+                                      .dtype = fr.dtype,
+                                      .cut = cut};
         if (cut) {
             uint8_t h[ZS_FRAME_HEADER_BYTES];
             zs_frame_encode(&fr, h);
@@ -1091,13 +1107,19 @@ static void sv_fetch(unsigned f, unsigned a, unsigned b)
         return;
     uint64_t step = f & 0x40 ? (f >> 4) & 3 : sv_step(0) + a % 3;
     int op = (a & 0x18) == 0x18 ? ZS_OP_PUSH_REPLY : ZS_OP_FETCH;
-    zs_frame fr = {.op = (uint16_t)op, .dtype = a & 4 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32,
-                   .id = ++sh.next_id, .step = step};
+    zs_frame fr = {.op = (uint16_t)op,
+                   .dtype = a & 4 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32,
+                   .id = ++sh.next_id,
+                   .step = step};
     sv_range(b, &fr.offset, &fr.count);
     if (op == ZS_OP_PUSH_REPLY)
         fr.count = 0;
-    sh.req[sh.n_req++] = (sv_req){.id = fr.id, .op = op, .step = step,
-                                  .offset = fr.offset, .count = fr.count, .dtype = fr.dtype};
+    sh.req[sh.n_req++] = (sv_req){.id = fr.id,
+                                  .op = op,
+                                  .step = step,
+                                  .offset = fr.offset,
+                                  .count = fr.count,
+                                  .dtype = fr.dtype};
     sv_put_frame(&fr, NULL);
 }
 
@@ -1277,7 +1299,8 @@ static uint8_t *pack_job(const zs_config *cfg, size_t *len)
 {
     zs_tensor_table tt;
     REQUIRE(zs_tensors_gpt2(&cfg->model, &tt) == ZS_OK);
-    zs_msg_job job = {.data_fingerprint = g.data.fingerprint, .data_ntokens = g.data.ntokens,
+    zs_msg_job job = {.data_fingerprint = g.data.fingerprint,
+                      .data_ntokens = g.data.ntokens,
                       .steps = SERVER_STEPS};
     snprintf(job.data_path, sizeof job.data_path, "fuzz-data.bin"); /* a server never reads it */
     Zshard__JobSpec *js = NULL;

@@ -35,7 +35,8 @@ static inline int zs_test_free_port(void)
  * closes (or wait_s seconds pass).  Returns 1 if the peer closed the connection, else 0. */
 static inline int zs_test_send_garbage(int port, uint64_t seed, int wait_s)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {

@@ -56,12 +56,13 @@ static void test_defaults_and_geometry(void)
     CHECK_EQ_INT(c.sched.type, ZS_SCHED_CONSTANT);
     CHECK_NEAR(zs_config_lr(&c, 123), c.adamw.lr, 0);
     CHECK_EQ_INT(c.cluster.shard_bytes, 4 << 20);
-    CHECK_OK(zs_config_parse("{\"train_batch_size\": 12, \"gradient_accumulation_steps\": 3}",
-                             "s", &c));
+    CHECK_OK(
+        zs_config_parse("{\"train_batch_size\": 12, \"gradient_accumulation_steps\": 3}", "s", &c));
     CHECK_EQ_INT(c.micro_batch, 4);
     CHECK_EQ_INT(c.chunks, 3);
     CHECK_OK(zs_config_parse("{\"train_micro_batch_size_per_gpu\": 2, "
-                             "\"gradient_accumulation_steps\": 5}", "s", &c));
+                             "\"gradient_accumulation_steps\": 5}",
+                             "s", &c));
     CHECK_EQ_INT(c.train_batch_size, 10);
     CHECK_EQ_INT(c.chunks, 5);
     CHECK_OK(zs_config_parse("{\"train_batch_size\": 8}", "s", &c));
@@ -75,7 +76,8 @@ static void test_schedules(void)
     /* WarmupLR, log warmup (DeepSpeed's default): min + (max-min) * log(s+1)/log(n). */
     CHECK_OK(zs_config_parse("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
                              "{\"warmup_min_lr\": 0.0, \"warmup_max_lr\": 0.002, "
-                             "\"warmup_num_steps\": 100}}}", "s", &c));
+                             "\"warmup_num_steps\": 100}}}",
+                             "s", &c));
     CHECK_NEAR(zs_config_lr(&c, 0), 0.0, 1e-15);
     CHECK_NEAR(zs_config_lr(&c, 9), 0.002 * log(10.0) / log(100.0), 1e-15);
     CHECK_NEAR(zs_config_lr(&c, 100), 0.002, 1e-15);
@@ -84,7 +86,8 @@ static void test_schedules(void)
     CHECK_OK(zs_config_parse("{\"optimizer\": {\"params\": {\"lr\": 0.1}}, \"scheduler\": "
                              "{\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": "
                              "110, \"warmup_num_steps\": 10, \"warmup_type\": \"linear\", "
-                             "\"cos_min_ratio\": 0.0}}}", "s", &c));
+                             "\"cos_min_ratio\": 0.0}}}",
+                             "s", &c));
     CHECK_NEAR(zs_config_lr(&c, 5), 0.05, 1e-15);
     CHECK_NEAR(zs_config_lr(&c, 59), 0.1 * 0.5, 1e-12);
     CHECK_NEAR(zs_config_lr(&c, 109), 0.0, 1e-15);
@@ -95,8 +98,9 @@ static void test_errors(void)
     zs_config c;
     CHECK_FAILS_WITH(zs_config_parse("{\"train_batch_sise\": 4}", "cfg.json", &c),
                      "unknown key \"train_batch_sise\"");
-    CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"params\": {\"betaz\": 1}}}", "cfg.json",
-                                     &c), "unknown key \"optimizer.params.betaz\"");
+    CHECK_FAILS_WITH(
+        zs_config_parse("{\"optimizer\": {\"params\": {\"betaz\": 1}}}", "cfg.json", &c),
+        "unknown key \"optimizer.params.betaz\"");
     CHECK_FAILS_WITH(zs_config_parse("{\"model\": {\"n_layer\": \"six\"}}", "cfg.json", &c),
                      "\"model.n_layer\": expected an integer, got a string");
     CHECK_FAILS_WITH(zs_config_parse("{\"model\": {\"n_layer\": 2.5}}", "cfg.json", &c),
@@ -105,33 +109,37 @@ static void test_errors(void)
                      "\"gradient_clipping\": expected a number, got a boolean");
     CHECK_FAILS_WITH(zs_config_parse("{\"model\": 3}", "cfg.json", &c),
                      "\"model\": expected an object");
-    CHECK_FAILS_WITH(zs_config_parse("{\"model\": {\"n_embd\": 10, \"n_head\": 3}}", "cfg.json",
-                                     &c), "not a multiple of model.n_head");
+    CHECK_FAILS_WITH(
+        zs_config_parse("{\"model\": {\"n_embd\": 10, \"n_head\": 3}}", "cfg.json", &c),
+        "not a multiple of model.n_head");
     CHECK_FAILS_WITH(zs_config_parse("{\"train_batch_size\": 10, "
-                                     "\"train_micro_batch_size_per_gpu\": 4}", "cfg.json", &c),
+                                     "\"train_micro_batch_size_per_gpu\": 4}",
+                                     "cfg.json", &c),
                      "not a multiple of train_micro_batch_size_per_gpu");
     CHECK_FAILS_WITH(zs_config_parse("{\"train_batch_size\": 8, "
                                      "\"train_micro_batch_size_per_gpu\": 4, "
-                                     "\"gradient_accumulation_steps\": 3}", "cfg.json", &c),
+                                     "\"gradient_accumulation_steps\": 3}",
+                                     "cfg.json", &c),
                      "gradient_accumulation_steps");
     CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"type\": \"SGD\"}}", "cfg.json", &c),
                      "\"SGD\" is not supported");
     CHECK_FAILS_WITH(zs_config_parse("{\"scheduler\": {\"type\": \"OneCycle\"}}", "cfg.json", &c),
                      "\"OneCycle\" is not supported");
-    CHECK_FAILS_WITH(zs_config_parse("{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "cfg.json",
-                                     &c), "total_num_steps\" is required");
+    CHECK_FAILS_WITH(
+        zs_config_parse("{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "cfg.json", &c),
+        "total_num_steps\" is required");
     CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"enabled\": true}}", "cfg.json", &c),
                      "fp16.enabled");
     CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"shard_size\": 1000}}", "cfg.json", &c),
                      "multiple of 256");
-    CHECK_FAILS_WITH(zs_config_parse("{\"seed\": 1, \"seed\": 2}", "cfg.json", &c),
-                     "invalid JSON");
+    CHECK_FAILS_WITH(zs_config_parse("{\"seed\": 1, \"seed\": 2}", "cfg.json", &c), "invalid JSON");
     CHECK_FAILS_WITH(zs_config_parse("{\"seed\": ", "cfg.json", &c), "cfg.json:1");
     CHECK_FAILS_WITH(zs_config_parse("[1, 2]", "cfg.json", &c), "must be a JSON object");
-    CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}",
-                                     "cfg.json", &c), "optimizer.params.betas");
-    CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"params\": {\"lr\": -1}}}", "cfg.json",
-                                     &c), "optimizer.params.lr");
+    CHECK_FAILS_WITH(
+        zs_config_parse("{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}", "cfg.json", &c),
+        "optimizer.params.betas");
+    CHECK_FAILS_WITH(zs_config_parse("{\"optimizer\": {\"params\": {\"lr\": -1}}}", "cfg.json", &c),
+                     "optimizer.params.lr");
     CHECK_FAILS_WITH(zs_config_load("/nonexistent/zshard.json", &c), "/nonexistent/zshard.json");
 }
 
@@ -141,8 +149,8 @@ static void test_hf_roundtrip(void)
     CHECK(mkdtemp(dir) != NULL);
     char path[256];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    zs_model_config m = {.n_layer = 3, .n_head = 2, .n_embd = 32, .vocab_size = 77,
-                         .block_size = 40};
+    zs_model_config m = {
+        .n_layer = 3, .n_head = 2, .n_embd = 32, .vocab_size = 77, .block_size = 40};
     CHECK_OK(zs_config_write_hf(&m, path));
     zs_model_config r;
     CHECK_OK(zs_config_read_hf(path, &r));
@@ -157,7 +165,8 @@ static void test_hf_roundtrip(void)
     CHECK_FAILS_WITH(zs_config_read_hf(path, &r), "\"n_positions\" is missing");
     f = fopen(path, "w");
     fputs("{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, \"vocab_size\": 5, \"n_positions\": 4,"
-          " \"activation_function\": \"relu\"}", f);
+          " \"activation_function\": \"relu\"}",
+          f);
     fclose(f);
     CHECK_FAILS_WITH(zs_config_read_hf(path, &r), "relu");
     unlink(path);

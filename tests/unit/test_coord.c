@@ -28,7 +28,6 @@ enum { MAXW = 2, STEPS = 4 };
 /* metrics.jsonl fields that differ between runs (wall-clock, and the worker count). */
 #define VOLATILE "tokens_per_sec|step_ms|compute_ms|fetch_wait_ms|push_wait_ms|workers"
 
-
 /* A worker played by the test: a session and the model it computes with. */
 typedef struct {
     zs_session *s;
@@ -172,12 +171,15 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     char config[600];
     snprintf(config, sizeof config, "%s/config_%d_%d.json", work, S, W);
     char cmd0[1400];
-    snprintf(cmd0, sizeof cmd0, "sed 's/\"cluster\": {/\"cluster\": {\"heartbeat_interval_ms\": "
-             "100, \"heartbeat_timeout_ms\": 1500, /' data/tiny.json > %s", config);
+    snprintf(cmd0, sizeof cmd0,
+             "sed 's/\"cluster\": {/\"cluster\": {\"heartbeat_interval_ms\": "
+             "100, \"heartbeat_timeout_ms\": 1500, /' data/tiny.json > %s",
+             config);
     CHECK(system(cmd0) == 0);
-    char *cargv[] = {(char *)zshard, "coord", "--listen", ep, "--config", config,
-                     "--servers", servers, "--data", "data/tiny.txt", "--steps", steps, "--out",
-                     out, "--log-level", level, NULL};
+    char *cargv[] = {(char *)zshard, "coord",     "--listen", ep,       "--config",
+                     config,         "--servers", servers,    "--data", "data/tiny.txt",
+                     "--steps",      steps,       "--out",    out,      "--log-level",
+                     level,          NULL};
     pid_t coord = spawn(cargv);
     /* Random bytes to the coordinator's port: refused (ZeroMQ may even frame some of them as
      * messages, which the coordinator then refuses one by one); the job goes on. */
@@ -186,8 +188,8 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     check_version_refusal(ep);
     pid_t srv[3];
     for (int s = 0; s < S; s++) {
-        char *sargv[] = {(char *)zshard, "server", "--coord", ep, "--listen", "127.0.0.1:0",
-                         "--threads", "1", "--log-level", level, NULL};
+        char *sargv[] = {(char *)zshard, "server", "--coord",     ep,    "--listen", "127.0.0.1:0",
+                         "--threads",    "1",      "--log-level", level, NULL};
         srv[s] = spawn(sargv);
     }
     if (bad_worker) {
@@ -229,8 +231,8 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     CHECK(system(cmd) == 0);
     snprintf(cmd, sizeof cmd,
              "diff <(sed -E 's/, \"(%s)\": [^,}]*//g' %s/metrics.jsonl) "
-             "<(sed -E 's/, \"(%s)\": [^,}]*//g' %s/metrics.jsonl)", VOLATILE, out, VOLATILE,
-             ref);
+             "<(sed -E 's/, \"(%s)\": [^,}]*//g' %s/metrics.jsonl)",
+             VOLATILE, out, VOLATILE, ref);
     char bash[2200];
     snprintf(bash, sizeof bash, "bash -c '%s'", cmd);
     /* The inner single quotes of sed would end bash -c's: write the command to a script. */
@@ -254,8 +256,10 @@ int main(void)
     char work[] = "/tmp/zs_test_coord_XXXXXX";
     CHECK(mkdtemp(work) != NULL);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s train --config data/tiny.json --data data/tiny.txt --steps %d "
-             "--out %s/train --threads 1 --log-level warn", zshard, STEPS, work);
+    snprintf(cmd, sizeof cmd,
+             "%s train --config data/tiny.json --data data/tiny.txt --steps %d "
+             "--out %s/train --threads 1 --log-level warn",
+             zshard, STEPS, work);
     CHECK(system(cmd) == 0);
     const char *only = getenv("ZS_TEST_ONLY"); /* "S,W" runs one case (debugging) */
     if (!only || strcmp(only, "1,1") == 0)

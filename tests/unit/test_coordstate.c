@@ -96,7 +96,8 @@ int main(void)
     CHECK(!zs_coord_member(cs, w0)->alive);
     CHECK_EQ_INT(zs_coord_owner(cs, 2), w2); /* w2 had 0, w1 had 2 */
     CHECK_EQ_INT(zs_coord_owner(cs, 4), w2);
-    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 2, 1.0, NULL), 0); /* the dead worker's late report */
+    CHECK_EQ_INT(zs_coord_chunk_done(cs, w0, 0, 2, 1.0, NULL),
+                 0); /* the dead worker's late report */
     double losses[5] = {2.0, 1.5, 1.25, 1.0, 0.5};
     CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 1, losses[1], NULL), 1);
     CHECK_EQ_INT(zs_coord_chunk_done(cs, w1, 0, 3, losses[3], NULL), 1);
@@ -139,8 +140,8 @@ int main(void)
     CHECK_EQ_INT(zs_coord_try_begin(cs), 1);
     /* with timings: the step's stats sum them over the chunks that counted */
     for (int c = 0; c < 5; c++) {
-        zs_msg_chunk_times t = {.compute_ms = 100.0 + c, .fetch_wait_ms = 2.0,
-                                .push_wait_ms = 0.5 * c};
+        zs_msg_chunk_times t = {
+            .compute_ms = 100.0 + c, .fetch_wait_ms = 2.0, .push_wait_ms = 0.5 * c};
         CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 2, c, 1.0, c == 3 ? NULL : &t), 1);
         CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 2, c, 1.0, &t), 0); /* a repeat adds nothing */
     }
@@ -157,7 +158,8 @@ int main(void)
     cfg.elasticity.max_workers = 1;
     CHECK_OK(zs_coord_state_create(&cfg, 1, 1, 1, &cs));
     CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &x));
-    CHECK_FAILS_WITH(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &x), "elasticity.max_workers is 1");
+    CHECK_FAILS_WITH(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &x),
+                     "elasticity.max_workers is 1");
     zs_coord_state_free(cs);
     return zs_test_result("test_coordstate");
 }

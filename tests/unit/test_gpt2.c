@@ -78,8 +78,8 @@ typedef struct {
 static void fixture_init(fixture *f, int L, int C, int NH, int V, int block, int b, int t,
                          double noise, uint64_t seed)
 {
-    f->cfg = (zs_model_config){.n_layer = L, .n_head = NH, .n_embd = C, .vocab_size = V,
-                               .block_size = block};
+    f->cfg = (zs_model_config){
+        .n_layer = L, .n_head = NH, .n_embd = C, .vocab_size = V, .block_size = block};
     CHECK_OK(zs_tensors_gpt2(&f->cfg, &f->tt));
     f->params = malloc(f->tt.total * sizeof *f->params);
     f->grads = malloc(f->tt.total * sizeof *f->grads);
@@ -231,14 +231,14 @@ typedef struct {
 typedef struct {
     const zs_tensor_table *tt;
     const float *params;
-    float *grads_out;  /* gradients collected at grads_done */
-    float **pbuf;      /* per layer, full-size: only the layer's range is valid while held */
-    float **gbuf;      /* per layer gradient buffers, same */
+    float *grads_out; /* gradients collected at grads_done */
+    float **pbuf;     /* per layer, full-size: only the layer's range is valid while held */
+    float **gbuf;     /* per layer gradient buffers, same */
     int *held, *gheld;
     event ev[512];
     int n_ev;
-    int fail_at;       /* index of the event that fails, -1 for none */
-    int violations;    /* release of a layer not held, double acquire, ... */
+    int fail_at;    /* index of the event that fails, -1 for none */
+    int violations; /* release of a layer not held, double acquire, ... */
 } rec_io;
 
 static void poison(rec_io *r, float *buf, int layer)
@@ -512,8 +512,10 @@ static void test_determinism(void)
     zs_gpt2_free(m);
     for (int k = 1; k < 4; k++) {
         if (memcmp(&loss[0], &loss[k], sizeof loss[0]) != 0 || !bits_equal(g[0], g[k], n))
-            fprintf(stderr, "determinism: run %d (%d threads) differs from run 0: loss %.9g vs "
-                    "%.9g\n", k, threads[k], loss[k], loss[0]);
+            fprintf(stderr,
+                    "determinism: run %d (%d threads) differs from run 0: loss %.9g vs "
+                    "%.9g\n",
+                    k, threads[k], loss[k], loss[0]);
         CHECK(memcmp(&loss[0], &loss[k], sizeof loss[0]) == 0);
         CHECK(bits_equal(g[0], g[k], n));
     }
@@ -584,8 +586,8 @@ static void test_arguments(void)
     fixture_free(&f);
 
     /* flops: GPT-2 124M, b = 4, t = 64, counted by hand. */
-    zs_model_config g = {.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257,
-                         .block_size = 1024};
+    zs_model_config g = {
+        .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024};
     double tokens = 256, weights = 12.0 * 12 * 768 * 768 + 50257.0 * 768;
     CHECK_NEAR(zs_gpt2_flops(&g, 4, 64), tokens * (6 * weights + 12.0 * 12 * 64 * 768), 1.0);
 }

@@ -115,8 +115,8 @@ static void check_close(const char *name, const float *got, const double *want, 
     if (!(worst <= 1.0)) {
         zs_test_failures++;
         fprintf(stderr, "%s: element %zu of %zu: got %.9g, want %.9g (tol %.3g, max|want| %.3g)\n",
-                name, wi, n, (double)got[wi], want[wi],
-                rtol * fabs(want[wi]) + atol * scale, scale);
+                name, wi, n, (double)got[wi], want[wi], rtol * fabs(want[wi]) + atol * scale,
+                scale);
     }
 }
 
@@ -133,8 +133,8 @@ static void check_bits(const char *name, const float *a, const float *b, size_t 
         while (i < n && memcmp(a + i, b + i, sizeof *a) == 0)
             i++;
         zs_test_failures++;
-        fprintf(stderr, "%s: not bitwise identical at element %zu of %zu: %.9g vs %.9g\n", name,
-                i, n, (double)a[i], (double)b[i]);
+        fprintf(stderr, "%s: not bitwise identical at element %zu of %zu: %.9g vs %.9g\n", name, i,
+                n, (double)a[i], (double)b[i]);
     }
 }
 
@@ -209,9 +209,10 @@ static void test_sgemm_case(int ta, int tb, int m, int n, int k, float alpha, fl
             bound = (k + 2) * 0x1p-24 * bound + 1e-30;
             double got = c[(size_t)i * ldc + j];
             if (!(fabs(got - want) <= bound)) {
-                fprintf(stderr, "sgemm ta %d tb %d (%d, %d, %d) beta %g: C[%d,%d] = %.9g, want "
-                        "%.9g (bound %.3g)\n", ta, tb, m, n, k, (double)beta, i, j, got, want,
-                        bound);
+                fprintf(stderr,
+                        "sgemm ta %d tb %d (%d, %d, %d) beta %g: C[%d,%d] = %.9g, want "
+                        "%.9g (bound %.3g)\n",
+                        ta, tb, m, n, k, (double)beta, i, j, got, want, bound);
                 bad = 1;
                 break;
             }
@@ -287,8 +288,13 @@ static void test_linear(void)
     float *r = randn((size_t)N * OC, 1);
     float *y = filled((size_t)N * OC, NAN);
     zs_linear_forward(y, x, w, b, N, C, OC, 2);
-    linear_ctx c = {to_double(x, (size_t)N * C), to_double(w, (size_t)C * OC), to_double(b, OC),
-                    to_double(r, (size_t)N * OC), malloc((size_t)N * OC * sizeof(double)), N, C,
+    linear_ctx c = {to_double(x, (size_t)N * C),
+                    to_double(w, (size_t)C * OC),
+                    to_double(b, OC),
+                    to_double(r, (size_t)N * OC),
+                    malloc((size_t)N * OC * sizeof(double)),
+                    N,
+                    C,
                     OC};
     linear_obj(&c);
     check_close("linear forward", y, c.y, (size_t)N * OC, 1e-5, 1e-6);
@@ -339,9 +345,14 @@ static void test_encoder(void)
     float *wte = randn((size_t)V * C, 1), *wpe = randn((size_t)maxT * C, 1);
     float *r = randn((size_t)B * T * C, 1), *out = filled((size_t)B * T * C, NAN);
     zs_encoder_forward(out, tok, wte, wpe, B, T, C, 2);
-    encoder_ctx c = {to_double(wte, (size_t)V * C), to_double(wpe, (size_t)maxT * C),
-                     to_double(r, (size_t)B * T * C), malloc((size_t)B * T * C * sizeof(double)),
-                     tok, B, T, C};
+    encoder_ctx c = {to_double(wte, (size_t)V * C),
+                     to_double(wpe, (size_t)maxT * C),
+                     to_double(r, (size_t)B * T * C),
+                     malloc((size_t)B * T * C * sizeof(double)),
+                     tok,
+                     B,
+                     T,
+                     C};
     encoder_obj(&c);
     check_close("encoder forward", out, c.out, (size_t)B * T * C, 1e-7, 0);
 
@@ -401,8 +412,17 @@ static void test_layernorm(void)
         x[i] += 0.5f; /* a nonzero mean */
     float *y = filled(n, NAN), *mean = filled(N, NAN), *rstd = filled(N, NAN);
     zs_layernorm_forward(y, mean, rstd, x, w, b, N, C, 2);
-    ln_ctx c = {to_double(x, n), NULL, to_double(w, C), to_double(b, C), to_double(r, n), NULL,
-                malloc(n * sizeof(double)), NULL, N, C, 0};
+    ln_ctx c = {to_double(x, n),
+                NULL,
+                to_double(w, C),
+                to_double(b, C),
+                to_double(r, n),
+                NULL,
+                malloc(n * sizeof(double)),
+                NULL,
+                N,
+                C,
+                0};
     double *md = malloc(N * sizeof *md), *sd = malloc(N * sizeof *sd);
     ref_layernorm(c.y, md, sd, c.a, c.w, c.b, N, C);
     check_close("layernorm forward", y, c.y, n, 1e-5, 1e-6);
@@ -429,8 +449,17 @@ static void test_layernorm(void)
     float *x2 = randn(n, 1), *r2 = randn(n, 1);
     float *res = filled(n, NAN), *y2 = filled(n, NAN);
     zs_residual_layernorm_forward(res, y2, mean, rstd, x, x2, w, b, N, C, 2);
-    ln_ctx c2 = {to_double(x, n), to_double(x2, n), c.w, c.b, c.r, to_double(r2, n),
-                 malloc(n * sizeof(double)), malloc(n * sizeof(double)), N, C, 1};
+    ln_ctx c2 = {to_double(x, n),
+                 to_double(x2, n),
+                 c.w,
+                 c.b,
+                 c.r,
+                 to_double(r2, n),
+                 malloc(n * sizeof(double)),
+                 malloc(n * sizeof(double)),
+                 N,
+                 C,
+                 1};
     ln_obj(&c2);
     check_close("residual_layernorm res", res, c2.res, n, 1e-7, 1e-7);
     check_close("residual_layernorm out", y2, c2.y, n, 1e-5, 1e-6);
@@ -477,8 +506,8 @@ static void test_gelu(void)
     x[2] = 0.0f;
     float *pre = copy_f(x, n), *y = filled(n, NAN);
     zs_bias_gelu_forward(pre, y, b, N, C, 2);
-    gelu_ctx c = {to_double(x, n), to_double(b, C), to_double(r, n), malloc(n * sizeof(double)),
-                  N, C};
+    gelu_ctx c = {
+        to_double(x, n), to_double(b, C), to_double(r, n), malloc(n * sizeof(double)), N, C};
     gelu_obj(&c);
     double *pre_want = malloc(n * sizeof *pre_want);
     for (size_t i = 0; i < n; i++)
@@ -606,8 +635,13 @@ static void test_classifier(void)
     float *x = randn((size_t)N * C, 1), *wte = randn((size_t)V * C, 1);
     float *r = randn((size_t)N * V, 1), *logits = filled((size_t)N * V, NAN);
     zs_lm_head_forward(logits, x, wte, N, C, V, 2);
-    lm_ctx c = {to_double(x, (size_t)N * C), to_double(wte, (size_t)V * C),
-                to_double(r, (size_t)N * V), malloc((size_t)N * V * sizeof(double)), N, C, V};
+    lm_ctx c = {to_double(x, (size_t)N * C),
+                to_double(wte, (size_t)V * C),
+                to_double(r, (size_t)N * V),
+                malloc((size_t)N * V * sizeof(double)),
+                N,
+                C,
+                V};
     lm_obj(&c);
     check_close("lm_head forward", logits, c.logits, (size_t)N * V, 1e-5, 1e-6);
     float *dx = filled((size_t)N * C, NAN), *dwte = filled((size_t)V * C, NAN);
@@ -772,12 +806,20 @@ static size_t det_run(const det_inputs *in, int threads, float *out)
 static void test_threads(void)
 {
     det_inputs in = {
-        .x = randn((size_t)DN * DC, 1), .x2 = randn((size_t)DN * DC, 1),
-        .w = randn((size_t)DC * DOC, 0.1), .wb = randn(DOC, 0.1), .lnw = randn(DC, 1),
-        .lnb = randn(DC, 1), .wte = randn((size_t)DV * DC, 0.1), .wpe = randn((size_t)DT * DC, 0.1),
-        .qkv = randn((size_t)DN * 3 * DC, 1), .r = randn((size_t)DN * DC, 1),
-        .ro = randn((size_t)DN * DOC, 1), .rv = randn((size_t)DN * DOC, 1),
-        .tok = rand_tokens(DN, DV), .tg = rand_tokens(DN, DV),
+        .x = randn((size_t)DN * DC, 1),
+        .x2 = randn((size_t)DN * DC, 1),
+        .w = randn((size_t)DC * DOC, 0.1),
+        .wb = randn(DOC, 0.1),
+        .lnw = randn(DC, 1),
+        .lnb = randn(DC, 1),
+        .wte = randn((size_t)DV * DC, 0.1),
+        .wpe = randn((size_t)DT * DC, 0.1),
+        .qkv = randn((size_t)DN * 3 * DC, 1),
+        .r = randn((size_t)DN * DC, 1),
+        .ro = randn((size_t)DN * DOC, 1),
+        .rv = randn((size_t)DN * DOC, 1),
+        .tok = rand_tokens(DN, DV),
+        .tg = rand_tokens(DN, DV),
     };
     size_t cap = (size_t)64 << 20;
     float *o1 = filled(cap / sizeof(float), 0), *o2 = filled(cap / sizeof(float), 0);

@@ -30,8 +30,8 @@ static void write_hf(const char *path, const zs_tensor_table *tt, const float *p
         if (skip && strcmp(name, skip) == 0)
             continue;
         snprintf(names[n], sizeof names[n], "%s", name);
-        ts[n] = (zs_st_tensor){.name = names[n], .dtype = ZS_DT_F32, .ndim = t->ndim,
-                               .data = params + t->offset};
+        ts[n] = (zs_st_tensor){
+            .name = names[n], .dtype = ZS_DT_F32, .ndim = t->ndim, .data = params + t->offset};
         for (int d = 0; d < t->ndim; d++)
             ts[n].shape[d] = t->shape[d];
         if (bad_shape && strcmp(name, bad_shape) == 0)
@@ -40,19 +40,23 @@ static void write_hf(const char *path, const zs_tensor_table *tt, const float *p
     }
     for (int l = 0; l < 2; l++) {
         snprintf(names[n], sizeof names[n], "%sh.%d.attn.bias", strip ? "" : "transformer.", l);
-        ts[n] = (zs_st_tensor){.name = names[n], .dtype = ZS_DT_F32, .ndim = 2,
-                               .shape = {6, 6}, .data = buffer};
+        ts[n] = (zs_st_tensor){
+            .name = names[n], .dtype = ZS_DT_F32, .ndim = 2, .shape = {6, 6}, .data = buffer};
         n++;
-        snprintf(names[n], sizeof names[n], "%sh.%d.attn.masked_bias", strip ? "" : "transformer.", l);
+        snprintf(names[n], sizeof names[n], "%sh.%d.attn.masked_bias", strip ? "" : "transformer.",
+                 l);
         ts[n] = (zs_st_tensor){.name = names[n], .dtype = ZS_DT_F32, .ndim = 0, .data = buffer};
         n++;
     }
     const zs_tensor *wte = zs_tensors_get(tt, 0, ZS_T_WTE);
-    ts[n++] = (zs_st_tensor){.name = "lm_head.weight", .dtype = ZS_DT_F32, .ndim = 2,
-                             .shape = {wte->shape[0], wte->shape[1]}, .data = params + wte->offset};
+    ts[n++] = (zs_st_tensor){.name = "lm_head.weight",
+                             .dtype = ZS_DT_F32,
+                             .ndim = 2,
+                             .shape = {wte->shape[0], wte->shape[1]},
+                             .data = params + wte->offset};
     if (foreign)
-        ts[n++] = (zs_st_tensor){.name = "h.0.mlp.extra", .dtype = ZS_DT_F32, .ndim = 1,
-                                 .shape = {3}, .data = buffer};
+        ts[n++] = (zs_st_tensor){
+            .name = "h.0.mlp.extra", .dtype = ZS_DT_F32, .ndim = 1, .shape = {3}, .data = buffer};
     CHECK_OK(zs_st_write(path, ts, n, NULL, 0));
 }
 

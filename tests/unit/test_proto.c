@@ -1394,10 +1394,11 @@ static void test_envelope(void)
     free(filler);
 
     /* Garbage framing. */
-    const uint8_t junk1[] = {0x08, 0x81};             /* varint cut short */
-    const uint8_t junk2[] = {0x0b, 0x01};             /* a group */
-    const uint8_t junk3[] = {0x00, 0x01};             /* field 0 */
-    const uint8_t junk4[] = {0x08, ZS_PROTOCOL_VERSION, 0x52, 0x7f}; /* a body longer than the bytes */
+    const uint8_t junk1[] = {0x08, 0x81}; /* varint cut short */
+    const uint8_t junk2[] = {0x0b, 0x01}; /* a group */
+    const uint8_t junk3[] = {0x00, 0x01}; /* field 0 */
+    const uint8_t junk4[] = {0x08, ZS_PROTOCOL_VERSION, 0x52,
+                             0x7f}; /* a body longer than the bytes */
     CHECK_FAILS_WITH(decode_bytes(junk1, sizeof junk1, &COORD), "malformed at byte 0");
     CHECK_FAILS_WITH(decode_bytes(junk2, sizeof junk2, &COORD), "malformed at byte 0");
     CHECK_FAILS_WITH(decode_bytes(junk3, sizeof junk3, &COORD), "malformed at byte 0");

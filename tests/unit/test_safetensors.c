@@ -268,8 +268,8 @@ static void test_f16_bf16(void)
     int wrong = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned sign = (unsigned)(i >> 15), e = (unsigned)(i >> 10) & 31, m = (unsigned)i & 1023;
-        float want = e == 0    ? ldexpf((float)m, -24)
-                     : e < 31  ? ldexpf((float)(1024 + m), (int)e - 25)
+        float want = e == 0   ? ldexpf((float)m, -24)
+                     : e < 31 ? ldexpf((float)(1024 + m), (int)e - 25)
                      : m == 0 ? INFINITY
                               : NAN;
         if (sign)
@@ -307,8 +307,9 @@ static void test_corrupt(void)
     struct stat st;
     CHECK_EQ_INT(stat(p, &st), 0);
     CHECK_EQ_INT(truncate(p, st.st_size - 4), 0); /* cut in the data section */
-    expect_open_fails(p, ZS_ERR_FORMAT, "tensor \"w\": data_offsets [0, 24] outside the data "
-                                        "section of 20 bytes");
+    expect_open_fails(p, ZS_ERR_FORMAT,
+                      "tensor \"w\": data_offsets [0, 24] outside the data "
+                      "section of 20 bytes");
     CHECK_EQ_INT(truncate(p, 20), 0); /* cut in the header */
     expect_open_fails(p, ZS_ERR_FORMAT, "does not fit the file of 20 bytes");
     CHECK_EQ_INT(truncate(p, 5), 0); /* cut in the length */
@@ -365,20 +366,18 @@ static void test_corrupt(void)
                      4, "of F64 overflows");
     expect_raw_fails("offs1", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4,
                      "data_offsets is an array of the wrong length");
-    expect_raw_fails("offs2", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0\"}}",
-                     4, "data_offsets is the string \"0\"");
-    expect_raw_fails("offs3",
-                     "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 4,
-                     "data_offsets[0] is -4");
+    expect_raw_fails("offs2", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0\"}}", 4,
+                     "data_offsets is the string \"0\"");
+    expect_raw_fails("offs3", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}",
+                     4, "data_offsets[0] is -4");
     expect_raw_fails("backwards",
                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8,
                      "data_offsets [8, 4] begin after they end");
     expect_raw_fails("range",
                      "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,1000]}}", 24,
                      "data_offsets [0, 1000] outside the data section of 24 bytes");
-    expect_raw_fails("size",
-                     "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 20,
-                     "hold 20 bytes, shape [2, 3] of F32 needs 24");
+    expect_raw_fails("size", "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}",
+                     20, "hold 20 bytes, shape [2, 3] of F32 needs 24");
     expect_raw_fails("overlap",
                      "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
                      "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",

@@ -30,8 +30,8 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <sys/socket.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,8 +46,8 @@
 #include "server/shardmap.h"
 #include "tests/unit/netutil.h"
 #include "tests/unit/test.h"
-#include "worker/client.h"
 #include "transport/transport.h"
+#include "worker/client.h"
 #include "worker/trainer.h"
 
 enum { MAXS = 3, C = 4, STEPS = 3, WORKER = 100 };
@@ -109,8 +109,8 @@ static void send_to(rig *r, int s, Zshard__Envelope *env)
 }
 
 /* A request and its reply; returns the reply's header (op ERROR carries status). */
-static zs_frame request(rig *r, int s, zs_frame f, zs_mr *send_mr, size_t send_off,
-                        zs_mr *recv_mr, size_t recv_off, size_t cap)
+static zs_frame request(rig *r, int s, zs_frame f, zs_mr *send_mr, size_t send_off, zs_mr *recv_mr,
+                        size_t recv_off, size_t cap)
 {
     f.id = ++r->next_id;
     zs_req *rq = NULL, *sq = NULL;
@@ -202,8 +202,8 @@ static void sender_push(sender_job *j, zs_client *cl, size_t b, size_t e)
         return;
     }
     if (j->failures++ == 0)
-        snprintf(j->error, sizeof j->error, "worker %u chunk %d: push of [%zu, %zu): %s",
-                 j->sender, j->chunk, b, e, err != ZS_OK ? zs_last_error() : "timed out");
+        snprintf(j->error, sizeof j->error, "worker %u chunk %d: push of [%zu, %zu): %s", j->sender,
+                 j->chunk, b, e, err != ZS_OK ? zs_last_error() : "timed out");
 }
 
 static void *sender_main(void *arg)
@@ -262,8 +262,8 @@ out:
 }
 
 /* Pushes the C chunks of `step`, chunk c from worker owner[c], each from its own thread. */
-static void push_concurrently(rig *r, const char *const *eps, long step, float **grads,
-                              size_t N, const uint32_t *owner)
+static void push_concurrently(rig *r, const char *const *eps, long step, float **grads, size_t N,
+                              const uint32_t *owner)
 {
     sender_job jobs[C];
     pthread_t th[C];
@@ -272,10 +272,16 @@ static void push_concurrently(rig *r, const char *const *eps, long step, float *
     sched g = {.stream = 1000 + (uint64_t)(r->S * STEPS + step)};
     int late = sched_int(&g, 0, C - 1);
     for (int c = 0; c < C; c++) {
-        jobs[c] = (sender_job){.map = &r->map, .eps = eps, .sender = owner[c], .step = step,
-                               .chunk = c, .grad = grads[c], .N = N,
+        jobs[c] = (sender_job){.map = &r->map,
+                               .eps = eps,
+                               .sender = owner[c],
+                               .step = step,
+                               .chunk = c,
+                               .grad = grads[c],
+                               .N = N,
                                .rng = {.stream = 2000 + (uint64_t)((r->S * STEPS + step) * C + c)},
-                               .late_duplicate = c == late, .first_done = &first_done,
+                               .late_duplicate = c == late,
+                               .first_done = &first_done,
                                .n_senders = C};
         started[c] = pthread_create(&th[c], NULL, sender_main, &jobs[c]) == 0;
         CHECK(started[c]);
@@ -317,8 +323,14 @@ static int connect_raw(const char *endpoint)
 static int push_cut(const char *endpoint, long step, int chunk, uint32_t sender, size_t b,
                     size_t count, size_t cut, int linger_ms, int reset, uint64_t id)
 {
-    zs_frame f = {.op = ZS_OP_PUSH, .dtype = ZS_DTYPE_F32, .id = id, .step = (uint64_t)step,
-                  .chunk = (uint32_t)chunk, .sender = sender, .offset = b, .count = count,
+    zs_frame f = {.op = ZS_OP_PUSH,
+                  .dtype = ZS_DTYPE_F32,
+                  .id = id,
+                  .step = (uint64_t)step,
+                  .chunk = (uint32_t)chunk,
+                  .sender = sender,
+                  .offset = b,
+                  .count = count,
                   .length = count * sizeof(float)};
     size_t total = ZS_FRAME_HEADER_BYTES + f.length;
     uint8_t *buf = malloc(total);
@@ -384,14 +396,13 @@ static void push_cuts(rig *r, long step, const uint32_t *owner, sched *g, int fi
             break;
         }
         int reset = (int)(sched_next(g) % 2), linger = sched_int(g, 0, 1) * 10;
-        CHECK(push_cut(r->endpoint[sh->server], step, chunk, owner[chunk], b, count, cut,
-                       linger, reset, 0xc070000u + (uint64_t)i));
+        CHECK(push_cut(r->endpoint[sh->server], step, chunk, owner[chunk], b, count, cut, linger,
+                       reset, 0xc070000u + (uint64_t)i));
     }
     sleep_ms(20); /* the servers see the connections end before anything else */
     for (int s = 0; s < r->S; s++)
         CHECK_EQ_INT(waitpid(r->pid[s], NULL, WNOHANG), 0); /* still running */
 }
-
 
 static void run(const char *zshard, int S)
 {
@@ -428,8 +439,8 @@ static void run(const char *zshard, int S)
     /* The job: a tiny model whose tensors the shards split. */
     zs_config cfg;
     zs_config_defaults(&cfg);
-    cfg.model = (zs_model_config){.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64,
-                                  .block_size = 16};
+    cfg.model = (zs_model_config){
+        .n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64, .block_size = 16};
     cfg.micro_batch = 2;
     cfg.chunks = C;
     cfg.train_batch_size = 2 * C;
@@ -445,8 +456,8 @@ static void run(const char *zshard, int S)
     zs_trainer tr;
     CHECK_OK(zs_trainer_init(&tr, &cfg, &ds, 1, NULL));
     size_t N = tr.tt.total;
-    zs_msg_job job = {.data_fingerprint = ds.fingerprint, .data_ntokens = ds.ntokens,
-                      .steps = STEPS};
+    zs_msg_job job = {
+        .data_fingerprint = ds.fingerprint, .data_ntokens = ds.ntokens, .steps = STEPS};
     snprintf(job.data_path, sizeof job.data_path, "/nonexistent/synthetic");
     Zshard__JobSpec *js = NULL;
     CHECK_OK(zs_msg_jobspec_from_config(&cfg, &tr.tt, &job, &js));
@@ -530,7 +541,7 @@ static void run(const char *zshard, int S)
                 send_to(&r, s, &out);
             }
         }
-        usleep(100000); /* the assignment travels on another socket than the pushes */
+        usleep(100000);       /* the assignment travels on another socket than the pushes */
         if (mode == MODE_CUT) /* broken frames for owned chunks: their payload is lost */
             push_cuts(&r, step, owner, &g, 5, 5);
         memcpy(compute, params, N * 4);
@@ -545,8 +556,13 @@ static void run(const char *zshard, int S)
         }
         /* Refusals that change nothing. */
         const zs_shard *s0 = &r.map.shards[0];
-        zs_frame bad = {.op = ZS_OP_PUSH, .dtype = ZS_DTYPE_F32, .step = (uint64_t)step + 1,
-                        .chunk = 0, .sender = WORKER, .offset = s0->begin, .count = 8,
+        zs_frame bad = {.op = ZS_OP_PUSH,
+                        .dtype = ZS_DTYPE_F32,
+                        .step = (uint64_t)step + 1,
+                        .chunk = 0,
+                        .sender = WORKER,
+                        .offset = s0->begin,
+                        .count = 8,
                         .length = 32};
         zs_frame rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
         CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_STALE);
@@ -567,8 +583,11 @@ static void run(const char *zshard, int S)
         /* A fetch of the next version, held by the server until it is published. */
         int last = r.map.n_shards - 1;
         const zs_shard *sl = &r.map.shards[last];
-        zs_frame hf = {.op = ZS_OP_FETCH, .dtype = ZS_DTYPE_BF16, .step = (uint64_t)step + 1,
-                       .id = 1000000 + (uint64_t)step, .offset = sl->begin,
+        zs_frame hf = {.op = ZS_OP_FETCH,
+                       .dtype = ZS_DTYPE_BF16,
+                       .step = (uint64_t)step + 1,
+                       .id = 1000000 + (uint64_t)step,
+                       .offset = sl->begin,
                        .count = sl->end - sl->begin};
         zs_req *held = NULL;
         CHECK_OK(ops->irecv(r.conn[sl->server], hf.id, reply_mr, 0, 1 << 16, NULL, &held));
@@ -710,8 +729,11 @@ static void run(const char *zshard, int S)
     CHECK_EQ_INT(zs_test_send_garbage(zs_test_port_of(r.endpoint[0]), 99, 10), 1);
     {
         const zs_shard *sh = &r.map.shards[0];
-        zs_frame f = {.op = ZS_OP_FETCH, .dtype = ZS_DTYPE_F32, .step = STEPS,
-                      .offset = sh->begin, .count = 16};
+        zs_frame f = {.op = ZS_OP_FETCH,
+                      .dtype = ZS_DTYPE_F32,
+                      .step = STEPS,
+                      .offset = sh->begin,
+                      .count = 16};
         zs_frame rep = request(&r, sh->server, f, NULL, 0, params_mr, 0, 64);
         CHECK_EQ_INT(rep.op, ZS_OP_FETCH_REPLY);
     }

@@ -26,7 +26,7 @@ static uint64_t rnd(void)
 typedef struct {
     zs_shard_range *all; /* every shard, in vector order */
     int nshards;
-    int *owner;          /* server of each shard */
+    int *owner; /* server of each shard */
     zs_store *stores[MAXS];
     int S;
 } cluster;
@@ -39,7 +39,8 @@ static void cluster_init(cluster *cl, const zs_tensor_table *tt, const zs_config
     cl->owner = calloc((size_t)cl->nshards, sizeof *cl->owner);
     cl->S = S;
     for (int i = 0; i < cl->nshards; i++) {
-        cl->all[i] = (zs_shard_range){i, i * sf, (i + 1) * sf < tt->total ? (i + 1) * sf : tt->total};
+        cl->all[i] =
+            (zs_shard_range){i, i * sf, (i + 1) * sf < tt->total ? (i + 1) * sf : tt->total};
         cl->owner[i] = i % S;
     }
     for (int s = 0; s < S; s++) {
@@ -100,13 +101,13 @@ static void run(int S, int bf16)
 {
     zs_config cfg;
     zs_config_defaults(&cfg);
-    cfg.model = (zs_model_config){.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64,
-                                  .block_size = 16};
+    cfg.model = (zs_model_config){
+        .n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64, .block_size = 16};
     cfg.micro_batch = 2;
     cfg.chunks = 4;
     cfg.train_batch_size = 8;
     cfg.cluster.shard_bytes = 4096 * 4 / 3 / 256 * 256; /* 5376 bytes: splits tensors */
-    cfg.gradient_clipping = 0.5;                      /* small: clipping happens */
+    cfg.gradient_clipping = 0.5;                        /* small: clipping happens */
     cfg.bf16 = bf16;
     cfg.seed = 99;
     zs_dataset ds = {0};
@@ -153,7 +154,8 @@ static void run(int S, int bf16)
         CHECK_EQ_INT(zs_store_push(cl.stores[0], step, 0, N, 4, grads[0], &why), ZS_FS_BAD_RANGE);
         if (cl.nshards > 1) /* across a shard boundary */
             CHECK_EQ_INT(zs_store_push(cl.stores[cl.owner[0]], step, 0, cl.all[1].begin - 2, 4,
-                                       grads[0], &why), ZS_FS_BAD_RANGE);
+                                       grads[0], &why),
+                         ZS_FS_BAD_RANGE);
         /* Chunks in a random order. */
         int order[4] = {0, 1, 2, 3};
         for (int i = 3; i > 0; i--) {
@@ -172,7 +174,8 @@ static void run(int S, int bf16)
             CHECK(zs_store_complete(cl.stores[s]));
         /* A late retry after completion: dropped. */
         CHECK_EQ_INT(zs_store_push(cl.stores[cl.owner[0]], step, 2, cl.all[0].begin, 8,
-                                   grads[2] + cl.all[0].begin, &why), ZS_FS_DUPLICATE);
+                                   grads[2] + cl.all[0].begin, &why),
+                     ZS_FS_DUPLICATE);
         /* The coordinator: partials summed in shard order. */
         double *part = calloc((size_t)cl.nshards, sizeof *part);
         for (int s = 0; s < S; s++) {
@@ -209,7 +212,8 @@ static void run(int S, int bf16)
     const void *p = NULL;
     zs_shard_range r0 = cl.all[cl.nshards - 1];
     CHECK_EQ_INT(zs_store_locate(cl.stores[cl.owner[cl.nshards - 1]], r0.begin, r0.end - r0.begin,
-                                 ZS_DTYPE_BF16, &p), ZS_FS_OK);
+                                 ZS_DTYPE_BF16, &p),
+                 ZS_FS_OK);
     int same = 1;
     for (size_t i = 0; p && i < r0.end - r0.begin; i++)
         same &= ((const uint16_t *)p)[i] == zs_f32_to_bf16(tr.params[r0.begin + i]);

@@ -7,8 +7,8 @@
 
 static void test_gpt2_124m(void)
 {
-    zs_model_config m = {.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257,
-                         .block_size = 1024};
+    zs_model_config m = {
+        .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024};
     zs_tensor_table tt;
     CHECK_OK(zs_tensors_gpt2(&m, &tt));
     /* Hugging Face's gpt2 has 124,439,808 parameters. */
@@ -58,8 +58,8 @@ static zs_err count_span(void *ctx, size_t b, size_t e, const zs_tensor *t)
 
 static void test_spans_and_init(void)
 {
-    zs_model_config m = {.n_layer = 2, .n_head = 2, .n_embd = 20, .vocab_size = 37,
-                         .block_size = 9};
+    zs_model_config m = {
+        .n_layer = 2, .n_head = 2, .n_embd = 20, .vocab_size = 37, .block_size = 9};
     zs_tensor_table tt;
     CHECK_OK(zs_tensors_gpt2(&m, &tt));
     size_t sum = 0;
@@ -97,8 +97,8 @@ static void test_spans_and_init(void)
     zs_tensors_free(&tt);
 
     /* Moments of the normals on a larger tensor: std 0.02, c_proj 0.02/sqrt(2L). */
-    m = (zs_model_config){.n_layer = 8, .n_head = 4, .n_embd = 256, .vocab_size = 64,
-                          .block_size = 16};
+    m = (zs_model_config){
+        .n_layer = 8, .n_head = 4, .n_embd = 256, .vocab_size = 64, .block_size = 16};
     CHECK_OK(zs_tensors_gpt2(&m, &tt));
     float *w = malloc(tt.total * sizeof *w);
     zs_tensors_init_gpt2(&tt, 9, w, 0, tt.total);
