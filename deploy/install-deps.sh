@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages zshard builds with, when some are missing.  Idempotent: with
 # everything present it only checks (dpkg-query), so the README's commands stay fast.
+#
+# Everything this script and the programs it runs print goes to stderr.  deploy/build.sh
+# runs it, and callers capture build.sh's stdout as the build directory
+# (`build=$(deploy/build.sh)` in deploy/main.sh and tests/run.sh); apt-get's progress lines
+# on stdout once became part of that path ("build/zshard: File name too long").
+exec 1>&2
 set -euo pipefail
 
 packages=(
@@ -9,7 +15,9 @@ packages=(
   libjansson-dev       # JSON: config files and safetensors headers
   libprotobuf-c-dev protobuf-c-compiler   # control-plane messages
   libzmq3-dev          # control-plane transport (ROUTER/DEALER)
+  libxxhash-dev        # XXH3 checksums of checkpoint files
   clang libomp-dev     # the libFuzzer targets
+  clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
 )
 
 missing=()
@@ -18,10 +26,27 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "zshard: installing ${missing[*]}" >&2
-  sudo_cmd=()
-  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -q
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "zshard: installing ${missing[*]}" >&2
+# sudo only when we are not root already: containers often run as root and have no sudo.
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null; then
+    echo "zshard: missing packages ${missing[*]}; run this as root or install sudo" >&2
+    exit 1
+  fi
+  sudo_cmd=(sudo)
+fi
+# `env` passes DEBIAN_FRONTEND through sudo, whose env_reset would otherwise drop it.
+if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then
+  echo "zshard: apt-get update failed (no network, or a broken /etc/apt/sources.list?);" \
+    "cannot install ${missing[*]}" >&2
+  exit 1
+fi
+if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; then
+  echo "zshard: apt-get install ${missing[*]} failed" >&2
+  exit 1
 fi

@@ -5,10 +5,17 @@
 # summary.  The result is bitwise what `zshard train` gives for the same config and data.
 #   deploy/main.sh [STEPS] [OUT]        (defaults: 60 steps, out/main)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+# cd prints the directory it went to when CDPATH resolves it; that would leak into $root.
+root=$(cd "$(dirname "$0")/.." >/dev/null && pwd)
 steps=${1:-60}
 out=${2:-$root/out/main}
+# Only build.sh's stdout, the build directory, is captured; its progress goes to stderr.
 build=$("$root/deploy/build.sh")
+# Anything else on that stdout would otherwise surface later as a baffling path error.
+if [ ! -x "$build/zshard" ]; then
+  echo "zshard: deploy/build.sh printed '$build', not a build directory holding zshard" >&2
+  exit 1
+fi
 mkdir -p "$out"
 corpus=$out/corpus.txt
 [ -s "$corpus" ] || "$root/deploy/corpus.sh" "$corpus"

@@ -1,20 +1,39 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds the release and the sanitizer
-# builds and runs every CTest test in both, then runs each libFuzzer target for a bounded
-# time (ZS_FUZZ_SECONDS, default 20) in a clang build.  Exit status 0 only if all passed.
+# builds, checks the C sources' formatting (tests/format.sh), runs every CTest test in both
+# builds, then runs each libFuzzer target for a bounded time (ZS_FUZZ_SECONDS, default 20) in
+# a clang build.  Exit status 0 only if all passed.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+# cd prints the directory it went to when CDPATH resolves it; that would leak into $root.
+root=$(cd "$(dirname "$0")/.." >/dev/null && pwd)
 jobs=$(nproc)
-release=$("$root/deploy/build.sh")
-asan=$("$root/deploy/build.sh" --asan)
+
+# build_dir [FLAG]: runs deploy/build.sh and prints the build directory it printed, the only
+# thing captured; the installer and compiler output go to stderr.  Anything else on that
+# stdout would otherwise surface later as a baffling `cd` error.
+build_dir() {
+  local dir
+  dir=$("$root/deploy/build.sh" "$@") || return
+  if [ ! -d "$dir" ]; then
+    echo "tests/run.sh: deploy/build.sh${*:+ $*} printed '$dir', not a build directory" >&2
+    return 1
+  fi
+  printf '%s\n' "$dir"
+}
+
+release=$(build_dir)
+asan=$(build_dir --asan)
 status=0
+# The format check runs after the builds because build.sh's installer brings clang-format.
+echo "== format check (clang-format --dry-run -Werror over the tracked *.c *.h *.cu)"
+"$root/tests/format.sh" || status=1
 echo "== release build: $release"
 (cd "$release" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
 echo "== sanitizer build (ASan + UBSan): $asan"
 (cd "$asan" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j "$jobs" --timeout 1800) || status=1
 if ls "$root"/tests/fuzz/fuzz_*.c >/dev/null 2>&1; then
-  fuzz=$("$root/deploy/build.sh" --fuzz)
+  fuzz=$(build_dir --fuzz)
   echo "== fuzz targets (clang, libFuzzer): $fuzz"
   (cd "$fuzz" && cmake -DZS_FUZZ_SECONDS="${ZS_FUZZ_SECONDS:-20}" . >/dev/null &&
      ctest --output-on-failure -L fuzz --timeout 600) || status=1
