@@ -27,6 +27,7 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "common/shardmap.h"
 #include "common/tensors.h"
 #include "proto/zshard.pb-c.h"
 
@@ -50,11 +51,11 @@
 #define ZS_MSG_MAX_BUILD 64     /* bytes of Register.build */
 #define ZS_MSG_MAX_ENDPOINTS 16 /* per Register */
 #define ZS_MSG_MAX_TENSORS (1 << 16)
-#define ZS_MSG_MAX_SHARDS (1 << 20)
-#define ZS_MSG_MAX_SERVERS 4096
+#define ZS_MSG_MAX_SHARDS ZS_SHARDMAP_MAX_SHARDS
+#define ZS_MSG_MAX_SERVERS ZS_SHARDMAP_MAX_SERVERS
 #define ZS_MSG_MAX_CHUNKS (1 << 20) /* as the config's gradient_accumulation_steps */
 #define ZS_MSG_MAX_STEPS (1 << 30)
-#define ZS_MSG_MAX_FLOATS ((uint64_t)1 << 40) /* elements of the flat vector: 4 TiB of fp32 */
+#define ZS_MSG_MAX_FLOATS ZS_SHARDMAP_MAX_FLOATS
 
 /* The Register.capabilities bits this version knows; any other bit is refused. */
 #define ZS_MSG_CAPS_KNOWN                                                                          \

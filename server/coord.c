@@ -26,10 +26,11 @@
 #include "common/data.h"
 #include "common/log.h"
 #include "common/modelfile.h"
+#include "common/shardmap.h"
 #include "proto/ctrl.h"
+#include "proto/shardmap_msg.h"
 #include "server/coordstate.h"
-#include "server/shardmap.h"
-#include "worker/client.h"
+#include "transport/client.h"
 
 #define MAX_PEERS 4096
 

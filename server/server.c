@@ -28,8 +28,9 @@
 
 #include "common/log.h"
 #include "common/modelfile.h"
+#include "common/shardmap.h"
 #include "proto/ctrl.h"
-#include "server/shardmap.h"
+#include "proto/shardmap_msg.h"
 #include "server/shardstore.h"
 #include "transport/tcp.h"
 #include "transport/transport.h"
@@ -193,8 +194,8 @@ static void skip_payload(server *sv, zs_conn *c, const zs_frame *f)
 static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
 {
     const void *data;
-    if (zs_store_locate(sv->store, f->offset, f->count, (zs_frame_dtype)f->dtype, &data) !=
-        ZS_FS_OK) {
+    zs_store_copy copy = f->dtype == ZS_DTYPE_BF16 ? ZS_STORE_BF16 : ZS_STORE_F32;
+    if (zs_store_locate(sv->store, f->offset, f->count, copy, &data) != ZS_STORE_OK) {
         reply_error(sv, c, f, ZS_FS_BAD_RANGE, "range is not inside one shard of this server");
         return;
     }
@@ -295,7 +296,7 @@ static int push_check(server *sv, const waiting_push *w)
         return PUSH_DEFER; /* the chunk may have been reassigned to the sender */
     else if (sv->owner[f->chunk] != f->sender)
         st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
-    else if (zs_store_locate(sv->store, f->offset, f->count, ZS_DTYPE_F32, &data) != ZS_FS_OK)
+    else if (zs_store_locate(sv->store, f->offset, f->count, ZS_STORE_F32, &data) != ZS_STORE_OK)
         st = ZS_FS_BAD_RANGE, why = "range is not inside one shard of this server";
     if (st == ZS_FS_OK)
         return PUSH_TAKE;
@@ -398,14 +399,40 @@ out:
     return res;
 }
 
+/* The wire status a push's result is answered with.  Out of memory is the server's trouble,
+ * not the peer's mistake: it is logged here as an error, and the peer is told the server
+ * cannot take the push (SHUTDOWN, with the reason in the text) so that it stops retrying. */
+static zs_frame_status wire_status(zs_store_result r)
+{
+    switch (r) {
+    case ZS_STORE_OK:
+        return ZS_FS_OK;
+    case ZS_STORE_DUPLICATE:
+        return ZS_FS_DUPLICATE;
+    case ZS_STORE_STALE:
+        return ZS_FS_STALE;
+    case ZS_STORE_BAD_RANGE:
+        return ZS_FS_BAD_RANGE;
+    case ZS_STORE_BAD_CHUNK:
+        return ZS_FS_NOT_ASSIGNED;
+    case ZS_STORE_NOMEM:
+        return ZS_FS_SHUTDOWN;
+    }
+    return ZS_FS_BAD_FRAME;
+}
+
 static void on_push_done(server *sv, int slot, zs_err err)
 {
     scratch *s = &sv->pool[slot];
     s->busy = 0;
     if (err == ZS_OK) {
         const char *why = "";
-        zs_frame_status st = zs_store_push(sv->store, (long)s->frame.step, (int)s->frame.chunk,
-                                           s->frame.offset, s->frame.count, s->buf, &why);
+        zs_store_result res = zs_store_push(sv->store, (long)s->frame.step, (int)s->frame.chunk,
+                                            s->frame.offset, s->frame.count, s->buf, &why);
+        zs_frame_status st = wire_status(res);
+        if (res == ZS_STORE_NOMEM)
+            ZS_ERROR("server %u: push of step %llu chunk %u refused: %s", sv->id,
+                     (unsigned long long)s->frame.step, s->frame.chunk, why);
         if (st == ZS_FS_OK || st == ZS_FS_DUPLICATE) {
             zs_frame r = {.op = ZS_OP_PUSH_REPLY,
                           .dtype = ZS_DTYPE_F32,
@@ -610,8 +637,8 @@ static zs_err setup_shards(server *sv)
     for (int i = 0; i < count; i++) {
         size_t len = sv->local[i].end - sv->local[i].begin;
         const void *f32, *bf16;
-        zs_store_locate(sv->store, sv->local[i].begin, len, ZS_DTYPE_F32, &f32);
-        zs_store_locate(sv->store, sv->local[i].begin, len, ZS_DTYPE_BF16, &bf16);
+        zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_F32, &f32);
+        zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_BF16, &bf16);
         ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)f32, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
         ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)bf16, len * 2, ZS_MR_SEND, &sv->mr_bf16[i]));
         biggest = len > biggest ? len : biggest;

@@ -237,24 +237,26 @@ static void advance(shard *s, int C)
     }
 }
 
-zs_frame_status zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
+zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
                               const float *grad, const char **why)
 {
-    static const char *const reasons[] = {"",
-                                          "duplicate",
-                                          "",
-                                          "range not inside one shard here",
-                                          "push for another step",
-                                          "chunk index out of range"};
-    zs_frame_status res = ZS_FS_OK;
+    static const char *const reasons[] = {
+        [ZS_STORE_OK] = "",
+        [ZS_STORE_DUPLICATE] = "duplicate",
+        [ZS_STORE_STALE] = "push for another step",
+        [ZS_STORE_BAD_RANGE] = "range not inside one shard here",
+        [ZS_STORE_BAD_CHUNK] = "chunk index out of range",
+        [ZS_STORE_NOMEM] = "out of memory",
+    };
+    zs_store_result res = ZS_STORE_OK;
     shard *s = count ? find_shard(st, offset, count) : NULL;
     if (step != st->version)
-        res = ZS_FS_STALE;
+        res = ZS_STORE_STALE;
     else if (chunk < 0 || chunk >= st->C)
-        res = ZS_FS_NOT_ASSIGNED;
+        res = ZS_STORE_BAD_CHUNK;
     else if (!s)
-        res = ZS_FS_BAD_RANGE;
-    if (res != ZS_FS_OK) {
+        res = ZS_STORE_BAD_RANGE;
+    if (res != ZS_STORE_OK) {
         if (why)
             *why = reasons[res];
         return res;
@@ -263,8 +265,8 @@ zs_frame_status zs_store_push(zs_store *st, long step, int chunk, size_t offset,
     size_t b = offset - s->r.begin, e = b + count;
     if (chunk < s->next) {
         if (why)
-            *why = reasons[ZS_FS_DUPLICATE];
-        return ZS_FS_DUPLICATE;
+            *why = reasons[ZS_STORE_DUPLICATE];
+        return ZS_STORE_DUPLICATE;
     }
     /* Walk the gaps of [b, e) between received intervals: those elements are new. */
     size_t cur = b, fresh = 0;
@@ -283,14 +285,14 @@ zs_frame_status zs_store_push(zs_store *st, long step, int chunk, size_t offset,
                 if (!cs->stage && !(cs->stage = malloc(s->len * sizeof(float)))) {
                     if (why)
                         *why = "out of memory for a held chunk";
-                    return ZS_FS_SHUTDOWN;
+                    return ZS_STORE_NOMEM;
                 }
                 memcpy(cs->stage + cur, g, (gap_end - cur) * sizeof *g);
             }
             if (add_interval(cs, cur, gap_end) != 0) {
                 if (why)
                     *why = "out of memory for chunk bookkeeping";
-                return ZS_FS_SHUTDOWN;
+                return ZS_STORE_NOMEM;
             }
             fresh += gap_end - cur;
             /* The list changed: find the first interval ending after gap_end again. */
@@ -305,11 +307,11 @@ zs_frame_status zs_store_push(zs_store *st, long step, int chunk, size_t offset,
     }
     if (fresh == 0) {
         if (why)
-            *why = reasons[ZS_FS_DUPLICATE];
-        return ZS_FS_DUPLICATE;
+            *why = reasons[ZS_STORE_DUPLICATE];
+        return ZS_STORE_DUPLICATE;
     }
     advance(s, st->C);
-    return ZS_FS_OK;
+    return ZS_STORE_OK;
 }
 
 int zs_store_complete(const zs_store *st)
@@ -355,15 +357,15 @@ zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
     return ZS_OK;
 }
 
-zs_frame_status zs_store_locate(const zs_store *st, size_t offset, size_t count,
-                                zs_frame_dtype dtype, const void **data)
+zs_store_result zs_store_locate(const zs_store *st, size_t offset, size_t count, zs_store_copy copy,
+                                const void **data)
 {
     shard *s = count ? find_shard(st, offset, count) : NULL;
-    if (!s || (dtype != ZS_DTYPE_F32 && dtype != ZS_DTYPE_BF16))
-        return ZS_FS_BAD_RANGE;
+    if (!s || (copy != ZS_STORE_F32 && copy != ZS_STORE_BF16))
+        return ZS_STORE_BAD_RANGE;
     size_t o = offset - s->r.begin;
-    *data = dtype == ZS_DTYPE_F32 ? (const void *)(s->param + o) : (const void *)(s->bf16 + o);
-    return ZS_FS_OK;
+    *data = copy == ZS_STORE_F32 ? (const void *)(s->param + o) : (const void *)(s->bf16 + o);
+    return ZS_STORE_OK;
 }
 
 const float *zs_store_params(const zs_store *st, int i, zs_shard_range *range)

@@ -27,7 +27,20 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/tensors.h"
-#include "transport/frame.h"
+
+/* What a push or a lookup came to.  The server turns these into wire statuses; the store
+ * knows nothing of the wire. */
+typedef enum {
+    ZS_STORE_OK = 0,
+    ZS_STORE_DUPLICATE, /* every element of the piece was already received: dropped */
+    ZS_STORE_STALE,     /* a push for another step */
+    ZS_STORE_BAD_RANGE, /* not inside one of this store's shards */
+    ZS_STORE_BAD_CHUNK, /* chunk index out of range */
+    ZS_STORE_NOMEM,     /* out of memory for a held chunk or its bookkeeping */
+} zs_store_result;
+
+/* Which copy of the weights zs_store_locate finds. */
+typedef enum { ZS_STORE_F32 = 0, ZS_STORE_BF16 = 1 } zs_store_copy;
 
 typedef struct {
     int index;    /* position in the global shard list: the order partials are summed in */
@@ -58,12 +71,12 @@ long zs_store_version(const zs_store *st);
 
 /*
  * A gradient piece: elements [offset, offset + count) of chunk `chunk` of step `step`, which
- * must lie inside one of this store's shards.  Returns ZS_FS_OK (applied or held),
- * ZS_FS_DUPLICATE (every element already received: dropped), ZS_FS_STALE (another step),
- * or ZS_FS_BAD_RANGE / ZS_FS_NOT_ASSIGNED (chunk out of range); on anything but OK and a
- * partially new piece, nothing changes.  *why names the reason for a refusal.
+ * must lie inside one of this store's shards.  Returns ZS_STORE_OK (applied or held),
+ * ZS_STORE_DUPLICATE, ZS_STORE_STALE, ZS_STORE_BAD_RANGE, ZS_STORE_BAD_CHUNK or
+ * ZS_STORE_NOMEM; on anything but OK and a partially new piece, nothing changes.  *why names
+ * the reason for a refusal.
  */
-zs_frame_status zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
+zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
                               const float *grad, const char **why);
 
 /* All C chunks are in for every shard. */
@@ -79,12 +92,12 @@ void zs_store_partials(const zs_store *st, int *index, double *sumsq);
 zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip);
 
 /*
- * Where elements [offset, offset + count) of the current version live, in dtype (F32 or
- * BF16), inside one shard: *data points into the store (valid until the next apply).
- * ZS_FS_BAD_RANGE if the range is not inside one of this store's shards.
+ * Where elements [offset, offset + count) of the current version live, in the fp32 or the bf16
+ * copy, inside one shard: *data points into the store (valid until the next apply).
+ * ZS_STORE_BAD_RANGE if the range is not inside one of this store's shards.
  */
-zs_frame_status zs_store_locate(const zs_store *st, size_t offset, size_t count,
-                                zs_frame_dtype dtype, const void **data);
+zs_store_result zs_store_locate(const zs_store *st, size_t offset, size_t count, zs_store_copy copy,
+                                const void **data);
 
 /* The fp32 weights of shard i (for gathering the final model). */
 const float *zs_store_params(const zs_store *st, int i, zs_shard_range *range);

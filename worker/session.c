@@ -13,8 +13,9 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/shardmap.h"
 #include "proto/ctrl.h"
-#include "server/shardmap.h"
+#include "proto/shardmap_msg.h"
 
 struct zs_session {
     zs_ctrl *ctrl;

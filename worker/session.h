@@ -19,7 +19,8 @@
 #include "common/data.h"
 #include "common/err.h"
 #include "common/tensors.h"
-#include "worker/client.h"
+#include "proto/messages.h"
+#include "transport/client.h"
 
 #define ZS_SESSION_MAX_CHUNKS 1024
 

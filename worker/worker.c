@@ -25,7 +25,7 @@
 #include "common/log.h"
 #include "kernels/adamw.h"
 #include "kernels/gpt2.h"
-#include "worker/client.h"
+#include "transport/client.h"
 #include "worker/session.h"
 
 #define SLOTS 4 /* embeddings, final norm, two blocks */

@@ -53,11 +53,12 @@
 #include "common/config.h"
 #include "common/data.h"
 #include "common/log.h"
+#include "common/shardmap.h"
 #include "common/tensors.h"
 #include "proto/messages.h"
+#include "proto/shardmap_msg.h"
 #include "server/coord.h"
 #include "server/server.h"
-#include "server/shardmap.h"
 #include "transport/frame.h"
 
 #define REQUIRE(cond)                                                                              \

@@ -21,9 +21,10 @@
 #include <string.h>
 
 #include "common/config.h"
+#include "common/shardmap.h"
 #include "common/tensors.h"
 #include "proto/messages.h"
-#include "server/shardmap.h"
+#include "proto/shardmap_msg.h"
 
 #define REQUIRE(cond)                                                                              \
     do {                                                                                           \

@@ -1,7 +1,7 @@
 /*
  * coord: a whole job over real processes on loopback -- `zshard coord`, S `zshard server`s,
  * and W workers played by this test (the control plane through proto/ctrl.h, the data plane
- * through worker/client.h) -- for (S, W) = (1, 1), (2, 2), (3, 2).  The coordinator's
+ * through transport/client.h) -- for (S, W) = (1, 1), (2, 2), (3, 2).  The coordinator's
  * metrics.jsonl (less timing fields) and model.safetensors must be bitwise those of
  * `zshard train` on the same config and data.  Also: a worker whose data differs is refused.
  */
@@ -20,7 +20,7 @@
 #include "proto/messages.h"
 #include "tests/unit/netutil.h"
 #include "tests/unit/test.h"
-#include "worker/client.h"
+#include "transport/client.h"
 #include "worker/session.h"
 
 enum { MAXW = 2, STEPS = 4 };

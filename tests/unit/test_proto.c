@@ -13,9 +13,10 @@
 #include <string.h>
 
 #include "common/config.h"
+#include "common/shardmap.h"
 #include "common/tensors.h"
 #include "proto/messages.h"
-#include "server/shardmap.h"
+#include "proto/shardmap_msg.h"
 #include "tests/unit/test.h"
 
 static const zs_msg_ctx ANY = {ZS_MSG_ANY, 0, 0, 0};

@@ -1,6 +1,6 @@
 /*
  * server: real `zshard server` processes on loopback (1, 2 and 3 of them), with this test as
- * the coordinator (a ROUTER) and as workers (worker/client.h for the traffic, raw frames and
+ * the coordinator (a ROUTER) and as workers (transport/client.h for the traffic, raw frames and
  * raw sockets for the bad input).  Checks:
  *  - fetches of the initial weights equal the seed's init; a fetch of a future version waits
  *    until it is published;
@@ -39,15 +39,16 @@
 #include "common/clock.h"
 #include "common/data.h"
 #include "common/rng.h"
+#include "common/shardmap.h"
 #include "kernels/adamw.h"
 #include "kernels/gpt2.h"
 #include "kernels/reduce.h"
 #include "proto/ctrl.h"
-#include "server/shardmap.h"
+#include "proto/shardmap_msg.h"
 #include "tests/unit/netutil.h"
 #include "tests/unit/test.h"
+#include "transport/client.h"
 #include "transport/transport.h"
-#include "worker/client.h"
 #include "worker/trainer.h"
 
 enum { MAXS = 3, C = 4, STEPS = 3, WORKER = 100 };

@@ -9,8 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/shardmap.h"
 #include "common/tensors.h"
-#include "server/shardmap.h"
+#include "proto/shardmap_msg.h"
 #include "tests/unit/test.h"
 
 /* Checks every invariant of a built map; returns the number of failed checks. */

@@ -85,12 +85,12 @@ static void push_chunk(cluster *cl, long step, int c, const float *g)
                 len = r.end - cur;
             const char *why = NULL;
             int st = zs_store_push(cl->stores[cl->owner[i]], step, c, cur, len, g + cur, &why);
-            CHECK_EQ_INT(st, ZS_FS_OK);
+            CHECK_EQ_INT(st, ZS_STORE_OK);
             if (rnd() % 4 == 0) { /* a retried chunk's piece, possibly overlapping new data */
                 size_t db = r.begin + rnd() % (cur + len - r.begin);
                 st = zs_store_push(cl->stores[cl->owner[i]], step, c, db, cur + len - db, g + db,
                                    &why);
-                CHECK_EQ_INT(st, ZS_FS_DUPLICATE);
+                CHECK_EQ_INT(st, ZS_STORE_DUPLICATE);
             }
             cur += len;
         }
@@ -148,14 +148,15 @@ static void run(int S, int bf16)
         /* Faults that must change nothing. */
         const char *why;
         CHECK_EQ_INT(zs_store_push(cl.stores[0], step + 1, 0, cl.all[0].begin, 4, grads[0], &why),
-                     ZS_FS_STALE);
+                     ZS_STORE_STALE);
         CHECK_EQ_INT(zs_store_push(cl.stores[0], step, 4, cl.all[0].begin, 4, grads[0], &why),
-                     ZS_FS_NOT_ASSIGNED);
-        CHECK_EQ_INT(zs_store_push(cl.stores[0], step, 0, N, 4, grads[0], &why), ZS_FS_BAD_RANGE);
+                     ZS_STORE_BAD_CHUNK);
+        CHECK_EQ_INT(zs_store_push(cl.stores[0], step, 0, N, 4, grads[0], &why),
+                     ZS_STORE_BAD_RANGE);
         if (cl.nshards > 1) /* across a shard boundary */
             CHECK_EQ_INT(zs_store_push(cl.stores[cl.owner[0]], step, 0, cl.all[1].begin - 2, 4,
                                        grads[0], &why),
-                         ZS_FS_BAD_RANGE);
+                         ZS_STORE_BAD_RANGE);
         /* Chunks in a random order. */
         int order[4] = {0, 1, 2, 3};
         for (int i = 3; i > 0; i--) {
@@ -175,7 +176,7 @@ static void run(int S, int bf16)
         /* A late retry after completion: dropped. */
         CHECK_EQ_INT(zs_store_push(cl.stores[cl.owner[0]], step, 2, cl.all[0].begin, 8,
                                    grads[2] + cl.all[0].begin, &why),
-                     ZS_FS_DUPLICATE);
+                     ZS_STORE_DUPLICATE);
         /* The coordinator: partials summed in shard order. */
         double *part = calloc((size_t)cl.nshards, sizeof *part);
         for (int s = 0; s < S; s++) {
@@ -212,13 +213,13 @@ static void run(int S, int bf16)
     const void *p = NULL;
     zs_shard_range r0 = cl.all[cl.nshards - 1];
     CHECK_EQ_INT(zs_store_locate(cl.stores[cl.owner[cl.nshards - 1]], r0.begin, r0.end - r0.begin,
-                                 ZS_DTYPE_BF16, &p),
-                 ZS_FS_OK);
+                                 ZS_STORE_BF16, &p),
+                 ZS_STORE_OK);
     int same = 1;
     for (size_t i = 0; p && i < r0.end - r0.begin; i++)
         same &= ((const uint16_t *)p)[i] == zs_f32_to_bf16(tr.params[r0.begin + i]);
     CHECK(same);
-    CHECK_EQ_INT(zs_store_locate(cl.stores[0], N + 5, 1, ZS_DTYPE_F32, &p), ZS_FS_BAD_RANGE);
+    CHECK_EQ_INT(zs_store_locate(cl.stores[0], N + 5, 1, ZS_STORE_F32, &p), ZS_STORE_BAD_RANGE);
 
     zs_gpt2_free(model);
     for (int c = 0; c < 4; c++)

@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "server/shardmap.h"
+#include "common/shardmap.h"
 #include "transport/transport.h"
 
 typedef struct zs_client zs_client;

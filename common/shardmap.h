@@ -33,10 +33,13 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "proto/messages.h"
 
-#define ZS_SHARDMAP_MAX_SHARDS ZS_MSG_MAX_SHARDS
-#define ZS_SHARDMAP_MAX_SERVERS ZS_MSG_MAX_SERVERS
+/* Limits of a map; the control plane's (proto/messages.h) are these. */
+#define ZS_SHARDMAP_MAX_SHARDS (1 << 20)
+#define ZS_SHARDMAP_MAX_SERVERS 4096
+#define ZS_SHARDMAP_MAX_FLOATS                                                                     \
+    ((uint64_t)1 << 40) /* elements of the flat vector: 4 TiB of fp32                              \
+                         */
 
 typedef struct {
     size_t begin, end; /* floats: [begin, end) of the flat vector, end > begin */
@@ -95,16 +98,12 @@ const int *zs_shardmap_server_shards(const zs_shardmap *map, int s, int *count);
 int zs_shardmap_server_index(const zs_shardmap *map, uint32_t id);
 
 /*
- * The ShardMap message of map (*out; free with zshard__shard_map__free_unpacked(*out, NULL)),
- * with endpoints[s] the data-plane HOST:PORT of server s.  Validated as a receiver would.
+ * Fills map from explicit boundaries and an assignment: shards of shard_floats floats cut from
+ * [0, total) (the last may be shorter), shard i on server index assign[i] (0..n_servers-1),
+ * server ids ids[0..n_servers) (NULL: 1..n_servers).  Checks that every index is in range;
+ * the caller decides whether an idle server is acceptable (zs_shardmap_build never makes one).
  */
-zs_err zs_shardmap_to_msg(const zs_shardmap *map, const char *const *endpoints,
-                          Zshard__ShardMap **out);
-
-/*
- * The map of a ShardMap message: validates it (zs_msg_check_shard_map), then takes its
- * boundaries and assignment as they are (the coordinator's word; no rebalancing).
- */
-zs_err zs_shardmap_from_msg(const Zshard__ShardMap *m, zs_shardmap *map);
+zs_err zs_shardmap_assemble(size_t total, size_t shard_floats, int n_shards, int n_servers,
+                            const uint32_t *ids, const int *assign, zs_shardmap *map);
 
 #endif

@@ -8,11 +8,13 @@
  * which is the least loaded), so the rule costs O(1) per shard.  tests/unit/test_shardmap.c
  * checks it against the greedy rule written out.
  */
-#include "server/shardmap.h"
+#include "common/shardmap.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/tensors.h"
 
 void zs_shardmap_free(zs_shardmap *map)
 {
@@ -24,11 +26,20 @@ void zs_shardmap_free(zs_shardmap *map)
     memset(map, 0, sizeof *map);
 }
 
-/* Fills map from the cut (total, shard_floats) and assign[i], the server index of shard i. */
-static zs_err assemble(zs_shardmap *map, size_t total, size_t shard_floats, int n_shards,
-                       int n_servers, const uint32_t *ids, const int *assign)
+zs_err zs_shardmap_assemble(size_t total, size_t shard_floats, int n_shards, int n_servers,
+                            const uint32_t *ids, const int *assign, zs_shardmap *map)
 {
     memset(map, 0, sizeof *map);
+    if (shard_floats == 0 || n_shards < 1 || n_servers < 1 ||
+        (size_t)n_shards != (total + shard_floats - 1) / shard_floats)
+        return zs_error(ZS_ERR_INVALID,
+                        "shard map: %d shards of %zu floats do not cut a vector of %zu "
+                        "over %d servers",
+                        n_shards, shard_floats, total, n_servers);
+    for (int i = 0; i < n_shards; i++)
+        if (assign[i] < 0 || assign[i] >= n_servers)
+            return zs_error(ZS_ERR_INVALID, "shard map: shard %d on server index %d of %d", i,
+                            assign[i], n_servers);
     map->total = total;
     map->shard_floats = shard_floats;
     map->n_shards = n_shards;
@@ -77,9 +88,9 @@ zs_err zs_shardmap_build(size_t total, size_t shard_bytes, int n_servers,
                         "shard map: shard size %zu bytes is not a positive "
                         "multiple of %zu (%d floats)",
                         shard_bytes, align_bytes, ZS_TENSOR_ALIGN);
-    if (total == 0 || total > ZS_MSG_MAX_FLOATS)
+    if (total == 0 || total > ZS_SHARDMAP_MAX_FLOATS)
         return zs_error(ZS_ERR_INVALID, "shard map: vector of %zu floats, expected 1..%" PRIu64,
-                        total, ZS_MSG_MAX_FLOATS);
+                        total, ZS_SHARDMAP_MAX_FLOATS);
     size_t shard_floats = shard_bytes / sizeof(float);
     size_t n = total / shard_floats + (total % shard_floats != 0);
     if (n > ZS_SHARDMAP_MAX_SHARDS)
@@ -125,7 +136,8 @@ zs_err zs_shardmap_build(size_t total, size_t shard_bytes, int n_servers,
         return zs_error(ZS_ERR_NOMEM, "shard map: out of memory for %zu shards", n);
     for (size_t i = 0; i < n; i++)
         assign[i] = (int)(i % (size_t)n_servers);
-    zs_err res = assemble(map, total, shard_floats, (int)n, n_servers, server_ids, assign);
+    zs_err res =
+        zs_shardmap_assemble(total, shard_floats, (int)n, n_servers, server_ids, assign, map);
     free(assign);
     return res;
 }
@@ -183,99 +195,4 @@ int zs_shardmap_server_index(const zs_shardmap *map, uint32_t id)
         if (map->server_ids[s] == id)
             return s;
     return -1;
-}
-
-zs_err zs_shardmap_to_msg(const zs_shardmap *map, const char *const *endpoints,
-                          Zshard__ShardMap **out)
-{
-    *out = NULL;
-    Zshard__ShardMap *m = malloc(sizeof *m);
-    if (!m)
-        return zs_error(ZS_ERR_NOMEM, "ShardMap: out of memory");
-    zshard__shard_map__init(m);
-    m->has_total_floats = 1;
-    m->total_floats = map->total;
-    m->has_shard_floats = 1;
-    m->shard_floats = map->shard_floats;
-    m->shards = calloc((size_t)map->n_shards, sizeof *m->shards);
-    m->servers = calloc((size_t)map->n_servers, sizeof *m->servers);
-    if (!m->shards || !m->servers)
-        goto nomem;
-    for (int i = 0; i < map->n_shards; i++) {
-        Zshard__Shard *sh = malloc(sizeof *sh);
-        if (!sh)
-            goto nomem;
-        zshard__shard__init(sh);
-        m->shards[m->n_shards++] = sh;
-        sh->has_index = sh->has_begin = sh->has_end = sh->has_server = 1;
-        sh->index = (uint32_t)i;
-        sh->begin = map->shards[i].begin;
-        sh->end = map->shards[i].end;
-        sh->server = map->server_ids[map->shards[i].server];
-    }
-    for (int s = 0; s < map->n_servers; s++) {
-        Zshard__ServerInfo *si = malloc(sizeof *si);
-        if (!si)
-            goto nomem;
-        zshard__server_info__init(si);
-        m->servers[m->n_servers++] = si;
-        si->has_id = 1;
-        si->id = map->server_ids[s];
-        si->endpoint = strdup(endpoints[s] ? endpoints[s] : "");
-        if (!si->endpoint)
-            goto nomem;
-    }
-    zs_err res = zs_msg_check_shard_map(m, NULL);
-    if (res != ZS_OK) {
-        zshard__shard_map__free_unpacked(m, NULL);
-        return zs_error_context(ZS_ERR_INVALID, "building a shard map");
-    }
-    *out = m;
-    return ZS_OK;
-nomem:
-    zshard__shard_map__free_unpacked(m, NULL);
-    return zs_error(ZS_ERR_NOMEM, "ShardMap: out of memory for %d shards", map->n_shards);
-}
-
-typedef struct {
-    uint32_t id;
-    int index;
-} id_slot;
-
-static int cmp_slot(const void *a, const void *b)
-{
-    const id_slot *x = a, *y = b;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
-zs_err zs_shardmap_from_msg(const Zshard__ShardMap *m, zs_shardmap *map)
-{
-    memset(map, 0, sizeof *map);
-    ZS_CHECK(zs_msg_check_shard_map(m, NULL));
-    int n = (int)m->n_shards, S = (int)m->n_servers;
-    zs_err res = ZS_OK;
-    uint32_t *ids = malloc((size_t)S * sizeof *ids);
-    id_slot *slots = malloc((size_t)S * sizeof *slots);
-    int *assign = malloc((size_t)n * sizeof *assign);
-    if (!ids || !slots || !assign) {
-        res = zs_error(ZS_ERR_NOMEM, "shard map: out of memory for %d shards", n);
-        goto out;
-    }
-    for (int s = 0; s < S; s++) {
-        ids[s] = m->servers[s]->id;
-        slots[s] = (id_slot){ids[s], s};
-    }
-    qsort(slots, (size_t)S, sizeof *slots, cmp_slot);
-    for (int i = 0; i < n; i++) {
-        id_slot key = {m->shards[i]->server, 0};
-        /* Present and unique: zs_msg_check_shard_map said so. */
-        const id_slot *hit = bsearch(&key, slots, (size_t)S, sizeof *slots, cmp_slot);
-        assign[i] = hit->index;
-    }
-    res = assemble(map, (size_t)m->total_floats, (size_t)m->shard_floats, n, S, ids, assign);
-out:
-    free(assign);
-    free(slots);
-    free(ids);
-    return res;
 }

@@ -2,7 +2,7 @@
  * client: see client.h.  An operation is an array of pieces, each with its receive request
  * (the reply) and its send request (the frame); both are driven by the transport's wait.
  */
-#include "worker/client.h"
+#include "transport/client.h"
 
 #include <stdio.h>
 #include <stdlib.h>
