@@ -1,10 +1,12 @@
 /*
  * zshard train: the single-process trainer.  Writes OUT/metrics.jsonl (one JSON object per
- * step), OUT/model.safetensors and OUT/config.json, and a progress line per step on stderr.
- * Ctrl-C stops after the current step and still writes the model.
+ * step, common/metrics.h), OUT/model.safetensors and OUT/config.json, and a progress line per
+ * step on stderr.  Ctrl-C stops after the current step and still writes the model; so does a
+ * metrics line that cannot be written (a full disk), and the run then fails.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include "common/config.h"
 #include "common/data.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "worker/trainer.h"
 
 static const char train_usage[] =
@@ -104,7 +107,7 @@ int zs_cmd_train(int argc, char **argv)
         return 1;
     }
     int rc = 1;
-    FILE *metrics = NULL;
+    zs_metrics *metrics = NULL;
     if (zs_trainer_init(&tr, &cfg, &data, (int)threads, init) != ZS_OK) {
         fprintf(stderr, "zshard train: %s\n", zs_last_error());
         goto out_data;
@@ -115,8 +118,8 @@ int zs_cmd_train(int argc, char **argv)
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    if (!(metrics = fopen(path, "w"))) {
-        fprintf(stderr, "zshard train: %s: %s\n", path, strerror(errno));
+    if (zs_metrics_open(path, -1, &metrics) != ZS_OK) {
+        fprintf(stderr, "zshard train: %s\n", zs_last_error());
         goto out_trainer;
     }
     ZS_INFO("train: %zu parameters, %d layers x %d wide, %d chunks of %d x %d tokens per step, "
@@ -124,20 +127,38 @@ int zs_cmd_train(int argc, char **argv)
             tr.tt.n_params, cfg.model.n_layer, cfg.model.n_embd, cfg.chunks, cfg.micro_batch,
             cfg.model.block_size, threads, data_path, data.ntokens);
     zs_cli_catch_signals();
-    for (long s = 0; s < steps && !zs_cli_stop; s++) {
+    /* Every write is checked, so a file size limit (ulimit -f) is better an EFBIG error that
+     * names the file than SIGXFSZ killing the process with a line cut in the middle. */
+    signal(SIGXFSZ, SIG_IGN);
+    /* A metrics line that cannot be written (a full disk, an I/O error) stops the run after
+     * that step, like Ctrl-C: the step's values still reach stderr below, the model of the
+     * steps done is saved, and the run fails (exit 1).  That loses least: the weights cost the
+     * most to recompute, while going on without a record would leave metrics.jsonl silently
+     * short and, on a full disk, likely fail the final save after more wasted steps.  The
+     * file keeps every complete line written before the failure (metrics.h). */
+    int metrics_failed = 0;
+    for (long s = 0; s < steps && !zs_cli_stop && !metrics_failed; s++) {
         zs_step_stats st;
         if (zs_trainer_step(&tr, &st) != ZS_OK) {
             fprintf(stderr, "zshard train: step %ld: %s\n", s + 1, zs_last_error());
             goto out_metrics;
         }
-        fprintf(metrics,
-                "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-                "\"clip\": %.9g, \"tokens_per_sec\": %.1f, \"step_ms\": %.1f, "
-                "\"compute_ms\": %.1f, \"fetch_wait_ms\": 0.0, \"push_wait_ms\": 0.0, "
-                "\"workers\": 1}\n",
-                st.step, st.loss, st.lr, st.grad_norm, st.clip, st.tokens_per_sec, st.seconds * 1e3,
-                st.seconds * 1e3);
-        fflush(metrics);
+        zs_metrics_begin(metrics);
+        zs_metrics_int(metrics, "step", st.step);
+        zs_metrics_num(metrics, "loss", st.loss, "%.9g");
+        zs_metrics_num(metrics, "lr", st.lr, "%.9g");
+        zs_metrics_num(metrics, "grad_norm", st.grad_norm, "%.9g");
+        zs_metrics_num(metrics, "clip", st.clip, "%.9g");
+        zs_metrics_num(metrics, "tokens_per_sec", st.tokens_per_sec, "%.1f");
+        zs_metrics_num(metrics, "step_ms", st.seconds * 1e3, "%.1f");
+        zs_metrics_num(metrics, "compute_ms", st.seconds * 1e3, "%.1f");
+        zs_metrics_num(metrics, "fetch_wait_ms", 0.0, "%.1f");
+        zs_metrics_num(metrics, "push_wait_ms", 0.0, "%.1f");
+        zs_metrics_int(metrics, "workers", 1);
+        if (zs_metrics_end(metrics) != ZS_OK) {
+            fprintf(stderr, "zshard train: step %ld: %s\n", st.step, zs_last_error());
+            metrics_failed = 1;
+        }
         double eta = st.seconds * (double)(steps - st.step);
         fprintf(stderr,
                 "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %.0f ms"
@@ -145,17 +166,27 @@ int zs_cmd_train(int argc, char **argv)
                 st.step, steps, st.loss, st.lr, st.grad_norm, st.tokens_per_sec, st.seconds * 1e3,
                 eta);
     }
-    if (zs_cli_stop)
+    if (metrics_failed)
+        ZS_WARN("train: stopped after step %ld: its metrics line could not be written; "
+                "saving the model",
+                tr.step);
+    else if (zs_cli_stop)
         ZS_WARN("train: interrupted after step %ld; saving the model", tr.step);
     if (zs_trainer_save(&tr, out) != ZS_OK) {
         fprintf(stderr, "zshard train: %s\n", zs_last_error());
         goto out_metrics;
     }
+    if (metrics_failed) {
+        ZS_ERROR("train: wrote %s/model.safetensors and %s/config.json (after step %ld); "
+                 "%s/metrics.jsonl ends before that step",
+                 out, out, tr.step, out);
+        goto out_metrics;
+    }
     ZS_INFO("train: wrote %s/model.safetensors, %s/config.json, %s/metrics.jsonl", out, out, out);
     rc = zs_cli_stop ? 130 : 0;
 out_metrics:
-    if (fclose(metrics) != 0 && rc == 0) {
-        fprintf(stderr, "zshard train: %s: %s\n", path, strerror(errno));
+    if (zs_metrics_close(metrics) != ZS_OK) {
+        fprintf(stderr, "zshard train: %s\n", zs_last_error());
         rc = 1;
     }
 out_trainer:

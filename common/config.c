@@ -4,18 +4,22 @@
  * The parser walks the document with a fixed list of allowed keys per object, so an unknown
  * key is reported by its full path ("optimizer.params.betaz") instead of being ignored; a
  * value of the wrong type or out of range is reported with the path and the value.  Values
- * not given keep the defaults of zs_config_defaults().
+ * not given keep the defaults of zs_config_defaults().  zs_config_fingerprint() hashes a
+ * canonical text of the values that decide the training bits, field by field.
  */
 #include "common/config.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 void zs_config_defaults(zs_config *cfg)
 {
@@ -38,6 +42,8 @@ void zs_config_defaults(zs_config *cfg)
     cfg->cluster = (zs_cluster_config){
         .shard_bytes = 4u << 20, .heartbeat_interval_ms = 500, .heartbeat_timeout_ms = 5000};
     cfg->elasticity = (zs_elastic_config){.enabled = 0, .min_workers = 1, .max_workers = 0};
+    cfg->checkpoint =
+        (zs_checkpoint_config){.dir = "", .interval_steps = 0, .keep = 2, .replicas = 0};
 }
 
 /* The parser's state: where we are (for messages) and which source we read. */
@@ -350,6 +356,28 @@ static zs_err parse_fp16(const parser *p, json_t *f)
     return ZS_OK;
 }
 
+static zs_err parse_checkpoint(const parser *p, json_t *o, zs_checkpoint_config *ck)
+{
+    static const char *const keys[] = {"dir", "interval_steps", "keep", "replicas", NULL};
+    ZS_CHECK(check_keys(p, "checkpoint", o, keys));
+    const char *dir = NULL;
+    ZS_CHECK(get_str(p, o, "checkpoint", "dir", &dir));
+    if (dir) {
+        size_t len = strlen(dir);
+        if (len >= sizeof ck->dir)
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"checkpoint.dir\": a path of %zu bytes is longer than "
+                            "the %zu bytes allowed",
+                            p->source, len, sizeof ck->dir - 1);
+        memcpy(ck->dir, dir, len + 1);
+    }
+    ZS_CHECK(
+        get_int32(p, o, "checkpoint", "interval_steps", 0, 1 << 30, &ck->interval_steps, NULL));
+    ZS_CHECK(get_int32(p, o, "checkpoint", "keep", 1, 1 << 20, &ck->keep, NULL));
+    ZS_CHECK(get_int32(p, o, "checkpoint", "replicas", 0, 1, &ck->replicas, NULL));
+    return ZS_OK;
+}
+
 static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
 {
     static const char *const keys[] = {"seed",
@@ -365,6 +393,7 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                                        "model",
                                        "cluster",
                                        "elasticity",
+                                       "checkpoint",
                                        "wall_clock_breakdown",
                                        NULL};
     static const char *const bf16_keys[] = {"enabled", NULL};
@@ -444,6 +473,9 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                             "min_workers %d",
                             p->source, cfg->elasticity.max_workers, cfg->elasticity.min_workers);
     }
+    ZS_CHECK(get_obj(p, root, "", "checkpoint", &o));
+    if (o)
+        ZS_CHECK(parse_checkpoint(p, o, &cfg->checkpoint));
 
     /* Batch geometry, as DeepSpeed relates the three keys (with one "GPU" per chunk). */
     if (!have_b && !have_B)
@@ -523,6 +555,60 @@ out:
     free(text);
     fclose(f);
     return res;
+}
+
+/* Appends printf output to the text buffer; the caller sized the buffer for every line. */
+typedef struct {
+    char buf[2048];
+    size_t len;
+} fp_text;
+
+static void fp_line(fp_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void fp_line(fp_text *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->buf + t->len, sizeof t->buf - t->len, fmt, ap);
+    va_end(ap);
+    /* The lines are a fixed list of numbers: they fit, and a cut would only make the hash of a
+     * shorter text, never read out of bounds. */
+    if (n > 0)
+        t->len += (size_t)n < sizeof t->buf - t->len ? (size_t)n : sizeof t->buf - t->len - 1;
+}
+
+uint64_t zs_config_fingerprint(const zs_config *cfg)
+{
+    /* Field by field in a fixed order: never the struct's bytes, whose padding and layout
+     * belong to the build.  Changing what is hashed changes the version line. */
+    fp_text t = {.len = 0};
+    const zs_model_config *m = &cfg->model;
+    const zs_adamw_config *a = &cfg->adamw;
+    const zs_schedule *s = &cfg->sched;
+    fp_line(&t, "zshard-config-fingerprint v1\n");
+    fp_line(&t, "model.n_layer=%d\nmodel.n_head=%d\nmodel.n_embd=%d\n", m->n_layer, m->n_head,
+            m->n_embd);
+    fp_line(&t, "model.vocab_size=%d\nmodel.block_size=%d\n", m->vocab_size, m->block_size);
+    fp_line(&t, "seed=%" PRIu64 "\n", cfg->seed);
+    fp_line(&t, "train_batch_size=%d\nmicro_batch=%d\nchunks=%d\n", cfg->train_batch_size,
+            cfg->micro_batch, cfg->chunks);
+    fp_line(&t, "adamw.lr=%a\nadamw.beta1=%a\nadamw.beta2=%a\nadamw.eps=%a\n", a->lr, a->beta1,
+            a->beta2, a->eps);
+    fp_line(&t, "adamw.weight_decay=%a\n", a->weight_decay);
+    /* The schedule by its DeepSpeed name, not by the enum's value, which is the build's. */
+    const char *sched = s->type == ZS_SCHED_WARMUP          ? "WarmupLR"
+                        : s->type == ZS_SCHED_WARMUP_DECAY  ? "WarmupDecayLR"
+                        : s->type == ZS_SCHED_WARMUP_COSINE ? "WarmupCosineLR"
+                                                            : "constant";
+    fp_line(&t, "sched.type=%s\nsched.warmup_min_lr=%a\nsched.warmup_max_lr=%a\n", sched,
+            s->warmup_min_lr, s->warmup_max_lr);
+    fp_line(&t, "sched.warmup_num_steps=%d\nsched.warmup_linear=%d\nsched.total_num_steps=%d\n",
+            s->warmup_num_steps, s->warmup_linear, s->total_num_steps);
+    fp_line(&t, "sched.warmup_min_ratio=%a\nsched.cos_min_ratio=%a\n", s->warmup_min_ratio,
+            s->cos_min_ratio);
+    fp_line(&t, "gradient_clipping=%a\nbf16=%d\n", cfg->gradient_clipping, cfg->bf16 ? 1 : 0);
+    fp_line(&t, "cluster.shard_size=%zu\n", cfg->cluster.shard_bytes);
+    return XXH3_64bits(t.buf, t.len);
 }
 
 /* DeepSpeed's warmup fraction gamma in [0, 1] for step < warmup_num_steps. */

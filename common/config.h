@@ -1,6 +1,6 @@
 /*
  * config: the job's JSON configuration, with DeepSpeed's key names where the meaning is the
- * same, plus a "model" block and a "cluster" block.
+ * same, plus "model", "cluster" and "checkpoint" blocks.
  *
  * Invariant: a zs_config that zs_config_parse() returned ZS_OK for is complete and
  * consistent (batch sizes divide, the model's shapes are positive and n_embd divides by
@@ -57,6 +57,16 @@ typedef struct {
     int max_workers;
 } zs_elastic_config;
 
+/* Where and how often the coordinator commits checkpoints (common/ckpt.h for the format). */
+typedef struct {
+    char dir[4096];     /* "" = OUT/checkpoints; must be the same path on every partition
+                           server and the coordinator (a shared filesystem across hosts) */
+    int interval_steps; /* a checkpoint every this many steps; 0 = only the final one */
+    int keep;           /* committed checkpoints kept, >= 1; the newest valid one is never
+                           deleted */
+    int replicas;       /* 0, or 1: each server's state also copied to one buddy server */
+} zs_checkpoint_config;
+
 typedef struct {
     zs_model_config model;
     uint64_t seed;
@@ -70,6 +80,7 @@ typedef struct {
     int steps_per_print;
     zs_cluster_config cluster;
     zs_elastic_config elasticity;
+    zs_checkpoint_config checkpoint;
 } zs_config;
 
 /* Fills cfg with the defaults that apply when a key is absent. */
@@ -80,6 +91,26 @@ zs_err zs_config_parse(const char *text, const char *source, zs_config *cfg);
 
 /* Reads and parses the file at path. */
 zs_err zs_config_load(const char *path, zs_config *cfg);
+
+/*
+ * A 64-bit fingerprint (XXH3-64) of everything in cfg that decides the trained bits, so that a
+ * resume refuses a checkpoint written under another configuration: a run resumed from it
+ * would no longer be bitwise identical to an uninterrupted run.
+ *
+ * In: model.* (n_layer, n_head, n_embd, vocab_size, block_size), seed, train_batch_size,
+ * the micro-batch and the chunk count, optimizer.params (lr, betas, eps, weight_decay), every
+ * field of the schedule (type and all parameters, as parsed: warmup_num_steps after DeepSpeed's
+ * clamp to 2), gradient_clipping, bf16.enabled, and cluster.shard_size: the gradient norm is
+ * summed shard by shard, so the shard size decides the norm's rounding and with it the clip
+ * factor.
+ * Out, because a resume may change them without changing a bit of the training: the rest of
+ * cluster.* (heartbeats), elasticity.*, checkpoint.*, steps_per_print, wall_clock_breakdown.
+ *
+ * The hash is over a canonical text ("key=value\n" lines in a fixed order, integers in
+ * decimal, doubles with "%a", so exact) that does not depend on the build, the compiler or
+ * the struct layout; the text starts with a version line, changed whenever the text changes.
+ */
+uint64_t zs_config_fingerprint(const zs_config *cfg);
 
 /* The learning rate of 0-based step, from optimizer.params.lr and the schedule. */
 double zs_config_lr(const zs_config *cfg, int step);

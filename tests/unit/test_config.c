@@ -1,5 +1,9 @@
-/* config: defaults, DeepSpeed keys, batch geometry, schedules, and errors that name the key. */
+/*
+ * config: defaults, DeepSpeed keys, batch geometry, schedules, the checkpoint block, errors
+ * that name the key, and the fingerprint of what decides the training bits.
+ */
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/config.h"
@@ -143,6 +147,143 @@ static void test_errors(void)
     CHECK_FAILS_WITH(zs_config_load("/nonexistent/zshard.json", &c), "/nonexistent/zshard.json");
 }
 
+static void test_checkpoint(void)
+{
+    zs_config c;
+    CHECK_OK(zs_config_parse("{}", "empty", &c));
+    CHECK(strcmp(c.checkpoint.dir, "") == 0);
+    CHECK_EQ_INT(c.checkpoint.interval_steps, 0);
+    CHECK_EQ_INT(c.checkpoint.keep, 2);
+    CHECK_EQ_INT(c.checkpoint.replicas, 0);
+    CHECK_OK(zs_config_parse("{\"checkpoint\": {\"dir\": \"/shared/ck\", \"interval_steps\": 50,"
+                             " \"keep\": 3, \"replicas\": 1}}",
+                             "ck", &c));
+    CHECK(strcmp(c.checkpoint.dir, "/shared/ck") == 0);
+    CHECK_EQ_INT(c.checkpoint.interval_steps, 50);
+    CHECK_EQ_INT(c.checkpoint.keep, 3);
+    CHECK_EQ_INT(c.checkpoint.replicas, 1);
+    /* Keys not given keep their defaults. */
+    CHECK_OK(zs_config_parse("{\"checkpoint\": {\"keep\": 1}}", "ck", &c));
+    CHECK_EQ_INT(c.checkpoint.keep, 1);
+    CHECK_EQ_INT(c.checkpoint.interval_steps, 0);
+    CHECK(strcmp(c.checkpoint.dir, "") == 0);
+    CHECK_OK(zs_config_parse("{\"checkpoint\": {}}", "ck", &c));
+    CHECK_EQ_INT(c.checkpoint.keep, 2);
+
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"intervall\": 5}}", "cfg.json", &c),
+                     "cfg.json: unknown key \"checkpoint.intervall\"");
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": 5}", "cfg.json", &c),
+                     "\"checkpoint\": expected an object, got an integer");
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"dir\": 5}}", "cfg.json", &c),
+                     "\"checkpoint.dir\": expected a string, got an integer");
+    CHECK_FAILS_WITH(
+        zs_config_parse("{\"checkpoint\": {\"interval_steps\": \"10\"}}", "cfg.json", &c),
+        "\"checkpoint.interval_steps\": expected an integer, got a string");
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"keep\": 1.5}}", "cfg.json", &c),
+                     "\"checkpoint.keep\": expected an integer, got a number");
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"replicas\": true}}", "cfg.json", &c),
+                     "\"checkpoint.replicas\": expected an integer, got a boolean");
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"keep\": 0}}", "cfg.json", &c),
+                     "\"checkpoint.keep\": 0 is outside [1, ");
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"replicas\": 2}}", "cfg.json", &c),
+                     "\"checkpoint.replicas\": 2 is outside [0, 1]");
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"interval_steps\": -1}}", "cfg.json", &c),
+                     "\"checkpoint.interval_steps\": -1 is outside [0, ");
+
+    /* A dir of 4095 bytes fits the buffer with its terminator; 4096 does not. */
+    size_t n = sizeof c.checkpoint.dir;
+    char *text = malloc(n + 64);
+    CHECK(text != NULL);
+    if (!text)
+        return;
+    int pre = snprintf(text, n + 64, "{\"checkpoint\": {\"dir\": \"");
+    memset(text + pre, 'd', n - 1);
+    strcpy(text + pre + n - 1, "\"}}");
+    CHECK_OK(zs_config_parse(text, "long", &c));
+    CHECK_EQ_INT(strlen(c.checkpoint.dir), n - 1);
+    memset(text + pre, 'd', n);
+    strcpy(text + pre + n, "\"}}");
+    CHECK_FAILS_WITH(zs_config_parse(text, "long", &c),
+                     "\"checkpoint.dir\": a path of 4096 bytes is longer than the 4095");
+    free(text);
+}
+
+/* The fingerprint of the config text, or 0 (and a failed check) when it does not parse. */
+static uint64_t fingerprint(const char *text)
+{
+    zs_config c;
+    zs_err res = zs_config_parse(text, "fp", &c);
+    CHECK_OK(res);
+    return res == ZS_OK ? zs_config_fingerprint(&c) : 0;
+}
+
+static void test_fingerprint(void)
+{
+    const char *base =
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2,"
+        " \"n_head\": 2, \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}}}";
+    uint64_t fb = fingerprint(base);
+    CHECK(fb != 0);
+    CHECK(fingerprint(base) == fb); /* a pure function of the values */
+    zs_config d;
+    zs_config_defaults(&d);
+    CHECK(zs_config_fingerprint(&d) != fb);
+
+    /* What may change at a resume leaves it alone. */
+    static const char *const same[] = {
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}},"
+        " \"cluster\": {\"heartbeat_interval_ms\": 100, \"heartbeat_timeout_ms\": 300},"
+        " \"elasticity\": {\"enabled\": true, \"min_workers\": 2, \"max_workers\": 4},"
+        " \"checkpoint\": {\"dir\": \"/x\", \"interval_steps\": 5, \"keep\": 9, \"replicas\": 1},"
+        " \"steps_per_print\": 10, \"wall_clock_breakdown\": true}",
+        /* The same values spelled otherwise: key order, 8 as 8.0, the default lr's peers. */
+        "{\"optimizer\": {\"params\": {\"lr\": 1e-2, \"eps\": 1e-8}}, \"model\": {\"n_embd\": 32,"
+        " \"n_head\": 2, \"n_layer\": 2}, \"train_batch_size\": 8.0, \"seed\": 7}",
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        CHECK(fingerprint(same[i]) == fb);
+
+    /* What decides the bits changes it. */
+    static const char *const differ[] = {
+        /* lr */
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.010000000000000002}}}",
+        /* seed */
+        "{\"seed\": 8, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}}}",
+        /* n_layer */
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 3, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}}}",
+        /* the same batch cut into other chunks */
+        "{\"seed\": 7, \"train_batch_size\": 8, \"gradient_accumulation_steps\": 2,"
+        " \"model\": {\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32},"
+        " \"optimizer\": {\"params\": {\"lr\": 0.01}}}",
+        /* the schedule */
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}},"
+        " \"scheduler\": {\"type\": \"WarmupLR\"}}",
+        /* clipping, bf16 */
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}},"
+        " \"gradient_clipping\": 0.5}",
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}}, \"bf16\": {\"enabled\": "
+        "true}}",
+        /* the shard size decides how the gradient norm is summed */
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}},"
+        " \"cluster\": {\"shard_size\": 65536}}",
+    };
+    for (size_t i = 0; i < sizeof differ / sizeof differ[0]; i++) {
+        uint64_t f = fingerprint(differ[i]);
+        if (f == fb)
+            fprintf(stderr, "fingerprint: case %zu equals the base's %016llx\n", i,
+                    (unsigned long long)fb);
+        CHECK(f != fb);
+    }
+}
+
 static void test_hf_roundtrip(void)
 {
     char dir[] = "/tmp/zs_test_config_XXXXXX";
@@ -179,6 +320,8 @@ int main(void)
     test_defaults_and_geometry();
     test_schedules();
     test_errors();
+    test_checkpoint();
+    test_fingerprint();
     test_hf_roundtrip();
     return zs_test_result("test_config");
 }
