@@ -13,6 +13,7 @@ int zs_cmd_coord(int argc, char **argv);
 int zs_cmd_worker(int argc, char **argv);
 int zs_cmd_status(int argc, char **argv);
 int zs_cmd_launch(int argc, char **argv);
+int zs_cmd_export(int argc, char **argv);
 
 /* Parses a positive integer flag value; prints "zshard CMD: --FLAG: ..." and returns -1. */
 long zs_cli_int(const char *cmd, const char *flag, const char *value, long lo, long hi);

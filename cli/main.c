@@ -26,6 +26,7 @@ static const char usage[] =
     "  worker  run a worker (computes chunks with fetched layers, pushes gradients)\n"
     "  status  print what a running job is doing (step, members, throughput)\n"
     "  launch  run a whole job on this host: coord, servers and workers\n"
+    "  export  write a Hugging Face model directory from a checkpoint\n"
     "\n"
     "Run 'zshard COMMAND --help' for the options of a command.\n";
 
@@ -116,6 +117,8 @@ int main(int argc, char **argv)
         return zs_cmd_status(argc - 1, argv + 1);
     if (strcmp(cmd, "launch") == 0)
         return zs_cmd_launch(argc - 1, argv + 1);
+    if (strcmp(cmd, "export") == 0)
+        return zs_cmd_export(argc - 1, argv + 1);
     fprintf(stderr, "zshard: unknown command \"%s\"\n\n%s", cmd, usage);
     return 2;
 }
