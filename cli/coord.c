@@ -10,31 +10,33 @@
 
 static const char coord_usage[] =
     "usage: zshard coord --listen tcp://HOST:PORT --config CFG.json --servers S --data PATH\n"
-    "                    --steps N --out DIR [--log-level LEVEL]\n"
+    "                    --steps N --out DIR [--resume CKPT] [--log-level LEVEL]\n"
     "\n"
     "Runs the coordinator: membership, the shard map and the step state of a job; writes\n"
-    "DIR/metrics.jsonl and, at the end, DIR/model.safetensors and DIR/config.json.\n"
+    "DIR/metrics.jsonl, commits the servers' checkpoints (checkpoint.dir, default\n"
+    "DIR/checkpoints) and, at the end, exports the final one into DIR/model.safetensors and\n"
+    "DIR/config.json.\n"
     "\n"
     "  --listen tcp://HOST:PORT  control endpoint (ZeroMQ) for servers and workers\n"
     "  --config CFG.json         job configuration\n"
     "  --servers S               partition servers to wait for\n"
     "  --data PATH               training data; workers must hold the same data\n"
-    "  --steps N                 optimizer steps\n"
+    "  --steps N                 optimizer steps of the whole run (also when it resumes)\n"
     "  --out DIR                 output directory\n"
+    "  --resume CKPT             continue from a checkpoint (a step-* directory), or from the\n"
+    "                            newest valid checkpoint of a checkpoint directory, on any\n"
+    "                            number of servers; metrics.jsonl keeps its lines up to it\n"
     "  --log-level LEVEL         error, warn, info (default) or debug\n"
     "  -h, --help                this text\n";
 
 int zs_cmd_coord(int argc, char **argv)
 {
-    static const struct option opts[] = {{"listen", required_argument, NULL, 'l'},
-                                         {"config", required_argument, NULL, 'c'},
-                                         {"servers", required_argument, NULL, 'S'},
-                                         {"data", required_argument, NULL, 'd'},
-                                         {"steps", required_argument, NULL, 's'},
-                                         {"out", required_argument, NULL, 'o'},
-                                         {"log-level", required_argument, NULL, 'L'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"listen", required_argument, NULL, 'l'},  {"config", required_argument, NULL, 'c'},
+        {"servers", required_argument, NULL, 'S'}, {"data", required_argument, NULL, 'd'},
+        {"steps", required_argument, NULL, 's'},   {"out", required_argument, NULL, 'o'},
+        {"resume", required_argument, NULL, 'r'},  {"log-level", required_argument, NULL, 'L'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
     zs_coord_opts o = {.servers = -1, .steps = -1};
     int c;
     opterr = 0;
@@ -52,6 +54,9 @@ int zs_cmd_coord(int argc, char **argv)
             break;
         case 'o':
             o.out_dir = optarg;
+            break;
+        case 'r':
+            o.resume = optarg;
             break;
         case 'S':
             if ((o.servers = (int)zs_cli_int("coord", "--servers", optarg, 1, 4096)) < 0)

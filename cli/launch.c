@@ -72,7 +72,7 @@
 static const char launch_usage[] =
     "usage: zshard launch --config CFG.json --data PATH --steps N --servers S --workers W\n"
     "                     --out DIR [--threads T] [--bind HOST] [--log-level LEVEL]\n"
-    "                     [--elastic-script FILE]\n"
+    "                     [--elastic-script FILE] [--resume CKPT]\n"
     "\n"
     "Runs a whole job on this host: the coordinator, S partition servers and W workers, as\n"
     "child processes.  Writes what 'zshard train' writes (DIR/metrics.jsonl,\n"
@@ -81,7 +81,7 @@ static const char launch_usage[] =
     "\n"
     "  --config CFG.json  job configuration\n"
     "  --data PATH        training data\n"
-    "  --steps N          optimizer steps\n"
+    "  --steps N          optimizer steps of the whole run (also when it resumes)\n"
     "  --servers S        partition servers\n"
     "  --workers W        workers (0: attach them yourself with 'zshard worker --coord ...';\n"
     "                     the coordinator's endpoint is printed)\n"
@@ -94,6 +94,9 @@ static const char launch_usage[] =
     "                     everything)\n"
     "  --elastic-script FILE\n"
     "                     start, stop and kill workers on a schedule (implies elastic mode)\n"
+    "  --resume CKPT      continue a run from a checkpoint (a step-* directory, or a\n"
+    "                     checkpoint directory: its newest valid one), on any number of\n"
+    "                     servers; the result is bitwise that of the run never stopped\n"
     "  -h, --help         this text\n"
     "\n"
     "Elastic mode (config \"elasticity\": {\"enabled\": true}, or --elastic-script): a worker\n"
@@ -132,7 +135,7 @@ typedef struct {
 } script_line;
 
 typedef struct {
-    const char *config, *data, *out, *bind, *log_level, *script_path;
+    const char *config, *data, *out, *bind, *log_level, *script_path, *resume;
     long steps, servers, workers, threads; /* threads: 0 = divide the CPUs */
     int elastic;                           /* a worker's exit is an event, not a failure */
 
@@ -292,6 +295,10 @@ static int start_coord(launch *L)
     arg(&a, "%ld", L->steps);
     arg(&a, "--out");
     arg(&a, "%s", L->out);
+    if (L->resume) {
+        arg(&a, "--resume");
+        arg(&a, "%s", L->resume);
+    }
     log_level_args(L, &a);
     return spawn(L, 0, &a);
 }
@@ -931,13 +938,19 @@ static int make_dir(const char *path)
 
 int zs_cmd_launch(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},         {"data", required_argument, NULL, 'd'},
-        {"steps", required_argument, NULL, 's'},          {"servers", required_argument, NULL, 'S'},
-        {"workers", required_argument, NULL, 'W'},        {"out", required_argument, NULL, 'o'},
-        {"threads", required_argument, NULL, 't'},        {"bind", required_argument, NULL, 'b'},
-        {"log-level", required_argument, NULL, 'L'},      {"help", no_argument, NULL, 'h'},
-        {"elastic-script", required_argument, NULL, 'e'}, {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"steps", required_argument, NULL, 's'},
+                                         {"servers", required_argument, NULL, 'S'},
+                                         {"workers", required_argument, NULL, 'W'},
+                                         {"out", required_argument, NULL, 'o'},
+                                         {"threads", required_argument, NULL, 't'},
+                                         {"bind", required_argument, NULL, 'b'},
+                                         {"log-level", required_argument, NULL, 'L'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"elastic-script", required_argument, NULL, 'e'},
+                                         {"resume", required_argument, NULL, 'r'},
+                                         {NULL, 0, NULL, 0}};
     launch L = {.steps = -1, .servers = -1, .workers = -1, .bind = "127.0.0.1", .failed = -1};
     int c;
     opterr = 0;
@@ -958,6 +971,9 @@ int zs_cmd_launch(int argc, char **argv)
             break;
         case 'e':
             L.script_path = optarg;
+            break;
+        case 'r':
+            L.resume = optarg;
             break;
         case 's':
             if ((L.steps = zs_cli_int("launch", "--steps", optarg, 1, 1L << 30)) < 0)

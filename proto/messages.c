@@ -97,7 +97,7 @@ static int wire_next(wire *w, wire_field *f)
 }
 
 #define BODY_FIRST ZSHARD__ENVELOPE__BODY_REGISTRATION
-#define BODY_LAST ZSHARD__ENVELOPE__BODY_STATUS_REPLY
+#define BODY_LAST ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN
 
 /* What pass 1 learns of an envelope. */
 typedef struct {
@@ -572,6 +572,25 @@ zs_err zs_msg_check_job_spec(const Zshard__JobSpec *m, const zs_msg_ctx *ctx)
     if (e->max_workers && e->max_workers < e->min_workers)
         return FAIL("JobSpec.elasticity.max_workers: %" PRIu32 " is below min_workers %" PRIu32,
                     e->max_workers, e->min_workers);
+
+    const Zshard__CheckpointSpec *k = m->checkpoint;
+    if (!k)
+        return FAIL("JobSpec.checkpoint: missing");
+    /* Empty: the job writes no checkpoints (harnesses that drive servers without a
+     * coordinator); `zshard coord` always names one. */
+    ZS_CHECK(str_ok("JobSpec.checkpoint.dir", k->dir, ZS_MSG_MAX_STRING, STR_EMPTY_OK));
+    if (k->dir[0] && k->dir[0] != '/')
+        return FAIL("JobSpec.checkpoint.dir: \"%.80s\" is not an absolute path", k->dir);
+    ZS_CHECK(u64_in("JobSpec.checkpoint.interval_steps", k->has_interval_steps, k->interval_steps,
+                    0, 1 << 30));
+    ZS_CHECK(u64_in("JobSpec.checkpoint.replicas", k->has_replicas, k->replicas, 0, 1));
+    if (m->resume) {
+        const Zshard__ResumeSpec *r = m->resume;
+        ZS_CHECK(str_ok("JobSpec.resume.step_dir", r->step_dir, ZS_MSG_MAX_STRING, 0));
+        ZS_CHECK(u64_in("JobSpec.resume.step", r->has_step, r->step, 1, (uint64_t)m->steps - 1));
+    }
+    ZS_CHECK(need(m->has_run_id, "JobSpec.run_id"));
+    ZS_CHECK(need(m->has_config_fingerprint, "JobSpec.config_fingerprint"));
     return ZS_OK;
 }
 
@@ -894,6 +913,47 @@ zs_err zs_msg_check_shutdown(const Zshard__Shutdown *m, const zs_msg_ctx *ctx)
     return str_ok("Shutdown.reason", m->reason, ZS_MSG_MAX_STRING, STR_EMPTY_OK);
 }
 
+zs_err zs_msg_check_checkpoint_written(const Zshard__CheckpointWritten *m, const zs_msg_ctx *ctx)
+{
+    if (!m)
+        return FAIL("CheckpointWritten: missing");
+    ZS_CHECK(need(m->has_step, "CheckpointWritten.step"));
+    if (m->step < 1 || m->step > ZS_MSG_MAX_STEPS || (ctx && ctx->steps && m->step > ctx->steps))
+        return FAIL("CheckpointWritten.step: %" PRIu64 " is not a version of this job", m->step);
+    ZS_CHECK(id_ok("CheckpointWritten.server", m->has_server, m->server));
+    if (m->error) {
+        ZS_CHECK(str_ok("CheckpointWritten.error", m->error, ZS_MSG_MAX_STRING, 0));
+        if (m->n_files)
+            return FAIL("CheckpointWritten: %zu files and an error", m->n_files);
+        return ZS_OK;
+    }
+    if (m->n_files < 1)
+        return FAIL("CheckpointWritten.files: none, and no error");
+    uint64_t shards = ctx && ctx->n_shards ? ctx->n_shards : ZS_MSG_MAX_SHARDS;
+    if (m->n_files > shards)
+        return FAIL("CheckpointWritten.files: %zu, more than the %" PRIu64 " shards", m->n_files,
+                    shards);
+    for (size_t i = 0; i < m->n_files; i++) {
+        const Zshard__ShardFile *f = m->files[i];
+        if (!f)
+            return FAIL("CheckpointWritten.files[%zu]: missing", i);
+        ZS_CHECK(u64_in("CheckpointWritten.files[].shard", f->has_shard, f->shard, 0, shards - 1));
+        if (i > 0 && f->shard <= m->files[i - 1]->shard)
+            return FAIL("CheckpointWritten.files[%zu].shard: %" PRIu32 " after %" PRIu32
+                        ": not strictly ascending",
+                        i, f->shard, m->files[i - 1]->shard);
+        ZS_CHECK(str_ok("CheckpointWritten.files[].file", f->file, 63, STR_NAME));
+        if (f->file[0] == '.')
+            return FAIL("CheckpointWritten.files[%zu].file: \"%s\" starts with a dot", i, f->file);
+        ZS_CHECK(need(f->has_bytes, "CheckpointWritten.files[].bytes"));
+        ZS_CHECK(need(f->has_header_xxh3, "CheckpointWritten.files[].header_xxh3"));
+        if (f->n_xxh3 != 3)
+            return FAIL("CheckpointWritten.files[%zu].xxh3: %zu checksums, expected 3", i,
+                        f->n_xxh3);
+    }
+    return ZS_OK;
+}
+
 zs_err zs_msg_check_status_request(const Zshard__StatusRequest *m, const zs_msg_ctx *ctx)
 {
     (void)ctx;
@@ -938,6 +998,15 @@ zs_err zs_msg_check_status_reply(const Zshard__StatusReply *m, const zs_msg_ctx 
         if (s->has_tokens_per_sec && !(s->tokens_per_sec >= 0 && s->tokens_per_sec < 1e15))
             return FAIL("StatusReply.members[%zu].tokens_per_sec: %g", i, s->tokens_per_sec);
     }
+    if (m->has_last_checkpoint && m->last_checkpoint > m->steps)
+        return FAIL("StatusReply.last_checkpoint: %" PRIu64 " of %" PRIu64 " steps",
+                    m->last_checkpoint, m->steps);
+    if (m->checkpoint_dir)
+        ZS_CHECK(str_ok("StatusReply.checkpoint_dir", m->checkpoint_dir, ZS_MSG_MAX_STRING,
+                        STR_EMPTY_OK));
+    if (m->checkpoint_error)
+        ZS_CHECK(str_ok("StatusReply.checkpoint_error", m->checkpoint_error, ZS_MSG_MAX_STRING,
+                        STR_EMPTY_OK));
     return ZS_OK;
 }
 
@@ -981,6 +1050,8 @@ static const struct {
                                                ZS_MSG_MAX_SMALL_BYTES},
     [ZSHARD__ENVELOPE__BODY_STATUS_REPLY] = {"StatusReply", TO_WORKER, FROM_COORD,
                                              ZS_MSG_MAX_BYTES},
+    [ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN] = {"CheckpointWritten", TO_COORD, FROM_PEER,
+                                                   ZS_MSG_MAX_PARTIAL_BYTES},
 };
 
 static int body_known(unsigned body)
@@ -1028,6 +1099,10 @@ static int body_sender(const Zshard__Envelope *env, const char **field, uint32_t
         *field = "VersionPublished.server";
         *id = env->version_published->server;
         return 1;
+    case ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN:
+        *field = "CheckpointWritten.server";
+        *id = env->checkpoint_written->server;
+        return 1;
     default:
         return 0;
     }
@@ -1066,6 +1141,8 @@ static zs_err check_body(const Zshard__Envelope *env, const zs_msg_ctx *ctx)
         return zs_msg_check_status_request(env->status_request, ctx);
     case ZSHARD__ENVELOPE__BODY_STATUS_REPLY:
         return zs_msg_check_status_reply(env->status_reply, ctx);
+    case ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN:
+        return zs_msg_check_checkpoint_written(env->checkpoint_written, ctx);
     default:
         return FAIL("Envelope: no body");
     }
@@ -1255,6 +1332,9 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
     Zshard__Cluster *c = m->cluster = malloc(sizeof *c);
     Zshard__DataSpec *d = m->data = malloc(sizeof *d);
     Zshard__Elasticity *e = m->elasticity = malloc(sizeof *e);
+    Zshard__CheckpointSpec *k = m->checkpoint = malloc(sizeof *k);
+    if (k)
+        zshard__checkpoint_spec__init(k);
     if (mc)
         zshard__model_config__init(mc);
     if (a)
@@ -1269,7 +1349,7 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
         zshard__data_spec__init(d);
     if (e)
         zshard__elasticity__init(e);
-    if (!mc || !a || !s || !b || !c || !d || !e)
+    if (!mc || !a || !s || !b || !c || !d || !e || !k)
         goto nomem;
 
     *mc = (Zshard__ModelConfig){
@@ -1364,6 +1444,25 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
     m->steps = job->steps;
     m->has_steps_per_print = 1;
     m->steps_per_print = (uint32_t)cfg->steps_per_print;
+    k->dir = strdup(cfg->checkpoint.dir);
+    if (!k->dir)
+        goto nomem;
+    k->has_interval_steps = k->has_replicas = 1;
+    k->interval_steps = (uint32_t)cfg->checkpoint.interval_steps;
+    k->replicas = (uint32_t)cfg->checkpoint.replicas;
+    m->has_run_id = m->has_config_fingerprint = 1;
+    m->run_id = job->run_id;
+    m->config_fingerprint = job->config_fingerprint;
+    if (job->resume_step > 0) {
+        Zshard__ResumeSpec *r = m->resume = malloc(sizeof *r);
+        if (!r)
+            goto nomem;
+        zshard__resume_spec__init(r);
+        r->has_step = 1;
+        r->step = (uint64_t)job->resume_step;
+        if (!(r->step_dir = strdup(job->resume_dir)))
+            goto nomem;
+    }
 
     if (tt->count > 0) {
         m->tensors = calloc((size_t)tt->count, sizeof *m->tensors);
@@ -1448,6 +1547,9 @@ zs_err zs_msg_jobspec_to_config(const Zshard__JobSpec *m, zs_config *cfg, zs_ten
         .min_workers = (int)m->elasticity->min_workers,
         .max_workers = (int)m->elasticity->max_workers,
     };
+    snprintf(cfg->checkpoint.dir, sizeof cfg->checkpoint.dir, "%s", m->checkpoint->dir);
+    cfg->checkpoint.interval_steps = (int)m->checkpoint->interval_steps;
+    cfg->checkpoint.replicas = (int)m->checkpoint->replicas;
 
     /* The table is this build's layout for the model; the message's must be the same. */
     ZS_CHECK(zs_tensors_gpt2(&cfg->model, tt));
@@ -1490,6 +1592,12 @@ zs_err zs_msg_jobspec_to_config(const Zshard__JobSpec *m, zs_config *cfg, zs_ten
         job->data_fingerprint = m->data->fingerprint;
         job->data_ntokens = m->data->ntokens;
         job->steps = m->steps;
+        job->run_id = m->run_id;
+        job->config_fingerprint = m->config_fingerprint;
+        if (m->resume) {
+            job->resume_step = (long)m->resume->step;
+            snprintf(job->resume_dir, sizeof job->resume_dir, "%s", m->resume->step_dir);
+        }
     }
     return ZS_OK;
 fail:

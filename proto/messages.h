@@ -32,7 +32,7 @@
 #include "proto/zshard.pb-c.h"
 
 /* The control-plane protocol version: peers must speak exactly this one. */
-#define ZS_PROTOCOL_VERSION 2
+#define ZS_PROTOCOL_VERSION 3
 
 /*
  * Size limits, checked before protobuf-c allocates anything.  JobSpec, ShardMap and
@@ -101,6 +101,10 @@ typedef struct {
     uint64_t data_fingerprint; /* zs_dataset.fingerprint */
     uint64_t data_ntokens;
     uint32_t steps;
+    uint64_t run_id;                        /* random per run, kept across resumes */
+    uint64_t config_fingerprint;            /* zs_config_fingerprint */
+    long resume_step;                       /* 0: a fresh start; else the checkpoint's version */
+    char resume_dir[ZS_MSG_MAX_STRING + 1]; /* that checkpoint's step directory */
 } zs_msg_job;
 
 /* ---- envelopes ---- */
@@ -173,6 +177,7 @@ zs_err zs_msg_check_error(const Zshard__Error *m, const zs_msg_ctx *ctx);
 zs_err zs_msg_check_shutdown(const Zshard__Shutdown *m, const zs_msg_ctx *ctx);
 zs_err zs_msg_check_status_request(const Zshard__StatusRequest *m, const zs_msg_ctx *ctx);
 zs_err zs_msg_check_status_reply(const Zshard__StatusReply *m, const zs_msg_ctx *ctx);
+zs_err zs_msg_check_checkpoint_written(const Zshard__CheckpointWritten *m, const zs_msg_ctx *ctx);
 
 /* "HOST:PORT" with a non-empty host of printable non-space ASCII (IPv6 in brackets) and a
  * decimal port 1..65535; ZS_OK or ZS_ERR_FORMAT naming `what`. */

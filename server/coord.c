@@ -19,18 +19,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "common/ckpt.h"
 #include "common/config.h"
 #include "common/data.h"
 #include "common/log.h"
-#include "common/modelfile.h"
+#include "common/metrics.h"
 #include "common/shardmap.h"
 #include "proto/ctrl.h"
 #include "proto/shardmap_msg.h"
 #include "server/coordstate.h"
-#include "transport/client.h"
 
 #define MAX_PEERS 4096
 
@@ -67,9 +69,31 @@ struct zs_coord {
     int n_peers;
     int servers_registered, servers_ready;
     int assignment_dirty;
-    FILE *metrics;
+    zs_metrics *metrics;
     double step_start;
     double last_loss, last_tps; /* of the last finished step, for StatusReply */
+
+    /* Checkpoints.  The servers write their shards of version s while step s + 1 runs and
+     * report the files (CheckpointWritten); once every server has, the coordinator writes the
+     * manifest, moves `latest` and prunes.  Step s's metrics line waits for that outcome,
+     * which it carries ("checkpoint" or "checkpoint_error"). */
+    char ckpt_dir[4096];   /* absolute */
+    uint64_t run_id;       /* random at a fresh start, the checkpoint's at a resume */
+    uint64_t config_fp;    /* zs_config_fingerprint(&cfg) */
+    long start_step;       /* the version the job started from (0, or the resumed one) */
+    long last_ckpt;        /* step of the newest committed checkpoint; 0: none */
+    char ckpt_error[1100]; /* why the latest checkpoint failed; "" if it did not */
+    struct {
+        long step;            /* the checkpoint being written; 0: none */
+        zs_ckpt_shard *files; /* [n_shards] as reported */
+        uint8_t *have;        /* [n_shards] reported */
+        uint8_t *reported;    /* [n_servers] by map index */
+        int n_reported;
+        int failed;
+        char error[1024];
+        zs_coord_step_stats st; /* its step's metrics line, written once the outcome is known */
+        double tps, dt;
+    } pend;
     int done;
     zs_err result;
 };
@@ -177,6 +201,13 @@ static zs_err make_map(coord *co)
     ZS_INFO("coord: %d servers; %d shards of %zu floats over a vector of %zu", n, co->map.n_shards,
             co->map.shard_floats, co->tt.total);
     ZS_CHECK(zs_coord_state_create(&co->cfg, n, co->map.n_shards, co->opts->steps, &co->cs));
+    if (co->start_step > 0)
+        ZS_CHECK(zs_coord_state_start_at(co->cs, co->start_step));
+    co->pend.files = calloc((size_t)co->map.n_shards, sizeof *co->pend.files);
+    co->pend.have = calloc((size_t)co->map.n_shards, 1);
+    co->pend.reported = calloc((size_t)n, 1);
+    if (!co->pend.files || !co->pend.have || !co->pend.reported)
+        return zs_error(ZS_ERR_NOMEM, "coord: out of memory for %d shards", co->map.n_shards);
     for (int i = 0; i < co->n_peers; i++) {
         if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
             zs_coord_join(co->cs, ZS_MEMBER_SERVER, i + 1, co->peers[i].endpoint, now_ms(co),
@@ -388,37 +419,6 @@ static void on_ready(coord *co, int pi, const Zshard__Ready *r)
     co->assignment_dirty = 1;
 }
 
-static zs_err gather_and_save(coord *co)
-{
-    const char *eps[MAX_PEERS];
-    for (int s = 0; s < co->map.n_servers; s++)
-        eps[s] = co->peers[co->map.server_ids[s] - 1].endpoint;
-    float *params = malloc(co->tt.total * sizeof *params);
-    if (!params)
-        return zs_error(ZS_ERR_NOMEM, "coord: out of memory for the weights");
-    zs_client *cl = NULL;
-    zs_client_op *op = NULL;
-    zs_err res;
-    ZS_CHECK_GOTO(zs_client_open(&co->map, eps, 0, 0, &cl), res, out);
-    ZS_CHECK_GOTO(zs_client_register(cl, params, co->tt.total * sizeof *params), res, out);
-    ZS_CHECK_GOTO(zs_client_fetch(cl, 0, co->tt.total, co->opts->steps, ZS_DTYPE_F32, params, &op),
-                  res, out);
-    int done = 0;
-    ZS_CHECK_GOTO(zs_client_wait(cl, op, 60000, &done), res, out);
-    if (!done) {
-        res = zs_error(ZS_ERR_IO, "coord: gathering the weights timed out");
-        goto out;
-    }
-    res = zs_modelfile_save(&co->tt, &co->cfg.model, params, co->opts->out_dir);
-    if (res == ZS_OK)
-        ZS_INFO("coord: wrote %s/model.safetensors and %s/config.json", co->opts->out_dir,
-                co->opts->out_dir);
-out:
-    zs_client_close(cl);
-    free(params);
-    return res;
-}
-
 static void on_partial(coord *co, int pi, const Zshard__GradNormPartial *g)
 {
     peer_entry *p = &co->peers[pi];
@@ -467,6 +467,201 @@ static void send_verdict(coord *co)
             send_env(co, &co->peers[j].peer, &env);
 }
 
+/* Step st's metrics line (its checkpoint's outcome with it, if one was taken).  A line that
+ * cannot be written (a full disk) ends the job: the file never silently lacks a step, and the
+ * newest checkpoint stays the place to resume from. */
+static void write_metrics(coord *co, const zs_coord_step_stats *st, double tps, double dt,
+                          const char *ckpt, const char *ckpt_error)
+{
+    zs_metrics *m = co->metrics;
+    zs_metrics_begin(m);
+    zs_metrics_int(m, "step", st->step);
+    zs_metrics_num(m, "loss", st->loss, "%.9g");
+    zs_metrics_num(m, "lr", st->lr, "%.9g");
+    zs_metrics_num(m, "grad_norm", st->grad_norm, "%.9g");
+    zs_metrics_num(m, "clip", st->clip, "%.9g");
+    zs_metrics_num(m, "tokens_per_sec", tps, "%.1f");
+    zs_metrics_num(m, "step_ms", dt * 1e3, "%.1f");
+    zs_metrics_num(m, "compute_ms", st->compute_ms, "%.1f");
+    zs_metrics_num(m, "fetch_wait_ms", st->fetch_wait_ms, "%.1f");
+    zs_metrics_num(m, "push_wait_ms", st->push_wait_ms, "%.1f");
+    zs_metrics_int(m, "workers", st->workers);
+    if (ckpt)
+        zs_metrics_str(m, "checkpoint", ckpt);
+    if (ckpt_error)
+        zs_metrics_str(m, "checkpoint_error", ckpt_error);
+    if (zs_metrics_end(m) != ZS_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", zs_last_error());
+        if (co->last_ckpt > 0)
+            abort_job(co, zs_error(ZS_ERR_IO,
+                                   "%s; the newest checkpoint is step %ld in %s: free space and "
+                                   "continue with --resume %s",
+                                   why, co->last_ckpt, co->ckpt_dir, co->ckpt_dir));
+        else
+            abort_job(co, zs_error(ZS_ERR_IO, "%s (no checkpoint was committed yet)", why));
+    }
+}
+
+/* Whether version v is checkpointed: every checkpoint.interval_steps, and the last always
+ * (the servers apply the same rule; server.c ckpt_due). */
+static int ckpt_due(const coord *co, long v)
+{
+    int every = co->cfg.checkpoint.interval_steps;
+    return v == co->opts->steps || (every > 0 && v % every == 0);
+}
+
+/* Removes what a failed checkpoint left (shard files its servers wrote, temporary files) and
+ * its directory: the previous checkpoint stays the newest, and the space is free again. */
+static void ckpt_discard(coord *co, long step)
+{
+    char dir[4096];
+    if (zs_ckpt_step_dir(co->ckpt_dir, step, 0, dir, sizeof dir) != ZS_OK)
+        return;
+    for (int i = 0; i < co->map.n_shards; i++) {
+        char path[4096 + 80];
+        snprintf(path, sizeof path, "%s/shard-%06d.safetensors", dir, i);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/shard-%06d.safetensors.tmp", dir, i);
+        unlink(path);
+    }
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/manifest.json.tmp", dir);
+    unlink(path);
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        ZS_WARN("coord: %s: %s (left behind; pruning removes it later)", dir, strerror(errno));
+}
+
+static void export_and_finish(coord *co);
+
+/* Every server reported checkpoint pend.step: commit it (manifest, latest, pruning) or record
+ * why it failed; then the step's metrics line; then, after the last step, the export. */
+static void ckpt_settle(coord *co)
+{
+    long step = co->pend.step;
+    char name[64];
+    snprintf(name, sizeof name, "step-%08ld", step);
+    if (!co->pend.failed) {
+        char dir[4096];
+        zs_ckpt_info info = {.step = step,
+                             .steps_total = co->opts->steps,
+                             .run_id = co->run_id,
+                             .config_fingerprint = co->config_fp,
+                             .data_fingerprint = co->data.fingerprint,
+                             .data_ntokens = co->data.ntokens,
+                             .model = co->cfg.model,
+                             .total_floats = co->tt.total,
+                             .shard_floats = co->map.shard_floats};
+        zs_err e = zs_ckpt_step_dir(co->ckpt_dir, step, 0, dir, sizeof dir);
+        if (e == ZS_OK)
+            e = zs_ckpt_write_manifest(dir, &info, &co->tt, co->pend.files, co->map.n_shards);
+        if (e == ZS_OK)
+            e = zs_ckpt_set_latest(co->ckpt_dir, name);
+        if (e != ZS_OK) {
+            co->pend.failed = 1;
+            snprintf(co->pend.error, sizeof co->pend.error, "%s", zs_last_error());
+        }
+    }
+    if (co->pend.failed) {
+        snprintf(co->ckpt_error, sizeof co->ckpt_error, "checkpoint %ld: %s", step, co->pend.error);
+        ZS_ERROR("coord: checkpoint %ld failed: %s; %s", step, co->pend.error,
+                 co->last_ckpt > 0 ? "the previous checkpoint stays the newest"
+                                   : "there is no earlier checkpoint");
+        ckpt_discard(co, step);
+    } else {
+        co->last_ckpt = step;
+        co->ckpt_error[0] = '\0';
+        zs_ckpt_prune(co->ckpt_dir, step, co->cfg.checkpoint.keep);
+        ZS_INFO("coord: checkpoint %ld committed in %s/%s", step, co->ckpt_dir, name);
+    }
+    co->pend.step = 0;
+    write_metrics(co, &co->pend.st, co->pend.tps, co->pend.dt, co->pend.failed ? NULL : name,
+                  co->pend.failed ? co->pend.error : NULL);
+    if (!co->done && zs_coord_phase(co->cs) == ZS_PHASE_DONE)
+        export_and_finish(co);
+}
+
+/* After the last step's checkpoint: the model out of it, then the end of the job. */
+static void export_and_finish(coord *co)
+{
+    if (co->last_ckpt != co->opts->steps) {
+        abort_job(co, zs_error(ZS_ERR_IO,
+                               "the final checkpoint (step %ld) failed: %s; the weights of the "
+                               "last steps are lost, the newest checkpoint is %s",
+                               co->opts->steps, co->pend.error,
+                               co->last_ckpt > 0 ? "older: resume from it with --resume" : "none"));
+        return;
+    }
+    char dir[4096];
+    zs_ckpt ck;
+    zs_err e = zs_ckpt_step_dir(co->ckpt_dir, co->last_ckpt, 0, dir, sizeof dir);
+    if (e == ZS_OK)
+        e = zs_ckpt_open(dir, &ck);
+    if (e == ZS_OK) {
+        e = zs_ckpt_export(&ck, co->opts->out_dir, NULL, NULL);
+        zs_ckpt_close(&ck);
+    }
+    if (e != ZS_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", zs_last_error());
+        abort_job(co, zs_error(e,
+                               "exporting the model failed: %s; the training is complete in "
+                               "checkpoint %s: export it later with `zshard export %s --out %s`",
+                               why, dir, dir, co->opts->out_dir));
+        return;
+    }
+    ZS_INFO("coord: wrote %s/model.safetensors and %s/config.json from %s", co->opts->out_dir,
+            co->opts->out_dir, dir);
+    broadcast_shutdown(co, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE, "the job is done");
+    co->done = 1;
+}
+
+/* A server's report of its files of checkpoint cw->step. */
+static void on_checkpoint_written(coord *co, int pi, const Zshard__CheckpointWritten *cw)
+{
+    peer_entry *p = &co->peers[pi];
+    int s = zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1));
+    if (s < 0 || co->pend.step == 0 || (long)cw->step != co->pend.step || co->pend.reported[s]) {
+        send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER,
+                   "CheckpointWritten for a checkpoint that is not being written, or a repeat");
+        return;
+    }
+    if (cw->error) {
+        if (!co->pend.failed)
+            snprintf(co->pend.error, sizeof co->pend.error, "server %d: %s", pi + 1, cw->error);
+        co->pend.failed = 1;
+    } else {
+        int count = 0;
+        const int *mine = zs_shardmap_server_shards(&co->map, s, &count);
+        int ok = (int)cw->n_files == count;
+        for (int i = 0; ok && i < count; i++)
+            ok = (int)cw->files[i]->shard == mine[i];
+        if (!ok) {
+            snprintf(co->pend.error, sizeof co->pend.error,
+                     "server %d reported %zu files, not one for each of its %d shards", pi + 1,
+                     cw->n_files, count);
+            co->pend.failed = 1;
+            send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER, co->pend.error);
+        }
+        for (int i = 0; ok && i < count; i++) {
+            const Zshard__ShardFile *f = cw->files[i];
+            const zs_shard *sh = &co->map.shards[f->shard];
+            zs_ckpt_shard *d = &co->pend.files[f->shard];
+            *d = (zs_ckpt_shard){.index = (int)f->shard,
+                                 .begin = sh->begin,
+                                 .end = sh->end,
+                                 .bytes = f->bytes,
+                                 .header_xxh3 = f->header_xxh3};
+            snprintf(d->file, sizeof d->file, "%s", f->file);
+            memcpy(d->xxh3, f->xxh3, sizeof d->xxh3);
+            co->pend.have[f->shard] = 1;
+        }
+    }
+    co->pend.reported[s] = 1;
+    if (++co->pend.n_reported == co->map.n_servers)
+        ckpt_settle(co);
+}
+
 static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
 {
     zs_coord_step_stats st;
@@ -476,27 +671,49 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
     double tps = (double)co->cfg.train_batch_size * co->cfg.model.block_size / dt;
     co->last_loss = st.loss;
     co->last_tps = tps;
-    fprintf(co->metrics,
-            "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"clip\": %.9g, "
-            "\"tokens_per_sec\": %.1f, \"step_ms\": %.1f, \"compute_ms\": %.1f, "
-            "\"fetch_wait_ms\": %.1f, \"push_wait_ms\": %.1f, \"workers\": %d}\n",
-            st.step, st.loss, st.lr, st.grad_norm, st.clip, tps, dt * 1e3, st.compute_ms,
-            st.fetch_wait_ms, st.push_wait_ms, st.workers);
-    fflush(co->metrics);
     fprintf(stderr,
             "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
             " | eta %.0fs\n",
             st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps, st.workers,
             dt * (double)(co->opts->steps - st.step));
-    if (zs_coord_phase(co->cs) == ZS_PHASE_DONE) {
-        zs_err e = co->hooks.gather ? co->hooks.gather(co->hooks.user) : gather_and_save(co);
+    int last = zs_coord_phase(co->cs) == ZS_PHASE_DONE;
+    if (last && co->hooks.finish) {
+        write_metrics(co, &st, tps, dt, NULL, NULL);
+        zs_err e = co->done ? ZS_OK : co->hooks.finish(co->hooks.user);
+        if (co->done)
+            return;
         if (e != ZS_OK) {
             abort_job(co, e);
             return;
         }
         broadcast_shutdown(co, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE, "the job is done");
         co->done = 1;
+        return;
     }
+    if (!ckpt_due(co, st.step)) {
+        write_metrics(co, &st, tps, dt, NULL, NULL);
+        return;
+    }
+    /* The servers write version st.step now; their reports settle it (ckpt_settle).  The
+     * previous checkpoint was settled before this step could finish (a server reports it
+     * before it applies the next step); one that was not is settled as failed. */
+    if (co->pend.step) {
+        snprintf(co->pend.error, sizeof co->pend.error,
+                 "not every server reported its files before the next step finished");
+        co->pend.failed = 1;
+        ckpt_settle(co);
+        if (co->done)
+            return;
+    }
+    co->pend.step = st.step;
+    co->pend.n_reported = 0;
+    co->pend.failed = 0;
+    co->pend.error[0] = '\0';
+    memset(co->pend.reported, 0, (size_t)co->map.n_servers);
+    memset(co->pend.have, 0, (size_t)co->map.n_shards);
+    co->pend.st = st;
+    co->pend.tps = tps;
+    co->pend.dt = dt;
 }
 
 static const char *phase_name(const coord *co)
@@ -571,6 +788,10 @@ static void send_status(coord *co, const zs_ctrl_peer *to)
     r.loss = r.steps_done ? co->last_loss : NAN;
     r.tokens_per_sec = r.steps_done ? co->last_tps : 0;
     r.live_workers = co->cs ? (uint32_t)zs_coord_live_workers(co->cs) : 0;
+    r.has_last_checkpoint = 1;
+    r.last_checkpoint = (uint64_t)co->last_ckpt;
+    r.checkpoint_dir = co->ckpt_dir;
+    r.checkpoint_error = co->ckpt_error;
     r.n_members = (size_t)n;
     r.members = ptrs;
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
@@ -660,6 +881,10 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
         if (p->role == ZSHARD__ROLE__ROLE_SERVER && co->cs)
             on_published(co, pi, env->version_published);
         break;
+    case ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN:
+        if (p->role == ZSHARD__ROLE__ROLE_SERVER && co->cs)
+            on_checkpoint_written(co, pi, env->checkpoint_written);
+        break;
     case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
         member_gone(co, pi, env->shutdown->reason ? env->shutdown->reason : "left");
         break;
@@ -672,25 +897,81 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
     }
 }
 
+/*
+ * The checkpoint directory (checkpoint.dir, or OUT/checkpoints; made absolute, since the
+ * servers resolve it too) and, for a resume, the checkpoint to start from: resolved (its
+ * newest valid one for a directory), fully verified and checked against this run's config,
+ * data and model; its run id and step go into the job.  A fresh run gets a new random id.
+ */
+static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
+{
+    char dir[4096];
+    if (co->cfg.checkpoint.dir[0])
+        snprintf(dir, sizeof dir, "%s", co->cfg.checkpoint.dir);
+    else if (snprintf(dir, sizeof dir, "%s/checkpoints", co->opts->out_dir) >= (int)sizeof dir)
+        return zs_error(ZS_ERR_INVALID, "--out %s: too long a path", co->opts->out_dir);
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return zs_error(ZS_ERR_IO, "checkpoint.dir %s: %s", dir, strerror(errno));
+    char *abs = realpath(dir, NULL);
+    if (!abs)
+        return zs_error(ZS_ERR_IO, "checkpoint.dir %s: %s", dir, strerror(errno));
+    if (strlen(abs) >= sizeof co->ckpt_dir - 32) {
+        free(abs);
+        return zs_error(ZS_ERR_INVALID, "checkpoint.dir %s: too long a path", dir);
+    }
+    snprintf(co->ckpt_dir, sizeof co->ckpt_dir, "%s", abs);
+    snprintf(co->cfg.checkpoint.dir, sizeof co->cfg.checkpoint.dir, "%s", abs);
+    free(abs);
+    if (!co->opts->resume) {
+        if (getrandom(&co->run_id, sizeof co->run_id, 0) != sizeof co->run_id)
+            return zs_error(ZS_ERR_IO, "coord: no random run id: %s", strerror(errno));
+        job->run_id = co->run_id;
+        return ZS_OK;
+    }
+    zs_ckpt ck;
+    ZS_CHECK(zs_ckpt_resolve(co->opts->resume, &ck));
+    zs_ckpt_info mine = {.steps_total = co->opts->steps,
+                         .config_fingerprint = co->config_fp,
+                         .data_fingerprint = co->data.fingerprint,
+                         .data_ntokens = co->data.ntokens,
+                         .model = co->cfg.model,
+                         .total_floats = co->tt.total};
+    zs_err res = zs_ckpt_check_compatible(&ck, &mine);
+    if (res == ZS_OK && strlen(ck.step_dir) >= sizeof job->resume_dir)
+        res = zs_error(ZS_ERR_INVALID, "--resume %s: too long a path", ck.step_dir);
+    if (res == ZS_OK) {
+        co->run_id = job->run_id = ck.info.run_id;
+        co->start_step = job->resume_step = ck.info.step;
+        co->last_ckpt = ck.info.step;
+        snprintf(job->resume_dir, sizeof job->resume_dir, "%s", ck.step_dir);
+        ZS_INFO("coord: resuming run %016llx from %s (step %ld of %ld)",
+                (unsigned long long)co->run_id, ck.step_dir, ck.info.step, co->opts->steps);
+    }
+    zs_ckpt_close(&ck);
+    return res;
+}
+
 static zs_err coord_setup(coord *co)
 {
     ZS_CHECK(zs_config_load(co->opts->config_path, &co->cfg));
     ZS_CHECK(zs_data_open(co->opts->data_path, &co->data));
     ZS_CHECK(zs_data_check(&co->data, co->cfg.model.vocab_size, co->cfg.model.block_size));
     ZS_CHECK(zs_tensors_gpt2(&co->cfg.model, &co->tt));
+    co->config_fp = zs_config_fingerprint(&co->cfg);
     zs_msg_job job = {.data_fingerprint = co->data.fingerprint,
                       .data_ntokens = co->data.ntokens,
-                      .steps = (uint32_t)co->opts->steps};
+                      .steps = (uint32_t)co->opts->steps,
+                      .config_fingerprint = co->config_fp};
     char *abs = realpath(co->opts->data_path, NULL);
     snprintf(job.data_path, sizeof job.data_path, "%s", abs ? abs : co->opts->data_path);
     free(abs);
-    ZS_CHECK(zs_msg_jobspec_from_config(&co->cfg, &co->tt, &job, &co->job));
     if (mkdir(co->opts->out_dir, 0777) != 0 && errno != EEXIST)
         return zs_error(ZS_ERR_IO, "--out %s: %s", co->opts->out_dir, strerror(errno));
+    ZS_CHECK(checkpoint_setup(co, &job));
+    ZS_CHECK(zs_msg_jobspec_from_config(&co->cfg, &co->tt, &job, &co->job));
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", co->opts->out_dir);
-    if (!(co->metrics = fopen(path, "w")))
-        return zs_error(ZS_ERR_IO, "%s: %s", path, strerror(errno));
+    ZS_CHECK(zs_metrics_open(path, co->start_step > 0 ? co->start_step : -1, &co->metrics));
     co->peers = calloc(MAX_PEERS, sizeof *co->peers);
     if (!co->peers)
         return zs_error(ZS_ERR_NOMEM, "coord: out of memory");
@@ -837,8 +1118,11 @@ void zs_coord_close(zs_coord *co)
 {
     if (!co)
         return;
-    if (co->metrics)
-        fclose(co->metrics);
+    if (co->metrics && zs_metrics_close(co->metrics) != ZS_OK)
+        ZS_ERROR("coord: %s", zs_last_error());
+    free(co->pend.files);
+    free(co->pend.have);
+    free(co->pend.reported);
     zs_ctrl_close(co->ctrl);
     zs_coord_state_free(co->cs);
     if (co->have_map)

@@ -4,8 +4,11 @@
  * shard map, admits workers whose copy of the data matches (fingerprint), and runs the steps:
  * chunk assignment, completion, the clip verdict from the servers' per-shard partials, and
  * version publication (coordstate.h holds the rules).  It writes OUT/metrics.jsonl as the
- * steps finish and, at the end, gathers the weights from the servers into
- * OUT/model.safetensors and OUT/config.json, as `zshard train` writes them.
+ * steps finish, commits the checkpoints the servers write (their manifest, `latest`, pruning
+ * to checkpoint.keep), and at the end commits the final checkpoint and exports it into
+ * OUT/model.safetensors and OUT/config.json, as `zshard train` writes them; the coordinator
+ * never holds the model.  With opts.resume it continues a run from a checkpoint, on any
+ * number of servers.
  *
  * Malformed or out-of-place messages are answered with an Error and logged with the peer;
  * the coordinator keeps running.  A server that dies aborts the job (its shards are gone);
@@ -29,8 +32,10 @@ typedef struct {
     const char *config_path; /* the job's JSON config */
     const char *data_path;   /* training data; workers must have the same (fingerprint) */
     const char *out_dir;
-    int servers; /* S */
-    long steps;  /* N */
+    int servers;        /* S */
+    long steps;         /* N: the run's total, also when it resumes */
+    const char *resume; /* a checkpoint, or a checkpoint directory (meaning its newest valid
+                           one), to continue from; NULL: a fresh start */
 } zs_coord_opts;
 
 typedef struct zs_coord zs_coord;
@@ -47,8 +52,9 @@ zs_err zs_coord_open(const zs_coord_opts *opts, zs_coord **out);
 /*
  * One turn of the loop: when stop_flag is set, aborts the job; else waits up to timeout_ms
  * for one control message and handles it, then moves the job on (members whose heartbeats
- * stopped, the start of a step, the clip verdict, changed assignments).  The turn that ends
- * the last step gathers the weights from the servers (up to 60 s).  Nothing once done.
+ * stopped, the start of a step, the clip verdict, changed assignments).  The turn that commits
+ * the final checkpoint exports the model from it (reading the whole checkpoint).  Nothing
+ * once done.
  */
 void zs_coord_turn(zs_coord *co, int timeout_ms, volatile int *stop_flag);
 
@@ -66,9 +72,9 @@ typedef struct {
     void (*sent)(void *user, const zs_ctrl_peer *to, const Zshard__Envelope *env);
     /* The clock of heartbeats and their timeouts, in ms (NULL: zs_now_ms). */
     uint64_t (*now_ms)(void *user);
-    /* Called instead of gathering the weights over the data plane after the last step
-     * (NULL: gather); its error aborts the job as a failed gathering would. */
-    zs_err (*gather)(void *user);
+    /* Called after the last step instead of waiting for the final checkpoint and exporting
+     * it (NULL: do both); its error aborts the job as a failed export would. */
+    zs_err (*finish)(void *user);
     void *user;
 } zs_coord_hooks;
 

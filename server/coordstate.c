@@ -107,6 +107,16 @@ zs_phase zs_coord_phase(const zs_coord_state *cs)
     return cs->phase;
 }
 
+zs_err zs_coord_state_start_at(zs_coord_state *cs, long step)
+{
+    if (step < 0 || step >= cs->steps || cs->step != 0 || cs->phase != ZS_PHASE_WAIT_SERVERS)
+        return zs_error(ZS_ERR_INVALID,
+                        "coordinator: cannot start at step %ld of %ld (at %ld already)", step,
+                        cs->steps, cs->step);
+    cs->step = step;
+    return ZS_OK;
+}
+
 long zs_coord_step(const zs_coord_state *cs)
 {
     return cs->step;

@@ -67,6 +67,11 @@ zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, 
                              zs_coord_state **out);
 void zs_coord_state_free(zs_coord_state *cs);
 
+/* A job resumed from a checkpoint of version `step`: the first step to run is step + 1
+ * (0-based: `step`).  Before the first zs_coord_try_begin; ZS_ERR_INVALID if step is not
+ * below the job's steps. */
+zs_err zs_coord_state_start_at(zs_coord_state *cs, long step);
+
 /* Registers a member; *id is its new id, label how logs name it.  Refused (ZS_ERR_INVALID,
  * with the reason) for a server beyond S or a worker beyond elasticity.max_workers. */
 zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, int label, const char *endpoint,

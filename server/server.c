@@ -19,13 +19,17 @@
 #include "server/server.h"
 #include "common/clock.h"
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "common/ckpt.h"
 #include "common/log.h"
 #include "common/modelfile.h"
 #include "common/shardmap.h"
@@ -105,6 +109,20 @@ struct zs_server {
     zs_conn **doomed;      /* connections to close once this turn's events are handled */
     int n_doomed, cap_doomed;
     int n_waiting, cap_waiting;
+
+    /* The checkpoint of version ckpt.step being written by a thread of its own while the next
+     * step computes.  Nothing but the next zs_store_apply changes what it reads (the weights
+     * and the moments), so that apply waits for it (maybe_apply) and nothing else does. */
+    struct {
+        pthread_t thread;
+        int running;         /* started and not joined yet */
+        atomic_int finished; /* set by the thread as its last act */
+        zs_ckpt_info info;
+        char step_dir[4096];
+        zs_ckpt_shard *files; /* [n_local] */
+        zs_err result;
+        char error[1024]; /* the thread's error message */
+    } ckpt;
 
     uint64_t last_heartbeat_ms;
     int done;
@@ -506,10 +524,146 @@ static void on_header(server *sv, zs_conn *c, const zs_frame *f)
     }
 }
 
+/* ---- checkpoints ---- */
+
+static void maybe_apply(server *sv);
+
+/* Removes the files this server wrote for a checkpoint that failed: the coordinator abandons
+ * it, and a half-written checkpoint must not take the disk space the next one needs. */
+static void ckpt_unlink_files(server *sv, int n)
+{
+    char path[4096 + 80];
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", sv->ckpt.step_dir, sv->ckpt.files[i].file);
+        if (unlink(path) != 0)
+            ZS_DEBUG("server %u: %s: %s", sv->id, path, strerror(errno));
+    }
+}
+
+/* The writer thread: every local shard's weights and moments, one file each. */
+static void *ckpt_main(void *arg)
+{
+    server *sv = arg;
+    zs_err res = ZS_OK;
+    int i = 0;
+    for (; i < sv->n_local && res == ZS_OK; i++) {
+        zs_shard_range r;
+        float *param, *m, *v;
+        zs_store_state(sv->store, i, &r, &param, &m, &v);
+        res = zs_ckpt_write_shard(sv->ckpt.step_dir, &sv->ckpt.info, r.index, r.begin, r.end, param,
+                                  m, v, &sv->ckpt.files[i]);
+    }
+    if (res != ZS_OK) {
+        snprintf(sv->ckpt.error, sizeof sv->ckpt.error, "%s", zs_last_error());
+        ckpt_unlink_files(sv, i - 1);
+    }
+    sv->ckpt.result = res;
+    atomic_store(&sv->ckpt.finished, 1);
+    return NULL;
+}
+
+/* Whether version v is checkpointed: every interval_steps, and the last one always. */
+static int ckpt_due(const server *sv, long v)
+{
+    int every = sv->cfg.checkpoint.interval_steps;
+    return sv->cfg.checkpoint.dir[0] && (v == (long)sv->job.steps || (every > 0 && v % every == 0));
+}
+
+/* Tells the coordinator how the checkpoint went: the files, or why there are none. */
+static void ckpt_report(server *sv)
+{
+    int n = sv->ckpt.result == ZS_OK ? sv->n_local : 0;
+    Zshard__ShardFile *items = calloc((size_t)(n ? n : 1), sizeof *items);
+    Zshard__ShardFile **ptrs = calloc((size_t)(n ? n : 1), sizeof *ptrs);
+    uint64_t *sums = calloc((size_t)(n ? n : 1) * ZS_CKPT_ARRAYS, sizeof *sums);
+    Zshard__CheckpointWritten cw = ZSHARD__CHECKPOINT_WRITTEN__INIT;
+    cw.has_step = cw.has_server = 1;
+    cw.step = (uint64_t)sv->ckpt.info.step;
+    cw.server = sv->id;
+    if (!items || !ptrs || !sums) {
+        n = 0;
+        cw.error = (char *)"out of memory for the report";
+    } else if (sv->ckpt.result != ZS_OK) {
+        cw.error = sv->ckpt.error;
+    }
+    for (int i = 0; i < n; i++) {
+        const zs_ckpt_shard *f = &sv->ckpt.files[i];
+        zshard__shard_file__init(&items[i]);
+        items[i].has_shard = items[i].has_bytes = items[i].has_header_xxh3 = 1;
+        items[i].shard = (uint32_t)f->index;
+        items[i].file = (char *)f->file;
+        items[i].bytes = f->bytes;
+        items[i].header_xxh3 = f->header_xxh3;
+        items[i].n_xxh3 = ZS_CKPT_ARRAYS;
+        items[i].xxh3 = &sums[(size_t)i * ZS_CKPT_ARRAYS];
+        memcpy(items[i].xxh3, f->xxh3, sizeof f->xxh3);
+        ptrs[i] = &items[i];
+    }
+    cw.n_files = (size_t)n;
+    cw.files = ptrs;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN;
+    env.checkpoint_written = &cw;
+    if (send_ctrl(sv, &env) != ZS_OK)
+        ZS_ERROR("server %u: reporting checkpoint %ld: %s", sv->id, sv->ckpt.info.step,
+                 zs_last_error());
+    free(items);
+    free(ptrs);
+    free(sums);
+}
+
+/* Starts writing version v (just published) on the writer thread.  A checkpoint that cannot
+ * start is reported as failed: training goes on, the previous checkpoint stays. */
+static void ckpt_start(server *sv, long v)
+{
+    sv->ckpt.info = (zs_ckpt_info){.step = v,
+                                   .steps_total = (long)sv->job.steps,
+                                   .run_id = sv->job.run_id,
+                                   .config_fingerprint = sv->job.config_fingerprint,
+                                   .data_fingerprint = sv->job.data_fingerprint,
+                                   .data_ntokens = sv->job.data_ntokens,
+                                   .model = sv->cfg.model,
+                                   .total_floats = sv->tt.total,
+                                   .shard_floats = sv->map.shard_floats};
+    sv->ckpt.result = ZS_OK;
+    sv->ckpt.error[0] = '\0';
+    atomic_store(&sv->ckpt.finished, 0);
+    zs_err e =
+        zs_ckpt_step_dir(sv->cfg.checkpoint.dir, v, 1, sv->ckpt.step_dir, sizeof sv->ckpt.step_dir);
+    if (e == ZS_OK && pthread_create(&sv->ckpt.thread, NULL, ckpt_main, sv) != 0)
+        e = zs_error(ZS_ERR_IO, "server %u: cannot start the checkpoint writer: %s", sv->id,
+                     strerror(errno));
+    if (e != ZS_OK) {
+        ZS_ERROR("server %u: checkpoint %ld: %s", sv->id, v, zs_last_error());
+        sv->ckpt.result = e;
+        snprintf(sv->ckpt.error, sizeof sv->ckpt.error, "%s", zs_last_error());
+        ckpt_report(sv);
+        return;
+    }
+    sv->ckpt.running = 1;
+    ZS_DEBUG("server %u: writing checkpoint %ld to %s", sv->id, v, sv->ckpt.step_dir);
+}
+
+/* Joins a finished writer (wait: even one still writing) and reports it. */
+static void ckpt_reap(server *sv, int wait)
+{
+    if (!sv->ckpt.running || (!wait && !atomic_load(&sv->ckpt.finished)))
+        return;
+    pthread_join(sv->ckpt.thread, NULL);
+    sv->ckpt.running = 0;
+    if (sv->ckpt.result != ZS_OK)
+        ZS_ERROR("server %u: checkpoint %ld failed: %s", sv->id, sv->ckpt.info.step,
+                 sv->ckpt.error);
+    else
+        ZS_DEBUG("server %u: checkpoint %ld written", sv->id, sv->ckpt.info.step);
+    ckpt_report(sv);
+    maybe_apply(sv);
+}
+
 /* Applies a pending verdict once no send reads the weights any more, then publishes. */
 static void maybe_apply(server *sv)
 {
-    if (!sv->verdict_pending || sv->store_sends > 0)
+    if (!sv->verdict_pending || sv->store_sends > 0 || sv->ckpt.running)
         return;
     zs_err e = zs_store_apply(sv->store, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip);
     if (e != ZS_OK) {
@@ -533,6 +687,8 @@ static void maybe_apply(server *sv)
     if (send_ctrl(sv, &env) != ZS_OK)
         ZS_ERROR("server %u: %s", sv->id, zs_last_error());
     ZS_DEBUG("server %u: published version %ld", sv->id, v);
+    if (ckpt_due(sv, v))
+        ckpt_start(sv, v);
     /* Serve the fetches that waited for this version, keep the later ones. */
     int j = 0;
     for (int i = 0; i < sv->n_held; i++) {
@@ -588,6 +744,45 @@ static void on_data_event(server *sv, const zs_event *ev)
 
 static void heartbeat_if_due(server *sv);
 
+/*
+ * Loads this server's ranges of the weights and moments from the checkpoint the job resumes
+ * from (any boundaries: the checkpoint may have been written by another number of servers),
+ * verifying every byte against the manifest's checksums, and moves the store to its version.
+ */
+static zs_err restore_shards(server *sv)
+{
+    zs_ckpt ck;
+    ZS_CHECK(zs_ckpt_open(sv->job.resume_dir, &ck));
+    zs_err res = ZS_OK;
+    if (ck.info.run_id != sv->job.run_id || ck.info.step != sv->job.resume_step ||
+        ck.info.config_fingerprint != sv->job.config_fingerprint ||
+        ck.info.total_floats != sv->tt.total) {
+        res = zs_error(ZS_ERR_FORMAT,
+                       "server %u: checkpoint %s is run %016llx step %ld, the job resumes run "
+                       "%016llx from step %ld (or its config or vector size differ)",
+                       sv->id, sv->job.resume_dir, (unsigned long long)ck.info.run_id, ck.info.step,
+                       (unsigned long long)sv->job.run_id, sv->job.resume_step);
+        goto out;
+    }
+    for (int i = 0; i < sv->n_local && res == ZS_OK; i++) {
+        zs_shard_range r;
+        float *a[ZS_CKPT_ARRAYS];
+        zs_store_state(sv->store, i, &r, &a[ZS_CKPT_PARAM], &a[ZS_CKPT_EXP_AVG],
+                       &a[ZS_CKPT_EXP_AVG_SQ]);
+        for (int k = 0; k < ZS_CKPT_ARRAYS && res == ZS_OK; k++)
+            res = zs_ckpt_read(&ck, (zs_ckpt_array)k, r.begin, r.end, a[k]);
+        heartbeat_if_due(sv);
+    }
+    if (res == ZS_OK) {
+        zs_store_restored(sv->store, sv->job.resume_step);
+        ZS_INFO("server %u: restored %d shards from %s (step %ld)", sv->id, sv->n_local,
+                sv->job.resume_dir, sv->job.resume_step);
+    }
+out:
+    zs_ckpt_close(&ck);
+    return res;
+}
+
 /* Sets up the shards of this server once both the job spec and the shard map are in. */
 static zs_err setup_shards(server *sv)
 {
@@ -607,14 +802,17 @@ static zs_err setup_shards(server *sv)
     sv->mr_f32 = calloc((size_t)count, sizeof *sv->mr_f32);
     sv->mr_bf16 = calloc((size_t)count, sizeof *sv->mr_bf16);
     sv->owner = calloc((size_t)sv->cfg.chunks, sizeof *sv->owner);
-    if (!sv->local || !sv->mr_f32 || !sv->mr_bf16 || !sv->owner)
+    sv->ckpt.files = calloc((size_t)count, sizeof *sv->ckpt.files);
+    if (!sv->local || !sv->mr_f32 || !sv->mr_bf16 || !sv->owner || !sv->ckpt.files)
         return zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
     for (int i = 0; i < count; i++) {
         const zs_shard *sh = &sv->map.shards[mine[i]];
         sv->local[i] = (zs_shard_range){mine[i], sh->begin, sh->end};
     }
     ZS_CHECK(zs_store_create(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, &sv->store));
-    if (sv->opts->init_dir) {
+    if (sv->job.resume_step > 0) {
+        ZS_CHECK(restore_shards(sv));
+    } else if (sv->opts->init_dir) {
         float *full = malloc(sv->tt.total * sizeof *full);
         if (!full)
             return zs_error(ZS_ERR_NOMEM, "server %u: out of memory for the checkpoint", sv->id);
@@ -653,7 +851,7 @@ static zs_err setup_shards(server *sv)
             sv->endpoint);
     Zshard__Ready r = ZSHARD__READY__INIT;
     r.what_case = ZSHARD__READY__WHAT_VERSION;
-    r.version = 0;
+    r.version = (uint64_t)zs_store_version(sv->store);
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_READY;
     env.ready = &r;
@@ -768,6 +966,12 @@ void zs_server_close(zs_server *sv)
 {
     if (!sv)
         return;
+    /* A checkpoint being written is finished (its files are complete or removed), not cut. */
+    if (sv->ckpt.running) {
+        pthread_join(sv->ckpt.thread, NULL);
+        sv->ckpt.running = 0;
+    }
+    free(sv->ckpt.files);
     if (sv->net)
         sv->ops->close(sv->net); /* frees listener, connections and registrations */
     for (int i = 0; i < SCRATCH_BUFFERS; i++)
@@ -874,6 +1078,7 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
     sv->ctrl_epoch++;
     if (sv->n_waiting > 0 && sv->store)
         drain_waiting(sv);
+    ckpt_reap(sv, 0);
     heartbeat_if_due(sv);
     return ZS_OK;
 }

@@ -376,3 +376,19 @@ const float *zs_store_params(const zs_store *st, int i, zs_shard_range *range)
         *range = st->shards[i].r;
     return st->shards[i].param;
 }
+
+void zs_store_state(zs_store *st, int i, zs_shard_range *range, float **param, float **m, float **v)
+{
+    shard *s = &st->shards[i];
+    *range = s->r;
+    *param = s->param;
+    *m = s->m;
+    *v = s->v;
+}
+
+void zs_store_restored(zs_store *st, long version)
+{
+    for (int i = 0; i < st->n; i++)
+        refresh_bf16(&st->shards[i]);
+    st->version = version;
+}

@@ -99,7 +99,20 @@ zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip);
 zs_store_result zs_store_locate(const zs_store *st, size_t offset, size_t count, zs_store_copy copy,
                                 const void **data);
 
-/* The fp32 weights of shard i (for gathering the final model). */
+/* The fp32 weights of shard i (tests compare them with the trainer's). */
 const float *zs_store_params(const zs_store *st, int i, zs_shard_range *range);
+
+/*
+ * The training state of local shard i: its range, master weights, AdamW m and v (each
+ * range->end - range->begin floats).  A checkpoint writer may read them from another thread
+ * between a publish and the next zs_store_apply, which is the only call that changes them; a
+ * restore writes them and then calls zs_store_restored.
+ */
+void zs_store_state(zs_store *st, int i, zs_shard_range *range, float **param, float **m,
+                    float **v);
+
+/* After the state was written through zs_store_state: refreshes the bf16 copies and sets the
+ * version (the step count AdamW's bias correction continues from). */
+void zs_store_restored(zs_store *st, long version);
 
 #endif

@@ -307,7 +307,7 @@ static uint64_t co_now(void *user)
     return co.clock_ms;
 }
 
-static zs_err co_gather(void *user)
+static zs_err co_finish(void *user)
 {
     (void)user;
     return co.gather_fails ? zs_error(ZS_ERR_IO, "fuzz: the gathering fails") : ZS_OK;
@@ -666,7 +666,7 @@ static void co_run(input *in, int gather_fails)
         fprintf(stderr, "fuzz_handlers: %s\n", zs_last_error());
         abort();
     }
-    zs_coord_hooks h = {.sent = co_sent, .now_ms = co_now, .gather = co_gather};
+    zs_coord_hooks h = {.sent = co_sent, .now_ms = co_now, .finish = co_finish};
     zs_coord_set_hooks(co.co, &h);
     for (int r = 0; r < MAX_RECORDS && in->n && !zs_coord_done(co.co, NULL); r++) {
         conv.rec = in->p;
