@@ -39,8 +39,10 @@ void zs_config_defaults(zs_config *cfg)
                                .cos_min_ratio = 0.0001};
     cfg->gradient_clipping = 1.0;
     cfg->steps_per_print = 1;
-    cfg->cluster = (zs_cluster_config){
-        .shard_bytes = 4u << 20, .heartbeat_interval_ms = 500, .heartbeat_timeout_ms = 5000};
+    cfg->cluster = (zs_cluster_config){.shard_bytes = 4u << 20,
+                                       .heartbeat_interval_ms = 500,
+                                       .heartbeat_timeout_ms = 5000,
+                                       .coordinator_timeout_ms = 15000};
     cfg->elasticity = (zs_elastic_config){.enabled = 0, .min_workers = 1, .max_workers = 0};
     cfg->checkpoint =
         (zs_checkpoint_config){.dir = "", .interval_steps = 0, .keep = 2, .replicas = 0};
@@ -398,7 +400,8 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                                        NULL};
     static const char *const bf16_keys[] = {"enabled", NULL};
     static const char *const cluster_keys[] = {"shard_size", "heartbeat_interval_ms",
-                                               "heartbeat_timeout_ms", NULL};
+                                               "heartbeat_timeout_ms", "coordinator_timeout_ms",
+                                               NULL};
     static const char *const elastic_keys[] = {"enabled", "min_workers", "max_workers", NULL};
     if (!json_is_object(root))
         return zs_error(ZS_ERR_INVALID, "%s: the configuration must be a JSON object, got %s",
@@ -456,6 +459,14 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                             "%s: key \"cluster.heartbeat_timeout_ms\": %d must "
                             "exceed heartbeat_interval_ms %d",
                             p->source, cfg->cluster.heartbeat_timeout_ms,
+                            cfg->cluster.heartbeat_interval_ms);
+        ZS_CHECK(get_int32(p, o, "cluster", "coordinator_timeout_ms", 1, 3600000,
+                           &cfg->cluster.coordinator_timeout_ms, NULL));
+        if (cfg->cluster.coordinator_timeout_ms <= 2 * cfg->cluster.heartbeat_interval_ms)
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"cluster.coordinator_timeout_ms\": %d must exceed twice "
+                            "heartbeat_interval_ms %d",
+                            p->source, cfg->cluster.coordinator_timeout_ms,
                             cfg->cluster.heartbeat_interval_ms);
     }
     ZS_CHECK(get_obj(p, root, "", "elasticity", &o));

@@ -49,6 +49,8 @@ typedef struct {
     size_t shard_bytes; /* cluster.shard_size: bytes of fp32 per shard, multiple of 256 */
     int heartbeat_interval_ms;
     int heartbeat_timeout_ms;
+    int coordinator_timeout_ms; /* servers and workers give up on a silent coordinator after
+                                   this long (it sends every heartbeat interval) */
 } zs_cluster_config;
 
 typedef struct {

@@ -545,6 +545,9 @@ zs_err zs_msg_check_job_spec(const Zshard__JobSpec *m, const zs_msg_ctx *ctx)
         return FAIL("JobSpec.cluster.heartbeat_timeout_ms: %" PRIu32 " must exceed "
                     "heartbeat_interval_ms %" PRIu32,
                     c->heartbeat_timeout_ms, c->heartbeat_interval_ms);
+    ZS_CHECK(u64_in("JobSpec.cluster.coordinator_timeout_ms", c->has_coordinator_timeout_ms,
+                    c->coordinator_timeout_ms, 2 * (uint64_t)c->heartbeat_interval_ms + 1,
+                    3600000));
 
     const Zshard__DataSpec *d = m->data;
     if (!d)
@@ -747,7 +750,20 @@ zs_err zs_msg_check_heartbeat(const Zshard__Heartbeat *m, const zs_msg_ctx *ctx)
     (void)ctx;
     if (!m)
         return FAIL("Heartbeat: missing");
-    ZS_CHECK(id_ok("Heartbeat.sender", m->has_sender, m->sender));
+    /* Members send heartbeats to the coordinator, the coordinator (sender 0) to members;
+     * zs_msg_check holds the field equal to the envelope's sender. */
+    if (ctx && (ctx->self == ZS_MSG_SERVER || ctx->self == ZS_MSG_WORKER)) {
+        ZS_CHECK(need(m->has_sender, "Heartbeat.sender"));
+        if (m->sender != 0)
+            return FAIL("Heartbeat.sender: %" PRIu32 ": a %s takes heartbeats only from the "
+                        "coordinator (0)",
+                        m->sender, ctx->self == ZS_MSG_SERVER ? "server" : "worker");
+    } else if (!ctx || ctx->self == ZS_MSG_COORDINATOR) {
+        if (!ctx)
+            ZS_CHECK(need(m->has_sender, "Heartbeat.sender"));
+        else
+            ZS_CHECK(id_ok("Heartbeat.sender", m->has_sender, m->sender));
+    }
     ZS_CHECK(need(m->has_step, "Heartbeat.step"));
     const Zshard__HeartbeatStats *s = m->stats;
     if (s && s->has_busy_seconds && !(s->busy_seconds >= 0 && isfinite(s->busy_seconds)))
@@ -1030,7 +1046,8 @@ static const struct {
                                          ZS_MSG_MAX_BYTES},
     [ZSHARD__ENVELOPE__BODY_SHARD_MAP] = {"ShardMap", TO_SERVER | TO_WORKER, FROM_COORD,
                                           ZS_MSG_MAX_BYTES},
-    [ZSHARD__ENVELOPE__BODY_HEARTBEAT] = {"Heartbeat", TO_COORD, FROM_PEER, ZS_MSG_MAX_SMALL_BYTES},
+    [ZSHARD__ENVELOPE__BODY_HEARTBEAT] = {"Heartbeat", TO_COORD | TO_SERVER | TO_WORKER,
+                                          FROM_PEER | FROM_COORD, ZS_MSG_MAX_SMALL_BYTES},
     [ZSHARD__ENVELOPE__BODY_READY] = {"Ready", TO_COORD, FROM_PEER, ZS_MSG_MAX_SMALL_BYTES},
     [ZSHARD__ENVELOPE__BODY_STEP_ASSIGN] = {"StepAssign", TO_SERVER | TO_WORKER, FROM_COORD,
                                             ZS_MSG_MAX_BYTES},
@@ -1414,6 +1431,8 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
         .heartbeat_interval_ms = (uint32_t)cfg->cluster.heartbeat_interval_ms,
         .has_heartbeat_timeout_ms = 1,
         .heartbeat_timeout_ms = (uint32_t)cfg->cluster.heartbeat_timeout_ms,
+        .has_coordinator_timeout_ms = 1,
+        .coordinator_timeout_ms = (uint32_t)cfg->cluster.coordinator_timeout_ms,
     };
     *e = (Zshard__Elasticity){
         .base = e->base,
@@ -1541,6 +1560,7 @@ zs_err zs_msg_jobspec_to_config(const Zshard__JobSpec *m, zs_config *cfg, zs_ten
         .shard_bytes = (size_t)m->cluster->shard_bytes,
         .heartbeat_interval_ms = (int)m->cluster->heartbeat_interval_ms,
         .heartbeat_timeout_ms = (int)m->cluster->heartbeat_timeout_ms,
+        .coordinator_timeout_ms = (int)m->cluster->coordinator_timeout_ms,
     };
     cfg->elasticity = (zs_elastic_config){
         .enabled = m->elasticity->enabled != 0,

@@ -94,6 +94,8 @@ struct zs_coord {
         zs_coord_step_stats st; /* its step's metrics line, written once the outcome is known */
         double tps, dt;
     } pend;
+    uint64_t last_turn_ms;      /* when the last turn began: a long gap is a pause of ours */
+    uint64_t last_heartbeat_ms; /* when we last told the members we live */
     int done;
     zs_err result;
 };
@@ -1068,10 +1070,54 @@ void zs_coord_set_hooks(zs_coord *co, const zs_coord_hooks *hooks)
     co->hooks = *hooks;
 }
 
+/* Every heartbeat interval, a Heartbeat (sender 0) to every member still in the job: without
+ * it a server has no way to tell a coordinator that is gone or hung from a long step. */
+static void heartbeat_members(coord *co, uint64_t now)
+{
+    uint64_t every = (uint64_t)co->cfg.cluster.heartbeat_interval_ms;
+    if (now - co->last_heartbeat_ms < every)
+        return;
+    co->last_heartbeat_ms = now;
+    Zshard__Heartbeat h = ZSHARD__HEARTBEAT__INIT;
+    h.has_sender = h.has_step = 1;
+    h.sender = 0;
+    h.step = co->cs ? (uint64_t)zs_coord_step(co->cs) : 0;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &h;
+    for (int i = 0; i < co->n_peers; i++)
+        if (!co->peers[i].gone && (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER ||
+                                   co->peers[i].role == ZSHARD__ROLE__ROLE_WORKER))
+            send_env_to(co, &co->peers[i].peer, &env, 1);
+}
+
+/*
+ * Whether this process was stopped since the last turn (SIGSTOP, a VM pause, swap): a gap of
+ * more than a heartbeat interval between turns, which take milliseconds.  The members'
+ * heartbeats of that time are still queued, unread: judging them by our clock would declare
+ * healthy members dead, so they get a whole timeout again (zs_coord_grace).
+ */
+static void notice_pause(coord *co, uint64_t now)
+{
+    uint64_t gap = co->last_turn_ms && now > co->last_turn_ms ? now - co->last_turn_ms : 0;
+    co->last_turn_ms = now;
+    if (gap <= (uint64_t)co->cfg.cluster.heartbeat_interval_ms || !co->cs)
+        return;
+    ZS_WARN("coord: this process did not run for %llu ms; members get a whole heartbeat "
+            "timeout (%d ms) to be heard from again",
+            (unsigned long long)gap, co->cfg.cluster.heartbeat_timeout_ms);
+    zs_coord_grace(co->cs, now);
+    for (int i = 0; i < co->n_peers; i++)
+        co->peers[i].unreachable_ms = 0;
+}
+
 void zs_coord_turn(zs_coord *co, int timeout_ms, volatile int *stop_flag)
 {
     if (co->done)
         return;
+    uint64_t now = now_ms(co);
+    notice_pause(co, now);
+    heartbeat_members(co, now);
     if (stop_flag && *stop_flag) {
         abort_job(co, zs_error(ZS_ERR_IO, "coord: interrupted"));
         return;

@@ -117,6 +117,13 @@ zs_err zs_coord_state_start_at(zs_coord_state *cs, long step)
     return ZS_OK;
 }
 
+void zs_coord_grace(zs_coord_state *cs, uint64_t now_ms)
+{
+    for (int i = 0; i < cs->n_members; i++)
+        if (cs->members[i].alive)
+            cs->members[i].last_heartbeat_ms = now_ms;
+}
+
 long zs_coord_step(const zs_coord_state *cs)
 {
     return cs->step;

@@ -81,6 +81,10 @@ void zs_coord_heartbeat(zs_coord_state *cs, int id, uint64_t now_ms);
 /* A member leaves (reason: "SIGTERM", "connection closed", ...); its unfinished chunks are
  * reassigned. */
 void zs_coord_leave(zs_coord_state *cs, int id, const char *reason);
+/* The coordinator itself was stopped (a pause of its process, a VM hang): what did not arrive
+ * meanwhile says nothing about its members, so every live member counts as heard from at
+ * now_ms and gets a whole timeout again. */
+void zs_coord_grace(zs_coord_state *cs, uint64_t now_ms);
 /* Marks dead every member whose last heartbeat is older than the configured timeout; returns
  * how many, their ids in dead[0..max). */
 int zs_coord_expire(zs_coord_state *cs, uint64_t now_ms, int *dead, int max);

@@ -125,6 +125,8 @@ struct zs_server {
     } ckpt;
 
     uint64_t last_heartbeat_ms;
+    uint64_t last_coord_ms; /* when anything last came from the coordinator */
+    uint64_t last_turn_ms;  /* when the last turn began: a long gap is a pause of ours */
     int done;
     zs_err result;
 };
@@ -921,7 +923,18 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
         return;
     case ZSHARD__ENVELOPE__BODY_ERROR:
         ZS_WARN("server %u: coordinator error: %s", sv->id, env->error->text);
+        if (sv->id && env->error->code == ZSHARD__ERROR_CODE__ERROR_NOT_REGISTERED) {
+            /* A coordinator that does not know our id is not the one we joined: it was
+             * restarted, and its job has other servers (or will restore from a checkpoint). */
+            sv->result = zs_error(ZS_ERR_INVALID,
+                                  "server %u: the coordinator does not know this server (it "
+                                  "was restarted?): %s",
+                                  sv->id, env->error->text);
+            sv->done = 1;
+        }
         return;
+    case ZSHARD__ENVELOPE__BODY_HEARTBEAT:
+        return; /* the coordinator lives (last_coord_ms) */
     default:
         ZS_WARN("server %u: unexpected %s from the coordinator", sv->id,
                 zs_msg_body_name(env->body_case));
@@ -1044,6 +1057,7 @@ void zs_server_set_hooks(zs_server *sv, const zs_server_hooks *hooks)
 /* A control message: refused (logged) or handled. */
 static void on_ctrl_bytes(server *sv, zs_err decoded, Zshard__Envelope *env)
 {
+    sv->last_coord_ms = now_ms(sv);
     if (decoded != ZS_OK) {
         ZS_WARN("server %u: refused a control message: %s", sv->id, zs_last_error());
         return;
@@ -1052,6 +1066,36 @@ static void on_ctrl_bytes(server *sv, zs_err decoded, Zshard__Envelope *env)
         sv->ctx.chunks = (uint32_t)sv->cfg.chunks;
     on_ctrl(sv, env);
     zs_msg_free(env);
+}
+
+/*
+ * Gives up on a coordinator that has said nothing for cluster.coordinator_timeout_ms (it
+ * sends a heartbeat every interval): it is gone or hung, and the job cannot go on without it.
+ * A gap in our own turns (this process was stopped) restarts the count, as the coordinator's
+ * messages of that time are still unread.
+ */
+static void coord_alive_check(server *sv)
+{
+    uint64_t now = now_ms(sv);
+    uint64_t limit = sv->have_job ? (uint64_t)sv->cfg.cluster.coordinator_timeout_ms : 15000;
+    if (sv->last_turn_ms && now - sv->last_turn_ms > limit / 4)
+        sv->last_coord_ms = now;
+    sv->last_turn_ms = now;
+    if (!sv->last_coord_ms) {
+        sv->last_coord_ms = now;
+        return;
+    }
+    if (sv->done || !sv->ctrl || now - sv->last_coord_ms <= limit)
+        return;
+    sv->result = zs_error(ZS_ERR_IO,
+                          "server %u: nothing from the coordinator at %s for %llu ms "
+                          "(cluster.coordinator_timeout_ms %llu): it is gone or hung; exiting "
+                          "(a coordinator restarted with --resume continues from the newest "
+                          "checkpoint)",
+                          sv->id, sv->opts->coord, (unsigned long long)(now - sv->last_coord_ms),
+                          (unsigned long long)limit);
+    ZS_ERROR("%s", zs_last_error());
+    sv->done = 1;
 }
 
 zs_err zs_server_turn(zs_server *sv, int timeout_ms)
@@ -1080,6 +1124,7 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
         drain_waiting(sv);
     ckpt_reap(sv, 0);
     heartbeat_if_due(sv);
+    coord_alive_check(sv);
     return ZS_OK;
 }
 

@@ -39,6 +39,9 @@ struct zs_session {
     int ended;
     zs_err end_result;
     char end_reason[512];
+    uint64_t last_coord_ms; /* when anything last came from the coordinator */
+    uint64_t last_pump_ms;  /* when pump last ran: a long gap is a chunk computed, or a pause */
+    const char *coord;      /* its endpoint, for messages */
 };
 
 static zs_err send_env(zs_session *s, Zshard__Envelope *env)
@@ -127,6 +130,15 @@ static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *dat
     case ZSHARD__ENVELOPE__BODY_ERROR:
         snprintf(s->end_reason, sizeof s->end_reason, "%s", env->error->text);
         ZS_WARN("worker %u: coordinator: %s", s->id, env->error->text);
+        if (s->id && env->error->code == ZSHARD__ERROR_CODE__ERROR_NOT_REGISTERED) {
+            /* Not the coordinator we joined: it was restarted.  A worker holds nothing, so it
+             * leaves; start it again to join the new job. */
+            s->ended = 1;
+            s->end_result = zs_error(ZS_ERR_INVALID,
+                                     "worker %u: the coordinator does not know this worker (it "
+                                     "was restarted?): %s",
+                                     s->id, env->error->text);
+        }
         return ZS_OK;
     case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
         s->ended = 1;
@@ -142,11 +154,38 @@ static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *dat
 }
 
 /* Receives and handles messages for up to timeout_ms, or until one gives chunks. */
+/*
+ * Ends the session when the coordinator has said nothing for cluster.coordinator_timeout_ms
+ * (it sends a heartbeat every interval): it is gone or hung.  Only time spent here, listening,
+ * counts: a gap since the last pump (a chunk being computed, this process stopped) restarts
+ * the count, as the coordinator's messages of that time are still unread.
+ */
+static void coord_alive_check(zs_session *s)
+{
+    uint64_t now = zs_now_ms();
+    uint64_t limit = s->have_job ? (uint64_t)s->cfg.cluster.coordinator_timeout_ms : 15000;
+    if (!s->last_coord_ms || (s->last_pump_ms && now - s->last_pump_ms > limit / 4))
+        s->last_coord_ms = now;
+    s->last_pump_ms = now;
+    if (s->ended || now - s->last_coord_ms <= limit)
+        return;
+    s->ended = 1;
+    s->end_result =
+        zs_error(ZS_ERR_IO,
+                 "worker %u: nothing from the coordinator at %s for %llu ms "
+                 "(cluster.coordinator_timeout_ms %llu): it is gone or hung",
+                 s->id, s->coord ? s->coord : "?", (unsigned long long)(now - s->last_coord_ms),
+                 (unsigned long long)limit);
+}
+
 static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignment *a, int *got)
 {
     uint64_t until = zs_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
     *got = 0;
     do {
+        coord_alive_check(s);
+        if (s->ended)
+            return ZS_OK;
         zs_session_heartbeat(s);
         Zshard__Envelope *env = NULL;
         zs_msg_ctx ctx = {.self = ZS_MSG_WORKER};
@@ -159,6 +198,7 @@ static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignmen
         }
         if (!env)
             continue;
+        s->last_coord_ms = zs_now_ms();
         e = handle(s, env, data, a, got);
         zs_msg_free(env);
         if (e != ZS_OK || *got || s->ended || (s->opening && s->client))
@@ -175,6 +215,7 @@ zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_s
         return zs_error(ZS_ERR_NOMEM, "worker: out of memory");
     s->step = -1;
     s->opening = 1;
+    s->coord = coord;
     zs_err res;
     ZS_CHECK_GOTO(zs_ctrl_connect(coord, &s->ctrl), res, fail);
     ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL), res, fail);

@@ -818,12 +818,22 @@ static void test_heartbeat_ready(void)
     m.hb.sender = 0;
     REFUSED(&m.env, &COORD, "Heartbeat.sender: 0");
     m.hb.sender = 4;
-    REFUSED(&m.env, &COORD, "Envelope.sender: 0, but Heartbeat comes from a registered peer");
+    REFUSED(&m.env, &COORD, "Heartbeat.sender: 4, but the envelope's sender is 0");
     make_heartbeat(&m);
     m.hb.has_step = 0;
     REFUSED(&m.env, &COORD, "Heartbeat.step: missing");
     make_heartbeat(&m);
-    REFUSED(&m.env, &WORKER, "a worker does not take Heartbeat messages");
+    REFUSED(&m.env, &WORKER,
+            "Heartbeat.sender: 4: a worker takes heartbeats only from the "
+            "coordinator");
+    REFUSED(&m.env, &SERVER,
+            "Heartbeat.sender: 4: a server takes heartbeats only from the "
+            "coordinator");
+    /* The coordinator's own heartbeat (sender 0), which members use to tell it lives. */
+    m.env.sender = 0;
+    m.hb.sender = 0;
+    CHECK_OK(decode_raw(&m.env, &WORKER));
+    CHECK_OK(decode_raw(&m.env, &SERVER));
 
     Zshard__Envelope env;
     Zshard__Ready rd;
