@@ -157,6 +157,7 @@ typedef struct {
     char ending_why[96]; /* who exited first: "coord exited" */
 
     long done_step;        /* the last step the coordinator reported finished */
+    int servers_lost;      /* servers that died while the coordinator ran */
     double coord_exit_at;  /* when the coordinator was collected (0: not yet) */
     int workers_ending;    /* elastic end: SIGTERM went to the workers left */
     double workers_end_at; /* when it went out */
@@ -492,6 +493,21 @@ static void on_exit_of(launch *L, int i, double now)
          * the job is over: nothing to tell. */
         if (L->done_step < L->steps && L->coord_exit_at == 0)
             worker_event(L, i);
+        return;
+    }
+    if (i >= 1 && i <= L->servers && !zs_proc_succeeded(p) && L->coord_exit_at == 0 &&
+        L->endpoint[0] != '\0') {
+        /* A partition server lost while the coordinator runs is the coordinator's to recover
+         * from (every server goes back to the newest checkpoint, the steps since run again on
+         * the servers left); if it cannot, it exits and that stops the job. */
+        char how[128];
+        zs_proc_describe_exit(p, how, sizeof how);
+        fprintf(stderr,
+                "zshard launch: %s (pid %d) %s; the coordinator recovers the job on the "
+                "servers left\n",
+                p->name, (int)p->pid, how);
+        L->servers_lost++;
+        p->lost = 1;
         return;
     }
     if (!zs_proc_succeeded(p) || (i == 0 && L->endpoint[0] == '\0')) {
@@ -902,8 +918,9 @@ static void report_success(const launch *L)
     FILE *f = fopen(path, "re");
     long steps = 0;
     double loss = __builtin_nan(""), tokens = 0, seconds = 0;
-    char line[1024];
-    while (f && fgets(line, sizeof line, f)) {
+    char *line = NULL;
+    size_t cap = 0;
+    while (f && getline(&line, &cap, f) > 0) {
         double tps = metric(line, "tokens_per_sec"), ms = metric(line, "step_ms");
         steps++;
         loss = metric(line, "loss");
@@ -912,6 +929,7 @@ static void report_success(const launch *L)
             seconds += ms / 1e3;
         }
     }
+    free(line);
     if (f)
         fclose(f);
     int workers = L->started - 1 - (int)L->servers;
@@ -921,6 +939,11 @@ static void report_success(const launch *L)
             steps, loss, seconds > 0 ? tokens / seconds : 0.0, L->servers,
             L->servers == 1 ? "" : "s", workers, workers == 1 ? "" : "s",
             L->elastic ? " started over the run" : "");
+    if (L->servers_lost)
+        fprintf(stderr,
+                "zshard launch: %d server%s lost on the way; the coordinator recovered from "
+                "checkpoints each time (same bits as a run without a loss)\n",
+                L->servers_lost, L->servers_lost == 1 ? " was" : "s were");
     fprintf(stderr,
             "zshard launch: model in %s/model.safetensors and %s/config.json, metrics in "
             "%s, logs in %s/logs/\n",
@@ -1065,10 +1088,11 @@ int zs_cmd_launch(int argc, char **argv)
     catch_signals();
     run(&L);
 
-    /* In elastic mode a worker's exit is never the job's failure. */
+    /* In elastic mode a worker's exit is never the job's failure, and a server lost while the
+     * coordinator ran is never one: the coordinator recovered, or its own exit says why not. */
     int ok = L.failed < 0 && !L.failure[0] && !got_signal && L.started >= L.n_initial;
     for (int i = 0; i < L.started; i++)
-        if (!L.elastic || !is_worker(&L, i))
+        if ((!L.elastic || !is_worker(&L, i)) && !L.procs[i].lost)
             ok &= zs_proc_succeeded(&L.procs[i]);
     if (ok)
         report_success(&L);

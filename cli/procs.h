@@ -30,6 +30,7 @@ typedef struct zs_proc {
     int log_fd;              /* the child's whole output goes here; -1 for none */
     int running;             /* spawned and not yet reaped */
     int status;              /* wait status, valid once reaped */
+    int lost;                /* its failure was the job's to recover from (zshard launch) */
     char part[ZS_PROC_LINE]; /* the line being read, not yet ended by '\n' */
     size_t part_len;
     char tail[ZS_PROC_TAIL][ZS_PROC_LINE]; /* ring of the last complete lines */

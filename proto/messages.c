@@ -97,7 +97,7 @@ static int wire_next(wire *w, wire_field *f)
 }
 
 #define BODY_FIRST ZSHARD__ENVELOPE__BODY_REGISTRATION
-#define BODY_LAST ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN
+#define BODY_LAST ZSHARD__ENVELOPE__BODY_RESTORE
 
 /* What pass 1 learns of an envelope. */
 typedef struct {
@@ -923,9 +923,12 @@ zs_err zs_msg_check_shutdown(const Zshard__Shutdown *m, const zs_msg_ctx *ctx)
     if (!m->has_kind)
         return FAIL("Shutdown.kind: missing");
     if (m->kind < ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE ||
-        m->kind > ZSHARD__SHUTDOWN_KIND__SHUTDOWN_LEAVING)
-        return FAIL("Shutdown.kind: %d is not a shutdown kind (1 done, 2 abort, 3 leaving)",
+        m->kind > ZSHARD__SHUTDOWN_KIND__SHUTDOWN_REJOIN)
+        return FAIL("Shutdown.kind: %d is not a shutdown kind (1 done, 2 abort, 3 leaving, "
+                    "4 rejoin)",
                     (int)m->kind);
+    if (m->kind == ZSHARD__SHUTDOWN_KIND__SHUTDOWN_REJOIN && ctx && ctx->self == ZS_MSG_SERVER)
+        return FAIL("Shutdown.kind: 4 (rejoin) is for workers");
     return str_ok("Shutdown.reason", m->reason, ZS_MSG_MAX_STRING, STR_EMPTY_OK);
 }
 
@@ -967,6 +970,22 @@ zs_err zs_msg_check_checkpoint_written(const Zshard__CheckpointWritten *m, const
             return FAIL("CheckpointWritten.files[%zu].xxh3: %zu checksums, expected 3", i,
                         f->n_xxh3);
     }
+    return ZS_OK;
+}
+
+zs_err zs_msg_check_restore(const Zshard__Restore *m, const zs_msg_ctx *ctx)
+{
+    if (!m)
+        return FAIL("Restore: missing");
+    ZS_CHECK(need(m->has_version, "Restore.version"));
+    if (m->version > ZS_MSG_MAX_STEPS || (ctx && ctx->steps && m->version >= ctx->steps))
+        return FAIL("Restore.version: %" PRIu64 " is not a version the job continues from",
+                    m->version);
+    ZS_CHECK(str_ok("Restore.step_dir", m->step_dir, ZS_MSG_MAX_STRING, STR_EMPTY_OK));
+    if ((m->version == 0) != (m->step_dir[0] == '\0'))
+        return FAIL("Restore: version %" PRIu64 " with step_dir \"%.80s\": a checkpoint names "
+                    "both, the start neither",
+                    m->version, m->step_dir);
     return ZS_OK;
 }
 
@@ -1069,6 +1088,7 @@ static const struct {
                                              ZS_MSG_MAX_BYTES},
     [ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN] = {"CheckpointWritten", TO_COORD, FROM_PEER,
                                                    ZS_MSG_MAX_PARTIAL_BYTES},
+    [ZSHARD__ENVELOPE__BODY_RESTORE] = {"Restore", TO_SERVER, FROM_COORD, ZS_MSG_MAX_SMALL_BYTES},
 };
 
 static int body_known(unsigned body)
@@ -1160,6 +1180,8 @@ static zs_err check_body(const Zshard__Envelope *env, const zs_msg_ctx *ctx)
         return zs_msg_check_status_reply(env->status_reply, ctx);
     case ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN:
         return zs_msg_check_checkpoint_written(env->checkpoint_written, ctx);
+    case ZSHARD__ENVELOPE__BODY_RESTORE:
+        return zs_msg_check_restore(env->restore, ctx);
     default:
         return FAIL("Envelope: no body");
     }

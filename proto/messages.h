@@ -178,6 +178,7 @@ zs_err zs_msg_check_shutdown(const Zshard__Shutdown *m, const zs_msg_ctx *ctx);
 zs_err zs_msg_check_status_request(const Zshard__StatusRequest *m, const zs_msg_ctx *ctx);
 zs_err zs_msg_check_status_reply(const Zshard__StatusReply *m, const zs_msg_ctx *ctx);
 zs_err zs_msg_check_checkpoint_written(const Zshard__CheckpointWritten *m, const zs_msg_ctx *ctx);
+zs_err zs_msg_check_restore(const Zshard__Restore *m, const zs_msg_ctx *ctx);
 
 /* "HOST:PORT" with a non-empty host of printable non-space ASCII (IPv6 in brackets) and a
  * decimal port 1..65535; ZS_OK or ZS_ERR_FORMAT naming `what`. */

@@ -45,11 +45,13 @@ typedef struct {
     char endpoint[128];
     char hostname[64];
     uint32_t pid;
-    char gone_why[160];      /* why it is gone: "no heartbeat within 1000 ms", "worker leaving" */
+    char gone_why[400];      /* why it is gone: "no heartbeat within 1000 ms", "worker leaving" */
     long sent_step;          /* the step of the last StepAssign sent to this worker, -1: none */
     uint64_t sent_sig;       /* a signature of its chunk list, to send only changes */
     uint64_t probed_ms;      /* when its assignment was last repeated (probe_workers) */
     uint64_t unreachable_ms; /* when a message to it first could not be routed, 0: it can */
+    int rejoining;           /* a worker told to register again (a server was lost) */
+    int has_job;             /* it was sent the job spec and a shard map */
 } peer_entry;
 
 struct zs_coord {
@@ -94,6 +96,16 @@ struct zs_coord {
         zs_coord_step_stats st; /* its step's metrics line, written once the outcome is known */
         double tps, dt;
     } pend;
+    /* Losing a server: every server goes back to the newest checkpoint (or the start) and the
+     * steps since are computed again, on the servers left and any that registered since. */
+    char last_ckpt_dir[4096]; /* the step directory of last_ckpt ("" with last_ckpt 0) */
+    int n_servers;            /* servers of the current map */
+    int map_made;             /* the first map exists (servers registered later are spares) */
+    int recovering;           /* waiting until recover_at to build the new map */
+    int restoring;            /* the new map is out, its servers are not all ready: workers
+                                 get it once they are (their connections would be dropped) */
+    uint64_t recover_at;
+    int recoveries;
     uint64_t last_turn_ms;      /* when the last turn began: a long gap is a pause of ours */
     uint64_t last_heartbeat_ms; /* when we last told the members we live */
     int done;
@@ -175,49 +187,97 @@ static void abort_job(coord *co, zs_err err)
     co->done = 1;
 }
 
-static void send_job(coord *co, const zs_ctrl_peer *to)
+/* The job spec to peer pi and, with with_map, the current shard map (a spare server gets the
+ * map only when a recovery takes it in). */
+static void send_job(coord *co, int pi, int with_map)
 {
+    const zs_ctrl_peer *to = &co->peers[pi].peer;
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_JOB_SPEC;
     env.job_spec = co->job;
+    send_env(co, to, &env);
+    if (!with_map)
+        return;
+    co->peers[pi].has_job = 1;
+    env.body_case = ZSHARD__ENVELOPE__BODY_SHARD_MAP;
+    env.shard_map = co->map_msg;
+    send_env(co, to, &env);
+}
+
+/* Tells a server to go back to the recovery's version; the new ShardMap follows. */
+static void send_restore(coord *co, const zs_ctrl_peer *to)
+{
+    Zshard__Restore r = ZSHARD__RESTORE__INIT;
+    r.has_version = 1;
+    r.version = (uint64_t)co->last_ckpt;
+    r.step_dir = co->last_ckpt_dir;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_RESTORE;
+    env.restore = &r;
     send_env(co, to, &env);
     env.body_case = ZSHARD__ENVELOPE__BODY_SHARD_MAP;
     env.shard_map = co->map_msg;
     send_env(co, to, &env);
 }
 
-/* Once all S servers registered: the shard map, then the job to everyone registered. */
-static zs_err make_map(coord *co)
+/*
+ * The shard map over the servers that are in, its step state, and the job to everyone
+ * registered: once all S servers registered (restore 0), or at the end of a recovery (restore
+ * 1: the map's servers get a Restore and the map, workers registered meanwhile the job).
+ */
+static zs_err make_map(coord *co, int restore)
 {
     uint32_t ids[MAX_PEERS];
     const char *eps[MAX_PEERS];
     int n = 0;
-    for (int i = 0; i < co->n_peers; i++)
-        if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
+    size_t sf = co->cfg.cluster.shard_bytes / sizeof(float);
+    int max = (int)((co->tt.total + sf - 1) / sf); /* a server without a shard stays a spare */
+    for (int i = 0; i < co->n_peers && n < max; i++)
+        if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[i].gone) {
             ids[n] = (uint32_t)(i + 1);
             eps[n++] = co->peers[i].endpoint;
         }
     ZS_CHECK(zs_shardmap_build(co->tt.total, co->cfg.cluster.shard_bytes, n, ids, &co->map));
+    co->n_servers = n;
+    co->map_made = 1;
     co->have_map = 1;
     ZS_CHECK(zs_shardmap_to_msg(&co->map, eps, &co->map_msg));
     ZS_INFO("coord: %d servers; %d shards of %zu floats over a vector of %zu", n, co->map.n_shards,
             co->map.shard_floats, co->tt.total);
     ZS_CHECK(zs_coord_state_create(&co->cfg, n, co->map.n_shards, co->opts->steps, &co->cs));
-    if (co->start_step > 0)
-        ZS_CHECK(zs_coord_state_start_at(co->cs, co->start_step));
+    long from = restore ? co->last_ckpt : co->start_step;
+    if (from > 0)
+        ZS_CHECK(zs_coord_state_start_at(co->cs, from));
     co->pend.files = calloc((size_t)co->map.n_shards, sizeof *co->pend.files);
     co->pend.have = calloc((size_t)co->map.n_shards, 1);
     co->pend.reported = calloc((size_t)n, 1);
     if (!co->pend.files || !co->pend.have || !co->pend.reported)
         return zs_error(ZS_ERR_NOMEM, "coord: out of memory for %d shards", co->map.n_shards);
     for (int i = 0; i < co->n_peers; i++) {
+        if (co->peers[i].gone)
+            continue;
+        if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER &&
+            zs_shardmap_server_index(&co->map, (uint32_t)(i + 1)) < 0)
+            continue; /* a spare */
         if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER) {
             zs_coord_join(co->cs, ZS_MEMBER_SERVER, i + 1, co->peers[i].endpoint, now_ms(co),
                           &co->peers[i].cs_id);
         }
-        send_job(co, &co->peers[i].peer);
+        if (restore && co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER)
+            send_restore(co, &co->peers[i].peer);
+        else if (!co->peers[i].has_job && !restore)
+            send_job(co, i, 1);
     }
     return ZS_OK;
+}
+
+/* Servers registered and not gone: those of the map and the spares. */
+static int live_servers(const coord *co)
+{
+    int n = 0;
+    for (int i = 0; i < co->n_peers; i++)
+        n += co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[i].gone;
+    return n;
 }
 
 static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Register *r)
@@ -227,8 +287,8 @@ static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Regis
     env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
     env.registration_reply = &rr;
     const char *refusal = NULL;
-    if (r->role == ZSHARD__ROLE__ROLE_SERVER && co->servers_registered >= co->opts->servers)
-        refusal = "all servers of this job are registered";
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER && live_servers(co) >= 2 * co->opts->servers)
+        refusal = "all servers of this job and as many spares are registered";
     else if (r->role == ZSHARD__ROLE__ROLE_SERVER && r->n_endpoints < 1)
         refusal = "a server must give its data-plane endpoint";
     else if (co->n_peers >= MAX_PEERS)
@@ -262,13 +322,17 @@ static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Regis
             p->endpoint);
     if (r->role == ZSHARD__ROLE__ROLE_SERVER) {
         co->servers_registered++;
-        if (co->servers_registered == co->opts->servers) {
-            zs_err e = make_map(co);
+        if (co->map_made) {
+            /* A spare: it takes part from the next recovery on (a server lost). */
+            ZS_INFO("coord: server %d is a spare until a server is lost", co->n_peers);
+            send_job(co, co->n_peers - 1, 0);
+        } else if (co->servers_registered == co->opts->servers) {
+            zs_err e = make_map(co, 0);
             if (e != ZS_OK)
                 abort_job(co, e);
         }
-    } else if (co->have_map) {
-        send_job(co, from);
+    } else if (co->have_map && !co->restoring) {
+        send_job(co, co->n_peers - 1, 1);
     }
 }
 
@@ -381,7 +445,15 @@ static void on_ready(coord *co, int pi, const Zshard__Ready *r)
     if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
         p->ready = 1;
         co->servers_ready++;
-        if (co->servers_ready == co->opts->servers)
+        if (co->servers_ready == co->n_servers && co->restoring) {
+            /* The servers are restored: now the workers (registered again) get the map. */
+            co->restoring = 0;
+            for (int i = 0; i < co->n_peers; i++)
+                if (co->peers[i].role == ZSHARD__ROLE__ROLE_WORKER && !co->peers[i].gone &&
+                    !co->peers[i].has_job)
+                    send_job(co, i, 1);
+        }
+        if (co->servers_ready == co->n_servers)
             ZS_INFO("coord: all %d servers are ready", co->servers_ready);
         return;
     }
@@ -572,6 +644,7 @@ static void ckpt_settle(coord *co)
         ckpt_discard(co, step);
     } else {
         co->last_ckpt = step;
+        zs_ckpt_step_dir(co->ckpt_dir, step, 0, co->last_ckpt_dir, sizeof co->last_ckpt_dir);
         co->ckpt_error[0] = '\0';
         zs_ckpt_prune(co->ckpt_dir, step, co->cfg.checkpoint.keep);
         ZS_INFO("coord: checkpoint %ld committed in %s/%s", step, co->ckpt_dir, name);
@@ -806,7 +879,97 @@ out:
     free(chunks);
 }
 
-/* A member is gone (left, or its heartbeats stopped): a server aborts the job. */
+/*
+ * Server pi of the map is gone: its shards' state is lost, so every server goes back to the
+ * newest committed checkpoint (or the job's start) and the steps since are computed again --
+ * the same bits, as every step is a pure function of the state before it.  Now: the step in
+ * hand and any checkpoint being written are abandoned, the workers are told to register
+ * again (they hold nothing; they get the new map), and the step state is dropped.  After a
+ * short wait for spares to register (finish_recovery), the new map goes out over the servers
+ * left and the spares.
+ */
+static void start_recovery(coord *co, int pi, const char *why)
+{
+    co->recoveries++;
+    char back[160];
+    if (co->last_ckpt > 0)
+        snprintf(back, sizeof back, "checkpoint %ld", co->last_ckpt);
+    else
+        snprintf(back, sizeof back, "the job's start");
+    ZS_WARN("coord: server %d is gone (%s): every server goes back to %s and the %ld steps "
+            "since are computed again",
+            pi + 1, why, back, (co->cs ? zs_coord_step(co->cs) : co->last_ckpt) - co->last_ckpt);
+    char text[320];
+    snprintf(text, sizeof text, "server %d was lost; the job goes back to %s", pi + 1, back);
+    for (int i = 0; i < co->n_peers; i++) {
+        peer_entry *w = &co->peers[i];
+        if (w->role != ZSHARD__ROLE__ROLE_WORKER || w->gone)
+            continue;
+        send_shutdown_to(co, &w->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_REJOIN, text, 1);
+        w->gone = w->rejoining = 1;
+        snprintf(w->gone_why, sizeof w->gone_why, "told to register again: %s", text);
+    }
+    if (co->pend.step) {
+        ckpt_discard(co, co->pend.step);
+        co->pend.step = 0;
+    }
+    zs_coord_state_free(co->cs);
+    co->cs = NULL;
+    for (int i = 0; i < co->n_peers; i++) {
+        co->peers[i].cs_id = -1;
+        co->peers[i].ready = 0;
+        co->peers[i].has_job = co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER;
+    }
+    co->servers_ready = 0;
+    if (co->have_map)
+        zs_shardmap_free(&co->map);
+    co->have_map = 0;
+    if (co->map_msg)
+        zshard__shard_map__free_unpacked(co->map_msg, NULL);
+    co->map_msg = NULL;
+    free(co->pend.files);
+    free(co->pend.have);
+    free(co->pend.reported);
+    co->pend.files = NULL;
+    co->pend.have = co->pend.reported = NULL;
+    co->recovering = 1;
+    /* Long enough for a replacement that was started at once (zshard launch, a supervisor)
+     * to register; short against the heartbeat timeout that found the loss. */
+    uint64_t wait = (uint64_t)co->cfg.cluster.heartbeat_timeout_ms / 2;
+    co->recover_at = now_ms(co) + (wait < 2000 ? wait : 2000);
+}
+
+/* The end of a recovery: the map over the servers left and the spares, Restore to each, the
+ * metrics back to the checkpoint, and the step state from its step on. */
+static void finish_recovery(coord *co)
+{
+    co->recovering = 0;
+    if (live_servers(co) == 0) {
+        abort_job(co, zs_error(ZS_ERR_IO,
+                               "every partition server is gone; the newest "
+                               "checkpoint is %s",
+                               co->last_ckpt > 0 ? co->last_ckpt_dir : "none"));
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", co->opts->out_dir);
+    zs_err e = zs_metrics_close(co->metrics);
+    co->metrics = NULL;
+    if (e == ZS_OK)
+        e = zs_metrics_open(path, co->last_ckpt, &co->metrics);
+    if (e == ZS_OK)
+        e = make_map(co, 1);
+    co->restoring = 1;
+    if (e != ZS_OK) {
+        abort_job(co, e);
+        return;
+    }
+    ZS_WARN("coord: recovered: %d servers from %s; step %ld runs again", co->n_servers,
+            co->last_ckpt > 0 ? co->last_ckpt_dir : "the job's start", co->last_ckpt + 1);
+}
+
+/* A member is gone (left, or its heartbeats stopped): a server of the map is recovered from
+ * (start_recovery), a worker's chunks go to the others. */
 static void member_gone(coord *co, int pi, const char *why)
 {
     peer_entry *p = &co->peers[pi];
@@ -817,8 +980,10 @@ static void member_gone(coord *co, int pi, const char *why)
     if (p->cs_id >= 0 && zs_coord_member(co->cs, p->cs_id)->alive)
         zs_coord_leave(co->cs, p->cs_id, why);
     if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
-        abort_job(co,
-                  zs_error(ZS_ERR_IO, "server %d is gone (%s); its shards are lost", pi + 1, why));
+        if (co->have_map && zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1)) >= 0)
+            start_recovery(co, pi, why);
+        else
+            ZS_WARN("coord: spare server %d is gone (%s)", pi + 1, why);
         return;
     }
     co->assignment_dirty = 1;
@@ -835,17 +1000,20 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
         return;
     }
     int pi = (int)env->sender - 1;
+    if (pi >= 0 && pi < co->n_peers && co->peers[pi].rejoining &&
+        co->peers[pi].peer.len == from->len &&
+        memcmp(co->peers[pi].peer.id, from->id, from->len) == 0)
+        return; /* told to register again; what it sends before it does is moot */
     if (pi >= 0 && pi < co->n_peers && co->peers[pi].gone && co->peers[pi].peer.len == from->len &&
         memcmp(co->peers[pi].peer.id, from->id, from->len) == 0) {
         /* A member declared dead that is still running (it hung, and came back): it must
          * stop, its chunks are someone else's now.  Its data-plane pushes, if any, are
          * refused by the servers as stale or not assigned. */
-        char text[320];
-        snprintf(text, sizeof text,
-                 "%s %d was dropped from the job (%s); its chunks went to "
-                 "other workers",
-                 co->peers[pi].role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "worker", pi + 1,
-                 co->peers[pi].gone_why);
+        char text[512];
+        int server = co->peers[pi].role == ZSHARD__ROLE__ROLE_SERVER;
+        snprintf(text, sizeof text, "%s %d was dropped from the job (%s); its %s went to others",
+                 server ? "server" : "worker", pi + 1, co->peers[pi].gone_why,
+                 server ? "shards" : "chunks");
         send_shutdown(co, from, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT, text);
         return;
     }
@@ -945,6 +1113,7 @@ static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
         co->run_id = job->run_id = ck.info.run_id;
         co->start_step = job->resume_step = ck.info.step;
         co->last_ckpt = ck.info.step;
+        snprintf(co->last_ckpt_dir, sizeof co->last_ckpt_dir, "%s", ck.step_dir);
         snprintf(job->resume_dir, sizeof job->resume_dir, "%s", ck.step_dir);
         ZS_INFO("coord: resuming run %016llx from %s (step %ld of %ld)",
                 (unsigned long long)co->run_id, ck.step_dir, ck.info.step, co->opts->steps);
@@ -1004,6 +1173,8 @@ static void on_refused(coord *co, const zs_ctrl_peer *from)
  * heartbeats stopped, the start of a step, the verdict, changed assignments. */
 static void advance(coord *co)
 {
+    if (co->recovering && !co->done && now_ms(co) >= co->recover_at)
+        finish_recovery(co);
     if (!co->cs || co->done)
         return;
     co->ctx.n_shards = (uint32_t)co->map.n_shards;
@@ -1033,9 +1204,9 @@ static void advance(coord *co)
             member_gone(co, pi, why);
         }
     }
-    if (co->done)
-        return;
-    if (co->servers_ready == co->opts->servers && zs_coord_try_begin(co->cs)) {
+    if (co->done || !co->cs)
+        return; /* a server was lost just now: the recovery runs from the next turns */
+    if (co->servers_ready == co->n_servers && zs_coord_try_begin(co->cs)) {
         co->step_start = zs_now_s();
         co->assignment_dirty = 1;
     }
@@ -1085,10 +1256,18 @@ static void heartbeat_members(coord *co, uint64_t now)
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_HEARTBEAT;
     env.heartbeat = &h;
-    for (int i = 0; i < co->n_peers; i++)
-        if (!co->peers[i].gone && (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER ||
-                                   co->peers[i].role == ZSHARD__ROLE__ROLE_WORKER))
-            send_env_to(co, &co->peers[i].peer, &env, 1);
+    for (int i = 0; i < co->n_peers; i++) {
+        peer_entry *p = &co->peers[i];
+        if (p->gone ||
+            (p->role != ZSHARD__ROLE__ROLE_SERVER && p->role != ZSHARD__ROLE__ROLE_WORKER))
+            continue;
+        /* ZeroMQ cannot route to a peer whose connection closed (a killed process): like a
+         * worker's probe, that marks it, and two silent intervals later it is gone (advance). */
+        if (send_env_to(co, &p->peer, &env, 1) == ZS_OK)
+            p->unreachable_ms = 0;
+        else if (!p->unreachable_ms)
+            p->unreachable_ms = now;
+    }
 }
 
 /*

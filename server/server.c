@@ -124,6 +124,9 @@ struct zs_server {
         char error[1024]; /* the thread's error message */
     } ckpt;
 
+    zs_conn **conns; /* every open data-plane connection, to drop them all at a Restore */
+    int n_conns, cap_conns;
+
     uint64_t last_heartbeat_ms;
     uint64_t last_coord_ms; /* when anything last came from the coordinator */
     uint64_t last_turn_ms;  /* when the last turn began: a long gap is a pause of ours */
@@ -486,9 +489,31 @@ static void on_push_done(server *sv, int slot, zs_err err)
     drain_waiting(sv);
 }
 
+/* Adds c to the list of open connections (a connection that cannot be listed is closed: a
+ * Restore must be able to drop every one). */
+static void track_conn(server *sv, zs_conn *c)
+{
+    if (sv->n_conns == sv->cap_conns) {
+        int cap = sv->cap_conns ? 2 * sv->cap_conns : 16;
+        zs_conn **l = realloc(sv->conns, (size_t)cap * sizeof *l);
+        if (!l) {
+            doom(sv, c);
+            return;
+        }
+        sv->conns = l;
+        sv->cap_conns = cap;
+    }
+    sv->conns[sv->n_conns++] = c;
+}
+
 /* Forgets a connection that closed: held fetches, waiting pushes, scratch owners. */
 static void forget_conn(server *sv, zs_conn *c)
 {
+    for (int i = 0; i < sv->n_conns; i++)
+        if (sv->conns[i] == c) {
+            sv->conns[i] = sv->conns[--sv->n_conns];
+            break;
+        }
     int j = 0;
     for (int i = 0; i < sv->n_held; i++)
         if (sv->held[i].conn != c)
@@ -711,6 +736,7 @@ static void on_data_event(server *sv, const zs_event *ev)
     switch (ev->type) {
     case ZS_EV_ACCEPT:
         ZS_DEBUG("server %u: connection from %s", sv->id, sv->ops->conn_peer(ev->conn));
+        track_conn(sv, ev->conn);
         break;
     case ZS_EV_HEADER:
         if (sv->ops->conn_user(ev->conn) != CONN_DOOMED)
@@ -726,7 +752,7 @@ static void on_data_event(server *sv, const zs_event *ev)
         break;
     }
     case ZS_EV_SEND:
-        if (ev->user == COOKIE_STORE) {
+        if (ev->user == COOKIE_STORE && sv->store_sends > 0) {
             sv->store_sends--;
             maybe_apply(sv);
         }
@@ -783,6 +809,58 @@ static zs_err restore_shards(server *sv)
 out:
     zs_ckpt_close(&ck);
     return res;
+}
+
+/*
+ * Drops the shards and all that refers to them -- every data-plane connection (their
+ * requests were for the old map), held fetches, waiting pushes, registrations, the store --
+ * so that setup_shards can build them again from a new map.  A checkpoint being written is
+ * finished first and not reported: the coordinator abandoned it.
+ */
+static void teardown_shards(server *sv)
+{
+    if (sv->ckpt.running) {
+        pthread_join(sv->ckpt.thread, NULL);
+        sv->ckpt.running = 0;
+    }
+    while (sv->n_conns > 0) {
+        zs_conn *c = sv->conns[sv->n_conns - 1];
+        forget_conn(sv, c);
+        sv->ops->conn_close(c);
+    }
+    sv->n_doomed = 0;
+    sv->n_held = 0;
+    sv->n_waiting = 0;
+    sv->store_sends = 0;
+    sv->verdict_pending = 0;
+    sv->partials_sent = 0;
+    for (int i = 0; i < SCRATCH_BUFFERS; i++) {
+        if (sv->pool[i].mr)
+            sv->ops->dereg_mr(sv->pool[i].mr);
+        free(sv->pool[i].buf);
+        sv->pool[i] = (scratch){0};
+    }
+    for (int i = 0; i < sv->n_local; i++) {
+        if (sv->mr_f32 && sv->mr_f32[i])
+            sv->ops->dereg_mr(sv->mr_f32[i]);
+        if (sv->mr_bf16 && sv->mr_bf16[i])
+            sv->ops->dereg_mr(sv->mr_bf16[i]);
+    }
+    zs_store_free(sv->store);
+    sv->store = NULL;
+    free(sv->local);
+    free(sv->mr_f32);
+    free(sv->mr_bf16);
+    free(sv->owner);
+    free(sv->ckpt.files);
+    sv->local = NULL;
+    sv->mr_f32 = sv->mr_bf16 = NULL;
+    sv->owner = NULL;
+    sv->ckpt.files = NULL;
+    sv->n_local = 0;
+    if (sv->have_map)
+        zs_shardmap_free(&sv->map);
+    sv->have_map = 0;
 }
 
 /* Sets up the shards of this server once both the job spec and the shard map are in. */
@@ -884,6 +962,17 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
         e = zs_msg_jobspec_to_config(env->job_spec, &sv->cfg, &sv->tt, &sv->job);
         sv->have_job = e == ZS_OK;
         break;
+    case ZSHARD__ENVELOPE__BODY_RESTORE:
+        /* The next ShardMap (set up below once it is in) loads this version. */
+        if (!sv->have_job)
+            return;
+        ZS_WARN("server %u: restore: back to version %llu (%s), a new shard map follows", sv->id,
+                (unsigned long long)env->restore->version,
+                env->restore->step_dir[0] ? env->restore->step_dir : "the job's start");
+        teardown_shards(sv);
+        sv->job.resume_step = (long)env->restore->version;
+        snprintf(sv->job.resume_dir, sizeof sv->job.resume_dir, "%s", env->restore->step_dir);
+        return;
     case ZSHARD__ENVELOPE__BODY_SHARD_MAP:
         if (sv->have_map)
             return;
@@ -1002,6 +1091,7 @@ void zs_server_close(zs_server *sv)
     free(sv->held);
     free(sv->waiting);
     free(sv->doomed);
+    free(sv->conns);
     free(sv);
 }
 
@@ -1145,6 +1235,8 @@ zs_err zs_server_adopt(zs_server *sv, int fd, const char *peer)
     zs_err e = zs_tcp_adopt(sv->net, fd, peer, &c);
     if (e != ZS_OK)
         close(fd);
+    else
+        track_conn(sv, c);
     return e;
 }
 

@@ -209,9 +209,10 @@ zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs
         if (e == ZS_OK)
             e = cl->ops->isend(c, &f, NULL, 0, NULL, &p->send);
         if (e != ZS_OK) {
+            /* p lies inside op: name the piece before op goes. */
+            int shard = p->piece.shard, server = p->piece.server;
             op_free(cl, op);
-            return zs_error_context(e, "fetch of shard %d from %s", p->piece.shard,
-                                    cl->endpoint[p->piece.server]);
+            return zs_error_context(e, "fetch of shard %d from %s", shard, cl->endpoint[server]);
         }
     }
     *out = op;
@@ -246,9 +247,10 @@ zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int ch
         if (e == ZS_OK)
             e = cl->ops->isend(c, &f, mr, base_off + (p->piece.begin - begin) * 4, NULL, &p->send);
         if (e != ZS_OK) {
+            /* p lies inside op: name the piece before op goes. */
+            int shard = p->piece.shard, server = p->piece.server;
             op_free(cl, op);
-            return zs_error_context(e, "push of shard %d to %s", p->piece.shard,
-                                    cl->endpoint[p->piece.server]);
+            return zs_error_context(e, "push of shard %d to %s", shard, cl->endpoint[server]);
         }
     }
     *out = op;

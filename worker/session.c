@@ -39,6 +39,7 @@ struct zs_session {
     int ended;
     zs_err end_result;
     char end_reason[512];
+    int rejoin;             /* the coordinator said to register again */
     uint64_t last_coord_ms; /* when anything last came from the coordinator */
     uint64_t last_pump_ms;  /* when pump last ran: a long gap is a chunk computed, or a pause */
     const char *coord;      /* its endpoint, for messages */
@@ -142,6 +143,12 @@ static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *dat
         return ZS_OK;
     case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
         s->ended = 1;
+        if (env->shutdown->kind == ZSHARD__SHUTDOWN_KIND__SHUTDOWN_REJOIN) {
+            ZS_INFO("worker %u: %s; registering again", s->id,
+                    env->shutdown->reason ? env->shutdown->reason : "the servers changed");
+            s->rejoin = 1;
+            return ZS_OK;
+        }
         if (env->shutdown->kind != ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE)
             s->end_result = zs_error(ZS_ERR_INVALID, "worker %u: the job was aborted: %s", s->id,
                                      *s->end_reason          ? s->end_reason
@@ -269,6 +276,11 @@ void zs_session_close(zs_session *s)
     free(s->given);
     free(s->endpoints);
     free(s);
+}
+
+int zs_session_rejoin(const zs_session *s)
+{
+    return s->rejoin;
 }
 
 uint32_t zs_session_id(const zs_session *s)

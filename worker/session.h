@@ -43,6 +43,9 @@ zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_s
 void zs_session_close(zs_session *s);
 
 uint32_t zs_session_id(const zs_session *s);
+/* 1 once the coordinator told this worker to register again (the job's servers changed): the
+ * session is over, and a new one joins the job with the new shard map. */
+int zs_session_rejoin(const zs_session *s);
 const zs_config *zs_session_config(const zs_session *s);
 const zs_tensor_table *zs_session_tensors(const zs_session *s);
 const zs_dataset *zs_session_data(const zs_session *s);

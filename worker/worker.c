@@ -457,15 +457,20 @@ static void log_stats(const wk *w)
             s->buffer_bytes / 1e6);
 }
 
-zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_worker_stats *stats)
+/*
+ * One membership of the job: registers, computes the chunks it is given until the job ends,
+ * and frees everything.  *rejoin is set when the coordinator ended the membership because the
+ * servers changed (a server was lost): the caller joins again, with the new shard map.
+ */
+static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
+                          zs_worker_stats *stats, int *rejoin)
 {
     wk w = {0};
     zs_gpt2 *model = NULL;
     int32_t *in = NULL, *tg = NULL;
     zs_err res;
     int mu_ready = 0;
-    if (stats)
-        memset(stats, 0, sizeof *stats);
+    *rejoin = 0;
     ZS_CHECK_GOTO(zs_session_open(opts->coord, opts->data,
                                   opts->join_timeout_ms > 0 ? opts->join_timeout_ms : 60000, &w.s),
                   res, out);
@@ -522,6 +527,11 @@ zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_wor
         }
         idle_since = zs_now_s();
     }
+    if (zs_session_rejoin(w.s)) {
+        /* Whatever failed in the chunk in hand was the old servers going away. */
+        *rejoin = 1;
+        res = ZS_OK;
+    }
     if (res == ZS_OK && stop_flag && *stop_flag)
         ZS_INFO("worker %u: stopping on request", zs_session_id(w.s));
 out:
@@ -539,8 +549,18 @@ out:
     }
     if (w.s)
         log_stats(&w);
-    if (stats)
-        *stats = w.st;
+    if (stats) {
+        stats->chunks += w.st.chunks;
+        stats->steps += w.st.steps;
+        stats->compute_s += w.st.compute_s;
+        stats->fetch_wait_s += w.st.fetch_wait_s;
+        stats->push_wait_s += w.st.push_wait_s;
+        stats->step_wait_s += w.st.step_wait_s;
+        stats->fetched_bytes += w.st.fetched_bytes;
+        stats->pushed_bytes += w.st.pushed_bytes;
+        if (w.st.buffer_bytes > stats->buffer_bytes)
+            stats->buffer_bytes = w.st.buffer_bytes;
+    }
     zs_gpt2_free(model);
     free(in);
     free(tg);
@@ -550,5 +570,18 @@ out:
         free(w.param[i].buf);
         free(w.grad[i].buf);
     }
+    return res;
+}
+
+zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_worker_stats *stats)
+{
+    zs_worker_stats st = {0};
+    int rejoin = 0;
+    zs_err res;
+    do
+        res = run_session(opts, stop_flag, &st, &rejoin);
+    while (res == ZS_OK && rejoin && !(stop_flag && *stop_flag));
+    if (stats)
+        *stats = st;
     return res;
 }

@@ -86,17 +86,18 @@ finish_launch() {
   done
 }
 
-# A server killed by SIGKILL: the launcher stops the rest and names it and the signal.
+# The coordinator killed by SIGKILL: the launcher stops the rest and names it and the signal.
+# (A server's death is the coordinator's to recover from: tests/integration/server_failures.sh.)
 start crash 2
-SERVER2=$(sed -n 's/.*server 2 (pid \([0-9]*\)).*/\1/p' "$WORK/crash.err" | head -n 1)
-if [ -z "$SERVER2" ] || ! echo " $KIDS " | grep -q " $SERVER2 "; then
-  fail "crash: no pid for server 2 among the children ($KIDS): $(cat "$WORK/crash.err")"
+COORD=$(sed -n 's/.*coord (pid \([0-9]*\)).*/\1/p' "$WORK/crash.err" | head -n 1)
+if [ -z "$COORD" ] || ! echo " $KIDS " | grep -q " $COORD "; then
+  fail "crash: no pid for the coordinator among the children ($KIDS): $(cat "$WORK/crash.err")"
 else
-  kill -KILL "$SERVER2"
+  kill -KILL "$COORD"
 fi
-finish_launch crash 1 "server 2 (pid $SERVER2) was killed by signal 9"
+finish_launch crash 1 "coord (pid $COORD) was killed by signal 9"
 grep -q 'its last lines' "$WORK/crash.err" || fail "crash: no last lines: $(cat "$WORK/crash.err")"
-[ -s "$WORK/crash/logs/server-2.log" ] || fail "crash: no $WORK/crash/logs/server-2.log"
+[ -s "$WORK/crash/logs/coord.log" ] || fail "crash: no $WORK/crash/logs/coord.log"
 
 # SIGINT to the launcher: everything stops, exit 130.
 start sigint 1
