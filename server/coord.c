@@ -933,6 +933,7 @@ static void start_recovery(coord *co, int pi, const char *why)
     co->pend.files = NULL;
     co->pend.have = co->pend.reported = NULL;
     co->recovering = 1;
+    co->restoring = 0;
     /* Long enough for a replacement that was started at once (zshard launch, a supervisor)
      * to register; short against the heartbeat timeout that found the loss. */
     uint64_t wait = (uint64_t)co->cfg.cluster.heartbeat_timeout_ms / 2;

@@ -214,9 +214,13 @@ static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignmen
     return ZS_OK;
 }
 
-zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_session **out)
+/* One registration, until `until`; *rejoin when the coordinator said to register again before
+ * the job reached us (a server was lost meanwhile): nothing is open then. */
+static zs_err open_once(const char *coord, const char *data, uint64_t until, int timeout_ms,
+                        zs_session **out, int *rejoin)
 {
     *out = NULL;
+    *rejoin = 0;
     zs_session *s = calloc(1, sizeof *s);
     if (!s)
         return zs_error(ZS_ERR_NOMEM, "worker: out of memory");
@@ -226,11 +230,15 @@ zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_s
     zs_err res;
     ZS_CHECK_GOTO(zs_ctrl_connect(coord, &s->ctrl), res, fail);
     ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL), res, fail);
-    uint64_t until = zs_now_ms() + (uint64_t)timeout_ms;
     zs_assignment a;
     int got;
     while (!s->client && !s->ended && zs_now_ms() < until)
         ZS_CHECK_GOTO(pump(s, 50, data, &a, &got), res, fail);
+    if (s->ended && s->rejoin) {
+        *rejoin = 1;
+        res = ZS_OK;
+        goto fail;
+    }
     if (s->ended) {
         res = s->end_result != ZS_OK ? s->end_result
                                      : zs_error(ZS_ERR_INVALID, "worker: the job ended");
@@ -248,6 +256,17 @@ fail:
     s->ended = 1; /* nothing to announce */
     zs_session_close(s);
     return res;
+}
+
+zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_session **out)
+{
+    uint64_t until = zs_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        int rejoin = 0;
+        zs_err e = open_once(coord, data, until, timeout_ms, out, &rejoin);
+        if (!rejoin)
+            return e;
+    }
 }
 
 void zs_session_close(zs_session *s)

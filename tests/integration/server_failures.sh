@@ -1,0 +1,186 @@
+# Partition servers lost while a job runs: the coordinator rolls every server back to the
+# newest committed checkpoint (or the job's start), spreads the shards over the servers left
+# and any spare, and the steps since run again.  Each run must end with zshard train's bits,
+# metrics.jsonl must hold each step exactly once, and no process may be left.  The steps at
+# which servers die are drawn from a seed (printed; ZS_TEST_SEED=N repeats it).
+#  - a SIGKILL at a random step, of a random server (3 servers, checkpoints every 3 steps);
+#  - a SIGKILL before the first checkpoint (back to the seed's initial weights);
+#  - two servers killed at two steps (3 -> 1 server);
+#  - a server stopped (SIGSTOP) past the heartbeat timeout, then continued: it is told it was
+#    dropped and exits, the job goes on;
+#  - a spare server started by hand takes the lost server's place;
+#  - every server killed: the job ends naming the newest checkpoint, which resumes to the same
+#    bits.
+source "$(dirname "$0")/lib.sh"
+STEPS=30
+SEED=${ZS_TEST_SEED:-$(( ($(date +%s%N) / 1000) % 1000000 ))}
+echo "server_failures: seed $SEED (ZS_TEST_SEED=$SEED repeats it)"
+RANDOM=$SEED
+
+sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 1000}, "checkpoint": {"interval_steps": 3}/' \
+  "$DATA/tiny.json" >"$WORK/job.json"
+grep -q interval_steps "$WORK/job.json" || { fail "the config edit did not take"; finish; }
+# The first checkpoint late, for a loss that surely comes before it (a step takes milliseconds).
+sed 's/"interval_steps": 3/"interval_steps": 25/' "$WORK/job.json" >"$WORK/late.json"
+expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --threads 1 --out "$WORK/train"
+
+alive() {
+  local stat
+  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
+# pid_of ERRFILE NAME: the pid the launcher printed for NAME ("server 2", "coord").
+pid_of() {
+  sed -n "s/.*$2 (pid \\([0-9]*\\)).*/\\1/p" "$1" | head -n 1
+}
+
+# wait_step ERRFILE K: waits (up to 60 s) until the launcher printed step K's progress line.
+wait_step() {
+  local end=$((SECONDS + 60))
+  while ! grep -q "^step $(printf '%5d' "$2")/" "$1" 2>/dev/null; do
+    [ $SECONDS -lt $end ] || return 1
+    sleep 0.02
+  done
+}
+
+# launch_bg NAME SERVERS [ARGS...]: a launch in its own process group, in the background; sets
+# LPID (the launcher, also the group's id).  CONFIG (default job.json) names the config.
+launch_bg() {
+  local name=$1 servers=$2
+  shift 2
+  setsid "$ZSHARD" launch --config "$WORK/${CONFIG:-job.json}" --data "$DATA/tiny.txt" --steps $STEPS \
+    --servers "$servers" --workers 2 --threads 1 --out "$WORK/$name" "$@" \
+    2>"$WORK/$name.err" &
+  LPID=$!
+}
+
+# finish_run NAME WANT_RC: the launcher exits (within 120 s) with WANT_RC and leaves no process
+# of its group; with WANT_RC 0 the model is train's and each step is in metrics.jsonl once.
+finish_run() {
+  local name=$1 want=$2 rc=0 end=$((SECONDS + 120))
+  while alive "$LPID" && [ $SECONDS -lt $end ]; do sleep 0.05; done
+  checks=$((checks + 2))
+  if alive "$LPID"; then
+    fail "$name: the launcher still runs 120 s later"
+    kill -KILL -- -"$LPID" 2>/dev/null || true
+  fi
+  wait "$LPID" || rc=$?
+  [ $rc -eq "$want" ] || fail "$name: exit $rc, expected $want: $(tail -n 15 "$WORK/$name.err")"
+  end=$((SECONDS + 10))
+  while pgrep -g "$LPID" >/dev/null && [ $SECONDS -lt $end ]; do sleep 0.05; done
+  if pgrep -g "$LPID" >/dev/null; then
+    fail "$name: processes left: $(pgrep -a -g "$LPID")"
+    kill -KILL -- -"$LPID" 2>/dev/null || true
+  fi
+  [ "$want" -eq 0 ] || return 0
+  checks=$((checks + 2))
+  cmp -s "$WORK/train/model.safetensors" "$WORK/$name/model.safetensors" ||
+    fail "$name: model.safetensors differs from zshard train's"
+  local steps
+  steps=$(sed -E 's/^\{"step": ([0-9]+),.*/\1/' "$WORK/$name/metrics.jsonl" | tr '\n' ' ')
+  [ "$steps" = "$(seq -s ' ' 1 $STEPS) " ] ||
+    fail "$name: metrics.jsonl has steps '$steps', expected 1..$STEPS once each"
+  diff <(metrics_without_timing "$WORK/train/metrics.jsonl" | sed -E 's/, "workers": [0-9]+//') \
+    <(metrics_without_timing "$WORK/$name/metrics.jsonl" | sed -E 's/, "workers": [0-9]+//') \
+    >/dev/null || fail "$name: metrics.jsonl differs from zshard train's beyond timings"
+}
+
+# expect_log NAME FILE NEEDLE
+expect_log() {
+  checks=$((checks + 1))
+  grep -qF -- "$3" "$2" || fail "$1: $2 lacks '$3': $(tail -n 8 "$2")"
+}
+
+# kill_at NAME K SIG SERVER: sends SIG to server SERVER once step K is reported.
+kill_at() {
+  if ! wait_step "$WORK/$1.err" "$2"; then
+    fail "$1: step $2 never came: $(tail -n 5 "$WORK/$1.err")"
+    return
+  fi
+  local p
+  p=$(pid_of "$WORK/$1.err" "server $4")
+  if [ -z "$p" ]; then
+    fail "$1: no pid for server $4"
+    return
+  fi
+  echo "$1: SIG$3 to server $4 (pid $p) after step $2"
+  kill -"$3" "$p"
+}
+
+# 1. A random server killed at a random step after the first checkpoint.
+k=$((4 + RANDOM % 22))
+s=$((1 + RANDOM % 3))
+launch_bg one 3
+kill_at one $k KILL $s
+finish_run one 0
+expect_log one "$WORK/one/logs/coord.log" "every server goes back to checkpoint"
+expect_log one "$WORK/one.err" "1 server was lost on the way"
+
+# 2. Before the first checkpoint: back to the job's start.
+CONFIG=late.json launch_bg early 3
+kill_at early 1 KILL $((1 + RANDOM % 3))
+finish_run early 0
+expect_log early "$WORK/early/logs/coord.log" "every server goes back to the job's start"
+
+# 3. Two servers at two steps: the last one carries the job.
+k1=$((4 + RANDOM % 10))
+k2=$((k1 + 3 + RANDOM % 10))
+launch_bg two 3
+kill_at two $k1 KILL 1
+kill_at two $k2 KILL 3
+finish_run two 0
+expect_log two "$WORK/two/logs/coord.log" "recovered: 1 servers"
+
+# 4. A server hung past the heartbeat timeout (1 s), then continued.
+launch_bg hang 3
+kill_at hang $((4 + RANDOM % 15)) STOP 2
+p=$(pid_of "$WORK/hang.err" "server 2")
+end=$((SECONDS + 30))
+until grep -q "recovered:" "$WORK/hang/logs/coord.log" 2>/dev/null || [ $SECONDS -ge $end ]; do
+  sleep 0.05
+done
+[ -n "$p" ] && kill -CONT "$p"
+finish_run hang 0
+expect_log hang "$WORK/hang/logs/server-2.log" "was dropped from the job"
+
+# 5. A spare started by hand takes the place of a lost server.
+launch_bg spare 2
+end=$((SECONDS + 30))
+until grep -q "listening on tcp://" "$WORK/spare.err" 2>/dev/null || [ $SECONDS -ge $end ]; do
+  sleep 0.02
+done
+ep=$(sed -n 's/.*listening on \(tcp:[^ ]*\).*/\1/p' "$WORK/spare.err" | head -n 1)
+setsid "$ZSHARD" server --coord "$ep" --listen 127.0.0.1:0 --threads 1 \
+  2>"$WORK/spare-server.err" &
+SPARE=$!
+end=$((SECONDS + 30))
+until grep -q "is a spare" "$WORK/spare/logs/coord.log" 2>/dev/null || [ $SECONDS -ge $end ]; do
+  sleep 0.02
+done
+expect_log spare "$WORK/spare/logs/coord.log" "is a spare until a server is lost"
+kill_at spare $((4 + RANDOM % 15)) KILL 1
+finish_run spare 0
+expect_log spare "$WORK/spare/logs/coord.log" "recovered: 2 servers"
+checks=$((checks + 1))
+rc=0
+wait "$SPARE" || rc=$?
+[ $rc -eq 0 ] || fail "spare: the hand-started server exited $rc: $(tail -n 5 "$WORK/spare-server.err")"
+
+# 6. Every server lost: the job ends and says where to resume from; the resume gives the bits.
+launch_bg all 2
+kill_at all $((7 + RANDOM % 10)) KILL 1
+end=$((SECONDS + 30))
+until grep -q "recovered:" "$WORK/all/logs/coord.log" 2>/dev/null || [ $SECONDS -ge $end ]; do
+  sleep 0.05
+done
+p=$(pid_of "$WORK/all.err" "server 2")
+[ -n "$p" ] && kill -KILL "$p"
+finish_run all 1
+expect_log all "$WORK/all.err" "every partition server is gone; the newest checkpoint is"
+launch_bg all 3 --resume "$WORK/all/checkpoints"
+finish_run all 0
+
+finish
