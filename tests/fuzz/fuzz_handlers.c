@@ -11,13 +11,14 @@
  * coordinator's clock is the input's (heartbeat timeouts happen when it says).
  *
  * Input: byte 0 picks the side (bit 0: 0 coordinator, 1 server; bit 1: the coordinator's final
- * gather fails), then records, each a tag byte and its operands.  The tag's low 3 bits are a
- * peer slot (the coordinator's side: eight peers with routing ids "slot0".."slot7"), the rest
- * picks an operation (the CO_* and SV_* lists below).  An operation either feeds raw bytes (a
- * length and the bytes, so that libFuzzer mutates real envelopes), or builds a well-formed
- * message from a few operand bytes with the ids and the step the peer would use, so that deep
- * states (a whole step, a dead worker's chunks reassigned, a verdict, a publication) are a few
- * records away, or acts on the data plane (push, fetch, garbage, hang up) or the clock.
+ * checkpoint and export fail: the finish hook), then records, each a tag byte and its operands. The
+ * tag's low 3 bits are a peer slot (the coordinator's side: eight peers with routing ids
+ * "slot0".."slot7"), the rest picks an operation (the CO_* and SV_* lists below).  An operation
+ * either feeds raw bytes (a length and the bytes, so that libFuzzer mutates real envelopes), or
+ * builds a well-formed message from a few operand bytes with the ids and the step the peer would
+ * use, so that deep states (a whole step, a dead worker's chunks reassigned, a verdict, a
+ * publication) are a few records away, or acts on the data plane (push, fetch, garbage, hang up) or
+ * the clock.
  *
  * Invariants checked (abort on failure; ASan, UBSan and LeakSanitizer catch the rest):
  *  - whatever either side sends passes zs_msg_encode and its receiver's zs_msg_decode;
@@ -266,7 +267,7 @@ typedef struct {
 static struct {
     zs_coord *co;
     zs_coord_opts opts;
-    int gather_fails;
+    int finish_fails;
     co_slot slot[SLOTS];
     int idrole[MAX_IDS + 1]; /* by assigned id */
     int idslot[MAX_IDS + 1];
@@ -310,7 +311,8 @@ static uint64_t co_now(void *user)
 static zs_err co_finish(void *user)
 {
     (void)user;
-    return co.gather_fails ? zs_error(ZS_ERR_IO, "fuzz: the gathering fails") : ZS_OK;
+    return co.finish_fails ? zs_error(ZS_ERR_IO, "fuzz: the final checkpoint and export fail")
+                           : ZS_OK;
 }
 
 static void co_sent(void *user, const zs_ctrl_peer *to, const Zshard__Envelope *env)
@@ -648,14 +650,14 @@ static void co_record(input *in)
     }
 }
 
-static void co_run(input *in, int gather_fails)
+static void co_run(input *in, int finish_fails)
 {
     memset(&co, 0, sizeof co);
     co.last_assign_step = -1;
     for (int s = 0; s < COORD_STEPS; s++)
         co.verdict_feed[s] = -1;
     co.clock_ms = 1000000;
-    co.gather_fails = gather_fails;
+    co.finish_fails = finish_fails;
     co.opts = (zs_coord_opts){.listen = NULL,
                               .config_path = g.config_path,
                               .data_path = g.data_path,
@@ -1452,7 +1454,7 @@ static void write_corpus(const char *dir)
 {
     mkdir(dir, 0777);
     seed s;
-    /* A whole job: 2 servers, 1 worker, 2 steps; and the same with a failing gather. */
+    /* A whole job: 2 servers, 1 worker, 2 steps; and the same with a failing finish. */
     s.n = 0;
     s.b[s.n++] = 0;
     co_servers(&s);
@@ -1468,7 +1470,7 @@ static void write_corpus(const char *dir)
     }
     emit(dir, "coord-job", &s);
     s.b[0] = 2;
-    emit(dir, "coord-job-gather-fails", &s);
+    emit(dir, "coord-job-finish-fails", &s);
 
     /* Two workers; one stops heartbeating, its chunk goes to the other. */
     s.n = 0;

@@ -582,6 +582,29 @@ static void test_jobspec(void)
     js->has_seed = 0;
     REFUSED(&m.env, &WORKER, "JobSpec.seed: missing");
     js->has_seed = 1;
+    /* Checkpoints, a resume, the run's identity. */
+    char *dir = js->checkpoint->dir;
+    js->checkpoint->dir = "ckpt";
+    REFUSED(&m.env, &WORKER, "JobSpec.checkpoint.dir: \"ckpt\" is not an absolute path");
+    js->checkpoint->dir = dir;
+    js->checkpoint->replicas = 2;
+    REFUSED(&m.env, &WORKER, "JobSpec.checkpoint.replicas: 2 is outside [0, 1]");
+    js->checkpoint->replicas = 0;
+    Zshard__ResumeSpec rs = ZSHARD__RESUME_SPEC__INIT;
+    rs.has_step = 1;
+    rs.step = 50;
+    rs.step_dir = "/ckpt/step-00000050";
+    js->resume = &rs;
+    REFUSED(&m.env, &WORKER, "JobSpec.resume.step: 50 is outside [1, 49]");
+    rs.step = 20;
+    CHECK_OK(decode_raw(&m.env, &WORKER));
+    js->resume = NULL;
+    js->has_run_id = 0;
+    REFUSED(&m.env, &WORKER, "JobSpec.run_id: missing");
+    js->has_run_id = 1;
+    js->cluster->coordinator_timeout_ms = js->cluster->heartbeat_interval_ms;
+    REFUSED(&m.env, &WORKER, "JobSpec.cluster.coordinator_timeout_ms");
+    js->cluster->coordinator_timeout_ms = 15000;
     CHECK_OK(decode_raw(&m.env, &WORKER));
     write_seed(&m.env, "job_spec", 1);
 
@@ -1274,6 +1297,108 @@ static void put_varint(uint8_t *buf, size_t *n, uint64_t v)
     buf[(*n)++] = (uint8_t)v;
 }
 
+/* CheckpointWritten (server -> coordinator), Restore (coordinator -> servers), Shutdown
+ * REJOIN (coordinator -> workers): what a receiver takes and what it refuses. */
+static void test_checkpoint_restore(void)
+{
+    Zshard__Envelope env, *out;
+    Zshard__CheckpointWritten cw;
+    Zshard__ShardFile f[2], *fp[2] = {&f[0], &f[1]};
+    uint64_t sums[2][3] = {{1, 2, 3}, {4, 5, 6}};
+    zs_msg_envelope_init(&env, 2);
+    zshard__checkpoint_written__init(&cw);
+    cw.has_step = cw.has_server = 1;
+    cw.step = 12;
+    cw.server = 2;
+    for (int i = 0; i < 2; i++) {
+        zshard__shard_file__init(&f[i]);
+        f[i].has_shard = f[i].has_bytes = f[i].has_header_xxh3 = 1;
+        f[i].shard = (uint32_t)(2 * i + 1);
+        f[i].file = i ? "shard-000003.safetensors" : "shard-000001.safetensors";
+        f[i].bytes = 12288 + 4096;
+        f[i].header_xxh3 = 0xfeedull + (uint64_t)i;
+        f[i].n_xxh3 = 3;
+        f[i].xxh3 = sums[i];
+    }
+    cw.n_files = 2;
+    cw.files = fp;
+    env.body_case = ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN;
+    env.checkpoint_written = &cw;
+    CHECK_OK(roundtrip(&env, &COORD, &out));
+    if (out) {
+        CHECK_EQ_INT(out->checkpoint_written->n_files, 2);
+        CHECK_EQ_INT(out->checkpoint_written->files[1]->xxh3[2], 6);
+    }
+    zs_msg_free(out);
+    write_seed(&env, "checkpoint_written", 1);
+    REFUSED(&env, &SERVER, "a server does not take CheckpointWritten messages");
+    f[1].shard = 1;
+    REFUSED(&env, &COORD, "CheckpointWritten.files[1].shard: 1 after 1: not strictly ascending");
+    f[1].shard = 8;
+    REFUSED(&env, &COORD, "CheckpointWritten.files[].shard: 8 is outside [0, 7]");
+    f[1].shard = 3;
+    f[1].file = "../manifest.json";
+    REFUSED(&env, &COORD, "CheckpointWritten.files[].file: \"../manifest.json\" has character");
+    f[1].file = ".hidden";
+    REFUSED(&env, &COORD, "CheckpointWritten.files[1].file: \".hidden\" starts with a dot");
+    f[1].file = "shard-000003.safetensors";
+    f[1].n_xxh3 = 2;
+    REFUSED(&env, &COORD, "CheckpointWritten.files[1].xxh3: 2 checksums, expected 3");
+    f[1].n_xxh3 = 3;
+    cw.step = 101;
+    REFUSED(&env, &COORD, "CheckpointWritten.step: 101 is not a version of this job");
+    cw.step = 12;
+    cw.server = 3;
+    REFUSED(&env, &COORD, "CheckpointWritten.server: 3, but the envelope's sender is 2");
+    cw.server = 2;
+    cw.error = "shard-000001.safetensors.tmp: No space left on device";
+    REFUSED(&env, &COORD, "CheckpointWritten: 2 files and an error");
+    cw.n_files = 0;
+    CHECK_OK(decode_raw(&env, &COORD));
+    write_seed(&env, "checkpoint_failed", 1);
+    cw.error = NULL;
+    REFUSED(&env, &COORD, "CheckpointWritten.files: none, and no error");
+
+    Zshard__Restore r;
+    zs_msg_envelope_init(&env, 0);
+    zshard__restore__init(&r);
+    r.has_version = 1;
+    r.version = 12;
+    r.step_dir = "/ckpt/step-00000012";
+    env.body_case = ZSHARD__ENVELOPE__BODY_RESTORE;
+    env.restore = &r;
+    CHECK_OK(roundtrip(&env, &SERVER, &out));
+    if (out)
+        CHECK(strcmp(out->restore->step_dir, "/ckpt/step-00000012") == 0);
+    zs_msg_free(out);
+    write_seed(&env, "restore", 1);
+    REFUSED(&env, &WORKER, "a worker does not take Restore messages");
+    r.step_dir = "";
+    REFUSED(&env, &SERVER, "Restore: version 12 with step_dir \"\": a checkpoint names both");
+    r.version = 0;
+    CHECK_OK(decode_raw(&env, &SERVER)); /* back to the job's start */
+    r.version = 100;
+    r.step_dir = "/ckpt/step-00000100";
+    REFUSED(&env, &SERVER, "Restore.version: 100 is not a version the job continues from");
+    env.sender = 2;
+    r.version = 12;
+    REFUSED(&env, &SERVER, "Envelope.sender: 2, but Restore comes from the coordinator");
+
+    Zshard__Shutdown sd;
+    zs_msg_envelope_init(&env, 0);
+    zshard__shutdown__init(&sd);
+    sd.has_kind = 1;
+    sd.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_REJOIN;
+    sd.reason = "server 3 was lost; the job goes back to checkpoint 12";
+    env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
+    env.shutdown = &sd;
+    CHECK_OK(decode_raw(&env, &WORKER));
+    write_seed(&env, "shutdown_rejoin", 1);
+    REFUSED(&env, &SERVER, "Shutdown.kind: 4 (rejoin) is for workers");
+    sd.kind = 5;
+    REFUSED(&env, &WORKER, "Shutdown.kind: 5 is not a shutdown kind");
+}
+
 static void test_envelope(void)
 {
     reg_msg m;
@@ -1584,6 +1709,7 @@ int main(int argc, char **argv)
     test_step_assign_chunk_done();
     test_grad_norm_clip();
     test_version_error_shutdown();
+    test_checkpoint_restore();
     test_envelope();
     test_refusal();
     if (!corpus_dir)
