@@ -3,10 +3,13 @@
  * people writing another reader, in docs/checkpoints.md).
  *
  * Writers put every file under "NAME.tmp", fsync it, rename it to NAME and fsync the
- * directory, so a name that exists holds a complete file; any failure removes the temporary
- * file and reports the path and the OS's reason.  The commit order (shard files, then the
- * manifest, then `latest`) makes a crash at any point leave either the previous checkpoint or
- * the new one, never a half-written one that a reader would accept.
+ * directory (zs_file_commit, common/fileio.h), so a name that exists holds a complete file; any
+ * failure removes the temporary file and reports the path and the OS's reason.  The headers of
+ * shard files and of the exported model.safetensors are zs_st_header's (common/safetensors.h),
+ * the export's with zs_modelfile_save's tensors and metadata, so it writes that file exactly.  The
+ * commit order (shard files, then the manifest, then `latest`) makes a crash at any point leave
+ * either the previous checkpoint or the new one, never a half-written one that a reader would
+ * accept.
  *
  * Readers trust nothing they have not checked: the manifest's own checksum and every field of
  * it before anything else; a shard file's size, structure (common/safetensors.h), metadata and
@@ -30,6 +33,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 
@@ -39,10 +43,8 @@
 
 #define CKPT_ALIGN 4096                /* bytes: a shard file's data section starts here */
 #define CKPT_CHUNK (1u << 20)          /* bytes per read while streaming an array */
-#define CKPT_WRITE_MAX (64u << 20)     /* bytes per write(2) call */
 #define CKPT_MANIFEST_MAX (256u << 20) /* bytes; a larger manifest.json is refused */
 #define CKPT_PATH 4096                 /* bytes for a path */
-#define CKPT_DESC 64                   /* bytes for a short description of a JSON value */
 #define CKPT_MAX_LAYERS 65536          /* a manifest with more layers is refused */
 
 static const char *const array_names[ZS_CKPT_ARRAYS] = {"param", "exp_avg", "exp_avg_sq"};
@@ -110,137 +112,21 @@ static int parse_step_name(const char *name, long *step)
     return 1;
 }
 
-/* A short description of a JSON value for messages: the value itself if small, else its kind. */
-static const char *json_desc(char *buf, size_t cap, const json_t *v)
-{
-    if (json_is_integer(v))
-        snprintf(buf, cap, "%lld", (long long)json_integer_value(v));
-    else if (json_is_string(v))
-        snprintf(buf, cap, "the string \"%.32s\"", json_string_value(v));
-    else
-        snprintf(buf, cap, "%s",
-                 !v                  ? "missing"
-                 : json_is_object(v) ? "an object"
-                 : json_is_array(v)  ? "an array"
-                 : json_is_real(v)   ? "a real number"
-                 : json_is_null(v)   ? "null"
-                                     : "a boolean");
-    return buf;
-}
-
-/* Writes all n bytes in calls of at most CKPT_WRITE_MAX bytes. */
-static zs_err write_all(int fd, const char *path, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n < CKPT_WRITE_MAX ? n : CKPT_WRITE_MAX);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return zs_error(ZS_ERR_IO, "%s: write of %zu bytes failed: %s", path, n,
-                            strerror(errno));
-        p += w;
-        n -= (size_t)w;
-    }
-    return ZS_OK;
-}
-
-/* Writes all n bytes at file offset off. */
-static zs_err pwrite_all(int fd, const char *path, const void *buf, size_t n, uint64_t off)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = pwrite(fd, p, n < CKPT_WRITE_MAX ? n : CKPT_WRITE_MAX, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return zs_error(ZS_ERR_IO, "%s: write of %zu bytes at offset %" PRIu64 " failed: %s",
-                            path, n, off, strerror(errno));
-        p += w;
-        n -= (size_t)w;
-        off += (uint64_t)w;
-    }
-    return ZS_OK;
-}
-
-/* Reads exactly n bytes at offset off; the end of the file before that is a format error. */
-static zs_err read_at(int fd, const char *path, void *buf, size_t n, uint64_t off)
-{
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return zs_error(ZS_ERR_IO, "%s: read of %zu bytes at offset %" PRIu64 " failed: %s",
-                            path, n - done, off + done, strerror(errno));
-        if (r == 0)
-            return zs_error(ZS_ERR_FORMAT,
-                            "%s: file truncated: %zu bytes missing at offset %" PRIu64, path,
-                            n - done, off + done);
-        done += (size_t)r;
-    }
-    return ZS_OK;
-}
-
-/* fsyncs a directory, making the names created or renamed in it durable. */
-static zs_err sync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return zs_error(ZS_ERR_IO, "%s: cannot open the directory to sync it: %s", dir,
-                        strerror(errno));
-    zs_err res = ZS_OK;
-    if (fsync(fd) != 0)
-        res = zs_error(ZS_ERR_IO, "%s: fsync of the directory failed: %s", dir, strerror(errno));
-    close(fd);
-    return res;
-}
-
-/*
- * Makes the file being written durable under its final name: fsyncs and closes fd (the file
- * tmp), renames tmp to path and fsyncs dir.  fd is closed in all cases; on failure tmp is
- * removed (and path, if the rename happened but the directory could not be synced, is left:
- * it is complete, merely perhaps not durable, and the caller reports the failure).
- */
-static zs_err commit_file(int fd, const char *tmp, const char *path, const char *dir)
-{
-    zs_err res = ZS_OK;
-    if (fsync(fd) != 0) {
-        res = zs_error(ZS_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-        close(fd);
-        goto fail;
-    }
-    if (close(fd) != 0) {
-        res = zs_error(ZS_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        res = zs_error(ZS_ERR_IO, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
-        goto fail;
-    }
-    return sync_dir(dir);
-fail:
-    unlink(tmp);
-    return res;
-}
-
 /* Writes buf (n bytes) to dir/name durably, through dir/name.tmp. */
 static zs_err write_file_durably(const char *dir, const char *name, const void *buf, size_t n)
 {
     char path[CKPT_PATH], tmp[CKPT_PATH + 8];
     ZS_CHECK(join(path, sizeof path, dir, name));
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return zs_error(ZS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    zs_err res = write_all(fd, tmp, buf, n);
+    int fd;
+    ZS_CHECK(zs_file_create(tmp, &fd));
+    zs_err res = zs_file_write_all(fd, tmp, buf, n);
     if (res != ZS_OK) {
         close(fd);
         unlink(tmp);
         return res;
     }
-    return commit_file(fd, tmp, path, dir);
+    return zs_file_commit(fd, tmp, path);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -281,7 +167,7 @@ zs_err zs_ckpt_step_dir(const char *dir, long step, int create, char *out, size_
     ZS_CHECK(make_dir(dir, &made_dir));
     ZS_CHECK(make_dir(out, &made_step));
     if (made_step)
-        ZS_CHECK(sync_dir(dir));
+        ZS_CHECK(zs_file_sync_dir(dir));
     return ZS_OK;
 }
 
@@ -289,10 +175,14 @@ zs_err zs_ckpt_step_dir(const char *dir, long step, int create, char *out, size_
 /* Shard files                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The header text of a shard file of len floats per array: compact JSON, malloc'd. */
-static char *shard_header_json(const zs_ckpt_info *info, int index, size_t begin, size_t end)
+/*
+ * The header of a shard file (zs_st_header's bytes, data aligned to CKPT_ALIGN) into *header
+ * and *header_len: the metadata that ties the file to its run, step and shard, then the three
+ * arrays of len = end - begin floats, F32, in file order.
+ */
+static zs_err shard_header(const char *path, const zs_ckpt_info *info, int index, size_t begin,
+                           size_t end, char **header, size_t *header_len)
 {
-    size_t len = end - begin;
     char run[17], step[24], shard[16], b[24], e[24], ver[16];
     hex64(info->run_id, run);
     snprintf(step, sizeof step, "%ld", info->step);
@@ -300,22 +190,16 @@ static char *shard_header_json(const zs_ckpt_info *info, int index, size_t begin
     snprintf(b, sizeof b, "%zu", begin);
     snprintf(e, sizeof e, "%zu", end);
     snprintf(ver, sizeof ver, "%d", ZS_CKPT_FORMAT_VERSION);
-    json_int_t bytes = (json_int_t)(len * 4);
-    json_t *root =
-        json_pack("{s:{s:s, s:s, s:s, s:s, s:s, s:s, s:s},"
-                  " s:{s:s, s:[I], s:[I, I]}, s:{s:s, s:[I], s:[I, I]}, s:{s:s, s:[I], s:[I, I]}}",
-                  "__metadata__", "format", "zshard-shard", "format_version", ver, "run", run,
-                  "step", step, "shard", shard, "begin", b, "end", e, /* */
-                  array_names[0], "dtype", "F32", "shape", (json_int_t)len, "data_offsets",
-                  (json_int_t)0, bytes, /* */
-                  array_names[1], "dtype", "F32", "shape", (json_int_t)len, "data_offsets", bytes,
-                  2 * bytes, array_names[2], "dtype", "F32", "shape", (json_int_t)len,
-                  "data_offsets", 2 * bytes, 3 * bytes);
-    if (!root)
-        return NULL;
-    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    return text;
+    const char *const meta[] = {
+        "format", "zshard-shard", "format_version", ver, "run", run, "step", step,
+        "shard",  shard,          "begin",          b,   "end", e};
+    zs_st_tensor ts[ZS_CKPT_ARRAYS];
+    for (int a = 0; a < ZS_CKPT_ARRAYS; a++)
+        ts[a] = (zs_st_tensor){
+            .name = array_names[a], .dtype = ZS_DT_F32, .ndim = 1, .shape = {end - begin}};
+    size_t bytes[ZS_CKPT_ARRAYS];
+    return zs_st_header(path, ts, ZS_CKPT_ARRAYS, meta, (int)(sizeof meta / sizeof meta[0] / 2),
+                        CKPT_ALIGN, bytes, header, header_len);
 }
 
 zs_err zs_ckpt_write_shard(const char *step_dir, const zs_ckpt_info *info, int index, size_t begin,
@@ -346,31 +230,19 @@ zs_err zs_ckpt_write_shard(const char *step_dir, const zs_ckpt_info *info, int i
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
 
     zs_err res = ZS_OK;
-    char *text = shard_header_json(info, index, begin, end);
-    if (!text)
-        return zs_error(ZS_ERR_NOMEM, "%s: cannot build the header", path);
-    /* 8-byte length, the JSON, spaces up to the next CKPT_ALIGN boundary. */
-    size_t hlen = strlen(text);
-    size_t data_start = (8 + hlen + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN;
-    uint64_t H = data_start - 8;
-    unsigned char *header = malloc(data_start);
-    XXH3_state_t *xs = XXH3_createState();
-    if (!header || !xs) {
-        res = zs_error(ZS_ERR_NOMEM, "%s: out of memory for the header", path);
+    char *header = NULL;
+    size_t data_start = 0; /* 8 + H: the header's bytes, padding included */
+    XXH3_state_t *xs = NULL;
+    ZS_CHECK_GOTO(shard_header(path, info, index, begin, end, &header, &data_start), res, out_mem);
+    if (!(xs = XXH3_createState())) {
+        res = zs_error(ZS_ERR_NOMEM, "%s: out of memory for a checksum state", path);
         goto out_mem;
     }
-    for (int i = 0; i < 8; i++)
-        header[i] = (unsigned char)(H >> (8 * i));
-    memcpy(header + 8, text, hlen);
-    memset(header + 8 + hlen, ' ', data_start - 8 - hlen);
     sh.header_xxh3 = XXH3_64bits(header, data_start);
 
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        res = zs_error(ZS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out_mem;
-    }
-    ZS_CHECK_GOTO(write_all(fd, tmp, header, data_start), res, fail_fd);
+    int fd;
+    ZS_CHECK_GOTO(zs_file_create(tmp, &fd), res, out_mem);
+    ZS_CHECK_GOTO(zs_file_write_all(fd, tmp, header, data_start), res, fail_fd);
     const float *arrays[ZS_CKPT_ARRAYS] = {param, exp_avg, exp_avg_sq};
     for (int a = 0; a < ZS_CKPT_ARRAYS; a++) {
         /* Hash each piece just before writing it, while it is in cache. */
@@ -378,15 +250,15 @@ zs_err zs_ckpt_write_shard(const char *step_dir, const zs_ckpt_info *info, int i
         size_t left = len * 4;
         XXH3_64bits_reset(xs);
         while (left) {
-            size_t n = left < CKPT_WRITE_MAX ? left : CKPT_WRITE_MAX;
+            size_t n = left < ZS_FILE_WRITE_MAX ? left : ZS_FILE_WRITE_MAX;
             XXH3_64bits_update(xs, p, n);
-            ZS_CHECK_GOTO(write_all(fd, tmp, p, n), res, fail_fd);
+            ZS_CHECK_GOTO(zs_file_write_all(fd, tmp, p, n), res, fail_fd);
             p += n;
             left -= n;
         }
         sh.xxh3[a] = XXH3_64bits_digest(xs);
     }
-    ZS_CHECK_GOTO(commit_file(fd, tmp, path, step_dir), res, out_mem);
+    ZS_CHECK_GOTO(zs_file_commit(fd, tmp, path), res, out_mem);
     sh.bytes = (uint64_t)data_start + (uint64_t)len * 12;
     *out = sh;
     goto out_mem;
@@ -396,7 +268,6 @@ fail_fd:
 out_mem:
     XXH3_freeState(xs);
     free(header);
-    free(text);
     return res;
 }
 
@@ -636,7 +507,7 @@ static zs_err read_file(const char *path, size_t max, char **out, size_t *len)
         res = zs_error(ZS_ERR_NOMEM, "%s: out of memory for %zu bytes", path, n);
         goto out;
     }
-    ZS_CHECK_GOTO(read_at(fd, path, buf, n, 0), res, out);
+    ZS_CHECK_GOTO(zs_file_read_at(fd, path, buf, n, 0), res, out);
     buf[n] = '\0';
     *out = buf;
     *len = n;
@@ -671,9 +542,9 @@ static zs_err get_int(const char *path, const char *where, const json_t *obj, co
 {
     const json_t *v = json_object_get(obj, key);
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        char desc[CKPT_DESC];
+        char desc[ZS_JSON_DESC];
         return zs_error(ZS_ERR_FORMAT, "%s: %s%s is %s, not an integer in [%lld, %lld]", path,
-                        where, key, json_desc(desc, sizeof desc, v), lo, hi);
+                        where, key, zs_json_desc(desc, sizeof desc, v), lo, hi);
     }
     *out = (long long)json_integer_value(v);
     return ZS_OK;
@@ -685,9 +556,9 @@ static zs_err get_str(const char *path, const char *where, const json_t *obj, co
 {
     const json_t *v = json_object_get(obj, key);
     if (!json_is_string(v)) {
-        char desc[CKPT_DESC];
+        char desc[ZS_JSON_DESC];
         return zs_error(ZS_ERR_FORMAT, "%s: %s%s is %s, not a string", path, where, key,
-                        json_desc(desc, sizeof desc, v));
+                        zs_json_desc(desc, sizeof desc, v));
     }
     *out = json_string_value(v);
     return ZS_OK;
@@ -698,9 +569,9 @@ static zs_err get_hex(const char *path, const char *where, const json_t *v, cons
                       uint64_t *out)
 {
     if (!json_is_string(v) || !parse_hex64(json_string_value(v), out)) {
-        char desc[CKPT_DESC];
+        char desc[ZS_JSON_DESC];
         return zs_error(ZS_ERR_FORMAT, "%s: %s%s is %s, not 16 lowercase hex digits", path, where,
-                        key, json_desc(desc, sizeof desc, v));
+                        key, zs_json_desc(desc, sizeof desc, v));
     }
     return ZS_OK;
 }
@@ -976,9 +847,9 @@ static zs_err check_shard_meta(const shard_file *sf, const zs_ckpt *ck, const ch
     for (int i = 0; i < 6; i++) {
         const json_t *v = json_object_get(meta, keys[i]);
         if (!json_is_string(v) || strcmp(json_string_value(v), want[i]) != 0) {
-            char desc[CKPT_DESC];
+            char desc[ZS_JSON_DESC];
             res = zs_error(ZS_ERR_FORMAT, "%s: __metadata__.%s is %s, the manifest needs \"%s\"%s",
-                           sf->path, keys[i], json_desc(desc, sizeof desc, v), want[i], what[i]);
+                           sf->path, keys[i], zs_json_desc(desc, sizeof desc, v), want[i], what[i]);
             goto out;
         }
     }
@@ -1022,7 +893,7 @@ static zs_err shard_open(const zs_ckpt *ck, int i, shard_file *sf)
         res = zs_error(ZS_ERR_NOMEM, "%s: out of memory for a %zu-byte header", sf->path, hbytes);
         goto fail;
     }
-    ZS_CHECK_GOTO(read_at(sf->st.fd, sf->path, header, hbytes, 0), res, fail);
+    ZS_CHECK_GOTO(zs_file_read_at(sf->st.fd, sf->path, header, hbytes, 0), res, fail);
     /* The metadata first, for the clearer message (a file of another run, step or shard); the
      * checksum then covers every byte of the header, padding included. */
     ZS_CHECK_GOTO(check_shard_meta(sf, ck, header + 8, hbytes - 8), res, fail);
@@ -1077,7 +948,7 @@ static zs_err shard_stream(const shard_file *sf, zs_ckpt_array which, float *buf
     uint64_t off = (uint64_t)sf->st.data_start + (uint64_t)which * bytes;
     while (done < bytes) {
         size_t n = bytes - done < CKPT_CHUNK ? bytes - done : CKPT_CHUNK;
-        ZS_CHECK_GOTO(read_at(sf->st.fd, sf->path, buf, n, off + done), res, out);
+        ZS_CHECK_GOTO(zs_file_read_at(sf->st.fd, sf->path, buf, n, off + done), res, out);
         XXH3_64bits_update(xs, buf, n);
         if (fn)
             ZS_CHECK_GOTO(fn(ctx, sf->sh->begin + done / 4, buf, n / 4), res, out);
@@ -1207,40 +1078,40 @@ out:
 /* Export                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The header text of model.safetensors exactly as zs_modelfile_save writes it through
- * zs_st_write: __metadata__ first, then the tensors in table order, compact JSON.  Keep in
- * step with common/modelfile.c and common/safetensors.c (the unit test compares the files
- * byte for byte).  *out_off gets each tensor's byte offset in the data section. */
-static char *export_header(const zs_tensor_table *tt, uint64_t *out_off)
+/*
+ * The header of model.safetensors as zs_modelfile_save writes it: zs_st_header of the same
+ * tensors (the table's, F32, in table order) and the same metadata (zs_st_model_meta), so the
+ * exported file equals zs_modelfile_save's by construction (the unit test compares them byte
+ * for byte).  *header and *header_len as zs_st_header; out_off[i] gets tensor i's byte offset
+ * in the data section.
+ */
+static zs_err export_header(const zs_tensor_table *tt, const char *path, uint64_t *out_off,
+                            char **header, size_t *header_len)
 {
-    json_t *root = json_pack("{s:{s:s, s:s}}", "__metadata__", "format", "pt", "producer",
-                             "zshard " ZS_VERSION);
-    uint64_t off = 0;
-    for (int i = 0; root && i < tt->count; i++) {
-        const zs_tensor *t = &tt->tensors[i];
-        json_t *shape = json_array();
-        for (int d = 0; shape && d < t->ndim; d++)
-            if (json_array_append_new(shape, json_integer((json_int_t)t->shape[d])) != 0) {
-                json_decref(shape);
-                shape = NULL;
-            }
-        uint64_t bytes = (uint64_t)t->numel * 4;
-        json_t *entry = shape
-                            ? json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape,
-                                        "data_offsets", (json_int_t)off, (json_int_t)(off + bytes))
-                            : NULL;
-        if (!entry || json_object_set_new(root, t->name, entry) != 0) {
-            json_decref(root);
-            root = NULL;
-        }
-        out_off[i] = off;
-        off += bytes;
+    zs_err res = ZS_OK;
+    zs_st_tensor *ts = calloc(tt->count > 0 ? (size_t)tt->count : 1, sizeof *ts);
+    size_t *bytes = calloc(tt->count > 0 ? (size_t)tt->count : 1, sizeof *bytes);
+    if (!ts || !bytes) {
+        res = zs_error(ZS_ERR_NOMEM, "%s: out of memory", path);
+        goto out;
     }
-    if (!root)
-        return NULL;
-    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    return text;
+    for (int i = 0; i < tt->count; i++) {
+        const zs_tensor *t = &tt->tensors[i];
+        ts[i] = (zs_st_tensor){.name = t->name, .dtype = ZS_DT_F32, .ndim = t->ndim};
+        memcpy(ts[i].shape, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+    }
+    ZS_CHECK_GOTO(zs_st_header(path, ts, tt->count, zs_st_model_meta, ZS_ST_MODEL_N_META, 8, bytes,
+                               header, header_len),
+                  res, out);
+    uint64_t off = 0;
+    for (int i = 0; i < tt->count; i++) {
+        out_off[i] = off;
+        off += bytes[i];
+    }
+out:
+    free(bytes);
+    free(ts);
+    return res;
 }
 
 /* Where the weights go: the output file and each tensor's place in it. */
@@ -1268,7 +1139,7 @@ static zs_err export_chunk(void *ctx, size_t vbegin, const float *x, size_t n)
         if (b >= end)
             continue;
         uint64_t at = e->data_start + e->out_off[i] + (uint64_t)(b - ts[i].offset) * 4;
-        ZS_CHECK(pwrite_all(e->fd, e->tmp, x + (b - vbegin), (end - b) * 4, at));
+        ZS_CHECK(zs_file_pwrite_all(e->fd, e->tmp, x + (b - vbegin), (end - b) * 4, at));
     }
     return ZS_OK;
 }
@@ -1286,28 +1157,19 @@ zs_err zs_ckpt_export(const zs_ckpt *ck, const char *out_dir,
     ZS_CHECK(make_dir(out_dir, &made));
 
     zs_err res = ZS_OK;
-    char *text = NULL;
+    char *header = NULL;
+    size_t header_len = 0;
     float *buf = malloc(CKPT_CHUNK);
     uint64_t *out_off = malloc((size_t)tt->count * sizeof *out_off);
-    if (!buf || !out_off || !(text = export_header(tt, out_off))) {
+    if (!buf || !out_off) {
         res = zs_error(ZS_ERR_NOMEM, "%s: out of memory", path);
         goto out_mem;
     }
-    /* Spaces after the JSON so that the data section starts 8-byte aligned, as zs_st_write. */
-    size_t hlen = strlen(text);
-    size_t padded = (8 + hlen + 7) / 8 * 8 - 8;
-    unsigned char lenbuf[8];
-    for (int i = 0; i < 8; i++)
-        lenbuf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        res = zs_error(ZS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out_mem;
-    }
-    ZS_CHECK_GOTO(write_all(fd, tmp, lenbuf, 8), res, fail_fd);
-    ZS_CHECK_GOTO(write_all(fd, tmp, text, hlen), res, fail_fd);
-    ZS_CHECK_GOTO(write_all(fd, tmp, "        ", padded - hlen), res, fail_fd);
-    export_ctx e = {.fd = fd, .tmp = tmp, .tt = tt, .out_off = out_off, .data_start = 8 + padded};
+    ZS_CHECK_GOTO(export_header(tt, path, out_off, &header, &header_len), res, out_mem);
+    int fd;
+    ZS_CHECK_GOTO(zs_file_create(tmp, &fd), res, out_mem);
+    ZS_CHECK_GOTO(zs_file_write_all(fd, tmp, header, header_len), res, fail_fd);
+    export_ctx e = {.fd = fd, .tmp = tmp, .tt = tt, .out_off = out_off, .data_start = header_len};
     uint64_t total = (uint64_t)ck->info.total_floats * 4;
     for (int i = 0; i < ck->n_shards; i++) {
         shard_file sf;
@@ -1322,7 +1184,7 @@ zs_err zs_ckpt_export(const zs_ckpt *ck, const char *out_dir,
     /* Every byte of the data section belongs to exactly one tensor and every tensor lies in
      * the shards' tiling, so the file now has its full size; check rather than assume. */
     struct stat st;
-    uint64_t want = 8 + padded + (uint64_t)tt->n_params * 4;
+    uint64_t want = (uint64_t)header_len + (uint64_t)tt->n_params * 4;
     if (fstat(fd, &st) != 0) {
         res = zs_error(ZS_ERR_IO, "%s: stat failed: %s", tmp, strerror(errno));
         goto fail_fd;
@@ -1332,7 +1194,7 @@ zs_err zs_ckpt_export(const zs_ckpt *ck, const char *out_dir,
                        (long long)st.st_size, want);
         goto fail_fd;
     }
-    ZS_CHECK_GOTO(commit_file(fd, tmp, path, out_dir), res, out_mem);
+    ZS_CHECK_GOTO(zs_file_commit(fd, tmp, path), res, out_mem);
     ZS_CHECK_GOTO(join(path, sizeof path, out_dir, "config.json"), res, out_mem);
     res = zs_config_write_hf(&ck->info.model, path);
     goto out_mem;
@@ -1340,7 +1202,7 @@ fail_fd:
     close(fd);
     unlink(tmp);
 out_mem:
-    free(text);
+    free(header);
     free(out_off);
     free(buf);
     return res;

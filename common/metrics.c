@@ -2,10 +2,10 @@
  * metrics: the metrics.jsonl writer (see metrics.h for the invariants).
  *
  * The line is assembled in a growing buffer and written with write(2), looping over short
- * writes and EINTR.  The writer remembers where the last complete line ends (committed): a
- * write that fails part-way is undone by ftruncate(committed) and a seek back there, so the
- * next line starts at a line boundary.  Files that cannot be cut (a character device such as
- * /dev/full, a pipe) are written the same way; there is nothing to cut back in them.
+ * writes and EINTR (zs_file_write, common/fileio.h).  The writer remembers where the last complete
+ * line ends (committed): a write that fails part-way is undone by ftruncate(committed) and a seek
+ * back there, so the next line starts at a line boundary.  Files that cannot be cut (a character
+ * device such as /dev/full, a pipe) are written the same way; there is nothing to cut back in them.
  */
 #include "common/metrics.h"
 
@@ -21,6 +21,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 
 struct zs_metrics {
@@ -241,26 +242,6 @@ void zs_metrics_str(zs_metrics *m, const char *key, const char *value)
         put_json_string(m, value);
 }
 
-/* Writes n bytes of buf; *done says how many went out before a failure (errno set). */
-static int write_all(int fd, const char *buf, size_t n, size_t *done)
-{
-    *done = 0;
-    while (*done < n) {
-        ssize_t w = write(fd, buf + *done, n - *done);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (w == 0) {
-            errno = EIO; /* write(2) of a regular file does not return 0 for n > 0 */
-            return -1;
-        }
-        *done += (size_t)w;
-    }
-    return 0;
-}
-
 /* Removes what a failed write left past the last complete line and puts the file position
  * back there.  Returns 0, or -1 with errno set. */
 static int cut_back(zs_metrics *m)
@@ -289,7 +270,7 @@ zs_err zs_metrics_end(zs_metrics *m)
                         "line past byte %lld is still in the file and cutting it failed: %s",
                         m->path, m->len, (long long)m->committed, strerror(errno));
     size_t done;
-    if (write_all(m->fd, m->line, m->len, &done) != 0) {
+    if (zs_file_write(m->fd, m->line, m->len, &done) != 0) {
         int e = errno;
         m->cut_pending = 1;
         if (cut_back(m) != 0)
@@ -338,29 +319,6 @@ zs_err zs_metrics_close(zs_metrics *m)
     free(m->line);
     free(m->path);
     free(m);
-    return res;
-}
-
-/* fsyncs the directory that holds path, so that a rename into it is durable. */
-static zs_err sync_dir_of(const char *path)
-{
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return zs_error(ZS_ERR_IO, "metrics %s: opening its directory %s: %s", path, dir,
-                        strerror(errno));
-    zs_err res = ZS_OK;
-    if (sync_fd(fd) != 0)
-        res = zs_error(ZS_ERR_IO, "metrics %s: fsync of its directory %s: %s", path, dir,
-                       strerror(errno));
-    close(fd);
     return res;
 }
 
@@ -413,8 +371,7 @@ static zs_err copy_kept(const char *path, const char *tmp, int fd, long keep, of
             n_later++;
             continue;
         }
-        size_t done;
-        if (write_all(fd, line, (size_t)len, &done) != 0) {
+        if (zs_file_write(fd, line, (size_t)len, NULL) != 0) {
             res = zs_error(ZS_ERR_IO, "metrics %s: writing %s: %s", path, tmp, strerror(errno));
             goto out;
         }
@@ -467,7 +424,11 @@ static zs_err open_resume(zs_metrics *m, long keep)
                        strerror(errno));
         goto fail_fd;
     }
-    ZS_CHECK_GOTO(sync_dir_of(m->path), res, fail_renamed);
+    res = zs_file_sync_parent(m->path);
+    if (res != ZS_OK) {
+        zs_error_context(res, "metrics %s", m->path);
+        goto fail_renamed;
+    }
     m->fd = fd;
     m->regular = 1;
     m->committed = kept;

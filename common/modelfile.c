@@ -27,9 +27,7 @@ zs_err zs_modelfile_save(const zs_tensor_table *tt, const zs_model_config *model
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    /* transformers refuses safetensors files without format metadata. */
-    static const char *const meta[] = {"format", "pt", "producer", ("zshard " ZS_VERSION)};
-    zs_err res = zs_st_write(path, ts, tt->count, meta, 2);
+    zs_err res = zs_st_write(path, ts, tt->count, zs_st_model_meta, ZS_ST_MODEL_N_META);
     free(ts);
     ZS_CHECK(res);
     snprintf(path, sizeof path, "%s/config.json", dir);

@@ -2,7 +2,9 @@
  * safetensors: the reader validates the whole header before anything is read from the data
  * section, so a corrupt file is refused up front with a message naming the file, the tensor
  * and the value, and no read can reach outside the file.  The writer validates its arguments
- * before it creates anything, writes "path.tmp", syncs it and renames it over path.
+ * before it creates anything, writes "path.tmp", syncs it and renames it over path
+ * (common/fileio.h).  Its header bytes come from the one function that zs_st_header exposes,
+ * so a writer that streams the data itself writes the same file.
  *
  * Data is stored little-endian; this module copies it as is, so it needs a little-endian host.
  */
@@ -17,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -27,7 +30,7 @@ _Static_assert(sizeof(size_t) >= sizeof(json_int_t), "a JSON integer must fit si
 
 #define ST_MAX_HEADER (100u << 20) /* bytes; larger headers are not safetensors files */
 #define ST_SHAPE_STR 192           /* bytes for "[d0, d1, ...]" of ZS_ST_MAX_DIMS dims */
-#define ST_JSON_STR 64             /* bytes for a short description of a JSON value */
+#define ST_MAX_ALIGN (1u << 20)    /* bytes; the largest data alignment a writer may ask for */
 
 static const struct {
     const char *name;
@@ -69,8 +72,7 @@ static const char *shape_str(char *buf, size_t cap, const size_t *shape, int ndi
     return buf;
 }
 
-/* A short description of a JSON value for messages: the integer itself, else its kind. */
-static const char *json_desc(char *buf, size_t cap, const json_t *v)
+const char *zs_json_desc(char *buf, size_t cap, const json_t *v)
 {
     if (json_is_integer(v))
         snprintf(buf, cap, "%lld", (long long)json_integer_value(v));
@@ -111,39 +113,20 @@ static int shape_numel(const size_t *shape, int ndim, size_t elem, size_t *out)
     return 1;
 }
 
-/* Reads exactly n bytes at file offset off; hitting the end of the file is a format error. */
-static zs_err read_full(int fd, const char *path, void *buf, size_t n, size_t off)
-{
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return zs_error(ZS_ERR_IO, "%s: read of %zu bytes at offset %zu failed: %s", path,
-                            n - done, off + done, strerror(errno));
-        if (r == 0)
-            return zs_error(ZS_ERR_FORMAT, "%s: file truncated: %zu bytes missing at offset %zu",
-                            path, n - done, off + done);
-        done += (size_t)r;
-    }
-    return ZS_OK;
-}
-
 /* Parses the entry "name": v into e (whose name is already set) and checks it against the
  * data section of data_len bytes; overlap and coverage are checked later, over all entries. */
 static zs_err parse_entry(const char *path, const char *name, const json_t *v, zs_st_entry *e,
                           size_t data_len)
 {
-    char desc[ST_JSON_STR], shp[ST_SHAPE_STR];
+    char desc[ZS_JSON_DESC], shp[ST_SHAPE_STR];
     if (!json_is_object(v))
         return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": entry is %s, not an object", path, name,
-                        json_desc(desc, sizeof desc, v));
+                        zs_json_desc(desc, sizeof desc, v));
 
     const json_t *dt = json_object_get(v, "dtype");
     if (!json_is_string(dt))
         return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": dtype is %s, not a string", path, name,
-                        json_desc(desc, sizeof desc, dt));
+                        zs_json_desc(desc, sizeof desc, dt));
     int d = zs_dtype_parse(json_string_value(dt));
     if (d < 0)
         return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": unknown dtype \"%s\"", path, name,
@@ -153,7 +136,7 @@ static zs_err parse_entry(const char *path, const char *name, const json_t *v, z
     const json_t *shape = json_object_get(v, "shape");
     if (!json_is_array(shape))
         return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": shape is %s, not an array", path, name,
-                        json_desc(desc, sizeof desc, shape));
+                        zs_json_desc(desc, sizeof desc, shape));
     if (json_array_size(shape) > ZS_ST_MAX_DIMS)
         return zs_error(ZS_ERR_FORMAT,
                         "%s: tensor \"%s\": shape has %zu dimensions, at most %d "
@@ -166,7 +149,7 @@ static zs_err parse_entry(const char *path, const char *name, const json_t *v, z
             return zs_error(ZS_ERR_FORMAT,
                             "%s: tensor \"%s\": shape[%d] is %s, not a "
                             "non-negative integer",
-                            path, name, i, json_desc(desc, sizeof desc, s));
+                            path, name, i, zs_json_desc(desc, sizeof desc, s));
     }
     shape_str(shp, sizeof shp, e->shape, e->ndim);
     if (!shape_numel(e->shape, e->ndim, dtypes[e->dtype].size, &e->numel))
@@ -180,14 +163,14 @@ static zs_err parse_entry(const char *path, const char *name, const json_t *v, z
         return zs_error(ZS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets is %s, not [begin, end]",
                         path, name,
                         json_is_array(off) ? "an array of the wrong length"
-                                           : json_desc(desc, sizeof desc, off));
+                                           : zs_json_desc(desc, sizeof desc, off));
     for (int i = 0; i < 2; i++) {
         const json_t *o = json_array_get(off, (size_t)i);
         if (!json_size(o, i ? &e->end : &e->begin))
             return zs_error(ZS_ERR_FORMAT,
                             "%s: tensor \"%s\": data_offsets[%d] is %s, not a "
                             "non-negative integer",
-                            path, name, i, json_desc(desc, sizeof desc, o));
+                            path, name, i, zs_json_desc(desc, sizeof desc, o));
     }
     if (e->begin > e->end)
         return zs_error(ZS_ERR_FORMAT,
@@ -211,17 +194,17 @@ static zs_err parse_entry(const char *path, const char *name, const json_t *v, z
 
 static zs_err check_metadata(const char *path, const json_t *v)
 {
-    char desc[ST_JSON_STR];
+    char desc[ZS_JSON_DESC];
     if (!json_is_object(v))
         return zs_error(ZS_ERR_FORMAT, "%s: __metadata__ is %s, not an object", path,
-                        json_desc(desc, sizeof desc, v));
+                        zs_json_desc(desc, sizeof desc, v));
     const char *k;
     const json_t *mv;
     json_object_foreach((json_t *)v, k, mv)
     {
         if (!json_is_string(mv))
             return zs_error(ZS_ERR_FORMAT, "%s: __metadata__ \"%s\" is %s, not a string", path, k,
-                            json_desc(desc, sizeof desc, mv));
+                            zs_json_desc(desc, sizeof desc, mv));
     }
     return ZS_OK;
 }
@@ -284,9 +267,9 @@ static zs_err parse_header(zs_st_file *f, const char *text, size_t len)
                         jerr.text, jerr.position);
     zs_err res = ZS_OK;
     if (!json_is_object(root)) {
-        char desc[ST_JSON_STR];
+        char desc[ZS_JSON_DESC];
         res = zs_error(ZS_ERR_FORMAT, "%s: header is %s, not a JSON object", f->path,
-                       json_desc(desc, sizeof desc, root));
+                       zs_json_desc(desc, sizeof desc, root));
         goto out;
     }
     size_t n = json_object_size(root);
@@ -350,7 +333,7 @@ zs_err zs_st_open(const char *path, zs_st_file *f)
         goto fail;
     }
     uint8_t lenbuf[8];
-    ZS_CHECK_GOTO(read_full(f->fd, path, lenbuf, 8, 0), res, fail);
+    ZS_CHECK_GOTO(zs_file_read_at(f->fd, path, lenbuf, 8, 0), res, fail);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | lenbuf[i];
@@ -374,7 +357,7 @@ zs_err zs_st_open(const char *path, zs_st_file *f)
                        (unsigned long long)hlen);
         goto fail;
     }
-    ZS_CHECK_GOTO(read_full(f->fd, path, header, hlen, 8), res, fail);
+    ZS_CHECK_GOTO(zs_file_read_at(f->fd, path, header, hlen, 8), res, fail);
     f->data_start = 8 + hlen;
     f->data_len = size - f->data_start;
     ZS_CHECK_GOTO(parse_header(f, header, hlen), res, fail);
@@ -449,12 +432,12 @@ zs_err zs_st_read_f32(const zs_st_file *f, const zs_st_entry *e, float *dst, siz
         return ZS_OK; /* dst may be NULL */
     size_t off = f->data_start + e->begin;
     if (e->dtype == ZS_DT_F32)
-        return read_full(f->fd, f->path, dst, numel * 4, off);
+        return zs_file_read_at(f->fd, f->path, dst, numel * 4, off);
     /* 16-bit data: read into the upper half of dst, then widen front to back.  Writing element
      * i overwrites only halves at indices <= i, which are already consumed.  Byte copies keep
      * the two views of the buffer free of aliasing questions. */
     unsigned char *bytes = (unsigned char *)dst, *half = bytes + 2 * numel;
-    ZS_CHECK(read_full(f->fd, f->path, half, numel * 2, off));
+    ZS_CHECK(zs_file_read_at(f->fd, f->path, half, numel * 2, off));
     for (size_t i = 0; i < numel; i++) {
         uint16_t h;
         memcpy(&h, half + 2 * i, 2);
@@ -470,21 +453,8 @@ zs_err zs_st_read_f32(const zs_st_file *f, const zs_st_entry *e, float *dst, siz
     return ZS_OK;
 }
 
-static zs_err write_all(int fd, const char *path, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return zs_error(ZS_ERR_IO, "%s: write of %zu bytes failed: %s", path, n,
-                            strerror(errno));
-        p += w;
-        n -= (size_t)w;
-    }
-    return ZS_OK;
-}
+const char *const zs_st_model_meta[2 * ZS_ST_MODEL_N_META] = {"format", "pt", "producer",
+                                                              "zshard " ZS_VERSION};
 
 /* A string jansson accepts as a key or value, i.e. valid UTF-8. */
 static int utf8_ok(const char *s)
@@ -494,9 +464,11 @@ static int utf8_ok(const char *s)
     return j != NULL;
 }
 
-/* The JSON header of a write; *bytes gets each tensor's size.  Checks every argument. */
+/* The JSON header of a write; *bytes gets each tensor's size.  Checks every argument but the
+ * data pointers, which are checked only when need_data is set (zs_st_write). */
 static zs_err build_header(const char *path, const zs_st_tensor *tensors, int count,
-                           const char *const *meta_kv, int n_meta, size_t *bytes, json_t **out)
+                           const char *const *meta_kv, int n_meta, int need_data, size_t *bytes,
+                           json_t **out)
 {
     json_t *root = json_object();
     if (!root)
@@ -560,7 +532,7 @@ static zs_err build_header(const char *path, const zs_st_tensor *tensors, int co
             goto fail;
         }
         bytes[i] = numel * zs_dtype_size(t->dtype);
-        if (bytes[i] && !t->data) {
+        if (need_data && bytes[i] && !t->data) {
             res = zs_error(ZS_ERR_INVALID, "%s: tensor \"%s\": shape %s but no data", path, t->name,
                            shp);
             goto fail;
@@ -593,95 +565,91 @@ fail:
     return res;
 }
 
-/* Makes a completed rename durable.  Best effort: the file is already in place, so a failure
- * is logged, not returned. */
-static void sync_parent_dir(const char *path)
+/* zs_st_header, with the data pointers checked too when need_data is set. */
+static zs_err header_bytes(const char *path, const zs_st_tensor *tensors, int count,
+                           const char *const *meta_kv, int n_meta, size_t align, int need_data,
+                           size_t *bytes, char **header, size_t *header_len)
 {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir)
-        return;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) != 0)
-        ZS_WARN("%s: cannot sync directory %s: %s", path, dir, strerror(errno));
-    if (fd >= 0)
-        close(fd);
-    free(dir);
+    if (count < 0 || n_meta < 0 || (count > 0 && !tensors) || (n_meta > 0 && !meta_kv))
+        return zs_error(ZS_ERR_INVALID, "%s: %d tensors (%s) and %d metadata pairs (%s)", path,
+                        count, tensors ? "given" : "NULL", n_meta, meta_kv ? "given" : "NULL");
+    if (align == 0 || align % 8 != 0 || align > ST_MAX_ALIGN)
+        return zs_error(ZS_ERR_INVALID, "%s: data alignment %zu is not a multiple of 8 up to %u",
+                        path, align, ST_MAX_ALIGN);
+    json_t *root = NULL;
+    ZS_CHECK(build_header(path, tensors, count, meta_kv, n_meta, need_data, bytes, &root));
+    zs_err res = ZS_OK;
+    /* Insertion order is kept, so the tensors appear in the given order. */
+    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!text)
+        return zs_error(ZS_ERR_NOMEM, "%s: cannot encode the header", path);
+    /* Spaces after the JSON make the data section start at a multiple of align bytes (8, as
+     * HF writes it, unless the caller wants more). */
+    size_t hlen = strlen(text);
+    size_t padded = (8 + hlen + align - 1) / align * align - 8;
+    char *out = malloc(8 + padded);
+    if (!out) {
+        res =
+            zs_error(ZS_ERR_NOMEM, "%s: out of memory for a header of %zu bytes", path, 8 + padded);
+        goto out_text;
+    }
+    for (int i = 0; i < 8; i++)
+        ((unsigned char *)out)[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    memcpy(out + 8, text, hlen);
+    memset(out + 8 + hlen, ' ', padded - hlen);
+    *header = out;
+    *header_len = 8 + padded;
+out_text:
+    free(text);
+    return res;
+}
+
+zs_err zs_st_header(const char *path, const zs_st_tensor *tensors, int count,
+                    const char *const *meta_kv, int n_meta, size_t align, size_t *bytes,
+                    char **header, size_t *header_len)
+{
+    return header_bytes(path, tensors, count, meta_kv, n_meta, align, 0, bytes, header, header_len);
 }
 
 zs_err zs_st_write(const char *path, const zs_st_tensor *tensors, int count,
                    const char *const *meta_kv, int n_meta)
 {
-    if (count < 0 || n_meta < 0 || (count > 0 && !tensors) || (n_meta > 0 && !meta_kv))
-        return zs_error(ZS_ERR_INVALID, "%s: %d tensors (%s) and %d metadata pairs (%s)", path,
-                        count, tensors ? "given" : "NULL", n_meta, meta_kv ? "given" : "NULL");
     zs_err res = ZS_OK;
-    size_t *bytes = calloc(count ? (size_t)count : 1, sizeof *bytes);
+    size_t *bytes = calloc(count > 0 ? (size_t)count : 1, sizeof *bytes);
     if (!bytes)
         return zs_error(ZS_ERR_NOMEM, "%s: out of memory for %d tensors", path, count);
-    json_t *root = NULL;
-    ZS_CHECK_GOTO(build_header(path, tensors, count, meta_kv, n_meta, bytes, &root), res,
-                  fail_bytes);
-    /* Insertion order is kept, so the tensors appear in the given order. */
-    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (!text) {
-        res = zs_error(ZS_ERR_NOMEM, "%s: cannot encode the header", path);
-        goto fail_root;
-    }
+    char *header = NULL;
+    size_t header_len;
+    ZS_CHECK_GOTO(
+        header_bytes(path, tensors, count, meta_kv, n_meta, 8, 1, bytes, &header, &header_len), res,
+        out_bytes);
     size_t tmp_len = strlen(path) + sizeof ".tmp";
     char *tmp = malloc(tmp_len);
     if (!tmp) {
         res = zs_error(ZS_ERR_NOMEM, "%s: out of memory", path);
-        goto fail_text;
+        goto out_header;
     }
     snprintf(tmp, tmp_len, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        res = zs_error(ZS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto fail_tmp;
-    }
-    /* Spaces after the JSON make the data section start 8-byte aligned, as HF writes it. */
-    size_t hlen = strlen(text);
-    size_t padded = (8 + hlen + 7) / 8 * 8 - 8;
-    uint8_t lenbuf[8];
-    for (int i = 0; i < 8; i++)
-        lenbuf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    ZS_CHECK_GOTO(write_all(fd, tmp, lenbuf, 8), res, fail_fd);
-    ZS_CHECK_GOTO(write_all(fd, tmp, text, hlen), res, fail_fd);
-    ZS_CHECK_GOTO(write_all(fd, tmp, "        ", padded - hlen), res, fail_fd);
+    int fd;
+    ZS_CHECK_GOTO(zs_file_create(tmp, &fd), res, out_tmp);
+    ZS_CHECK_GOTO(zs_file_write_all(fd, tmp, header, header_len), res, fail_fd);
     for (int i = 0; i < count; i++)
-        ZS_CHECK_GOTO(write_all(fd, tmp, tensors[i].data, bytes[i]), res, fail_fd);
-    if (fsync(fd) != 0) {
-        res = zs_error(ZS_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-        goto fail_fd;
-    }
-    int rc = close(fd);
-    fd = -1;
-    if (rc != 0) {
-        res = zs_error(ZS_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-        goto fail_fd;
-    }
-    if (rename(tmp, path) != 0) {
-        res = zs_error(ZS_ERR_IO, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
-        goto fail_fd;
-    }
-    sync_parent_dir(path);
-    free(tmp);
-    free(text);
-    json_decref(root);
-    free(bytes);
-    return ZS_OK;
+        ZS_CHECK_GOTO(zs_file_write_all(fd, tmp, tensors[i].data, bytes[i]), res, fail_fd);
+    ZS_CHECK_GOTO(zs_file_replace(fd, tmp, path), res, out_tmp);
+    /* Best effort: the file is complete under its name, so a directory that cannot be synced
+     * (the rename may not survive a crash) is logged, not returned. */
+    if (zs_file_sync_parent(path) != ZS_OK)
+        ZS_WARN("%s: cannot sync its directory: %s", path, zs_last_error());
+    goto out_tmp;
 fail_fd:
-    if (fd >= 0)
-        close(fd);
+    close(fd);
     unlink(tmp);
-fail_tmp:
+out_tmp:
     free(tmp);
-fail_text:
-    free(text);
-fail_root:
-    json_decref(root);
-fail_bytes:
+out_header:
+    free(header);
+out_bytes:
     free(bytes);
     return res;
 }

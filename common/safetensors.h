@@ -10,6 +10,8 @@
  * non-negative integers and offsets with begin <= end <= data length, end - begin equals
  * numel * dtype size, entries do not overlap and together cover the data section.  Any
  * failure is ZS_ERR_FORMAT with a message that names the file, the tensor and the value.
+ * The writer's header bytes are built in one place (zs_st_header), so a writer that streams
+ * its own data (zshard export, checkpoint shard files) writes what zs_st_write would.
  */
 #ifndef ZS_SAFETENSORS_H
 #define ZS_SAFETENSORS_H
@@ -82,5 +84,39 @@ typedef struct {
  */
 zs_err zs_st_write(const char *path, const zs_st_tensor *tensors, int count,
                    const char *const *meta_kv, int n_meta);
+
+/*
+ * The bytes zs_st_write puts before the data section for the same arguments when align is 8:
+ * the 8-byte length, the compact JSON header (__metadata__, then the tensors in the given
+ * order) and the spaces that start the data section at a multiple of align bytes (a multiple
+ * of 8, at most 1 MiB), into *header (malloc'd; the caller frees it), *header_len of them (the
+ * data section's file offset).  bytes[i] (count entries) gets tensor i's size in bytes; its
+ * data follows that of the tensors before it.  Checks every argument as zs_st_write does
+ * except the data pointers, which it does not read.  A writer that streams the data itself
+ * (zshard export, the checkpoint's shard files) writes this header and then exactly those
+ * bytes; with align 8 the file is the one zs_st_write would write.  path only names the file
+ * in messages.
+ */
+zs_err zs_st_header(const char *path, const zs_st_tensor *tensors, int count,
+                    const char *const *meta_kv, int n_meta, size_t align, size_t *bytes,
+                    char **header, size_t *header_len);
+
+/*
+ * The __metadata__ pairs (key, value, ...) of a Hugging Face model file as zshard writes it:
+ * zs_modelfile_save and zshard export pass these same pairs, so their headers are equal.
+ * transformers refuses safetensors files without "format".
+ */
+#define ZS_ST_MODEL_N_META 2
+extern const char *const zs_st_model_meta[2 * ZS_ST_MODEL_N_META];
+
+/*
+ * A short description of a JSON value for messages, into buf (cap bytes; ZS_JSON_DESC holds
+ * any): the integer itself, a string's first 32 bytes in quotes, else its kind ("missing" for
+ * NULL, "an object", "null", ...).  Returns buf.  For the readers of JSON headers and
+ * manifests (this module, common/ckpt.c).
+ */
+#define ZS_JSON_DESC 64
+struct json_t;
+const char *zs_json_desc(char *buf, size_t cap, const struct json_t *v);
 
 #endif
