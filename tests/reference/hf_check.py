@@ -5,7 +5,8 @@ Trains the same model on the same chunks with GPT2LMHeadModel in float64 and
 torch.optim.AdamW, starting from zshard's initial weights, and compares each step's loss and
 gradient norm with zshard's metrics.jsonl, and the final weights with zshard's
 model.safetensors.  It also loads zshard's output with from_pretrained, which checks the
-model directory format.
+model directory format, and does the same with a distributed run's final checkpoint exported
+by `zshard export`, whose weights must equal zshard train's bit for bit.
 
 usage: hf_check.py ZSHARD CONFIG DATA WORKDIR [STEPS]
 Exit status: 0 agreement, 1 disagreement, 77 (skip) when torch or transformers is missing.
@@ -121,6 +122,21 @@ def main():
     print(f"worst relative loss diff {worst_loss:.2e}, grad_norm diff {worst_norm:.2e}, "
           f"weight diff {worst_w:.2e} ({worst_name}; tolerance {w_tol:.1e})")
     ok = worst_loss < 1e-5 and worst_norm < 1e-4 and worst_w < w_tol
+
+    # A distributed run's final checkpoint, exported by `zshard export`, loads with
+    # from_pretrained and holds exactly zshard train's final weights.
+    launch_dir, export_dir = os.path.join(work, "launch"), os.path.join(work, "export")
+    subprocess.run([zshard, "launch", "--config", cfg_path, "--data", data, "--steps",
+                    str(steps), "--servers", "2", "--workers", "1", "--out", launch_dir,
+                    "--log-level", "warn"], check=True)
+    subprocess.run([zshard, "export", os.path.join(launch_dir, "checkpoints"), "--out",
+                    export_dir], check=True)
+    exported = GPT2LMHeadModel.from_pretrained(export_dir)
+    esd = exported.state_dict()
+    same = all(torch.equal(w, esd[name]) for name, w in ours.items())
+    print("export: from_pretrained loads it; weights " +
+          ("equal zshard train's" if same else "DIFFER from zshard train's"))
+    ok = ok and same
     print("hf_check: " + ("agree" if ok else "DISAGREE"))
     return 0 if ok else 1
 
