@@ -171,7 +171,7 @@ int main(int argc, char **argv)
     pid_t coord = zs_bench_spawn(cargv, NULL), server = zs_bench_spawn(sargv, NULL);
     int rc = 1;
     zs_session *s = NULL;
-    if (zs_session_open(ep, NULL, 30000, &s) != ZS_OK) {
+    if (zs_session_open(ep, NULL, 30000, NULL, &s) != ZS_OK) {
         fprintf(stderr, "bench_data_plane: %s\n", zs_last_error());
         goto out;
     }

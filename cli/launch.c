@@ -437,13 +437,16 @@ static void kill_all(launch *L)
     L->killed = 1;
 }
 
-/* Elastic mode, the coordinator exited WORKER_END_S ago: stop the workers still there. */
+/* The coordinator exited WORKER_END_S ago (elastic mode), or finished the job: stop the workers
+ * still there (one that registered after the end waits for a job that never comes).  What
+ * they do then is not the job's failure. */
 static void end_workers(launch *L, double now)
 {
     for (int i = 1 + (int)L->servers; i < L->started; i++) {
         zs_proc *p = &L->procs[i];
         if (!p->running)
             continue;
+        p->lost = 1;
         fprintf(stderr,
                 "zshard launch: %s (pid %d) is still running %.0f s after the coordinator "
                 "exited; stopping it (SIGTERM, SIGKILL after %.0f s)\n",
@@ -503,8 +506,8 @@ static void on_exit_of(launch *L, int i, double now)
         char how[128];
         zs_proc_describe_exit(p, how, sizeof how);
         fprintf(stderr,
-                "zshard launch: %s (pid %d) %s; the coordinator recovers the job on the "
-                "servers left\n",
+                "zshard launch: %s (pid %d) %s; a lost server is the coordinator's to recover "
+                "from (or it ends the job)\n",
                 p->name, (int)p->pid, how);
         L->servers_lost++;
         p->lost = 1;
@@ -828,8 +831,10 @@ static void run(launch *L)
         run_script(L, now);
         /* A straggler once the job is ending is a failure; in elastic mode workers are not
          * waited for (they are stopped below). */
+        int coord_done = L->coord_exit_at > 0 && zs_proc_succeeded(&L->procs[0]);
         int late = 0;
-        while (late < L->started && (!L->procs[late].running || (L->elastic && is_worker(L, late))))
+        while (late < L->started &&
+               (!L->procs[late].running || ((L->elastic || coord_done) && is_worker(L, late))))
             late++;
         if (!L->stopping && L->ending_at > 0 && now - L->ending_at > END_GRACE_S &&
             late < L->started) {
@@ -838,8 +843,8 @@ static void run(launch *L)
             fprintf(stderr, "zshard launch: %s\n", L->failure);
             stop_all(L, now);
         }
-        if (L->elastic && !L->stopping && !L->workers_ending && L->coord_exit_at > 0 &&
-            now - L->coord_exit_at > WORKER_END_S)
+        if ((L->elastic || coord_done) && !L->stopping && !L->workers_ending &&
+            L->coord_exit_at > 0 && now - L->coord_exit_at > WORKER_END_S)
             end_workers(L, now);
         if (L->workers_ending && !L->workers_killed && now - L->workers_end_at > STOP_GRACE_S) {
             kill_from(L, 1 + (int)L->servers);

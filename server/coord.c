@@ -36,6 +36,20 @@
 
 #define MAX_PEERS 4096
 
+/* A checkpoint being written: the servers' reports, and its step's metrics line. */
+typedef struct {
+    long step;            /* the version checkpointed; 0: the slot is free */
+    zs_ckpt_shard *files; /* [n_shards] as reported */
+    uint8_t *have;        /* [n_shards] reported */
+    uint8_t *reported;    /* [n_servers] by map index */
+    int n_reported;
+    int failed;
+    char error[1024];
+    int have_stats;         /* its step finished (every server published it) */
+    zs_coord_step_stats st; /* its step's metrics line, written once the outcome is known */
+    double tps, dt;
+} ckpt_pend;
+
 typedef struct {
     zs_ctrl_peer peer;
     Zshard__Role role;
@@ -85,17 +99,10 @@ struct zs_coord {
     long start_step;       /* the version the job started from (0, or the resumed one) */
     long last_ckpt;        /* step of the newest committed checkpoint; 0: none */
     char ckpt_error[1100]; /* why the latest checkpoint failed; "" if it did not */
-    struct {
-        long step;            /* the checkpoint being written; 0: none */
-        zs_ckpt_shard *files; /* [n_shards] as reported */
-        uint8_t *have;        /* [n_shards] reported */
-        uint8_t *reported;    /* [n_servers] by map index */
-        int n_reported;
-        int failed;
-        char error[1024];
-        zs_coord_step_stats st; /* its step's metrics line, written once the outcome is known */
-        double tps, dt;
-    } pend;
+    /* At most two checkpoints are open at once: the servers may report version s + 1's files
+     * (written after its verdict) before the last of them reported version s's. */
+    ckpt_pend pend[2];
+    char final_error[1024]; /* why the final checkpoint failed */
     /* Losing a server: every server goes back to the newest checkpoint (or the start) and the
      * steps since are computed again, on the servers left and any that registered since. */
     char last_ckpt_dir[4096]; /* the step directory of last_ckpt ("" with last_ckpt 0) */
@@ -248,11 +255,15 @@ static zs_err make_map(coord *co, int restore)
     long from = restore ? co->last_ckpt : co->start_step;
     if (from > 0)
         ZS_CHECK(zs_coord_state_start_at(co->cs, from));
-    co->pend.files = calloc((size_t)co->map.n_shards, sizeof *co->pend.files);
-    co->pend.have = calloc((size_t)co->map.n_shards, 1);
-    co->pend.reported = calloc((size_t)n, 1);
-    if (!co->pend.files || !co->pend.have || !co->pend.reported)
-        return zs_error(ZS_ERR_NOMEM, "coord: out of memory for %d shards", co->map.n_shards);
+    for (int k = 0; k < 2; k++) {
+        ckpt_pend *cp = &co->pend[k];
+        *cp = (ckpt_pend){0};
+        cp->files = calloc((size_t)co->map.n_shards, sizeof *cp->files);
+        cp->have = calloc((size_t)co->map.n_shards, 1);
+        cp->reported = calloc((size_t)n, 1);
+        if (!cp->files || !cp->have || !cp->reported)
+            return zs_error(ZS_ERR_NOMEM, "coord: out of memory for %d shards", co->map.n_shards);
+    }
     for (int i = 0; i < co->n_peers; i++) {
         if (co->peers[i].gone)
             continue;
@@ -520,10 +531,14 @@ static void on_partial(coord *co, int pi, const Zshard__GradNormPartial *g)
 }
 
 /* Once all chunks are done and all partials are in (whichever came last): the verdict. */
+static void ckpt_open(coord *co, long version);
+
 static void send_verdict(coord *co)
 {
     double norm, lr;
     double clip = zs_coord_verdict(co->cs, &norm, &lr);
+    /* From this verdict on, a server may publish the step's version and report its files. */
+    ckpt_open(co, zs_coord_step(co->cs) + 1);
     Zshard__ClipVerdict v = ZSHARD__CLIP_VERDICT__INIT;
     v.has_step = v.has_clip_factor = v.has_skip = v.has_grad_norm = 1;
     v.step = (uint64_t)zs_coord_step(co->cs);
@@ -608,15 +623,34 @@ static void ckpt_discard(coord *co, long step)
 
 static void export_and_finish(coord *co);
 
-/* Every server reported checkpoint pend.step: commit it (manifest, latest, pruning) or record
- * why it failed; then the step's metrics line; then, after the last step, the export. */
-static void ckpt_settle(coord *co)
+/* Frees both slots' arrays (a new map sizes them anew). */
+static void ckpt_free_slots(coord *co)
 {
-    long step = co->pend.step;
-    char name[64];
+    for (int k = 0; k < 2; k++) {
+        free(co->pend[k].files);
+        free(co->pend[k].have);
+        free(co->pend[k].reported);
+        co->pend[k] = (ckpt_pend){0};
+    }
+}
+
+/* Frees a checkpoint slot for the next one (its arrays stay). */
+static void ckpt_close_slot(ckpt_pend *cp)
+{
+    cp->step = 0;
+}
+
+/* Every server reported checkpoint cp->step and its step finished: commit it (manifest, the
+ * step's metrics line, latest, pruning) or record why it failed; then, after the last step,
+ * the export. */
+static void ckpt_settle(coord *co, ckpt_pend *cp)
+{
+    long step = cp->step;
+    char name[64], dir[4096];
     snprintf(name, sizeof name, "step-%08ld", step);
-    if (!co->pend.failed) {
-        char dir[4096];
+    zs_ckpt_step_dir(co->ckpt_dir, step, 0, dir, sizeof dir);
+    ckpt_close_slot(cp);
+    if (!cp->failed) {
         zs_ckpt_info info = {.step = step,
                              .steps_total = co->opts->steps,
                              .run_id = co->run_id,
@@ -626,32 +660,43 @@ static void ckpt_settle(coord *co)
                              .model = co->cfg.model,
                              .total_floats = co->tt.total,
                              .shard_floats = co->map.shard_floats};
-        zs_err e = zs_ckpt_step_dir(co->ckpt_dir, step, 0, dir, sizeof dir);
-        if (e == ZS_OK)
-            e = zs_ckpt_write_manifest(dir, &info, &co->tt, co->pend.files, co->map.n_shards);
-        if (e == ZS_OK)
+        zs_err e = zs_ckpt_write_manifest(dir, &info, &co->tt, cp->files, co->map.n_shards);
+        if (e == ZS_OK) {
+            /* The step's metrics line before `latest` moves: a coordinator killed between the
+             * two resumes from the previous checkpoint, which drops this line and runs the
+             * step again; the other order could leave a committed step without its line.  A
+             * line that cannot be written ends the job, and the checkpoint goes with it (its
+             * step has no line: a resume from it would lack one). */
+            write_metrics(co, &cp->st, cp->tps, cp->dt, name, NULL);
+            if (co->done) {
+                ckpt_discard(co, step);
+                return;
+            }
             e = zs_ckpt_set_latest(co->ckpt_dir, name);
-        if (e != ZS_OK) {
-            co->pend.failed = 1;
-            snprintf(co->pend.error, sizeof co->pend.error, "%s", zs_last_error());
+            if (e != ZS_OK) {
+                abort_job(co, zs_error(e, "checkpoint %ld: %s", step, zs_last_error()));
+                return;
+            }
+            co->last_ckpt = step;
+            snprintf(co->last_ckpt_dir, sizeof co->last_ckpt_dir, "%s", dir);
+            co->ckpt_error[0] = '\0';
+            zs_ckpt_prune(co->ckpt_dir, step, co->cfg.checkpoint.keep);
+            ZS_INFO("coord: checkpoint %ld committed in %s", step, dir);
+        } else {
+            cp->failed = 1;
+            snprintf(cp->error, sizeof cp->error, "%s", zs_last_error());
         }
     }
-    if (co->pend.failed) {
-        snprintf(co->ckpt_error, sizeof co->ckpt_error, "checkpoint %ld: %s", step, co->pend.error);
-        ZS_ERROR("coord: checkpoint %ld failed: %s; %s", step, co->pend.error,
+    if (cp->failed) {
+        snprintf(co->ckpt_error, sizeof co->ckpt_error, "checkpoint %ld: %s", step, cp->error);
+        ZS_ERROR("coord: checkpoint %ld failed: %s; %s", step, cp->error,
                  co->last_ckpt > 0 ? "the previous checkpoint stays the newest"
                                    : "there is no earlier checkpoint");
         ckpt_discard(co, step);
-    } else {
-        co->last_ckpt = step;
-        zs_ckpt_step_dir(co->ckpt_dir, step, 0, co->last_ckpt_dir, sizeof co->last_ckpt_dir);
-        co->ckpt_error[0] = '\0';
-        zs_ckpt_prune(co->ckpt_dir, step, co->cfg.checkpoint.keep);
-        ZS_INFO("coord: checkpoint %ld committed in %s/%s", step, co->ckpt_dir, name);
+        if (step == co->opts->steps)
+            snprintf(co->final_error, sizeof co->final_error, "%s", cp->error);
+        write_metrics(co, &cp->st, cp->tps, cp->dt, NULL, cp->error);
     }
-    co->pend.step = 0;
-    write_metrics(co, &co->pend.st, co->pend.tps, co->pend.dt, co->pend.failed ? NULL : name,
-                  co->pend.failed ? co->pend.error : NULL);
     if (!co->done && zs_coord_phase(co->cs) == ZS_PHASE_DONE)
         export_and_finish(co);
 }
@@ -662,9 +707,11 @@ static void export_and_finish(coord *co)
     if (co->last_ckpt != co->opts->steps) {
         abort_job(co, zs_error(ZS_ERR_IO,
                                "the final checkpoint (step %ld) failed: %s; the weights of the "
-                               "last steps are lost, the newest checkpoint is %s",
-                               co->opts->steps, co->pend.error,
-                               co->last_ckpt > 0 ? "older: resume from it with --resume" : "none"));
+                               "steps since the newest checkpoint are lost; %s%s",
+                               co->opts->steps, co->final_error,
+                               co->last_ckpt > 0 ? "resume from it with --resume "
+                                                 : "there is no checkpoint to resume from",
+                               co->last_ckpt > 0 ? co->last_ckpt_dir : ""));
         return;
     }
     char dir[4096];
@@ -691,20 +738,30 @@ static void export_and_finish(coord *co)
     co->done = 1;
 }
 
+/* The open checkpoint of version step, or NULL. */
+static ckpt_pend *ckpt_slot(coord *co, long step)
+{
+    for (int k = 0; k < 2; k++)
+        if (co->pend[k].step == step && step > 0)
+            return &co->pend[k];
+    return NULL;
+}
+
 /* A server's report of its files of checkpoint cw->step. */
 static void on_checkpoint_written(coord *co, int pi, const Zshard__CheckpointWritten *cw)
 {
     peer_entry *p = &co->peers[pi];
     int s = zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1));
-    if (s < 0 || co->pend.step == 0 || (long)cw->step != co->pend.step || co->pend.reported[s]) {
+    ckpt_pend *cp = ckpt_slot(co, (long)cw->step);
+    if (s < 0 || !cp || cp->reported[s]) {
         send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER,
                    "CheckpointWritten for a checkpoint that is not being written, or a repeat");
         return;
     }
     if (cw->error) {
-        if (!co->pend.failed)
-            snprintf(co->pend.error, sizeof co->pend.error, "server %d: %s", pi + 1, cw->error);
-        co->pend.failed = 1;
+        if (!cp->failed)
+            snprintf(cp->error, sizeof cp->error, "server %d: %s", pi + 1, cw->error);
+        cp->failed = 1;
     } else {
         int count = 0;
         const int *mine = zs_shardmap_server_shards(&co->map, s, &count);
@@ -712,16 +769,16 @@ static void on_checkpoint_written(coord *co, int pi, const Zshard__CheckpointWri
         for (int i = 0; ok && i < count; i++)
             ok = (int)cw->files[i]->shard == mine[i];
         if (!ok) {
-            snprintf(co->pend.error, sizeof co->pend.error,
+            snprintf(cp->error, sizeof cp->error,
                      "server %d reported %zu files, not one for each of its %d shards", pi + 1,
                      cw->n_files, count);
-            co->pend.failed = 1;
-            send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER, co->pend.error);
+            cp->failed = 1;
+            send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER, cp->error);
         }
         for (int i = 0; ok && i < count; i++) {
             const Zshard__ShardFile *f = cw->files[i];
             const zs_shard *sh = &co->map.shards[f->shard];
-            zs_ckpt_shard *d = &co->pend.files[f->shard];
+            zs_ckpt_shard *d = &cp->files[f->shard];
             *d = (zs_ckpt_shard){.index = (int)f->shard,
                                  .begin = sh->begin,
                                  .end = sh->end,
@@ -729,12 +786,36 @@ static void on_checkpoint_written(coord *co, int pi, const Zshard__CheckpointWri
                                  .header_xxh3 = f->header_xxh3};
             snprintf(d->file, sizeof d->file, "%s", f->file);
             memcpy(d->xxh3, f->xxh3, sizeof d->xxh3);
-            co->pend.have[f->shard] = 1;
+            cp->have[f->shard] = 1;
         }
     }
-    co->pend.reported[s] = 1;
-    if (++co->pend.n_reported == co->map.n_servers)
-        ckpt_settle(co);
+    cp->reported[s] = 1;
+    if (++cp->n_reported == co->map.n_servers && cp->have_stats)
+        ckpt_settle(co, cp);
+}
+
+/*
+ * When the verdict of a step goes out whose version is checkpointed: from now on a server
+ * may have applied, published and written it, so its report may come before the step counts
+ * as finished here.  Opens a slot for those reports.
+ */
+static void ckpt_open(coord *co, long version)
+{
+    if (!ckpt_due(co, version) || !co->pend[0].files || ckpt_slot(co, version))
+        return;
+    ckpt_pend *cp = co->pend[0].step == 0 ? &co->pend[0] : &co->pend[1];
+    if (cp->step != 0) {
+        /* Two open already (cannot happen: a server reports s before it publishes s + 1). */
+        ZS_ERROR("coord: checkpoint %ld: two checkpoints are open already", version);
+        return;
+    }
+    cp->step = version;
+    cp->have_stats = 0;
+    cp->n_reported = 0;
+    cp->failed = 0;
+    cp->error[0] = '\0';
+    memset(cp->reported, 0, (size_t)co->map.n_servers);
+    memset(cp->have, 0, (size_t)co->map.n_shards);
 }
 
 static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
@@ -765,30 +846,32 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
         co->done = 1;
         return;
     }
-    if (!ckpt_due(co, st.step)) {
+    /* An earlier checkpoint still open is settled first (as failed: every server reports a
+     * version's files before it publishes the next one), so that the lines stay in order. */
+    for (int k = 0; k < 2 && !co->done; k++) {
+        ckpt_pend *old = &co->pend[k];
+        if (old->step && old->step < st.step && old->have_stats) {
+            snprintf(old->error, sizeof old->error,
+                     "not every server reported its files before the next step finished");
+            old->failed = 1;
+            ckpt_settle(co, old);
+        }
+    }
+    if (co->done)
+        return;
+    ckpt_pend *cp = ckpt_slot(co, st.step);
+    if (!cp) {
         write_metrics(co, &st, tps, dt, NULL, NULL);
         return;
     }
-    /* The servers write version st.step now; their reports settle it (ckpt_settle).  The
-     * previous checkpoint was settled before this step could finish (a server reports it
-     * before it applies the next step); one that was not is settled as failed. */
-    if (co->pend.step) {
-        snprintf(co->pend.error, sizeof co->pend.error,
-                 "not every server reported its files before the next step finished");
-        co->pend.failed = 1;
-        ckpt_settle(co);
-        if (co->done)
-            return;
-    }
-    co->pend.step = st.step;
-    co->pend.n_reported = 0;
-    co->pend.failed = 0;
-    co->pend.error[0] = '\0';
-    memset(co->pend.reported, 0, (size_t)co->map.n_servers);
-    memset(co->pend.have, 0, (size_t)co->map.n_shards);
-    co->pend.st = st;
-    co->pend.tps = tps;
-    co->pend.dt = dt;
+    /* The servers write version st.step (some may have reported already); their reports
+     * settle it, and its line waits until then. */
+    cp->have_stats = 1;
+    cp->st = st;
+    cp->tps = tps;
+    cp->dt = dt;
+    if (cp->n_reported == co->map.n_servers)
+        ckpt_settle(co, cp);
 }
 
 static const char *phase_name(const coord *co)
@@ -909,10 +992,11 @@ static void start_recovery(coord *co, int pi, const char *why)
         w->gone = w->rejoining = 1;
         snprintf(w->gone_why, sizeof w->gone_why, "told to register again: %s", text);
     }
-    if (co->pend.step) {
-        ckpt_discard(co, co->pend.step);
-        co->pend.step = 0;
-    }
+    for (int k = 0; k < 2; k++)
+        if (co->pend[k].step) {
+            ckpt_discard(co, co->pend[k].step);
+            ckpt_close_slot(&co->pend[k]);
+        }
     zs_coord_state_free(co->cs);
     co->cs = NULL;
     for (int i = 0; i < co->n_peers; i++) {
@@ -927,11 +1011,7 @@ static void start_recovery(coord *co, int pi, const char *why)
     if (co->map_msg)
         zshard__shard_map__free_unpacked(co->map_msg, NULL);
     co->map_msg = NULL;
-    free(co->pend.files);
-    free(co->pend.have);
-    free(co->pend.reported);
-    co->pend.files = NULL;
-    co->pend.have = co->pend.reported = NULL;
+    ckpt_free_slots(co);
     co->recovering = 1;
     co->restoring = 0;
     /* Long enough for a replacement that was started at once (zshard launch, a supervisor)
@@ -1076,6 +1156,37 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
  */
 static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
 {
+    /* The resume first: a refused one must leave nothing behind (no empty directory). */
+    if (co->opts->resume) {
+        zs_ckpt ck;
+        ZS_CHECK(zs_ckpt_resolve(co->opts->resume, &ck));
+        zs_ckpt_info mine = {.steps_total = co->opts->steps,
+                             .config_fingerprint = co->config_fp,
+                             .data_fingerprint = co->data.fingerprint,
+                             .data_ntokens = co->data.ntokens,
+                             .model = co->cfg.model,
+                             .total_floats = co->tt.total};
+        zs_err res = zs_ckpt_check_compatible(&ck, &mine);
+        if (res == ZS_OK && strlen(ck.step_dir) >= sizeof job->resume_dir)
+            res = zs_error(ZS_ERR_INVALID, "--resume %s: too long a path", ck.step_dir);
+        if (res == ZS_OK) {
+            co->run_id = job->run_id = ck.info.run_id;
+            co->start_step = job->resume_step = ck.info.step;
+            co->last_ckpt = ck.info.step;
+            snprintf(co->last_ckpt_dir, sizeof co->last_ckpt_dir, "%s", ck.step_dir);
+            snprintf(job->resume_dir, sizeof job->resume_dir, "%s", ck.step_dir);
+            ZS_INFO("coord: resuming run %016llx from %s (step %ld of %ld)",
+                    (unsigned long long)co->run_id, ck.step_dir, ck.info.step, co->opts->steps);
+        }
+        zs_ckpt_close(&ck);
+        ZS_CHECK(res);
+    } else if (getrandom(&co->run_id, sizeof co->run_id, 0) != sizeof co->run_id) {
+        return zs_error(ZS_ERR_IO, "coord: no random run id: %s", strerror(errno));
+    } else {
+        job->run_id = co->run_id;
+    }
+    if (mkdir(co->opts->out_dir, 0777) != 0 && errno != EEXIST)
+        return zs_error(ZS_ERR_IO, "--out %s: %s", co->opts->out_dir, strerror(errno));
     char dir[4096];
     if (co->cfg.checkpoint.dir[0])
         snprintf(dir, sizeof dir, "%s", co->cfg.checkpoint.dir);
@@ -1093,34 +1204,7 @@ static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
     snprintf(co->ckpt_dir, sizeof co->ckpt_dir, "%s", abs);
     snprintf(co->cfg.checkpoint.dir, sizeof co->cfg.checkpoint.dir, "%s", abs);
     free(abs);
-    if (!co->opts->resume) {
-        if (getrandom(&co->run_id, sizeof co->run_id, 0) != sizeof co->run_id)
-            return zs_error(ZS_ERR_IO, "coord: no random run id: %s", strerror(errno));
-        job->run_id = co->run_id;
-        return ZS_OK;
-    }
-    zs_ckpt ck;
-    ZS_CHECK(zs_ckpt_resolve(co->opts->resume, &ck));
-    zs_ckpt_info mine = {.steps_total = co->opts->steps,
-                         .config_fingerprint = co->config_fp,
-                         .data_fingerprint = co->data.fingerprint,
-                         .data_ntokens = co->data.ntokens,
-                         .model = co->cfg.model,
-                         .total_floats = co->tt.total};
-    zs_err res = zs_ckpt_check_compatible(&ck, &mine);
-    if (res == ZS_OK && strlen(ck.step_dir) >= sizeof job->resume_dir)
-        res = zs_error(ZS_ERR_INVALID, "--resume %s: too long a path", ck.step_dir);
-    if (res == ZS_OK) {
-        co->run_id = job->run_id = ck.info.run_id;
-        co->start_step = job->resume_step = ck.info.step;
-        co->last_ckpt = ck.info.step;
-        snprintf(co->last_ckpt_dir, sizeof co->last_ckpt_dir, "%s", ck.step_dir);
-        snprintf(job->resume_dir, sizeof job->resume_dir, "%s", ck.step_dir);
-        ZS_INFO("coord: resuming run %016llx from %s (step %ld of %ld)",
-                (unsigned long long)co->run_id, ck.step_dir, ck.info.step, co->opts->steps);
-    }
-    zs_ckpt_close(&ck);
-    return res;
+    return ZS_OK;
 }
 
 static zs_err coord_setup(coord *co)
@@ -1137,8 +1221,6 @@ static zs_err coord_setup(coord *co)
     char *abs = realpath(co->opts->data_path, NULL);
     snprintf(job.data_path, sizeof job.data_path, "%s", abs ? abs : co->opts->data_path);
     free(abs);
-    if (mkdir(co->opts->out_dir, 0777) != 0 && errno != EEXIST)
-        return zs_error(ZS_ERR_IO, "--out %s: %s", co->opts->out_dir, strerror(errno));
     ZS_CHECK(checkpoint_setup(co, &job));
     ZS_CHECK(zs_msg_jobspec_from_config(&co->cfg, &co->tt, &job, &co->job));
     char path[4096];
@@ -1172,8 +1254,13 @@ static void on_refused(coord *co, const zs_ctrl_peer *from)
 
 /* What follows every message (or timeout) once the shard map exists: members whose
  * heartbeats stopped, the start of a step, the verdict, changed assignments. */
+static void notice_pause(coord *co, uint64_t now);
+
 static void advance(coord *co)
 {
+    /* Here, not only at the start of a turn: a stop almost always lands inside the turn's
+     * wait for a message, and the expiry below must not judge by that gap. */
+    notice_pause(co, now_ms(co));
     if (co->recovering && !co->done && now_ms(co) >= co->recover_at)
         finish_recovery(co);
     if (!co->cs || co->done)
@@ -1281,7 +1368,8 @@ static void notice_pause(coord *co, uint64_t now)
 {
     uint64_t gap = co->last_turn_ms && now > co->last_turn_ms ? now - co->last_turn_ms : 0;
     co->last_turn_ms = now;
-    if (gap <= (uint64_t)co->cfg.cluster.heartbeat_interval_ms || !co->cs)
+    /* A test's clock (hooks.now_ms) jumps on purpose, to make members expire. */
+    if (gap <= (uint64_t)co->cfg.cluster.heartbeat_interval_ms || !co->cs || co->hooks.now_ms)
         return;
     ZS_WARN("coord: this process did not run for %llu ms; members get a whole heartbeat "
             "timeout (%d ms) to be heard from again",
@@ -1346,9 +1434,7 @@ void zs_coord_close(zs_coord *co)
         return;
     if (co->metrics && zs_metrics_close(co->metrics) != ZS_OK)
         ZS_ERROR("coord: %s", zs_last_error());
-    free(co->pend.files);
-    free(co->pend.have);
-    free(co->pend.reported);
+    ckpt_free_slots(co);
     zs_ctrl_close(co->ctrl);
     zs_coord_state_free(co->cs);
     if (co->have_map)

@@ -177,12 +177,19 @@ static void coord_alive_check(zs_session *s)
     if (s->ended || now - s->last_coord_ms <= limit)
         return;
     s->ended = 1;
-    s->end_result =
-        zs_error(ZS_ERR_IO,
-                 "worker %u: nothing from the coordinator at %s for %llu ms "
-                 "(cluster.coordinator_timeout_ms %llu): it is gone or hung",
-                 s->id, s->coord ? s->coord : "?", (unsigned long long)(now - s->last_coord_ms),
-                 (unsigned long long)limit);
+    if (s->have_job)
+        s->end_result =
+            zs_error(ZS_ERR_IO,
+                     "worker %u: nothing from the coordinator at %s for %llu ms "
+                     "(cluster.coordinator_timeout_ms %llu): it is gone or hung",
+                     s->id, s->coord ? s->coord : "?", (unsigned long long)(now - s->last_coord_ms),
+                     (unsigned long long)limit);
+    else /* no job yet: the timeout is the built-in one, not the config's */
+        s->end_result =
+            zs_error(ZS_ERR_IO,
+                     "worker: nothing from the coordinator at %s for %llu ms: "
+                     "nothing answers there, or it is hung",
+                     s->coord ? s->coord : "?", (unsigned long long)(now - s->last_coord_ms));
 }
 
 static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignment *a, int *got)
@@ -217,7 +224,7 @@ static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignmen
 /* One registration, until `until`; *rejoin when the coordinator said to register again before
  * the job reached us (a server was lost meanwhile): nothing is open then. */
 static zs_err open_once(const char *coord, const char *data, uint64_t until, int timeout_ms,
-                        zs_session **out, int *rejoin)
+                        volatile int *stop, zs_session **out, int *rejoin)
 {
     *out = NULL;
     *rejoin = 0;
@@ -232,8 +239,12 @@ static zs_err open_once(const char *coord, const char *data, uint64_t until, int
     ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL), res, fail);
     zs_assignment a;
     int got;
-    while (!s->client && !s->ended && zs_now_ms() < until)
+    while (!s->client && !s->ended && zs_now_ms() < until && !(stop && *stop))
         ZS_CHECK_GOTO(pump(s, 50, data, &a, &got), res, fail);
+    if (!s->client && stop && *stop) {
+        res = zs_error(ZS_ERR_IO, "worker: stopped while registering with %s", coord);
+        goto fail;
+    }
     if (s->ended && s->rejoin) {
         *rejoin = 1;
         res = ZS_OK;
@@ -258,12 +269,13 @@ fail:
     return res;
 }
 
-zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_session **out)
+zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, volatile int *stop,
+                       zs_session **out)
 {
     uint64_t until = zs_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
         int rejoin = 0;
-        zs_err e = open_once(coord, data, until, timeout_ms, out, &rejoin);
+        zs_err e = open_once(coord, data, until, timeout_ms, stop, out, &rejoin);
         if (!rejoin)
             return e;
     }

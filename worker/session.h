@@ -37,8 +37,10 @@ typedef struct {
  * local copy of the job's data, or NULL for the job's path.  A refusal of the registration
  * (another protocol version, a full job) fails here; one that follows the data check (another
  * fingerprint, too many workers) is the error of the first zs_session_next, with the
- * coordinator's reason. */
-zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, zs_session **out);
+ * coordinator's reason.  stop (may be NULL): a flag a signal handler sets; once set, the wait
+ * ends with ZS_ERR_IO "stopped while registering". */
+zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, volatile int *stop,
+                       zs_session **out);
 /* Leaves: tells the coordinator (unless the job ended) and closes everything. */
 void zs_session_close(zs_session *s);
 

@@ -472,7 +472,8 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     int mu_ready = 0;
     *rejoin = 0;
     ZS_CHECK_GOTO(zs_session_open(opts->coord, opts->data,
-                                  opts->join_timeout_ms > 0 ? opts->join_timeout_ms : 60000, &w.s),
+                                  opts->join_timeout_ms > 0 ? opts->join_timeout_ms : 60000,
+                                  stop_flag, &w.s),
                   res, out);
     w.cfg = zs_session_config(w.s);
     w.tt = zs_session_tensors(w.s);

@@ -41,7 +41,7 @@ typedef struct {
 static void worker_open(worker *w, const char *ep)
 {
     memset(w, 0, sizeof *w);
-    CHECK_OK(zs_session_open(ep, NULL, 30000, &w->s));
+    CHECK_OK(zs_session_open(ep, NULL, 30000, NULL, &w->s));
     if (!w->s)
         return;
     const zs_config *cfg = zs_session_config(w->s);
@@ -199,7 +199,7 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
         /* A worker whose copy of the data is another text: refused with the reason; the job
          * goes on. */
         zs_session *bad = NULL;
-        CHECK_OK(zs_session_open(ep, "data/tiny.json", 30000, &bad));
+        CHECK_OK(zs_session_open(ep, "data/tiny.json", 30000, NULL, &bad));
         zs_assignment a;
         int got = 0, ended = 0;
         zs_err e = ZS_OK;
