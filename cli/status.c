@@ -1,8 +1,9 @@
 /*
  * zshard status: asks a running coordinator what its job is doing (a StatusRequest, which
- * needs no registration and changes nothing) and prints the step, the phase, and every
- * member with its state, last heartbeat and, for workers, chunks and throughput.  --json
- * prints the same as one JSON object, for scripts.
+ * needs no registration and changes nothing) and prints the step, the phase, the newest
+ * checkpoint and the latest checkpoint failure, and every member with its state, last
+ * heartbeat and, for workers, chunks and throughput.  --json prints the same as one JSON
+ * object, for scripts.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -17,9 +18,10 @@
 static const char status_usage[] =
     "usage: zshard status --coord tcp://HOST:PORT [--json] [--timeout-ms MS]\n"
     "\n"
-    "Prints what a running job is doing: the step, the phase, and every server and worker\n"
-    "that joined it (state, last heartbeat, chunks done and assigned, tokens/s over the last\n"
-    "chunk).  Exits 1 if the coordinator does not answer within the timeout.\n"
+    "Prints what a running job is doing: the step, the phase, the newest checkpoint (and why\n"
+    "the latest one failed, if it did), and every server and worker that joined it (state,\n"
+    "last heartbeat, chunks done and assigned, tokens/s over the last chunk).  Exits 1 if the\n"
+    "coordinator does not answer within the timeout.\n"
     "\n"
     "  --coord tcp://HOST:PORT  the coordinator's control endpoint\n"
     "  --json                   one JSON object instead of the table\n"
@@ -40,13 +42,31 @@ static const char *state_name(Zshard__MemberState s)
                                                     : "joining";
 }
 
+/* The checkpoint lines of the table: the newest committed checkpoint (the one `latest` names,
+ * what --resume DIR continues from) and, if the latest attempt failed, why. */
+static void print_checkpoint(const Zshard__StatusReply *r)
+{
+    const char *dir = r->checkpoint_dir && *r->checkpoint_dir ? r->checkpoint_dir : NULL;
+    if (r->has_last_checkpoint && r->last_checkpoint > 0)
+        printf("checkpoint: step %llu in %s (latest)\n", (unsigned long long)r->last_checkpoint,
+               dir ? dir : "?");
+    else if (dir)
+        printf("checkpoint: none yet in %s\n", dir);
+    else
+        printf("checkpoint: none (this job writes none)\n");
+    if (r->checkpoint_error && *r->checkpoint_error)
+        printf("checkpoint failed: %s\n", r->checkpoint_error);
+}
+
 static void print_table(const Zshard__StatusReply *r)
 {
     printf("step %llu of %llu, %s; %u live workers", (unsigned long long)r->steps_done,
            (unsigned long long)r->steps, r->phase, r->live_workers);
     if (r->steps_done && isfinite(r->loss))
         printf("; last step: loss %.4f, %.0f tokens/s", r->loss, r->tokens_per_sec);
-    printf("\n\n%4s  %-6s  %-7s  %-20s  %8s  %6s  %8s  %10s  %s\n", "id", "role", "state", "host",
+    printf("\n");
+    print_checkpoint(r);
+    printf("\n%4s  %-6s  %-7s  %-20s  %8s  %6s  %8s  %10s  %s\n", "id", "role", "state", "host",
            "pid", "hb ms", "chunks", "tokens/s", "endpoint / reason");
     for (size_t i = 0; i < r->n_members; i++) {
         const Zshard__MemberStatus *m = r->members[i];
@@ -90,6 +110,13 @@ static int print_json(const Zshard__StatusReply *r)
     json_t *root = json_pack("{s:i, s:i, s:s, s:i, s:o}", "steps_done", (json_int_t)r->steps_done,
                              "steps", (json_int_t)r->steps, "phase", r->phase, "live_workers",
                              (json_int_t)r->live_workers, "members", members);
+    /* The checkpoint keys are always there, for scripts: 0 and "" when there is none. */
+    json_object_set_new(root, "last_checkpoint",
+                        json_integer(r->has_last_checkpoint ? (json_int_t)r->last_checkpoint : 0));
+    json_object_set_new(root, "checkpoint_dir",
+                        json_string(r->checkpoint_dir ? r->checkpoint_dir : ""));
+    json_object_set_new(root, "checkpoint_error",
+                        json_string(r->checkpoint_error ? r->checkpoint_error : ""));
     if (r->steps_done && isfinite(r->loss)) {
         json_object_set_new(root, "loss", json_real(r->loss));
         json_object_set_new(root, "tokens_per_sec", json_real(r->tokens_per_sec));

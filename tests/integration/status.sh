@@ -1,11 +1,16 @@
 # zshard status against a running job: the phase while the job waits for workers, a worker
-# that joins (active, chunks, heartbeat age), a worker killed with SIGKILL (gone, with the
-# reason, after the heartbeat timeout) and the job that goes on without it; --json and the
-# table; no answer once the coordinator is gone (exit 1, named); usage errors.
+# that joins (active, chunks, heartbeat age), the newest checkpoint and why a later one failed,
+# a worker killed with SIGKILL (gone, with the reason, after the heartbeat timeout) and the job
+# that goes on without it; --json and the table; no answer once the coordinator is gone (exit
+# 1, named); usage errors.
 source "$(dirname "$0")/lib.sh"
 
-sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 800}, "elasticity": {"enabled": true}/' \
+sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 800}, "elasticity": {"enabled": true}, "checkpoint": {"interval_steps": 5}/' \
   "$DATA/tiny.json" > "$WORK/cfg.json"
+# Checkpoint 5 commits; a file in the way of each later step directory but the last (400) makes
+# every later checkpoint fail, so that status reports both the newest checkpoint and a failure.
+mkdir -p "$WORK/out/checkpoints"
+for s in $(seq 10 5 395); do : >"$WORK/out/checkpoints/$(printf step-%08d "$s")"; done
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
@@ -50,6 +55,14 @@ PIDS+=($W1)
 status_until "\"role\":\"worker\",\"state\":\"active\",[^}]*\"pid\":$W1,[^}]*\"chunks_done\":[1-9]"
 grep -q '"live_workers":1' "$WORK/status.json" || fail "live_workers is not 1: $(cat "$WORK/status.json")"
 grep -qE '"steps":400' "$WORK/status.json" || fail "steps is not 400: $(cat "$WORK/status.json")"
+
+# The checkpoint fields: step 5 in OUT/checkpoints, the failure of a later one with its reason.
+status_until '"last_checkpoint":5,"checkpoint_dir":"[^"]*/out/checkpoints","checkpoint_error":"checkpoint [0-9]+: server [0-9]+: [^"]*/out/checkpoints/step-[0-9]{8}: exists and is not a directory"'
+expect_ok "$ZSHARD" status --coord "$EP"
+grep -qE '^checkpoint: step 5 in /.*/out/checkpoints \(latest\)$' "$WORK/out.txt" ||
+  fail "the table lacks the checkpoint line: $(head -n 3 "$WORK/out.txt")"
+grep -qE '^checkpoint failed: checkpoint [0-9]+: server [0-9]+: .*/step-[0-9]{8}: exists and is not a directory$' \
+  "$WORK/out.txt" || fail "the table lacks the checkpoint failure: $(head -n 3 "$WORK/out.txt")"
 
 # The table names the same members.
 expect_ok "$ZSHARD" status --coord "$EP"
