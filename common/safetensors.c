@@ -454,7 +454,7 @@ zs_err zs_st_read_f32(const zs_st_file *f, const zs_st_entry *e, float *dst, siz
 }
 
 const char *const zs_st_model_meta[2 * ZS_ST_MODEL_N_META] = {"format", "pt", "producer",
-                                                              "zshard " ZS_VERSION};
+                                                              ("zshard " ZS_VERSION)};
 
 /* A string jansson accepts as a key or value, i.e. valid UTF-8. */
 static int utf8_ok(const char *s)
