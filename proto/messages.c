@@ -752,18 +752,13 @@ zs_err zs_msg_check_heartbeat(const Zshard__Heartbeat *m, const zs_msg_ctx *ctx)
         return FAIL("Heartbeat: missing");
     /* Members send heartbeats to the coordinator, the coordinator (sender 0) to members;
      * zs_msg_check holds the field equal to the envelope's sender. */
-    if (ctx && (ctx->self == ZS_MSG_SERVER || ctx->self == ZS_MSG_WORKER)) {
-        ZS_CHECK(need(m->has_sender, "Heartbeat.sender"));
-        if (m->sender != 0)
-            return FAIL("Heartbeat.sender: %" PRIu32 ": a %s takes heartbeats only from the "
-                        "coordinator (0)",
-                        m->sender, ctx->self == ZS_MSG_SERVER ? "server" : "worker");
-    } else if (!ctx || ctx->self == ZS_MSG_COORDINATOR) {
-        if (!ctx)
-            ZS_CHECK(need(m->has_sender, "Heartbeat.sender"));
-        else
-            ZS_CHECK(id_ok("Heartbeat.sender", m->has_sender, m->sender));
-    }
+    ZS_CHECK(need(m->has_sender, "Heartbeat.sender"));
+    if (ctx && (ctx->self == ZS_MSG_SERVER || ctx->self == ZS_MSG_WORKER) && m->sender != 0)
+        return FAIL("Heartbeat.sender: %" PRIu32 ": a %s takes heartbeats only from the "
+                    "coordinator (0)",
+                    m->sender, ctx->self == ZS_MSG_SERVER ? "server" : "worker");
+    if (ctx && ctx->self == ZS_MSG_COORDINATOR)
+        ZS_CHECK(id_ok("Heartbeat.sender", m->has_sender, m->sender));
     ZS_CHECK(need(m->has_step, "Heartbeat.step"));
     const Zshard__HeartbeatStats *s = m->stats;
     if (s && s->has_busy_seconds && !(s->busy_seconds >= 0 && isfinite(s->busy_seconds)))

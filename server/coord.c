@@ -1423,6 +1423,11 @@ int zs_coord_done(const zs_coord *co, zs_err *result)
     return co->done;
 }
 
+int zs_coord_recoveries(const zs_coord *co)
+{
+    return co->recoveries;
+}
+
 long zs_coord_steps_done(const zs_coord *co)
 {
     return co->cs ? zs_coord_step(co->cs) : 0;

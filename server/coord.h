@@ -85,7 +85,11 @@ void zs_coord_set_hooks(zs_coord *co, const zs_coord_hooks *hooks);
  * does.  Nothing once done. */
 void zs_coord_feed(zs_coord *co, const zs_ctrl_peer *from, const void *bytes, size_t len);
 
-/* Steps finished (published by every server) so far. */
+/* Steps finished (published by every server) so far; 0 while a lost server is recovered from,
+ * then the version the servers went back to. */
 long zs_coord_steps_done(const zs_coord *co);
+
+/* How many times a lost server started a recovery. */
+int zs_coord_recoveries(const zs_coord *co);
 
 #endif

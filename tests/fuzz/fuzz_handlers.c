@@ -282,7 +282,10 @@ static struct {
     long verdict_feed[COORD_STEPS]; /* the feed whose turn sent step s's verdict, -1: none */
     uint8_t published[COORD_STEPS][MAX_IDS + 1]; /* VersionPublished(s + 1) after the verdict */
     uint32_t shard_owner[MAX_SHARDS];            /* from the ShardMap sent, 0: not yet */
-    uint32_t map_servers[COORD_S];
+    uint32_t map_servers[2 * COORD_S];           /* a recovery's map may hold spares */
+    int map_n;
+    int recoveries;  /* zs_coord_recoveries when last looked */
+    int restore_fed; /* a Restore went out in the current feed or turn */
     int have_map;
     int done_sent;
 } co;
@@ -353,7 +356,10 @@ static void co_sent(void *user, const zs_ctrl_peer *to, const Zshard__Envelope *
     case ZSHARD__ENVELOPE__BODY_SHARD_MAP: {
         REQUIRE(co.slot[s].id != 0);
         const Zshard__ShardMap *m = env->shard_map;
-        REQUIRE(m->n_shards == (size_t)g.n_shards && m->n_servers == COORD_S);
+        REQUIRE(m->n_shards == (size_t)g.n_shards && m->n_servers >= 1 &&
+                m->n_servers <= 2 * COORD_S);
+        REQUIRE(!co.have_map || m->n_servers == (size_t)co.map_n);
+        co.map_n = (int)m->n_servers;
         for (size_t i = 0; i < m->n_servers; i++) {
             REQUIRE(co.idrole[m->servers[i]->id] == ZSHARD__ROLE__ROLE_SERVER);
             REQUIRE(!co.have_map || co.map_servers[i] == m->servers[i]->id);
@@ -385,6 +391,24 @@ static void co_sent(void *user, const zs_ctrl_peer *to, const Zshard__Envelope *
             REQUIRE(co.chunk_fed[st][c]);
         for (int k = 0; k < g.n_shards; k++)
             REQUIRE(co.partial_fed[st][k]);
+        break;
+    }
+    case ZSHARD__ENVELOPE__BODY_RESTORE: {
+        /* A server was lost: every server goes back to this version and the steps since run
+         * again, on a new map. */
+        long r = (long)env->restore->version;
+        REQUIRE(co.slot[s].roles & server_bit);
+        REQUIRE(zs_coord_recoveries(co.co) > 0 && r < COORD_STEPS);
+        for (long st = r; st < COORD_STEPS; st++) {
+            co.assigned[st] = 0;
+            co.verdict_feed[st] = -1;
+            memset(co.chunk_fed[st], 0, sizeof co.chunk_fed[st]);
+            memset(co.partial_fed[st], 0, sizeof co.partial_fed[st]);
+            memset(co.published[st], 0, sizeof co.published[st]);
+        }
+        co.last_assign_step = r;
+        co.have_map = 0; /* the new map follows */
+        co.restore_fed = 1;
         break;
     }
     case ZSHARD__ENVELOPE__BODY_STATUS_REPLY:
@@ -449,11 +473,20 @@ static void co_shadow(int s, const Zshard__Envelope *env)
 static void co_check_steps(long before)
 {
     long after = zs_coord_steps_done(co.co);
+    int rec = zs_coord_recoveries(co.co);
+    if (rec != co.recoveries || co.restore_fed) {
+        /* A recovery began (the step count reads 0 until it ends) or ended (the count is the
+         * version the servers went back to): steps go back, once, by design. */
+        co.recoveries = rec;
+        co.restore_fed = 0;
+        REQUIRE(after <= COORD_STEPS);
+        return;
+    }
     REQUIRE(after == before || after == before + 1);
     REQUIRE(after <= COORD_STEPS);
     if (after == before + 1) {
         REQUIRE(co.have_map && co.verdict_feed[before] != -1 && co.verdict_feed[before] < co.feed);
-        for (int i = 0; i < COORD_S; i++)
+        for (int i = 0; i < co.map_n; i++)
             REQUIRE(co.published[before][co.map_servers[i]]);
     }
     zs_err res;
@@ -728,6 +761,8 @@ static struct {
     long version;   /* zs_server_version after the last record */
     long published; /* the last VersionPublished */
     int ready_sent;
+    int restored; /* a Restore was fed: the server went back; the input ends there (the
+                     steps it replays are the integration tests' to check) */
     uint8_t partial_sent[SERVER_STEPS];
     uint8_t verdict_ok[SERVER_STEPS];     /* a ClipVerdict fed after the partials were out */
     uint8_t uncertain[SERVER_STEPS];      /* a push reply was lost with its connection */
@@ -751,6 +786,8 @@ static void sv_sent(void *user, const Zshard__Envelope *env)
     trace_env("server sent", 0, env);
     zs_msg_ctx rx = {.self = ZS_MSG_COORDINATOR, .chunks = (uint32_t)g.C};
     check_sendable(env, &rx);
+    if (sh.restored)
+        return; /* what follows a Restore is checked by the integration tests */
     long v = zs_server_version(sh.sv);
     switch (env->body_case) {
     case ZSHARD__ENVELOPE__BODY_READY:
@@ -997,6 +1034,7 @@ static void sv_feed(const uint8_t *b, size_t n)
         trace_env("server fed", 0, env);
         sv_shadow(env);
         shutdown = env->body_case == ZSHARD__ENVELOPE__BODY_SHUTDOWN;
+        sh.restored |= env->body_case == ZSHARD__ENVELOPE__BODY_RESTORE;
         zs_msg_free(env);
     }
     zs_server_feed(sh.sv, b, n);
@@ -1256,6 +1294,8 @@ static void sv_record(input *in)
         break;
     }
     sv_pump();
+    if (sh.restored)
+        return;
     long v = zs_server_version(sh.sv);
     REQUIRE(v == sh.version || v == sh.version + 1);
     REQUIRE(v <= 0 || v == sh.published);
@@ -1279,7 +1319,7 @@ static void sv_run(input *in)
     REQUIRE(zs_server_open(&sh.opts, &sh.sv) == ZS_OK);
     zs_server_hooks h = {.sent = sv_sent, .now_ms = sv_now};
     zs_server_set_hooks(sh.sv, &h);
-    for (int r = 0; r < MAX_RECORDS && in->n && !zs_server_done(sh.sv, NULL); r++) {
+    for (int r = 0; r < MAX_RECORDS && in->n && !zs_server_done(sh.sv, NULL) && !sh.restored; r++) {
         conv.rec = in->p;
         sv_record(in);
         conv_end_record(in);
