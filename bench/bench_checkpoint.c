@@ -800,8 +800,12 @@ int main(int argc, char **argv)
     }
 
     int rc = 1, keep = 0;
-    float *p = malloc(M * sizeof *p), *m = malloc(M * sizeof *m), *v = malloc(M * sizeof *v);
-    if (!p || !m || !v) {
+    /* Page-aligned, as the shard store allocates them (server/shardstore.c): the checkpoint
+     * writer then takes its O_DIRECT path, as on a server. */
+    float *p = NULL, *m = NULL, *v = NULL;
+    if (posix_memalign((void **)&p, 4096, M * sizeof *p) != 0 ||
+        posix_memalign((void **)&m, 4096, M * sizeof *m) != 0 ||
+        posix_memalign((void **)&v, 4096, M * sizeof *v) != 0) {
         fprintf(stderr, "bench_checkpoint: out of memory for 3 x %zu floats\n", M);
         goto out;
     }

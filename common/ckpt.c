@@ -240,8 +240,30 @@ zs_err zs_ckpt_write_shard(const char *step_dir, const zs_ckpt_info *info, int i
     }
     sh.header_xxh3 = XXH3_64bits(header, data_start);
 
-    int fd;
-    ZS_CHECK_GOTO(zs_file_create(tmp, &fd), res, out_mem);
+    /* O_DIRECT when every write can be page-aligned (the header is padded to 4 KiB; an array
+     * of a 4 MiB shard is a whole number of pages, and the store allocates them on pages):
+     * the bytes go to the disk once, not through the page cache and then to the disk, which
+     * is what dd oflag=direct does.  Otherwise, or where the filesystem refuses it (tmpfs),
+     * buffered writes: the same bytes. */
+    int direct = data_start % CKPT_ALIGN == 0 && (len * 4) % CKPT_ALIGN == 0 &&
+                 (uintptr_t)param % CKPT_ALIGN == 0 && (uintptr_t)exp_avg % CKPT_ALIGN == 0 &&
+                 (uintptr_t)exp_avg_sq % CKPT_ALIGN == 0;
+    int fd = -1;
+    if (direct) {
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+        void *aligned = NULL;
+        if (fd >= 0 && posix_memalign(&aligned, CKPT_ALIGN, data_start) == 0) {
+            memcpy(aligned, header, data_start);
+            free(header);
+            header = aligned;
+        } else if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+            fd = -1;
+        }
+    }
+    if (fd < 0)
+        ZS_CHECK_GOTO(zs_file_create(tmp, &fd), res, out_mem);
     ZS_CHECK_GOTO(zs_file_write_all(fd, tmp, header, data_start), res, fail_fd);
     const float *arrays[ZS_CKPT_ARRAYS] = {param, exp_avg, exp_avg_sq};
     for (int a = 0; a < ZS_CKPT_ARRAYS; a++) {

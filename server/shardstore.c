@@ -45,7 +45,9 @@ struct zs_store {
 static void *zalloc(size_t n)
 {
     void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0)
+    /* Page-aligned: a checkpoint writes the weights and moments straight from here with
+     * O_DIRECT (common/ckpt.c), which wants aligned buffers. */
+    if (posix_memalign(&p, 4096, n ? n : 64) != 0)
         return NULL;
     memset(p, 0, n);
     return p;
