@@ -16,6 +16,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +105,15 @@ struct zs_coord {
      * (written after its verdict) before the last of them reported version s's. */
     ckpt_pend pend[2];
     char final_error[1024]; /* why the final checkpoint failed */
+    /* Pruning deletes whole checkpoints (tens of ms of unlinks on a busy disk): a thread of
+     * its own does it, off the loop that the step waits on.  It touches only checkpoints older
+     * than the one just committed, which nothing else reads or writes. */
+    struct {
+        pthread_t thread;
+        int running;
+        atomic_int finished;
+        long newest;
+    } pruner;
     /* Losing a server: every server goes back to the newest checkpoint (or the start) and the
      * steps since are computed again, on the servers left and any that registered since. */
     char last_ckpt_dir[4096]; /* the step directory of last_ckpt ("" with last_ckpt 0) */
@@ -623,6 +634,38 @@ static void ckpt_discard(coord *co, long step)
 
 static void export_and_finish(coord *co);
 
+static void *prune_main(void *arg)
+{
+    coord *co = arg;
+    zs_ckpt_prune(co->ckpt_dir, co->pruner.newest, co->cfg.checkpoint.keep);
+    atomic_store(&co->pruner.finished, 1);
+    return NULL;
+}
+
+/* Joins a pruner that finished (wait: also one still running). */
+static void prune_reap(coord *co, int wait)
+{
+    if (co->pruner.running && (wait || atomic_load(&co->pruner.finished))) {
+        pthread_join(co->pruner.thread, NULL);
+        co->pruner.running = 0;
+    }
+}
+
+/* Prunes below `newest` on the pruner thread; if the previous pruning still runs, this one is
+ * left to the next commit (which prunes everything older than its own checkpoint anyway). */
+static void prune_start(coord *co, long newest)
+{
+    prune_reap(co, 0);
+    if (co->pruner.running)
+        return;
+    co->pruner.newest = newest;
+    atomic_store(&co->pruner.finished, 0);
+    if (pthread_create(&co->pruner.thread, NULL, prune_main, co) == 0)
+        co->pruner.running = 1;
+    else
+        zs_ckpt_prune(co->ckpt_dir, newest, co->cfg.checkpoint.keep);
+}
+
 /* Frees both slots' arrays (a new map sizes them anew). */
 static void ckpt_free_slots(coord *co)
 {
@@ -645,6 +688,7 @@ static void ckpt_close_slot(ckpt_pend *cp)
  * the export. */
 static void ckpt_settle(coord *co, ckpt_pend *cp)
 {
+    double t0 = zs_now_s();
     long step = cp->step;
     char name[64], dir[4096];
     snprintf(name, sizeof name, "step-%08ld", step);
@@ -680,8 +724,10 @@ static void ckpt_settle(coord *co, ckpt_pend *cp)
             co->last_ckpt = step;
             snprintf(co->last_ckpt_dir, sizeof co->last_ckpt_dir, "%s", dir);
             co->ckpt_error[0] = '\0';
-            zs_ckpt_prune(co->ckpt_dir, step, co->cfg.checkpoint.keep);
-            ZS_INFO("coord: checkpoint %ld committed in %s", step, dir);
+            prune_start(co, step);
+            ZS_INFO("coord: checkpoint %ld committed in %s (manifest, metrics line and latest took "
+                    "%.1f ms)",
+                    step, dir, (zs_now_s() - t0) * 1e3);
         } else {
             cp->failed = 1;
             snprintf(cp->error, sizeof cp->error, "%s", zs_last_error());
@@ -1437,6 +1483,7 @@ void zs_coord_close(zs_coord *co)
 {
     if (!co)
         return;
+    prune_reap(co, 1);
     if (co->metrics && zs_metrics_close(co->metrics) != ZS_OK)
         ZS_ERROR("coord: %s", zs_last_error());
     ckpt_free_slots(co);
