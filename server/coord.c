@@ -293,6 +293,13 @@ static zs_err make_map(coord *co, int restore)
     return ZS_OK;
 }
 
+/* Whether peer pi is a server of the current map (not a spare, not gone). */
+static int in_map(const coord *co, int pi)
+{
+    return co->peers[pi].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[pi].gone && co->have_map &&
+           zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1)) >= 0;
+}
+
 /* Servers registered and not gone: those of the map and the spares. */
 static int live_servers(const coord *co)
 {
@@ -379,7 +386,7 @@ static void send_assignment(coord *co, int pi, uint32_t *chunks, int n, int to_s
     env.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
     env.step_assign = &sa;
     for (int j = 0; to_servers && j < co->n_peers; j++)
-        if (co->peers[j].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[j].gone)
+        if (in_map(co, j))
             send_env(co, &co->peers[j].peer, &env);
     uint64_t now = now_ms(co);
     w->probed_ms = now;
@@ -563,7 +570,7 @@ static void send_verdict(coord *co)
     env.body_case = ZSHARD__ENVELOPE__BODY_CLIP_VERDICT;
     env.clip_verdict = &v;
     for (int j = 0; j < co->n_peers; j++)
-        if (co->peers[j].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[j].gone)
+        if (in_map(co, j))
             send_env(co, &co->peers[j].peer, &env);
 }
 
@@ -1337,6 +1344,14 @@ static void advance(coord *co)
             zs_coord_leave(co->cs, p->cs_id, why);
             member_gone(co, pi, why);
         }
+    }
+    /* Spares (servers outside the map: no step state tracks them) whose connection is gone
+     * and who have been silent as long: gone too, so that a recovery does not count on them. */
+    for (int pi = 0; pi < co->n_peers && !co->done; pi++) {
+        peer_entry *p = &co->peers[pi];
+        if (p->role == ZSHARD__ROLE__ROLE_SERVER && !p->gone && p->cs_id < 0 && p->unreachable_ms &&
+            co->map_made && !co->recovering && now - p->unreachable_ms > 2 * every)
+            member_gone(co, pi, "its connection closed");
     }
     if (co->done || !co->cs)
         return; /* a server was lost just now: the recovery runs from the next turns */

@@ -153,6 +153,12 @@ until grep -q "listening on tcp://" "$WORK/spare.err" 2>/dev/null || [ $SECONDS 
   sleep 0.02
 done
 ep=$(sed -n 's/.*listening on \(tcp:[^ ]*\).*/\1/p' "$WORK/spare.err" | head -n 1)
+# After the launcher's servers are in, so that the hand-started one is the spare.
+end=$((SECONDS + 30))
+until grep -q "all 2 servers are ready" "$WORK/spare/logs/coord.log" 2>/dev/null ||
+  [ $SECONDS -ge $end ]; do
+  sleep 0.02
+done
 setsid "$ZSHARD" server --coord "$ep" --listen 127.0.0.1:0 --threads 1 \
   2>"$WORK/spare-server.err" &
 SPARE=$!
