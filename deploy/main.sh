@@ -36,6 +36,8 @@ zshard main job done in $((end - start)) s
   speed:    $tps tokens/s (mean over steps; 2 servers, 2 workers)
   model:    $out/model.safetensors, $out/config.json (Hugging Face GPT-2 format)
   metrics:  $out/metrics.jsonl
+  checkpoint: $out/checkpoints/$(cat "$out/checkpoints/latest" 2>/dev/null) (the final one; export it
+            with \`zshard export\`, or continue the run with \`zshard launch ... --resume\`)
   logs:     $out/logs/ (coordinator, servers, workers)
   evaluate: $build/zshard eval --model $out --data $corpus --seqs 32
 TXT
