@@ -11,8 +11,12 @@
  * number of servers.
  *
  * Malformed or out-of-place messages are answered with an Error and logged with the peer;
- * the coordinator keeps running.  A server that dies aborts the job (its shards are gone);
- * a worker that dies has its chunks reassigned.
+ * the coordinator keeps running.  A worker that dies has its chunks reassigned.  A server
+ * of the map that dies is recovered from: every server goes back to the newest committed
+ * checkpoint (or the job's start), the shards are spread over the servers left and any spare
+ * (a server that registered beyond S), the workers register again, and the steps since run
+ * again (start_recovery in coord.c).  It sends every member a heartbeat each interval, and
+ * a gap in its own turns (it was stopped) gives the members a whole timeout again.
  *
  * zs_coord_run is the whole process; zs_coord_open / _turn / _close are its loop cut into
  * pieces (run = open, turn until done, close), so that a test can drive a coordinator one
