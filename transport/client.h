@@ -1,6 +1,7 @@
 /*
- * client: the data-plane client of workers, tests and benchmarks.  A logical fetch or push names a range of the flat vector; the client
- * splits it by shard (zs_shardmap_split), sends one frame per piece to the server holding it,
+ * client: the data-plane client of workers, tests and benchmarks.  A logical fetch or push
+ * names a range of the flat vector; the client splits it by shard (zs_shardmap_split), sends
+ * one frame per piece to the server holding it,
  * all pieces in flight at once over the connections to every server, and reports the whole
  * operation done when every piece is.
  *
