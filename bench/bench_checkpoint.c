@@ -390,6 +390,33 @@ static void dir_size(const char *dir, uint64_t *bytes, int *files)
         closedir(d);
 }
 
+/* Starts `zshard launch` with 2 workers and `servers` servers on cfg and data, its output in
+ * log; returns its pid, or -1 (said why). */
+static pid_t start_launch(const char *zshard, const char *cfg, const char *data, const char *steps,
+                          const char *servers, const char *threads, const char *out,
+                          const char *log)
+{
+    char *argv[] = {(char *)zshard,  "launch",      (char *)"--config",
+                    (char *)cfg,     "--data",      (char *)data,
+                    "--steps",       (char *)steps, "--out",
+                    (char *)out,     "--servers",   (char *)servers,
+                    "--workers",     "2",           "--threads",
+                    (char *)threads, NULL};
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(log, "w", stderr) || dup2(fileno(stderr), STDOUT_FILENO) < 0)
+            _exit(127);
+        execv(argv[0], argv);
+        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+        fflush(stderr);
+        _exit(127);
+    }
+    if (pid < 0)
+        fprintf(stderr, "bench_checkpoint: fork: %s\n", strerror(errno));
+    return pid;
+}
+
 /*
  * Runs `zshard launch` on dir/NAME.json (the small model, a checkpoint every r->interval
  * steps into dir/NAMEi-ckpt), adds its step times to r and reads its last checkpoint, which
@@ -424,24 +451,9 @@ static int launch_run(const char *zshard, const char *dir, const char *data, con
         fprintf(stderr, "bench_checkpoint: %s: %s\n", cfg, strerror(errno));
         return -1;
     }
-    char *argv[] = {(char *)zshard,  "launch",  "--config",    cfg,     "--data",
-                    (char *)data,    "--steps", (char *)steps, "--out", out,
-                    "--servers",     "2",       "--workers",   "2",     "--threads",
-                    (char *)threads, NULL};
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen(log, "w", stderr) || dup2(fileno(stderr), STDOUT_FILENO) < 0)
-            _exit(127);
-        execv(argv[0], argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-        fflush(stderr);
-        _exit(127);
-    }
-    if (pid < 0) {
-        fprintf(stderr, "bench_checkpoint: fork: %s\n", strerror(errno));
+    pid_t pid = start_launch(zshard, cfg, data, steps, "2", threads, out, log);
+    if (pid < 0)
         return -1;
-    }
     /* The launcher stops its children on SIGTERM; a run that hangs is stopped that way. */
     int st = 0, stopped = 0;
     double t0 = now_s();
@@ -572,18 +584,7 @@ static int recovery_run(const char *zshard, const char *dir, const char *data, c
             dir);
     if (fclose(f) != 0)
         return -1;
-    char *argv[] = {(char *)zshard,  "launch",  "--config",  cfg,     "--data",
-                    (char *)data,    "--steps", steps,       "--out", out,
-                    "--servers",     "3",       "--workers", "2",     "--threads",
-                    (char *)threads, NULL};
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen(log, "w", stderr) || dup2(fileno(stderr), STDOUT_FILENO) < 0)
-            _exit(127);
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    pid_t pid = start_launch(zshard, cfg, data, steps, "3", threads, out, log);
     if (pid < 0)
         return -1;
     long off = 0;
