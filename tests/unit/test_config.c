@@ -156,12 +156,15 @@ static void test_checkpoint(void)
     CHECK_EQ_INT(c.checkpoint.keep, 2);
     CHECK_EQ_INT(c.checkpoint.replicas, 0);
     CHECK_OK(zs_config_parse("{\"checkpoint\": {\"dir\": \"/shared/ck\", \"interval_steps\": 50,"
-                             " \"keep\": 3, \"replicas\": 1}}",
+                             " \"keep\": 3, \"replicas\": 0}}",
                              "ck", &c));
     CHECK(strcmp(c.checkpoint.dir, "/shared/ck") == 0);
     CHECK_EQ_INT(c.checkpoint.interval_steps, 50);
     CHECK_EQ_INT(c.checkpoint.keep, 3);
-    CHECK_EQ_INT(c.checkpoint.replicas, 1);
+    CHECK_EQ_INT(c.checkpoint.replicas, 0);
+    /* Buddy replicas are not built: asking for one is refused, not ignored. */
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"replicas\": 1}}", "cfg.json", &c),
+                     "\"checkpoint.replicas\": 1: buddy replicas are not implemented yet");
     /* Keys not given keep their defaults. */
     CHECK_OK(zs_config_parse("{\"checkpoint\": {\"keep\": 1}}", "ck", &c));
     CHECK_EQ_INT(c.checkpoint.keep, 1);
@@ -235,7 +238,7 @@ static void test_fingerprint(void)
         " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}},"
         " \"cluster\": {\"heartbeat_interval_ms\": 100, \"heartbeat_timeout_ms\": 300},"
         " \"elasticity\": {\"enabled\": true, \"min_workers\": 2, \"max_workers\": 4},"
-        " \"checkpoint\": {\"dir\": \"/x\", \"interval_steps\": 5, \"keep\": 9, \"replicas\": 1},"
+        " \"checkpoint\": {\"dir\": \"/x\", \"interval_steps\": 5, \"keep\": 9, \"replicas\": 0},"
         " \"steps_per_print\": 10, \"wall_clock_breakdown\": true}",
         /* The same values spelled otherwise: key order, 8 as 8.0, the default lr's peers. */
         "{\"optimizer\": {\"params\": {\"lr\": 1e-2, \"eps\": 1e-8}}, \"model\": {\"n_embd\": 32,"
