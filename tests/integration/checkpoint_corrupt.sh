@@ -28,47 +28,15 @@ expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --st
 
 scenario() { echo "checkpoint_corrupt: $*"; }
 
-# alive PID: the process exists and is not a zombie.
-alive() {
-  local stat
-  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
-}
-
 # run_launch NAME SERVERS [ARGS...]: zshard launch with 1 worker in the foreground (SIGINT
 # after 120 s), out in $WORK/NAME, stderr in $WORK/NAME.err.  Sets RC; checks that none of the
 # processes it printed is left.
 run_launch() {
-  local name=$1 servers=$2 p cmd end
+  local name=$1 servers=$2
   shift 2
-  RC=0
-  timeout -s INT -k 30 120 "$ZSHARD" launch --config "$WORK/job.json" --data "$DATA/tiny.txt" \
-    --steps $STEPS --servers "$servers" --workers 1 --threads 1 --out "$WORK/$name" "$@" \
-    2>"$WORK/$name.err" || RC=$?
-  checks=$((checks + 1))
-  end=$((SECONDS + 10))
-  for p in $({ grep -o '(pid [0-9]*)' "$WORK/$name.err" || true; } | tr -dc '0-9\n'); do
-    while alive "$p" && [ $SECONDS -lt $end ]; do sleep 0.02; done
-    alive "$p" || continue
-    cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
-    case "$cmd" in
-    *"$WORK"* | *"tcp://127.0.0.1:"*)
-      fail "$name: process $p ($cmd) outlived the launcher"
-      kill -KILL "$p" 2>/dev/null || true
-      ;;
-    esac
-  done
+  launch_fg "$name" --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
+    --servers "$servers" --workers 1 --threads 1 --out "$WORK/$name" "$@"
 }
-
-# has NAME FILE NEEDLE: FILE contains NEEDLE.
-has() {
-  checks=$((checks + 1))
-  grep -qF -- "$3" "$2" || fail "$1: $(basename "$2") lacks '$3': $(tail -n 6 "$2")"
-}
-
-# metrics_compared FILE: the metrics without timings, checkpoint outcomes and "workers".
-metrics_compared() { metrics_without_timing "$1" | sed -E 's/, "workers": [0-9]+//'; }
 
 # check_same NAME: the launch exited 0 with zshard train's model and metrics.
 check_same() {
@@ -77,7 +45,7 @@ check_same() {
   [ "$RC" -eq 0 ] || fail "$name: exit $RC, expected 0: $(tail -n 8 "$WORK/$name.err")"
   cmp "$WORK/train/model.safetensors" "$WORK/$name/model.safetensors" ||
     fail "$name: model.safetensors differs from zshard train's"
-  steps=$({ sed -E 's/^\{"step": ([0-9]+),.*/\1/' "$WORK/$name/metrics.jsonl" || true; } | tr '\n' ' ')
+  steps=$(step_list "$WORK/$name/metrics.jsonl")
   [ "$steps" = "$(seq -s ' ' 1 $STEPS) " ] ||
     fail "$name: metrics.jsonl has steps '$steps', expected 1..$STEPS once each, in order"
   diff <(metrics_compared "$WORK/train/metrics.jsonl") \

@@ -24,11 +24,9 @@ fi
 source "$(dirname "$0")/lib.sh"
 
 MOUNTS=()
-PIDS=()
 cleanup() {
   local i
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  kill_started
   for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do umount -l "${MOUNTS[i]}" 2>/dev/null || true; done
 }
 trap cleanup EXIT
@@ -49,14 +47,6 @@ scenario() { echo "checkpoint_full_disk: $*"; }
 # avail DIR: the bytes free in DIR's filesystem.
 avail() { df -B1 --output=avail "$1" | tail -n 1 | tr -d ' '; }
 
-# alive PID: the process exists and is not a zombie.
-alive() {
-  local stat
-  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
-}
-
 # config FILE CKPT_DIR INTERVAL KEEP: tiny.json with a checkpoint block.
 config() {
   local block="\"checkpoint\": {\"dir\": \"$2\", \"interval_steps\": $3, \"keep\": $4}"
@@ -69,38 +59,11 @@ config() {
 # (SIGINT after 120 s), out in $WORK/NAME, stderr in $WORK/NAME.err.  Sets RC; checks that none
 # of the processes it printed is left.
 run_launch() {
-  local name=$1 cfg=$2 steps=$3 servers=$4 p cmd end
+  local name=$1 cfg=$2 steps=$3 servers=$4
   shift 4
-  RC=0
-  timeout -s INT -k 30 120 "$ZSHARD" launch --config "$cfg" --data "$DATA/tiny.txt" \
-    --steps "$steps" --servers "$servers" --workers 1 --threads 1 --out "$WORK/$name" "$@" \
-    2>"$WORK/$name.err" || RC=$?
-  checks=$((checks + 1))
-  end=$((SECONDS + 10))
-  for p in $({ grep -o '(pid [0-9]*)' "$WORK/$name.err" || true; } | tr -dc '0-9\n'); do
-    while alive "$p" && [ $SECONDS -lt $end ]; do sleep 0.02; done
-    alive "$p" || continue
-    cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
-    case "$cmd" in
-    *"$WORK"* | *"tcp://127.0.0.1:"*)
-      fail "$name: process $p ($cmd) outlived the launcher"
-      kill -KILL "$p" 2>/dev/null || true
-      ;;
-    esac
-  done
+  launch_fg "$name" --config "$cfg" --data "$DATA/tiny.txt" --steps "$steps" \
+    --servers "$servers" --workers 1 --threads 1 --out "$WORK/$name" "$@"
 }
-
-# has NAME FILE NEEDLE: FILE contains NEEDLE.
-has() {
-  checks=$((checks + 1))
-  grep -qF -- "$3" "$2" || fail "$1: $2 lacks '$3': $(tail -n 6 "$2")"
-}
-
-# metrics_compared FILE: the metrics without timings, checkpoint outcomes and "workers".
-metrics_compared() { metrics_without_timing "$1" | sed -E 's/, "workers": [0-9]+//'; }
-
-# step_list FILE: the "step" of each line, space-separated.
-step_list() { { sed -E 's/^\{"step": ([0-9]+),.*/\1/' "$1" || true; } | tr '\n' ' '; }
 
 # check_same NAME OUT TRAIN STEPS: exit 0, TRAIN's model, metrics with steps 1..STEPS once
 # each and in order, equal to TRAIN's less timings.
@@ -218,12 +181,7 @@ config "$WORK/metrics.json" "$WORK/metrics-ck" 1 2
   --data "$DATA/tiny.txt" --steps 30 --out "$OUT" 2>"$WORK/metrics-coord.err" &
 COORD=$!
 PIDS+=("$COORD")
-EP=
-end=$((SECONDS + 30))
-while [ -z "$EP" ] && [ $SECONDS -lt $end ] && alive $COORD; do
-  EP=$(sed -nE 's/.*coord: listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$WORK/metrics-coord.err")
-  [ -n "$EP" ] || sleep 0.05
-done
+wait_endpoint "$WORK/metrics-coord.err" 30 $COORD || true
 if [ -z "$EP" ]; then
   fail "metrics: the coordinator did not say where it listens: $(tail -n 5 "$WORK/metrics-coord.err")"
 else

@@ -25,48 +25,11 @@ grep -q interval_steps "$WORK/job.json" || { fail "the config edit did not take"
 expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 1 --out "$WORK/train"
 
-# Processes started by hand, and process groups of launches in the background: killed if the
-# test ends early.
-PIDS=()
-PGIDS=()
-cleanup() {
-  for p in "${PGIDS[@]}"; do kill -KILL -- -"$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+# Processes started by hand (PIDS), and process groups of launches in the background (PGIDS):
+# killed if the test ends early.
+trap kill_started EXIT
 
 scenario() { echo "checkpoint_resume: $*"; }
-
-# alive PID: the process exists and is not a zombie.
-alive() {
-  local stat
-  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
-}
-
-# none_left NAME PID...: within 10 s none of the pids is alive (one whose command line does not
-# name $WORK is another process that got a reused pid).
-none_left() {
-  local name=$1 p cmd end=$((SECONDS + 10))
-  shift
-  checks=$((checks + 1))
-  for p in "$@"; do
-    while alive "$p" && [ $SECONDS -lt $end ]; do sleep 0.02; done
-    alive "$p" || continue
-    cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
-    case "$cmd" in
-    *"$WORK"* | *"tcp://127.0.0.1:"*)
-      fail "$name: process $p ($cmd) is still alive 10 s after the job ended"
-      kill -KILL "$p" 2>/dev/null || true
-      ;;
-    esac
-  done
-}
-
-# pids_of ERRFILE: every "(pid N)" the launcher printed.
-pids_of() { { grep -o '(pid [0-9]*)' "$1" || true; } | tr -dc '0-9\n' | sort -u; }
 
 # run_launch NAME SERVERS WORKERS [ARGS...]: zshard launch in the foreground (SIGINT after
 # 120 s), out in $WORK/NAME, stderr in $WORK/NAME.err; CONFIG (default job.json) and DATAFILE
@@ -76,19 +39,10 @@ pids_of() { { grep -o '(pid [0-9]*)' "$1" || true; } | tr -dc '0-9\n' | sort -u;
 run_launch() {
   local name=$1 servers=$2 workers=$3
   shift 3
-  RC=0
-  timeout -s INT -k 30 120 "$ZSHARD" launch --config "$WORK/${CONFIG:-job.json}" \
+  launch_fg "$name" --config "$WORK/${CONFIG:-job.json}" \
     --data "${DATAFILE:-$DATA/tiny.txt}" --steps $STEPS --servers "$servers" \
-    --workers "$workers" --threads 1 --out "$WORK/$name" "$@" 2>"$WORK/$name.err" || RC=$?
-  # shellcheck disable=SC2046
-  none_left "$name" $(pids_of "$WORK/$name.err")
+    --workers "$workers" --threads 1 --out "$WORK/$name" "$@"
 }
-
-# step_list FILE: the "step" of each line of a metrics file, space-separated.
-step_list() { { sed -E 's/^\{"step": ([0-9]+),.*/\1/' "$1" || true; } | tr '\n' ' '; }
-
-# metrics_compared FILE: the metrics without timings, checkpoint outcomes and "workers".
-metrics_compared() { metrics_without_timing "$1" | sed -E 's/, "workers": [0-9]+//'; }
 
 # check_same NAME OUT: the job exited 0 and OUT holds zshard train's bits: model.safetensors
 # identical, metrics.jsonl with steps 1..STEPS once each and in order, equal to train's less
@@ -119,12 +73,6 @@ expect_refused() {
       fail "$name: stderr lacks '$needle': $(tail -n 6 "$WORK/$name.err")"
   done
   [ ! -e "$WORK/$name/model.safetensors" ] || fail "$name: a refused resume wrote a model"
-}
-
-# expect_log NAME FILE REGEX: FILE has a line matching REGEX (grep -E).
-expect_log() {
-  checks=$((checks + 1))
-  grep -qE -- "$3" "$2" || fail "$1: $2 has no line matching '$3': $(tail -n 8 "$2")"
 }
 
 # 1. kill: the whole job SIGKILLed at step K, resumed from its checkpoint directory.
@@ -253,12 +201,7 @@ cp "$WORK/full/metrics.jsonl" "$WORK/coord/"
   2>"$WORK/coord.err" &
 COORD=$!
 PIDS+=("$COORD")
-EP=
-end=$((SECONDS + 30))
-while [ -z "$EP" ] && [ $SECONDS -lt $end ] && alive $COORD; do
-  EP=$(sed -nE 's/.*coord: listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$WORK/coord.err")
-  [ -n "$EP" ] || sleep 0.05
-done
+wait_endpoint "$WORK/coord.err" 30 $COORD || true
 if [ -z "$EP" ]; then
   fail "coord: the coordinator did not say where it listens: $(tail -n 5 "$WORK/coord.err")"
 else

@@ -14,7 +14,7 @@
 #     coordinator does not know it, instead of hanging.
 # The checkpoint after which each kill comes is drawn from a seed (printed; ZS_TEST_SEED=N
 # repeats it).  No process is left behind.
-source "$(dirname "$0")/elastic_lib.sh" # lib.sh, alive, metrics_compared
+source "$(dirname "$0")/lib.sh"
 STEPS=80
 SEED=${ZS_TEST_SEED:-$(( ($(date +%s%N) / 1000) % 1000000 ))}
 echo "coord_kill: seed $SEED (ZS_TEST_SEED=$SEED repeats it)"
@@ -28,46 +28,12 @@ COORD_TIMEOUT_S=3
 # A member must be gone within its coordinator timeout plus this.
 MARGIN_S=5
 
-# Every process this test starts, killed on the way out whatever happened.
-PIDS=()
-LPIDS=() # launchers, each the leader of its own process group
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${LPIDS[@]}"; do kill -9 -- -"$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+# Every process this test starts (PIDS; PGIDS: launchers, each the leader of its own process
+# group), killed on the way out whatever happened.
+trap kill_started EXIT
 
 expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 1 --out "$WORK/train"
-
-# now_ms: the wall clock in milliseconds.
-now_ms() {
-  echo $(($(date +%s%N) / 1000000))
-}
-
-# until_ms END CMD...: polls CMD every 20 ms until it succeeds; 1 if it did not by END (ms).
-until_ms() {
-  local end=$1
-  shift
-  until "$@"; do
-    [ "$(now_ms)" -lt "$end" ] || return 1
-    sleep 0.02
-  done
-}
-
-# wait_until SECONDS CMD...: until_ms, SECONDS from now.
-wait_until() {
-  local end=$(($(now_ms) + $1 * 1000))
-  shift
-  until_ms $end "$@"
-}
-
-# gone PID: the process has exited (or is a zombie).
-gone() {
-  ! alive "$1"
-}
 
 # latest_step DIR: the step of DIR/latest ("step-00000012" -> 12), or 0.
 latest_step() {
@@ -82,11 +48,6 @@ ckpt_at_least() {
   [ "$(latest_step "$1")" -ge "$2" ]
 }
 
-# has_line FILE PATTERN: FILE has a line matching PATTERN (grep -E).
-has_line() {
-  grep -qE -- "$2" "$1" 2>/dev/null
-}
-
 # coord_bg NAME ENDPOINT ARGS...: a coordinator in the background, stderr in $WORK/NAME.log;
 # sets CPID and EP (where it listens, once it says so).
 coord_bg() {
@@ -96,11 +57,7 @@ coord_bg() {
     --steps $STEPS "$@" 2>"$WORK/$name.log" &
   CPID=$!
   PIDS+=("$CPID")
-  EP=
-  if wait_until 20 has_line "$WORK/$name.log" 'coord: listening on tcp://'; then
-    EP=$(sed -nE 's/.*coord: listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$WORK/$name.log")
-  fi
-  [ -n "$EP" ] ||
+  wait_endpoint "$WORK/$name.log" 20 ||
     fail "$name: the coordinator did not say where it listens: $(cat "$WORK/$name.log")"
 }
 
@@ -116,12 +73,6 @@ member_bg() {
   MEMBERS+=($!)
 }
 
-# reap PID: waits for PID (which has exited or will) and sets RC to its status.
-reap() {
-  RC=0
-  wait "$1" 2>/dev/null || RC=$?
-}
-
 # check_bits NAME OUT: OUT has zshard train's model, and metrics.jsonl zshard train's lines
 # (less timings), each step exactly once.
 check_bits() {
@@ -129,7 +80,7 @@ check_bits() {
   checks=$((checks + 3))
   cmp "$WORK/train/model.safetensors" "$out/model.safetensors" ||
     fail "$name: model.safetensors differs from zshard train's"
-  steps=$(sed -E 's/^\{"step": ([0-9]+),.*/\1/' "$out/metrics.jsonl" | tr '\n' ' ')
+  steps=$(step_list "$out/metrics.jsonl")
   [ "$steps" = "$(seq -s ' ' 1 $STEPS) " ] ||
     fail "$name: metrics.jsonl has steps '$steps', expected 1..$STEPS once each"
   diff <(metrics_compared "$WORK/train/metrics.jsonl") <(metrics_compared "$out/metrics.jsonl") ||
@@ -224,7 +175,7 @@ launch_bg() {
   setsid "$ZSHARD" launch --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
     --servers "$servers" --workers 2 --threads 1 --out "$OUT" "$@" 2>"$WORK/$name.err" &
   LPID=$!
-  LPIDS+=("$LPID")
+  PGIDS+=("$LPID")
 }
 
 # launch_end NAME: waits (up to 60 s) for the launcher; sets RC; checks that no process of
@@ -248,7 +199,7 @@ launch_bg launch 2
 checks=$((checks + 1))
 wait_until 30 ckpt_at_least "$OUT/checkpoints" $K ||
   fail "launch: checkpoint $K never came: $(tail -n 5 "$WORK/launch.err")"
-COORD=$(sed -n '/coord (pid /{s/.*coord (pid \([0-9]*\)).*/\1/p;q}' "$WORK/launch.err")
+COORD=$(pid_of "$WORK/launch.err" coord)
 at=0
 checks=$((checks + 4))
 if [ -z "$COORD" ]; then
@@ -325,16 +276,6 @@ fi
 echo "coord_kill: part 3 done at $((SECONDS - T0)) s"
 
 # Nothing this test started is left (the trap would kill it, but it must not be needed).
-checks=$((checks + 1))
-for p in "${PIDS[@]}"; do
-  if alive "$p"; then
-    fail "process $p ($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)) is still running"
-  fi
-done
-for p in "${LPIDS[@]}"; do
-  if pgrep -g "$p" >/dev/null; then
-    fail "processes of launch group $p are still running: $(pgrep -a -g "$p")"
-  fi
-done
+none_started_left
 [ $failures -eq 0 ] || echo "coord_kill: to repeat: ZS_TEST_SEED=$SEED" >&2
 finish

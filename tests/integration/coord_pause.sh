@@ -10,7 +10,7 @@
 #     that nothing came from the coordinator (before it has a job it waits 15 s).
 # The step at which the coordinator is stopped and how long are drawn from a seed (printed;
 # ZS_TEST_SEED=N repeats it).
-source "$(dirname "$0")/elastic_lib.sh" # lib.sh, alive, metrics_compared
+source "$(dirname "$0")/lib.sh"
 STEPS=60
 SEED=${ZS_TEST_SEED:-$(( ($(date +%s%N) / 1000) % 1000000 ))}
 echo "coord_pause: seed $SEED (ZS_TEST_SEED=$SEED repeats it)"
@@ -23,48 +23,9 @@ grep -q coordinator_timeout_ms "$WORK/job.json" || { fail "the config edit did n
 # Before a worker has a job (and its config), it gives up on a silent coordinator after this.
 REGISTER_TIMEOUT_S=15
 
-# Every process this test starts, killed on the way out whatever happened.
-PIDS=()
-LPIDS=() # launchers, each the leader of its own process group
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${LPIDS[@]}"; do kill -9 -- -"$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-# now_ms: the wall clock in milliseconds.
-now_ms() {
-  echo $(($(date +%s%N) / 1000000))
-}
-
-# until_ms END CMD...: polls CMD every 20 ms until it succeeds; 1 if it did not by END (ms).
-until_ms() {
-  local end=$1
-  shift
-  until "$@"; do
-    [ "$(now_ms)" -lt "$end" ] || return 1
-    sleep 0.02
-  done
-}
-
-# wait_until SECONDS CMD...: until_ms, SECONDS from now.
-wait_until() {
-  local end=$(($(now_ms) + $1 * 1000))
-  shift
-  until_ms $end "$@"
-}
-
-# gone PID: the process has exited (or is a zombie).
-gone() {
-  ! alive "$1"
-}
-
-# has_line FILE PATTERN: FILE has a line matching PATTERN (grep -E).
-has_line() {
-  grep -qE -- "$2" "$1" 2>/dev/null
-}
+# Every process this test starts (PIDS; PGIDS: launchers, each the leader of its own process
+# group), killed on the way out whatever happened.
+trap kill_started EXIT
 
 # catches_sigterm PID: the process runs zshard and has its SIGTERM handler installed (SigCgt
 # bit 15).  Before the exec, the forked shell's own handlers show there.
@@ -75,21 +36,15 @@ catches_sigterm() {
   [ -n "$mask" ] && [ $((0x$mask & (1 << 14))) -ne 0 ]
 }
 
-# reap PID: waits for PID (which has exited or will) and sets RC to its status.
-reap() {
-  RC=0
-  wait "$1" 2>/dev/null || RC=$?
-}
-
 # ---- 2 starts first: a port where nothing listens, and two workers pointed at it -----------
 # The port of a coordinator that has exited: nothing listens there any more.
 "$ZSHARD" coord --listen 'tcp://127.0.0.1:*' --config "$WORK/job.json" --servers 1 \
   --data "$DATA/tiny.txt" --steps 1 --out "$WORK/gone" 2>"$WORK/gone.log" &
 p=$!
 PIDS+=("$p")
-wait_until 20 has_line "$WORK/gone.log" 'coord: listening on tcp://' ||
+wait_endpoint "$WORK/gone.log" 20 ||
   fail "the coordinator did not say where it listens: $(cat "$WORK/gone.log")"
-FREE=$(sed -nE 's/.*coord: listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$WORK/gone.log")
+FREE=$EP
 kill -TERM "$p"
 wait_until 10 gone "$p" || fail "the coordinator on $FREE ignored SIGTERM"
 reap "$p"
@@ -134,12 +89,12 @@ OUT=$WORK/pause
 setsid "$ZSHARD" launch --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --servers 2 --workers 2 --threads 1 --out "$OUT" 2>"$WORK/pause.err" &
 LPID=$!
-LPIDS+=("$LPID")
+PGIDS+=("$LPID")
 checks=$((checks + 1))
 COORD=
 if ! wait_until 30 has_line "$WORK/pause.err" "^step +$K/$STEPS "; then
   fail "pause: step $K never came: $(tail -n 5 "$WORK/pause.err")"
-elif ! COORD=$(sed -n '/coord (pid /{s/.*coord (pid \([0-9]*\)).*/\1/p;q}' "$WORK/pause.err") ||
+elif ! COORD=$(pid_of "$WORK/pause.err" coord) ||
   [ -z "$COORD" ]; then
   fail "pause: no 'coord (pid N)' line: $(head -n 5 "$WORK/pause.err")"
 else
@@ -168,7 +123,7 @@ grep -q "zshard launch: done: $STEPS steps" "$WORK/pause.err" ||
   fail "pause: no summary for $STEPS steps: $(tail -n 5 "$WORK/pause.err")"
 cmp "$WORK/train/model.safetensors" "$OUT/model.safetensors" ||
   fail "pause: model.safetensors differs from zshard train's"
-steps=$(sed -E 's/^\{"step": ([0-9]+),.*/\1/' "$OUT/metrics.jsonl" | tr '\n' ' ')
+steps=$(step_list "$OUT/metrics.jsonl")
 [ "$steps" = "$(seq -s ' ' 1 $STEPS) " ] ||
   fail "pause: metrics.jsonl has steps '$steps', expected 1..$STEPS once each"
 diff <(metrics_compared "$WORK/train/metrics.jsonl") <(metrics_compared "$OUT/metrics.jsonl") ||
@@ -207,16 +162,6 @@ grep -qF "nothing from the coordinator at $FREE" "$WORK/lonely.log" ||
 echo "coord_pause: part 2b done at $((SECONDS - T0)) s"
 
 # Nothing this test started is left (the trap would kill it, but it must not be needed).
-checks=$((checks + 1))
-for p in "${PIDS[@]}"; do
-  if alive "$p"; then
-    fail "process $p ($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)) is still running"
-  fi
-done
-for p in "${LPIDS[@]}"; do
-  if pgrep -g "$p" >/dev/null; then
-    fail "processes of launch group $p are still running: $(pgrep -a -g "$p")"
-  fi
-done
+none_started_left
 [ $failures -eq 0 ] || echo "coord_pause: to repeat: ZS_TEST_SEED=$SEED" >&2
 finish

@@ -34,14 +34,6 @@ train_reference() {
     --out "$WORK/train"
 }
 
-# alive PID: the process exists and is not a zombie.
-alive() {
-  local stat
-  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
-}
-
 # launch_elastic NAME CFG STEPS SERVERS WORKERS [LAUNCH ARGS...]: zshard launch in the
 # background, out in $WORK/NAME, stderr in $WORK/NAME.err; waits for it (at most 90 s, then
 # SIGINT).  Sets RC.  Every pid it started goes to $WORK/NAME.pids: its children, looked up
@@ -71,11 +63,6 @@ launch_elastic() {
   sort -u -o "$WORK/$name.pids" "$WORK/$name.pids"
   echo "$name: zshard launch exited $RC; $(wc -l <"$WORK/$name.pids") processes" \
     "($(grep -c '^step ' "$WORK/$name.err") progress lines)"
-}
-
-# metrics_compared FILE: the metrics without timings and without "workers".
-metrics_compared() {
-  metrics_without_timing "$1" | sed -E 's/, "workers": [^,}]*//'
 }
 
 # check_same NAME STEPS: the launch exited 0 with its summary, and wrote zshard train's bits

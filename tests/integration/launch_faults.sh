@@ -6,14 +6,6 @@ source "$(dirname "$0")/lib.sh"
 CFG=$DATA/tiny.json
 TXT=$DATA/tiny.txt
 
-# alive PID: the process exists and is not a zombie.
-alive() {
-  local stat
-  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
-}
-
 # children_of PID: the pids of the processes whose parent is PID.
 children_of() {
   local s stat f
@@ -24,15 +16,6 @@ children_of() {
       s=${s#/proc/}
       echo "${s%/stat}"
     fi
-  done
-}
-
-# wait_for FILE PATTERN SECONDS: until FILE has a line matching PATTERN (grep -E).
-wait_for() {
-  local end=$((SECONDS + $3))
-  until grep -qE -- "$2" "$1" 2>/dev/null; do
-    [ $SECONDS -lt $end ] || return 1
-    sleep 0.1
   done
 }
 
@@ -55,7 +38,7 @@ start() {
   "$ZSHARD" launch --config "$CFG" --data "$TXT" --steps 4 --servers "$servers" --workers 0 \
     --out "$WORK/$name" 2>"$WORK/$name.err" &
   LPID=$!
-  if ! wait_for "$WORK/$name/logs/coord.log" "all $servers servers are ready" 30; then
+  if ! wait_until 30 has_line "$WORK/$name/logs/coord.log" "all $servers servers are ready"; then
     fail "$name: the servers did not come up: $(cat "$WORK/$name.err")"
   fi
   KIDS=$(children_of "$LPID" | tr "\n" " ")
@@ -89,7 +72,7 @@ finish_launch() {
 # The coordinator killed by SIGKILL: the launcher stops the rest and names it and the signal.
 # (A server's death is the coordinator's to recover from: tests/integration/server_failures.sh.)
 start crash 2
-COORD=$(sed -n 's/.*coord (pid \([0-9]*\)).*/\1/p' "$WORK/crash.err" | head -n 1)
+COORD=$(pid_of "$WORK/crash.err" coord)
 if [ -z "$COORD" ] || ! echo " $KIDS " | grep -q " $COORD "; then
   fail "crash: no pid for the coordinator among the children ($KIDS): $(cat "$WORK/crash.err")"
 else

@@ -9,11 +9,6 @@ STEPS=4
 expect_ok "$ZSHARD" train --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 1 --out "$WORK/train"
 
-# metrics_compared FILE: the metrics without timings and without "workers".
-metrics_compared() {
-  metrics_without_timing "$1" | sed -E 's/, "workers": [^,}]*//'
-}
-
 for sw in 1,1 2,2 3,2; do
   s=${sw%,*}
   w=${sw#*,}

@@ -43,6 +43,149 @@ metrics_without_timing() {
     -e 's/, "checkpoint(_error)?": "([^"\\]|\\.)*"//g' "$1"
 }
 
+# alive PID: the process exists and is not a zombie.
+alive() {
+  local stat
+  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
+# gone PID: the process has exited (or is a zombie).
+gone() {
+  ! alive "$1"
+}
+
+# now_ms: the wall clock in milliseconds.
+now_ms() {
+  echo $(($(date +%s%N) / 1000000))
+}
+
+# until_ms END CMD...: polls CMD every 20 ms until it succeeds; 1 if it did not by END (ms).
+until_ms() {
+  local end=$1
+  shift
+  until "$@"; do
+    [ "$(now_ms)" -lt "$end" ] || return 1
+    sleep 0.02
+  done
+}
+
+# wait_until SECONDS CMD...: until_ms, SECONDS from now.
+wait_until() {
+  local end=$(($(now_ms) + $1 * 1000))
+  shift
+  until_ms $end "$@"
+}
+
+# has_line FILE PATTERN: FILE has a line matching PATTERN (grep -E); no check counted.
+has_line() {
+  grep -qE -- "$2" "$1" 2>/dev/null
+}
+
+# reap PID: waits for PID (which has exited or will) and sets RC to its status.
+reap() {
+  RC=0
+  wait "$1" 2>/dev/null || RC=$?
+}
+
+# has NAME FILE NEEDLE: a check that FILE contains NEEDLE (grep -F).
+has() {
+  checks=$((checks + 1))
+  grep -qF -- "$3" "$2" || fail "$1: $2 lacks '$3': $(tail -n 8 "$2")"
+}
+
+# expect_log NAME FILE REGEX: a check that FILE has a line matching REGEX (grep -E).
+expect_log() {
+  checks=$((checks + 1))
+  grep -qE -- "$3" "$2" || fail "$1: $2 has no line matching '$3': $(tail -n 8 "$2")"
+}
+
+# pid_of ERRFILE NAME: the pid the launcher first printed as "NAME (pid N)" ("server 2", "coord").
+pid_of() {
+  sed -n "/$2 (pid /{s/.*$2 (pid \\([0-9]*\\)).*/\\1/p;q}" "$1"
+}
+
+# pids_of ERRFILE: every "(pid N)" the launcher printed.
+pids_of() { { grep -o '(pid [0-9]*)' "$1" || true; } | tr -dc '0-9\n' | sort -u; }
+
+# wait_endpoint LOG SECONDS [PID]: sets EP to where the coordinator logging to LOG listens,
+# polled until it says so; 1 (EP empty) after SECONDS, or once PID has exited.
+wait_endpoint() {
+  local end=$(($(now_ms) + $2 * 1000))
+  EP=
+  while :; do
+    EP=$(sed -nE 's/.*coord: listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$1" 2>/dev/null) || EP=
+    [ -z "$EP" ] || return 0
+    [ "$(now_ms)" -lt $end ] || return 1
+    [ -z "${3:-}" ] || alive "$3" || return 1
+    sleep 0.05
+  done
+}
+
+# none_left NAME PID...: a check that within 10 s none of the pids is alive (one whose command
+# line names neither $WORK nor a loopback endpoint is another process that got a reused pid).
+none_left() {
+  local name=$1 p cmd end=$((SECONDS + 10))
+  shift
+  checks=$((checks + 1))
+  for p in "$@"; do
+    while alive "$p" && [ $SECONDS -lt $end ]; do sleep 0.02; done
+    alive "$p" || continue
+    cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+    case "$cmd" in
+    *"$WORK"* | *"tcp://127.0.0.1:"*)
+      fail "$name: process $p ($cmd) is still alive 10 s after the job ended"
+      kill -KILL "$p" 2>/dev/null || true
+      ;;
+    esac
+  done
+}
+
+# launch_fg NAME ARGS...: `zshard launch ARGS` in the foreground (SIGINT after 120 s), stderr in
+# $WORK/NAME.err; sets RC and checks that none of the processes it printed is left.
+launch_fg() {
+  local name=$1
+  shift
+  RC=0
+  timeout -s INT -k 30 120 "$ZSHARD" launch "$@" 2>"$WORK/$name.err" || RC=$?
+  # shellcheck disable=SC2046
+  none_left "$name" $(pids_of "$WORK/$name.err")
+}
+
+# step_list FILE: the "step" of each line of a metrics file, space-separated.
+step_list() { { sed -E 's/^\{"step": ([0-9]+),.*/\1/' "$1" || true; } | tr '\n' ' '; }
+
+# metrics_compared FILE: the metrics without timings, checkpoint outcomes and "workers".
+metrics_compared() { metrics_without_timing "$1" | sed -E 's/, "workers": [0-9]+//'; }
+
+# Processes a test starts (PIDS) and process groups (PGIDS, by leader): kill_started, the EXIT
+# trap of the tests that use them, kills them all.
+PIDS=()
+PGIDS=()
+kill_started() {
+  local p
+  for p in "${PGIDS[@]}"; do kill -KILL -- -"$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+
+# none_started_left: a check that no process in PIDS and no process of a group in PGIDS runs.
+none_started_left() {
+  local p
+  checks=$((checks + 1))
+  for p in "${PIDS[@]}"; do
+    if alive "$p"; then
+      fail "process $p ($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)) is still running"
+    fi
+  done
+  for p in "${PGIDS[@]}"; do
+    if pgrep -g "$p" >/dev/null; then
+      fail "processes of launch group $p are still running: $(pgrep -a -g "$p")"
+    fi
+  done
+}
+
 finish() {
   if [ $failures -gt 0 ]; then
     echo "$(basename "$0"): $failures of $checks checks failed" >&2

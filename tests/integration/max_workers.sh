@@ -3,12 +3,7 @@
 # then the job runs to its end.
 source "$(dirname "$0")/lib.sh"
 
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+trap kill_started EXIT # kills PIDS
 
 # start_coord NAME CONFIG STEPS: a coordinator and one server; sets EP and COORD.
 start_coord() {
@@ -16,12 +11,7 @@ start_coord() {
     --steps "$3" --out "$WORK/$1" 2>"$WORK/$1.coord.log" &
   COORD=$!
   PIDS+=($COORD)
-  EP=
-  for _ in $(seq 100); do
-    EP=$(sed -nE 's/.*coord: listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$WORK/$1.coord.log")
-    [ -n "$EP" ] && break
-    sleep 0.1
-  done
+  wait_endpoint "$WORK/$1.coord.log" 15 || true
   "$ZSHARD" server --coord "$EP" --listen 127.0.0.1:0 --threads 1 2>"$WORK/$1.server.log" &
   PIDS+=($!)
 }
@@ -50,7 +40,7 @@ n1=$(wc -l < "$WORK/max/metrics.jsonl")
 { [ "$n1" -gt "$n0" ] && kill -0 "$W1" 2>/dev/null; } ||
   fail "after the refusal the job stopped ($n0 -> $n1 steps): $(tail -n 3 "$WORK/max.coord.log")"
 grep -q '"workers": 2' "$WORK/max/metrics.jsonl" && fail "a step ran with 2 workers"
-cleanup
+kill_started
 PIDS=()
 
 # With min_workers 2 nothing happens with one worker; a second one starts the job.

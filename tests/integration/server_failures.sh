@@ -25,25 +25,9 @@ sed 's/"interval_steps": 3/"interval_steps": 25/' "$WORK/job.json" >"$WORK/late.
 expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 1 --out "$WORK/train"
 
-alive() {
-  local stat
-  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
-}
-
-# pid_of ERRFILE NAME: the pid the launcher printed for NAME ("server 2", "coord").
-pid_of() {
-  sed -n "s/.*$2 (pid \\([0-9]*\\)).*/\\1/p" "$1" | head -n 1
-}
-
 # wait_step ERRFILE K: waits (up to 60 s) until the launcher printed step K's progress line.
 wait_step() {
-  local end=$((SECONDS + 60))
-  while ! grep -q "^step $(printf '%5d' "$2")/" "$1" 2>/dev/null; do
-    [ $SECONDS -lt $end ] || return 1
-    sleep 0.02
-  done
+  wait_until 60 has_line "$1" "^step $(printf '%5d' "$2")/"
 }
 
 # launch_bg NAME SERVERS [ARGS...]: a launch in its own process group, in the background; sets
@@ -80,18 +64,11 @@ finish_run() {
   cmp -s "$WORK/train/model.safetensors" "$WORK/$name/model.safetensors" ||
     fail "$name: model.safetensors differs from zshard train's"
   local steps
-  steps=$(sed -E 's/^\{"step": ([0-9]+),.*/\1/' "$WORK/$name/metrics.jsonl" | tr '\n' ' ')
+  steps=$(step_list "$WORK/$name/metrics.jsonl")
   [ "$steps" = "$(seq -s ' ' 1 $STEPS) " ] ||
     fail "$name: metrics.jsonl has steps '$steps', expected 1..$STEPS once each"
-  diff <(metrics_without_timing "$WORK/train/metrics.jsonl" | sed -E 's/, "workers": [0-9]+//') \
-    <(metrics_without_timing "$WORK/$name/metrics.jsonl" | sed -E 's/, "workers": [0-9]+//') \
-    >/dev/null || fail "$name: metrics.jsonl differs from zshard train's beyond timings"
-}
-
-# expect_log NAME FILE NEEDLE
-expect_log() {
-  checks=$((checks + 1))
-  grep -qF -- "$3" "$2" || fail "$1: $2 lacks '$3': $(tail -n 8 "$2")"
+  diff <(metrics_compared "$WORK/train/metrics.jsonl") \
+    <(metrics_compared "$WORK/$name/metrics.jsonl") >/dev/null || fail "$name: metrics.jsonl differs from zshard train's beyond timings"
 }
 
 # kill_at NAME K SIG SERVER: sends SIG to server SERVER once step K is reported.
@@ -116,14 +93,14 @@ s=$((1 + RANDOM % 3))
 launch_bg one 3
 kill_at one $k KILL $s
 finish_run one 0
-expect_log one "$WORK/one/logs/coord.log" "every server goes back to checkpoint"
-expect_log one "$WORK/one.err" "1 server was lost on the way"
+has one "$WORK/one/logs/coord.log" "every server goes back to checkpoint"
+has one "$WORK/one.err" "1 server was lost on the way"
 
 # 2. Before the first checkpoint: back to the job's start.
 CONFIG=late.json launch_bg early 3
 kill_at early 1 KILL $((1 + RANDOM % 3))
 finish_run early 0
-expect_log early "$WORK/early/logs/coord.log" "every server goes back to the job's start"
+has early "$WORK/early/logs/coord.log" "every server goes back to the job's start"
 
 # 3. Two servers at two steps: the last one carries the job.
 k1=$((4 + RANDOM % 10))
@@ -132,44 +109,31 @@ launch_bg two 3
 kill_at two $k1 KILL 1
 kill_at two $k2 KILL 3
 finish_run two 0
-expect_log two "$WORK/two/logs/coord.log" "recovered: 1 servers"
+has two "$WORK/two/logs/coord.log" "recovered: 1 servers"
 
 # 4. A server hung past the heartbeat timeout (1 s), then continued.
 launch_bg hang 3
 kill_at hang $((4 + RANDOM % 15)) STOP 2
 p=$(pid_of "$WORK/hang.err" "server 2")
-end=$((SECONDS + 30))
-until grep -q "recovered:" "$WORK/hang/logs/coord.log" 2>/dev/null || [ $SECONDS -ge $end ]; do
-  sleep 0.05
-done
+wait_until 30 has_line "$WORK/hang/logs/coord.log" "recovered:" || true
 [ -n "$p" ] && kill -CONT "$p"
 finish_run hang 0
-expect_log hang "$WORK/hang/logs/server-2.log" "was dropped from the job"
+has hang "$WORK/hang/logs/server-2.log" "was dropped from the job"
 
 # 5. A spare started by hand takes the place of a lost server.
 launch_bg spare 2
-end=$((SECONDS + 30))
-until grep -q "listening on tcp://" "$WORK/spare.err" 2>/dev/null || [ $SECONDS -ge $end ]; do
-  sleep 0.02
-done
+wait_until 30 has_line "$WORK/spare.err" "listening on tcp://" || true
 ep=$(sed -n 's/.*listening on \(tcp:[^ ]*\).*/\1/p' "$WORK/spare.err" | head -n 1)
 # After the launcher's servers are in, so that the hand-started one is the spare.
-end=$((SECONDS + 30))
-until grep -q "all 2 servers are ready" "$WORK/spare/logs/coord.log" 2>/dev/null ||
-  [ $SECONDS -ge $end ]; do
-  sleep 0.02
-done
+wait_until 30 has_line "$WORK/spare/logs/coord.log" "all 2 servers are ready" || true
 setsid "$ZSHARD" server --coord "$ep" --listen 127.0.0.1:0 --threads 1 \
   2>"$WORK/spare-server.err" &
 SPARE=$!
-end=$((SECONDS + 30))
-until grep -q "is a spare" "$WORK/spare/logs/coord.log" 2>/dev/null || [ $SECONDS -ge $end ]; do
-  sleep 0.02
-done
-expect_log spare "$WORK/spare/logs/coord.log" "is a spare until a server is lost"
+wait_until 30 has_line "$WORK/spare/logs/coord.log" "is a spare" || true
+has spare "$WORK/spare/logs/coord.log" "is a spare until a server is lost"
 kill_at spare $((4 + RANDOM % 15)) KILL 1
 finish_run spare 0
-expect_log spare "$WORK/spare/logs/coord.log" "recovered: 2 servers"
+has spare "$WORK/spare/logs/coord.log" "recovered: 2 servers"
 checks=$((checks + 1))
 rc=0
 wait "$SPARE" || rc=$?
@@ -178,14 +142,11 @@ wait "$SPARE" || rc=$?
 # 6. Every server lost: the job ends and says where to resume from; the resume gives the bits.
 launch_bg all 2
 kill_at all $((7 + RANDOM % 10)) KILL 1
-end=$((SECONDS + 30))
-until grep -q "recovered:" "$WORK/all/logs/coord.log" 2>/dev/null || [ $SECONDS -ge $end ]; do
-  sleep 0.05
-done
+wait_until 30 has_line "$WORK/all/logs/coord.log" "recovered:" || true
 p=$(pid_of "$WORK/all.err" "server 2")
 [ -n "$p" ] && kill -KILL "$p"
 finish_run all 1
-expect_log all "$WORK/all.err" "every partition server is gone; the newest checkpoint is"
+has all "$WORK/all.err" "every partition server is gone; the newest checkpoint is"
 launch_bg all 3 --resume "$WORK/all/checkpoints"
 finish_run all 0
 

@@ -11,24 +11,14 @@ sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartb
 # every later checkpoint fail, so that status reports both the newest checkpoint and a failure.
 mkdir -p "$WORK/out/checkpoints"
 for s in $(seq 10 5 395); do : >"$WORK/out/checkpoints/$(printf step-%08d "$s")"; done
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+trap kill_started EXIT # kills PIDS
 
 "$ZSHARD" coord --listen 'tcp://127.0.0.1:*' --config "$WORK/cfg.json" --servers 1 \
   --data "$DATA/tiny.txt" --steps 400 --out "$WORK/out" 2>"$WORK/coord.log" &
 COORD=$!
 PIDS+=($COORD)
 # The port ZeroMQ chose, from the coordinator's log.
-EP=
-for _ in $(seq 100); do
-  EP=$(sed -nE 's/.*coord: listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p' "$WORK/coord.log")
-  [ -n "$EP" ] && break
-  sleep 0.1
-done
+wait_endpoint "$WORK/coord.log" 15 || true
 [ -n "$EP" ] || { fail "the coordinator did not say where it listens: $(cat "$WORK/coord.log")"; finish; }
 "$ZSHARD" server --coord "$EP" --listen 127.0.0.1:0 --threads 1 2>"$WORK/server.log" &
 PIDS+=($!)
