@@ -377,14 +377,6 @@ static zs_err parse_checkpoint(const parser *p, json_t *o, zs_checkpoint_config 
         get_int32(p, o, "checkpoint", "interval_steps", 0, 1 << 30, &ck->interval_steps, NULL));
     ZS_CHECK(get_int32(p, o, "checkpoint", "keep", 1, 1 << 20, &ck->keep, NULL));
     ZS_CHECK(get_int32(p, o, "checkpoint", "replicas", 0, 1, &ck->replicas, NULL));
-    /* Refused rather than ignored: a user who asks for a buddy copy must not believe a lost
-     * server costs nothing when it costs the steps since the newest checkpoint. */
-    if (ck->replicas != 0)
-        return zs_error(ZS_ERR_INVALID,
-                        "%s: key \"checkpoint.replicas\": %d: buddy replicas are not "
-                        "implemented yet; 0 is the only value this release takes (a lost server "
-                        "costs the steps since the newest checkpoint)",
-                        p->source, ck->replicas);
     return ZS_OK;
 }
 

@@ -23,6 +23,7 @@ void zs_shardmap_free(zs_shardmap *map)
     free(map->server_floats);
     free(map->server_first);
     free(map->by_server);
+    free(map->replica);
     memset(map, 0, sizeof *map);
 }
 
@@ -49,13 +50,16 @@ zs_err zs_shardmap_assemble(size_t total, size_t shard_floats, int n_shards, int
     map->server_floats = calloc((size_t)n_servers, sizeof *map->server_floats);
     map->server_first = calloc((size_t)n_servers + 1, sizeof *map->server_first);
     map->by_server = malloc((size_t)n_shards * sizeof *map->by_server);
+    map->replica = malloc((size_t)n_servers * sizeof *map->replica);
     if (!map->shards || !map->server_ids || !map->server_floats || !map->server_first ||
-        !map->by_server) {
+        !map->by_server || !map->replica) {
         zs_shardmap_free(map);
         return zs_error(ZS_ERR_NOMEM, "shard map: out of memory for %d shards", n_shards);
     }
-    for (int s = 0; s < n_servers; s++)
+    for (int s = 0; s < n_servers; s++) {
         map->server_ids[s] = ids ? ids[s] : (uint32_t)s + 1;
+        map->replica[s] = -1;
+    }
     for (int i = 0; i < n_shards; i++) {
         size_t b = (size_t)i * shard_floats;
         size_t e = total - b < shard_floats ? total : b + shard_floats;
@@ -140,6 +144,17 @@ zs_err zs_shardmap_build(size_t total, size_t shard_bytes, int n_servers,
         zs_shardmap_assemble(total, shard_floats, (int)n, n_servers, server_ids, assign, map);
     free(assign);
     return res;
+}
+
+void zs_shardmap_set_replicas(zs_shardmap *map, int replicas)
+{
+    for (int s = 0; s < map->n_servers; s++)
+        map->replica[s] = replicas > 0 && map->n_servers > 1 ? (s + 1) % map->n_servers : -1;
+}
+
+int zs_shardmap_replica(const zs_shardmap *map, int s)
+{
+    return s >= 0 && s < map->n_servers && map->replica ? map->replica[s] : -1;
 }
 
 int zs_shardmap_shard_of(const zs_shardmap *map, size_t x)

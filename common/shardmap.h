@@ -57,6 +57,8 @@ typedef struct {
     int *server_first;     /* n_servers + 1: server s holds by_server[server_first[s] ..
                               server_first[s + 1]) */
     int *by_server;        /* n_shards shard indices, grouped by server, ascending within */
+    int *replica;          /* n_servers: index of the server that holds a replica of server s's
+                              shards (checkpoint.replicas), -1: none */
 } zs_shardmap;
 
 /* One piece of a range split by shard: [begin, end) inside shard `shard`. */
@@ -98,10 +100,21 @@ const int *zs_shardmap_server_shards(const zs_shardmap *map, int s, int *count);
 int zs_shardmap_server_index(const zs_shardmap *map, uint32_t id);
 
 /*
+ * Buddy replicas: with replicas 1 and at least two servers, server s's replica lives on server
+ * (s + 1) mod S (a ring: every server holds exactly one other's state besides its own, so the
+ * memory and the replica's AdamW are spread evenly); otherwise none.
+ */
+void zs_shardmap_set_replicas(zs_shardmap *map, int replicas);
+
+/* The index of the server holding server s's replica, or -1. */
+int zs_shardmap_replica(const zs_shardmap *map, int s);
+
+/*
  * Fills map from explicit boundaries and an assignment: shards of shard_floats floats cut from
  * [0, total) (the last may be shorter), shard i on server index assign[i] (0..n_servers-1),
  * server ids ids[0..n_servers) (NULL: 1..n_servers).  Checks that every index is in range;
  * the caller decides whether an idle server is acceptable (zs_shardmap_build never makes one).
+ * No replicas (zs_shardmap_set_replicas adds them).
  */
 zs_err zs_shardmap_assemble(size_t total, size_t shard_floats, int n_shards, int n_servers,
                             const uint32_t *ids, const int *assign, zs_shardmap *map);

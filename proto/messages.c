@@ -739,6 +739,35 @@ zs_err zs_msg_check_shard_map(const Zshard__ShardMap *m, const zs_msg_ctx *ctx)
                        m->servers[s]->id);
             goto out;
         }
+    /* A replica lives on another server of the map, and no server holds two: losing one
+     * server must never lose a state and its replica together, and a holder of two replicas
+     * would carry three servers' memory. */
+    for (size_t s = 0; s < m->n_servers; s++) {
+        const Zshard__ServerInfo *si = m->servers[s];
+        if (!si->has_replica)
+            continue;
+        size_t lo = 0, hi = m->n_servers;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (ids[mid].id < si->replica)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == m->n_servers || ids[lo].id != si->replica || si->replica == si->id) {
+            res = FAIL("ShardMap.servers[%zu].replica: %" PRIu32 " is not another server of the "
+                       "map",
+                       s, si->replica);
+            goto out;
+        }
+        if (held[ids[lo].index] & 0x80000000u) {
+            res = FAIL("ShardMap.servers[%zu].replica: server %" PRIu32 " holds a replica "
+                       "already",
+                       s, si->replica);
+            goto out;
+        }
+        held[ids[lo].index] |= 0x80000000u;
+    }
 out:
     free(held);
     free(ids);
@@ -973,14 +1002,24 @@ zs_err zs_msg_check_restore(const Zshard__Restore *m, const zs_msg_ctx *ctx)
     if (!m)
         return FAIL("Restore: missing");
     ZS_CHECK(need(m->has_version, "Restore.version"));
-    if (m->version > ZS_MSG_MAX_STEPS || (ctx && ctx->steps && m->version >= ctx->steps))
+    int memory = m->has_from_memory && m->from_memory;
+    /* From memory the version may be the last (the final checkpoint written again); from a
+     * checkpoint it is one the job continues from. */
+    uint64_t last = ctx && ctx->steps ? ctx->steps - (memory ? 0 : 1) : ZS_MSG_MAX_STEPS;
+    if (m->version > ZS_MSG_MAX_STEPS || m->version > last)
         return FAIL("Restore.version: %" PRIu64 " is not a version the job continues from",
                     m->version);
     ZS_CHECK(str_ok("Restore.step_dir", m->step_dir, ZS_MSG_MAX_STRING, STR_EMPTY_OK));
-    if ((m->version == 0) != (m->step_dir[0] == '\0'))
+    if (memory && m->step_dir[0])
+        return FAIL("Restore: from memory with step_dir \"%.80s\": a restore from memory reads "
+                    "no checkpoint",
+                    m->step_dir);
+    if (!memory && (m->version == 0) != (m->step_dir[0] == '\0'))
         return FAIL("Restore: version %" PRIu64 " with step_dir \"%.80s\": a checkpoint names "
                     "both, the start neither",
                     m->version, m->step_dir);
+    if (!memory && m->has_checkpoint && m->checkpoint)
+        return FAIL("Restore.checkpoint: only a restore from memory writes a checkpoint again");
     return ZS_OK;
 }
 

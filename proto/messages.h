@@ -32,7 +32,7 @@
 #include "proto/zshard.pb-c.h"
 
 /* The control-plane protocol version: peers must speak exactly this one. */
-#define ZS_PROTOCOL_VERSION 3
+#define ZS_PROTOCOL_VERSION 4
 
 /*
  * Size limits, checked before protobuf-c allocates anything.  JobSpec, ShardMap and

@@ -45,6 +45,11 @@ zs_err zs_shardmap_to_msg(const zs_shardmap *map, const char *const *endpoints,
         si->endpoint = strdup(endpoints[s] ? endpoints[s] : "");
         if (!si->endpoint)
             goto nomem;
+        int r = zs_shardmap_replica(map, s);
+        if (r >= 0) {
+            si->has_replica = 1;
+            si->replica = map->server_ids[r];
+        }
     }
     zs_err res = zs_msg_check_shard_map(m, NULL);
     if (res != ZS_OK) {
@@ -95,6 +100,13 @@ zs_err zs_shardmap_from_msg(const Zshard__ShardMap *m, zs_shardmap *map)
     }
     res = zs_shardmap_assemble((size_t)m->total_floats, (size_t)m->shard_floats, n, S, ids, assign,
                                map);
+    for (int s = 0; res == ZS_OK && s < S; s++) {
+        if (!m->servers[s]->has_replica)
+            continue;
+        id_slot key = {m->servers[s]->replica, 0};
+        const id_slot *hit = bsearch(&key, slots, (size_t)S, sizeof *slots, cmp_slot);
+        map->replica[s] = hit->index;
+    }
 out:
     free(assign);
     free(slots);

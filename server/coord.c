@@ -124,6 +124,15 @@ struct zs_coord {
                                  get it once they are (their connections would be dropped) */
     uint64_t recover_at;
     int recoveries;
+    /* checkpoint.replicas: a lost server whose replica is current is failed over to it instead
+     * -- the job goes on from memory at the step in hand, nothing computed again.
+     * replica_current[s] (map index): the holder of server s's replica said it is current
+     * (GradNormPartial.replicas_current) since this map was made.  A failover waits for the
+     * step in hand to finish publishing (the replica applies the verdict too). */
+    uint8_t *replica_current;
+    int failover;    /* a failover waits (finish_failover) */
+    int failover_pi; /* the lost server */
+    int failovers;
     uint64_t last_turn_ms;      /* when the last turn began: a long gap is a pause of ours */
     uint64_t last_heartbeat_ms; /* when we last told the members we live */
     int done;
@@ -222,13 +231,17 @@ static void send_job(coord *co, int pi, int with_map)
     send_env(co, to, &env);
 }
 
-/* Tells a server to go back to the recovery's version; the new ShardMap follows. */
-static void send_restore(coord *co, const zs_ctrl_peer *to)
+/* Tells a server to go back to version (from step_dir, or from memory: step_dir NULL, and with
+ * rewrite the checkpoint of that version written again); the new ShardMap follows. */
+static void send_restore(coord *co, const zs_ctrl_peer *to, long version, const char *step_dir,
+                         int rewrite)
 {
     Zshard__Restore r = ZSHARD__RESTORE__INIT;
     r.has_version = 1;
-    r.version = (uint64_t)co->last_ckpt;
-    r.step_dir = co->last_ckpt_dir;
+    r.version = (uint64_t)version;
+    r.step_dir = (char *)(step_dir ? step_dir : "");
+    r.has_from_memory = r.from_memory = !step_dir;
+    r.has_checkpoint = r.checkpoint = rewrite;
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_RESTORE;
     env.restore = &r;
@@ -256,6 +269,14 @@ static zs_err make_map(coord *co, int restore)
             eps[n++] = co->peers[i].endpoint;
         }
     ZS_CHECK(zs_shardmap_build(co->tt.total, co->cfg.cluster.shard_bytes, n, ids, &co->map));
+    zs_shardmap_set_replicas(&co->map, co->cfg.checkpoint.replicas);
+    if (co->cfg.checkpoint.replicas > 0 && n < 2)
+        ZS_WARN("coord: checkpoint.replicas is 1 but there is only one server: no replica (a "
+                "lost server costs the steps since the last checkpoint)");
+    free(co->replica_current);
+    co->replica_current = calloc((size_t)n, 1);
+    if (!co->replica_current)
+        return zs_error(ZS_ERR_NOMEM, "coord: out of memory");
     co->n_servers = n;
     co->map_made = 1;
     co->have_map = 1;
@@ -286,7 +307,7 @@ static zs_err make_map(coord *co, int restore)
                           &co->peers[i].cs_id);
         }
         if (restore && co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER)
-            send_restore(co, &co->peers[i].peer);
+            send_restore(co, &co->peers[i].peer, co->last_ckpt, co->last_ckpt_dir, 0);
         else if (!co->peers[i].has_job && !restore)
             send_job(co, i, 1);
     }
@@ -546,6 +567,17 @@ static void on_partial(coord *co, int pi, const Zshard__GradNormPartial *g)
         send_error(co, &p->peer, ZSHARD__ERROR_CODE__ERROR_OUT_OF_ORDER, zs_last_error());
         return;
     }
+    /* Whose replicas this server holds, and whether they are current. */
+    int h = zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1));
+    for (int s = 0; s < co->map.n_servers && h >= 0; s++)
+        if (zs_shardmap_replica(&co->map, s) == h) {
+            int now = g->has_replicas_current && g->replicas_current;
+            if (co->replica_current[s] && !now)
+                ZS_WARN("coord: server %d no longer holds a current replica of server %u: "
+                        "losing that one now goes back to the last checkpoint",
+                        pi + 1, co->map.server_ids[s]);
+            co->replica_current[s] = (uint8_t)now;
+        }
 }
 
 /* Once all chunks are done and all partials are in (whichever came last): the verdict. */
@@ -871,11 +903,10 @@ static void ckpt_open(coord *co, long version)
     memset(cp->have, 0, (size_t)co->map.n_shards);
 }
 
-static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
+/* Every server published the step's version (or its replica will: a failover): its line, its
+ * checkpoint's outcome, the end of the job after the last. */
+static void step_finished(coord *co, zs_coord_step_stats st)
 {
-    zs_coord_step_stats st;
-    if (!zs_coord_published(co->cs, co->peers[pi].cs_id, (long)vp->version, &st))
-        return;
     double dt = zs_now_s() - co->step_start;
     double tps = (double)co->cfg.train_batch_size * co->cfg.model.block_size / dt;
     co->last_loss = st.loss;
@@ -925,6 +956,13 @@ static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
     cp->dt = dt;
     if (cp->n_reported == co->map.n_servers)
         ckpt_settle(co, cp);
+}
+
+static void on_published(coord *co, int pi, const Zshard__VersionPublished *vp)
+{
+    zs_coord_step_stats st;
+    if (zs_coord_published(co->cs, co->peers[pi].cs_id, (long)vp->version, &st))
+        step_finished(co, st);
 }
 
 static const char *phase_name(const coord *co)
@@ -1024,6 +1062,19 @@ out:
  * short wait for spares to register (finish_recovery), the new map goes out over the servers
  * left and the spares.
  */
+/* Tells every worker to register again (it holds nothing; it gets the new map then). */
+static void rejoin_workers(coord *co, const char *text)
+{
+    for (int i = 0; i < co->n_peers; i++) {
+        peer_entry *w = &co->peers[i];
+        if (w->role != ZSHARD__ROLE__ROLE_WORKER || w->gone)
+            continue;
+        send_shutdown_to(co, &w->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_REJOIN, text, 1);
+        w->gone = w->rejoining = 1;
+        snprintf(w->gone_why, sizeof w->gone_why, "told to register again: %s", text);
+    }
+}
+
 static void start_recovery(coord *co, int pi, const char *why)
 {
     co->recoveries++;
@@ -1037,14 +1088,8 @@ static void start_recovery(coord *co, int pi, const char *why)
             pi + 1, why, back, (co->cs ? zs_coord_step(co->cs) : co->last_ckpt) - co->last_ckpt);
     char text[320];
     snprintf(text, sizeof text, "server %d was lost; the job goes back to %s", pi + 1, back);
-    for (int i = 0; i < co->n_peers; i++) {
-        peer_entry *w = &co->peers[i];
-        if (w->role != ZSHARD__ROLE__ROLE_WORKER || w->gone)
-            continue;
-        send_shutdown_to(co, &w->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_REJOIN, text, 1);
-        w->gone = w->rejoining = 1;
-        snprintf(w->gone_why, sizeof w->gone_why, "told to register again: %s", text);
-    }
+    rejoin_workers(co, text);
+    co->failover = 0;
     for (int k = 0; k < 2; k++)
         if (co->pend[k].step) {
             ckpt_discard(co, co->pend[k].step);
@@ -1102,8 +1147,158 @@ static void finish_recovery(coord *co)
             co->last_ckpt > 0 ? co->last_ckpt_dir : "the job's start", co->last_ckpt + 1);
 }
 
-/* A member is gone (left, or its heartbeats stopped): a server of the map is recovered from
- * (start_recovery), a worker's chunks go to the others. */
+/*
+ * Whether lost server pi can be failed over to its replica: replicas are on, its holder is alive
+ * and said the replica is current, and no recovery or other failover is under way (a second
+ * loss before the first is repaired goes back to the checkpoint).
+ */
+static int can_failover(const coord *co, int pi)
+{
+    if (co->cfg.checkpoint.replicas <= 0 || co->recovering || co->restoring || co->failover ||
+        !co->cs || !co->have_map)
+        return 0;
+    int x = zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1));
+    int h = zs_shardmap_replica(&co->map, x);
+    return x >= 0 && h >= 0 && co->replica_current[x] && !co->peers[co->map.server_ids[h] - 1].gone;
+}
+
+/*
+ * Failover, the first half: the workers register again (the map changes under them), and if
+ * the step in hand has its verdict out already, the lost server counts as having published it
+ * (the replica applies that verdict too); the rest waits until the step is finished
+ * (finish_failover from advance).
+ */
+static void start_failover(coord *co, int pi, const char *why)
+{
+    co->failovers++;
+    co->failover = 1;
+    co->failover_pi = pi;
+    int x = zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1));
+    uint32_t h = co->map.server_ids[zs_shardmap_replica(&co->map, x)];
+    ZS_WARN("coord: server %d is gone (%s): server %u holds its replica and takes its shards; the "
+            "job goes on from memory at step %ld, no step is computed again",
+            pi + 1, why, h, zs_coord_step(co->cs) + 1);
+    char text[320];
+    snprintf(text, sizeof text, "server %d was lost; its replica on server %u takes over", pi + 1,
+             h);
+    rejoin_workers(co, text);
+    zs_coord_step_stats st;
+    if (zs_coord_phase(co->cs) == ZS_PHASE_PUBLISH &&
+        zs_coord_published(co->cs, co->peers[pi].cs_id, zs_coord_step(co->cs) + 1, &st))
+        step_finished(co, st);
+}
+
+/*
+ * Failover, the second half, at a step boundary (version V: the step in hand starts again from
+ * its first chunk): the map over the servers left, the lost server's shards on its replica's
+ * holder, every other shard where it was; a Restore from memory to each (which also has them
+ * write checkpoint V again if the lost server never wrote its part); step state from V.
+ */
+static void finish_failover(coord *co)
+{
+    co->failover = 0;
+    long V = zs_coord_step(co->cs);
+    int done = zs_coord_phase(co->cs) == ZS_PHASE_DONE;
+    int x = zs_shardmap_server_index(&co->map, (uint32_t)(co->failover_pi + 1));
+    int h = zs_shardmap_replica(&co->map, x);
+    int S = co->map.n_servers, n = 0;
+    uint32_t *ids = malloc((size_t)S * sizeof *ids);
+    const char **eps = malloc((size_t)S * sizeof *eps);
+    int *newidx = malloc((size_t)S * sizeof *newidx);
+    int *assign = malloc((size_t)co->map.n_shards * sizeof *assign);
+    zs_err e = ZS_OK;
+    if (!ids || !eps || !newidx || !assign) {
+        e = zs_error(ZS_ERR_NOMEM, "coord: out of memory for the failover");
+        goto out;
+    }
+    for (int s = 0; s < S; s++) {
+        newidx[s] = -1;
+        if (s == x)
+            continue;
+        ids[n] = co->map.server_ids[s];
+        eps[n] = co->peers[ids[n] - 1].endpoint;
+        newidx[s] = n++;
+    }
+    for (int i = 0; i < co->map.n_shards; i++) {
+        int o = co->map.shards[i].server;
+        assign[i] = newidx[o == x ? h : o];
+    }
+    size_t total = co->map.total, sf = co->map.shard_floats;
+    int n_shards = co->map.n_shards;
+    zs_shardmap_free(&co->map);
+    e = zs_shardmap_assemble(total, sf, n_shards, n, ids, assign, &co->map);
+    if (e != ZS_OK) {
+        co->have_map = 0;
+        goto out;
+    }
+    zs_shardmap_set_replicas(&co->map, co->cfg.checkpoint.replicas);
+    if (co->map_msg)
+        zshard__shard_map__free_unpacked(co->map_msg, NULL);
+    co->map_msg = NULL;
+    e = zs_shardmap_to_msg(&co->map, eps, &co->map_msg);
+    if (e != ZS_OK)
+        goto out;
+    co->n_servers = n;
+    memset(co->replica_current, 0, (size_t)S);
+    /* The checkpoint of V (its step finished, its line waits): everyone writes it again.  An
+     * older one still open cannot be completed any more. */
+    int rewrite = 0;
+    for (int k = 0; k < 2; k++) {
+        ckpt_pend *cp = &co->pend[k];
+        if (!cp->step)
+            continue;
+        if (cp->step == V && cp->have_stats) {
+            rewrite = 1;
+            cp->n_reported = 0;
+            cp->failed = 0;
+            cp->error[0] = '\0';
+            memset(cp->reported, 0, (size_t)S);
+            memset(cp->have, 0, (size_t)n_shards);
+        } else if (cp->have_stats) {
+            snprintf(cp->error, sizeof cp->error, "server %d was lost before it wrote its files",
+                     co->failover_pi + 1);
+            cp->failed = 1;
+            ckpt_settle(co, cp);
+        } else {
+            ckpt_discard(co, cp->step);
+            ckpt_close_slot(cp);
+        }
+    }
+    if (!done) {
+        zs_coord_state_free(co->cs);
+        co->cs = NULL;
+        for (int i = 0; i < co->n_peers; i++)
+            co->peers[i].cs_id = -1;
+        e = zs_coord_state_create(&co->cfg, n, n_shards, co->opts->steps, &co->cs);
+        if (e == ZS_OK && V > 0)
+            e = zs_coord_state_start_at(co->cs, V);
+        if (e != ZS_OK)
+            goto out;
+    }
+    co->servers_ready = 0;
+    co->restoring = 1;
+    for (int s = 0; s < n; s++) {
+        peer_entry *p = &co->peers[ids[s] - 1];
+        p->ready = 0;
+        if (!done)
+            zs_coord_join(co->cs, ZS_MEMBER_SERVER, (int)ids[s], p->endpoint, now_ms(co),
+                          &p->cs_id);
+        send_restore(co, &p->peer, V, NULL, rewrite);
+    }
+    ZS_WARN("coord: failed over: %d servers, from memory at version %ld%s", n, V,
+            rewrite ? "; its checkpoint is written again" : "");
+out:
+    free(ids);
+    free(eps);
+    free(newidx);
+    free(assign);
+    if (e != ZS_OK)
+        abort_job(co, e);
+}
+
+/* A member is gone (left, or its heartbeats stopped): a server of the map is failed over to its
+ * replica (start_failover) or recovered from (start_recovery), a worker's chunks go to the
+ * others. */
 static void member_gone(coord *co, int pi, const char *why)
 {
     peer_entry *p = &co->peers[pi];
@@ -1114,9 +1309,12 @@ static void member_gone(coord *co, int pi, const char *why)
     if (p->cs_id >= 0 && zs_coord_member(co->cs, p->cs_id)->alive)
         zs_coord_leave(co->cs, p->cs_id, why);
     if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
-        if (co->have_map && zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1)) >= 0)
-            start_recovery(co, pi, why);
-        else
+        if (co->have_map && zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1)) >= 0) {
+            if (can_failover(co, pi))
+                start_failover(co, pi, why);
+            else
+                start_recovery(co, pi, why);
+        } else
             ZS_WARN("coord: spare server %d is gone (%s)", pi + 1, why);
         return;
     }
@@ -1355,6 +1553,11 @@ static void advance(coord *co)
     }
     if (co->done || !co->cs)
         return; /* a server was lost just now: the recovery runs from the next turns */
+    if (co->failover) {
+        if (zs_coord_phase(co->cs) != ZS_PHASE_PUBLISH)
+            finish_failover(co);
+        return;
+    }
     if (co->servers_ready == co->n_servers && zs_coord_try_begin(co->cs)) {
         co->step_start = zs_now_s();
         co->assignment_dirty = 1;

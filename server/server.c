@@ -35,6 +35,7 @@
 #include "common/shardmap.h"
 #include "proto/ctrl.h"
 #include "proto/shardmap_msg.h"
+#include "server/replica.h"
 #include "server/shardstore.h"
 #include "transport/tcp.h"
 #include "transport/transport.h"
@@ -91,6 +92,7 @@ struct zs_server {
     int have_map;
     zs_store *store;
     zs_mr **mr_f32, **mr_bf16; /* per local shard */
+    zs_mr **mr_m, **mr_v;      /* per local shard: the moments, for state fetches */
     zs_shard_range *local;     /* per local shard */
     int n_local;
     scratch pool[SCRATCH_BUFFERS];
@@ -126,6 +128,17 @@ struct zs_server {
 
     zs_conn **conns; /* every open data-plane connection, to drop them all at a Restore */
     int n_conns, cap_conns;
+
+    /* checkpoint.replicas: the replica this server holds (server/replica.h), NULL: none.  The
+     * map's data-plane addresses are kept for the loads of a replica after a failover. */
+    zs_replica *replica;
+    char (*endpoints)[128]; /* [map.n_servers] */
+    const char **endpoint_list;
+    /* A Restore from memory: the stores of the old map, until the new map's are built from
+     * them (setup_shards), and the version they are at. */
+    int from_memory, rewrite_ckpt;
+    long memory_version;
+    zs_store *old_store, *old_replica;
 
     uint64_t last_heartbeat_ms;
     uint64_t last_coord_ms; /* when anything last came from the coordinator */
@@ -241,8 +254,48 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
         ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
 }
 
+/* A fetch of the optimizer state (a replica being built after a failover): only of exactly the
+ * version the store is at, never held. */
+static void on_fetch_state(server *sv, zs_conn *c, const zs_frame *f)
+{
+    long v = zs_store_version(sv->store);
+    if ((long)f->step != v || sv->verdict_pending) {
+        char why[160];
+        snprintf(why, sizeof why, "the state of version %llu is not held (this server is at %ld%s)",
+                 (unsigned long long)f->step, v, sv->verdict_pending ? ", applying" : "");
+        reply_error(sv, c, f, ZS_FS_STALE, why);
+        return;
+    }
+    const void *data;
+    if (zs_store_locate(sv->store, f->offset, f->count, ZS_STORE_F32, &data) != ZS_STORE_OK) {
+        reply_error(sv, c, f, ZS_FS_BAD_RANGE, "range is not inside one shard of this server");
+        return;
+    }
+    int i = 0;
+    while (i < sv->n_local && !(f->offset >= sv->local[i].begin && f->offset < sv->local[i].end))
+        i++;
+    zs_frame r = {.op = ZS_OP_FETCH_REPLY,
+                  .dtype = ZS_DTYPE_F32,
+                  .id = f->id,
+                  .step = (uint64_t)v,
+                  .offset = f->offset,
+                  .count = f->count,
+                  .length = f->count * sizeof(float)};
+    zs_mr *mr = f->chunk == 0 ? sv->mr_f32[i] : f->chunk == 1 ? sv->mr_m[i] : sv->mr_v[i];
+    size_t off = (f->offset - sv->local[i].begin) * sizeof(float);
+    if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
+        sv->store_sends++;
+    else
+        ZS_WARN("server %u: state fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
+                zs_last_error());
+}
+
 static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
 {
+    if (f->flags & ZS_FRAME_FLAG_STATE) {
+        on_fetch_state(sv, c, f);
+        return;
+    }
     long v = zs_store_version(sv->store);
     if (f->dtype != ZS_DTYPE_F32 && f->dtype != ZS_DTYPE_BF16) {
         reply_error(sv, c, f, ZS_FS_BAD_RANGE, "fetch dtype must be F32 or BF16");
@@ -298,6 +351,18 @@ enum { PUSH_TAKE, PUSH_DEFER, PUSH_REFUSED };
  * owner, but the server reads its control socket only between data-plane turns. */
 #define OWNER_GRACE_MS 100
 
+/* The store a push lands in: the server's own, its replica's, or NULL (neither holds it). */
+static zs_store *push_target(const server *sv, const zs_frame *f)
+{
+    const void *data;
+    if (zs_store_locate(sv->store, f->offset, f->count, ZS_STORE_F32, &data) == ZS_STORE_OK)
+        return sv->store;
+    if (sv->replica && zs_store_locate(zs_replica_store(sv->replica), f->offset, f->count,
+                                       ZS_STORE_F32, &data) == ZS_STORE_OK)
+        return zs_replica_store(sv->replica);
+    return NULL;
+}
+
 static int push_check(server *sv, const waiting_push *w)
 {
     zs_conn *c = w->conn;
@@ -306,7 +371,7 @@ static int push_check(server *sv, const waiting_push *w)
         w->ctrl_epoch == sv->ctrl_epoch || now_ms(sv) - w->arrived_ms < OWNER_GRACE_MS;
     const char *why = NULL;
     zs_frame_status st = ZS_FS_OK;
-    const void *data;
+    zs_store *target = push_target(sv, f);
     if (f->dtype != ZS_DTYPE_F32)
         st = ZS_FS_BAD_RANGE, why = "push payload must be F32";
     else if ((long)f->step != zs_store_version(sv->store) || sv->verdict_pending)
@@ -319,8 +384,10 @@ static int push_check(server *sv, const waiting_push *w)
         return PUSH_DEFER; /* the chunk may have been reassigned to the sender */
     else if (sv->owner[f->chunk] != f->sender)
         st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
-    else if (zs_store_locate(sv->store, f->offset, f->count, ZS_STORE_F32, &data) != ZS_STORE_OK)
-        st = ZS_FS_BAD_RANGE, why = "range is not inside one shard of this server";
+    else if (!target)
+        st = ZS_FS_BAD_RANGE, why = "range is not inside one shard of this server or its replica";
+    else if (target != sv->store && zs_replica_applying(sv->replica))
+        return PUSH_DEFER; /* the replica is still applying the previous step */
     if (st == ZS_FS_OK)
         return PUSH_TAKE;
     reply_error(sv, c, f, st, why);
@@ -410,6 +477,8 @@ static zs_err send_partials(server *sv)
     p.n_partials = (size_t)n;
     p.partials = ptrs;
     p.has_nonfinite = nonfinite;
+    p.has_replicas_current = 1;
+    p.replicas_current = sv->replica && !zs_replica_lost(sv->replica);
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_GRAD_NORM_PARTIAL;
     env.grad_norm_partial = &p;
@@ -444,14 +513,33 @@ static zs_frame_status wire_status(zs_store_result r)
     return ZS_FS_BAD_FRAME;
 }
 
+/* Once every chunk of the step is in, here and in the replica held here (unless it was given
+ * up): the step's partial sums to the coordinator. */
+static void maybe_send_partials(server *sv)
+{
+    if (sv->partials_sent || !sv->store || !zs_store_complete(sv->store))
+        return;
+    if (sv->replica && !zs_replica_lost(sv->replica) && !zs_replica_complete(sv->replica))
+        return;
+    if (send_partials(sv) != ZS_OK)
+        ZS_ERROR("server %u: %s", sv->id, zs_last_error());
+    sv->partials_sent = 1;
+    ZS_DEBUG("server %u: step %ld complete, partials sent", sv->id, zs_store_version(sv->store));
+}
+
 static void on_push_done(server *sv, int slot, zs_err err)
 {
     scratch *s = &sv->pool[slot];
     s->busy = 0;
     if (err == ZS_OK) {
         const char *why = "";
-        zs_store_result res = zs_store_push(sv->store, (long)s->frame.step, (int)s->frame.chunk,
-                                            s->frame.offset, s->frame.count, s->buf, &why);
+        zs_store *target = push_target(sv, &s->frame);
+        zs_store_result res = ZS_STORE_BAD_RANGE;
+        if (target && target != sv->store && zs_replica_lost(sv->replica))
+            res = ZS_STORE_OK; /* a replica given up: its pushes are dropped */
+        else if (target)
+            res = zs_store_push(target, (long)s->frame.step, (int)s->frame.chunk, s->frame.offset,
+                                s->frame.count, s->buf, &why);
         zs_frame_status st = wire_status(res);
         if (res == ZS_STORE_NOMEM)
             ZS_ERROR("server %u: push of step %llu chunk %u refused: %s", sv->id,
@@ -474,13 +562,7 @@ static void on_push_done(server *sv, int slot, zs_err err)
         } else if (s->conn && !sv->ops->conn_closed(s->conn)) {
             reply_error(sv, s->conn, &s->frame, st, why);
         }
-        if (!sv->partials_sent && zs_store_complete(sv->store)) {
-            if (send_partials(sv) != ZS_OK)
-                ZS_ERROR("server %u: %s", sv->id, zs_last_error());
-            sv->partials_sent = 1;
-            ZS_DEBUG("server %u: step %ld complete, partials sent", sv->id,
-                     zs_store_version(sv->store));
-        }
+        maybe_send_partials(sv);
     } else {
         /* The peer went away mid-payload: the scratch contents are simply not used. */
         ZS_WARN("server %u: push payload lost: %s", sv->id, zs_last_error());
@@ -714,6 +796,9 @@ static void maybe_apply(server *sv)
     if (send_ctrl(sv, &env) != ZS_OK)
         ZS_ERROR("server %u: %s", sv->id, zs_last_error());
     ZS_DEBUG("server %u: published version %ld", sv->id, v);
+    if (sv->replica && !zs_replica_lost(sv->replica) &&
+        zs_replica_apply(sv->replica, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip) != ZS_OK)
+        zs_replica_lose(sv->replica, zs_last_error());
     if (ckpt_due(sv, v))
         ckpt_start(sv, v);
     /* Serve the fetches that waited for this version, keep the later ones. */
@@ -777,7 +862,7 @@ static void heartbeat_if_due(server *sv);
  * from (any boundaries: the checkpoint may have been written by another number of servers),
  * verifying every byte against the manifest's checksums, and moves the store to its version.
  */
-static zs_err restore_shards(server *sv)
+static zs_err restore_store(server *sv, zs_store *st)
 {
     zs_ckpt ck;
     ZS_CHECK(zs_ckpt_open(sv->job.resume_dir, &ck));
@@ -792,19 +877,19 @@ static zs_err restore_shards(server *sv)
                        (unsigned long long)sv->job.run_id, sv->job.resume_step);
         goto out;
     }
-    for (int i = 0; i < sv->n_local && res == ZS_OK; i++) {
+    for (int i = 0; i < zs_store_local_count(st) && res == ZS_OK; i++) {
         zs_shard_range r;
         float *a[ZS_CKPT_ARRAYS];
-        zs_store_state(sv->store, i, &r, &a[ZS_CKPT_PARAM], &a[ZS_CKPT_EXP_AVG],
-                       &a[ZS_CKPT_EXP_AVG_SQ]);
+        zs_store_state(st, i, &r, &a[ZS_CKPT_PARAM], &a[ZS_CKPT_EXP_AVG], &a[ZS_CKPT_EXP_AVG_SQ]);
         for (int k = 0; k < ZS_CKPT_ARRAYS && res == ZS_OK; k++)
             res = zs_ckpt_read(&ck, (zs_ckpt_array)k, r.begin, r.end, a[k]);
         heartbeat_if_due(sv);
     }
     if (res == ZS_OK) {
-        zs_store_restored(sv->store, sv->job.resume_step);
-        ZS_INFO("server %u: restored %d shards from %s (step %ld)", sv->id, sv->n_local,
-                sv->job.resume_dir, sv->job.resume_step);
+        zs_store_restored(st, sv->job.resume_step);
+        ZS_INFO("server %u: restored %d %sshards from %s (step %ld)", sv->id,
+                zs_store_local_count(st), st == sv->store ? "" : "replica ", sv->job.resume_dir,
+                sv->job.resume_step);
     }
 out:
     zs_ckpt_close(&ck);
@@ -813,16 +898,32 @@ out:
 
 /*
  * Drops the shards and all that refers to them -- every data-plane connection (their
- * requests were for the old map), held fetches, waiting pushes, registrations, the store --
+ * requests were for the old map), held fetches, waiting pushes, registrations, the stores --
  * so that setup_shards can build them again from a new map.  A checkpoint being written is
- * finished first and not reported: the coordinator abandoned it.
+ * finished first and not reported: the coordinator abandoned it.  With keep (a Restore from
+ * memory) the store and the replica's (once its apply finished; not a replica given up) are
+ * kept as old_store and old_replica for setup_shards to build the new ones from.
  */
-static void teardown_shards(server *sv)
+static void teardown_shards(server *sv, int keep)
 {
     if (sv->ckpt.running) {
         pthread_join(sv->ckpt.thread, NULL);
         sv->ckpt.running = 0;
     }
+    if (keep) {
+        zs_store_free(sv->old_store);
+        zs_store_free(sv->old_replica);
+        sv->old_store = sv->store;
+        sv->store = NULL;
+        sv->old_replica = NULL;
+        if (sv->replica && !zs_replica_lost(sv->replica))
+            sv->old_replica = zs_replica_release(sv->replica);
+        else
+            zs_replica_free(sv->replica);
+    } else {
+        zs_replica_free(sv->replica);
+    }
+    sv->replica = NULL;
     while (sv->n_conns > 0) {
         zs_conn *c = sv->conns[sv->n_conns - 1];
         forget_conn(sv, c);
@@ -840,27 +941,154 @@ static void teardown_shards(server *sv)
         free(sv->pool[i].buf);
         sv->pool[i] = (scratch){0};
     }
-    for (int i = 0; i < sv->n_local; i++) {
-        if (sv->mr_f32 && sv->mr_f32[i])
-            sv->ops->dereg_mr(sv->mr_f32[i]);
-        if (sv->mr_bf16 && sv->mr_bf16[i])
-            sv->ops->dereg_mr(sv->mr_bf16[i]);
+    zs_mr **mrs[] = {sv->mr_f32, sv->mr_bf16, sv->mr_m, sv->mr_v};
+    for (int k = 0; k < 4; k++) {
+        for (int i = 0; mrs[k] && i < sv->n_local; i++)
+            if (mrs[k][i])
+                sv->ops->dereg_mr(mrs[k][i]);
+        free(mrs[k]);
     }
     zs_store_free(sv->store);
     sv->store = NULL;
     free(sv->local);
-    free(sv->mr_f32);
-    free(sv->mr_bf16);
     free(sv->owner);
     free(sv->ckpt.files);
     sv->local = NULL;
-    sv->mr_f32 = sv->mr_bf16 = NULL;
+    sv->mr_f32 = sv->mr_bf16 = sv->mr_m = sv->mr_v = NULL;
     sv->owner = NULL;
     sv->ckpt.files = NULL;
     sv->n_local = 0;
     if (sv->have_map)
         zs_shardmap_free(&sv->map);
     sv->have_map = 0;
+}
+
+/* Initializes a new store as the job starts: from the checkpoint it resumes from, the --init
+ * weights (full), or the seed, shard by shard with heartbeats in between (a server with many or
+ * large shards may take longer than the heartbeat timeout to initialize them all). */
+static zs_err init_store(server *sv, zs_store *st, const float *full)
+{
+    if (sv->job.resume_step > 0)
+        return restore_store(sv, st);
+    if (full) {
+        zs_store_load(st, full);
+        return ZS_OK;
+    }
+    for (int i = 0; i < zs_store_local_count(st); i++) {
+        zs_store_init_seed_shard(st, i, sv->cfg.seed);
+        heartbeat_if_due(sv);
+    }
+    return ZS_OK;
+}
+
+/* Moves shard i of st (empty) out of the old store or the old replica, which are at version v. */
+static zs_err take_from_memory(server *sv, zs_store *st, int i, long v, int *found)
+{
+    zs_shard_range r;
+    float *p, *m, *var;
+    *found = 0;
+    /* zs_store_state reads only the range of a shard without arrays. */
+    zs_store_state(st, i, &r, &p, &m, &var);
+    zs_store *from[2] = {sv->old_store, sv->old_replica};
+    for (int k = 0; k < 2; k++) {
+        int j = from[k] ? zs_store_find(from[k], r.index) : -1;
+        if (j < 0)
+            continue;
+        if (zs_store_version(from[k]) != v)
+            return zs_error(ZS_ERR_INTERNAL,
+                            "server %u: restore from memory at version %ld, but the %s here is at "
+                            "version %ld",
+                            sv->id, v, k ? "replica" : "state", zs_store_version(from[k]));
+        *found = 1;
+        return zs_store_move(st, i, from[k], j);
+    }
+    return ZS_OK;
+}
+
+/* The shards of the map whose replica this server holds (*n of them, none: *n 0). */
+static zs_err replica_ranges(server *sv, zs_shard_range **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    int me = zs_shardmap_server_index(&sv->map, sv->id);
+    int count = 0;
+    for (int p = 0; p < sv->map.n_servers; p++)
+        if (zs_shardmap_replica(&sv->map, p) == me && p != me)
+            count += sv->map.server_first[p + 1] - sv->map.server_first[p];
+    if (count == 0)
+        return ZS_OK;
+    zs_shard_range *r = calloc((size_t)count, sizeof *r);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
+    /* In vector order, as a store wants them. */
+    for (int i = 0, k = 0; i < sv->map.n_shards; i++) {
+        int p = sv->map.shards[i].server;
+        if (zs_shardmap_replica(&sv->map, p) == me && p != me)
+            r[k++] = (zs_shard_range){i, sv->map.shards[i].begin, sv->map.shards[i].end};
+    }
+    *out = r;
+    *n = count;
+    return ZS_OK;
+}
+
+/* How long a replica load may take: its servers are rebuilding their own stores meanwhile. */
+static int replica_load_ms(const server *sv)
+{
+    int t = 4 * sv->cfg.cluster.heartbeat_timeout_ms;
+    return t > 10000 ? t : 10000;
+}
+
+/*
+ * The replica this server holds in the map, if any: as the job starts, initialized like its
+ * original (full: the --init weights); after a failover, made of what this server holds
+ * already and the rest fetched from the shards' servers by a load.
+ */
+static zs_err setup_replica(server *sv, const float *full)
+{
+    zs_shard_range *r;
+    int n;
+    ZS_CHECK(replica_ranges(sv, &r, &n));
+    if (n == 0)
+        return ZS_OK;
+    zs_store *st = NULL;
+    int *todo = NULL, n_todo = 0;
+    zs_err res;
+    if (!sv->from_memory) {
+        res = zs_store_create(&sv->tt, &sv->cfg, r, n, sv->opts->threads, &st);
+        if (res == ZS_OK)
+            res = init_store(sv, st, full);
+    } else {
+        res = zs_store_create_empty(&sv->tt, &sv->cfg, r, n, sv->opts->threads, &st);
+        todo = malloc((size_t)n * sizeof *todo);
+        if (res == ZS_OK && !todo)
+            res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
+        for (int i = 0; i < n && res == ZS_OK; i++) {
+            int found;
+            res = take_from_memory(sv, st, i, sv->memory_version, &found);
+            if (res == ZS_OK && !found) {
+                todo[n_todo++] = i;
+                res = zs_store_alloc(st, i);
+            }
+        }
+        if (res == ZS_OK)
+            zs_store_set_version(st, sv->memory_version);
+    }
+    if (res == ZS_OK)
+        res = zs_replica_new(st, &sv->replica);
+    if (res != ZS_OK) {
+        zs_store_free(st);
+    } else if (n_todo > 0) {
+        ZS_INFO("server %u: replica of %d shards, %d of them to fetch at version %ld", sv->id, n,
+                n_todo, sv->memory_version);
+        if (zs_replica_load(sv->replica, &sv->map, sv->endpoint_list, sv->id, sv->memory_version,
+                            todo, n_todo, replica_load_ms(sv)) != ZS_OK)
+            zs_replica_lose(sv->replica, zs_last_error());
+    } else {
+        ZS_INFO("server %u: replica of %d shards", sv->id, n);
+    }
+    free(todo);
+    free(r);
+    return res;
 }
 
 /* Sets up the shards of this server once both the job spec and the shard map are in. */
@@ -881,45 +1109,79 @@ static zs_err setup_shards(server *sv)
     sv->local = calloc((size_t)count, sizeof *sv->local);
     sv->mr_f32 = calloc((size_t)count, sizeof *sv->mr_f32);
     sv->mr_bf16 = calloc((size_t)count, sizeof *sv->mr_bf16);
+    sv->mr_m = calloc((size_t)count, sizeof *sv->mr_m);
+    sv->mr_v = calloc((size_t)count, sizeof *sv->mr_v);
     sv->owner = calloc((size_t)sv->cfg.chunks, sizeof *sv->owner);
     sv->ckpt.files = calloc((size_t)count, sizeof *sv->ckpt.files);
-    if (!sv->local || !sv->mr_f32 || !sv->mr_bf16 || !sv->owner || !sv->ckpt.files)
+    if (!sv->local || !sv->mr_f32 || !sv->mr_bf16 || !sv->mr_m || !sv->mr_v || !sv->owner ||
+        !sv->ckpt.files)
         return zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
     for (int i = 0; i < count; i++) {
         const zs_shard *sh = &sv->map.shards[mine[i]];
         sv->local[i] = (zs_shard_range){mine[i], sh->begin, sh->end};
     }
-    ZS_CHECK(zs_store_create(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, &sv->store));
-    if (sv->job.resume_step > 0) {
-        ZS_CHECK(restore_shards(sv));
-    } else if (sv->opts->init_dir) {
-        float *full = malloc(sv->tt.total * sizeof *full);
-        if (!full)
-            return zs_error(ZS_ERR_NOMEM, "server %u: out of memory for the checkpoint", sv->id);
-        char path[4096];
-        snprintf(path, sizeof path, "%s/model.safetensors", sv->opts->init_dir);
-        zs_err e = zs_modelfile_load_weights(&sv->tt, path, full);
+    if (sv->from_memory) {
+        ZS_CHECK(zs_store_create_empty(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads,
+                                       &sv->store));
+        for (int i = 0; i < count; i++) {
+            int found;
+            ZS_CHECK(take_from_memory(sv, sv->store, i, sv->memory_version, &found));
+            if (!found)
+                return zs_error(ZS_ERR_INTERNAL,
+                                "server %u: restore from memory: shard %d is neither here nor in "
+                                "the replica here",
+                                sv->id, sv->local[i].index);
+        }
+        zs_store_set_version(sv->store, sv->memory_version);
+        ZS_CHECK(setup_replica(sv, NULL));
+        zs_store_free(sv->old_store);
+        zs_store_free(sv->old_replica);
+        sv->old_store = sv->old_replica = NULL;
+        ZS_INFO("server %u: restored from memory at version %ld", sv->id, sv->memory_version);
+    } else {
+        ZS_CHECK(
+            zs_store_create(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, &sv->store));
+        float *full = NULL;
+        if (sv->job.resume_step == 0 && sv->opts->init_dir) {
+            full = malloc(sv->tt.total * sizeof *full);
+            if (!full)
+                return zs_error(ZS_ERR_NOMEM, "server %u: out of memory for the checkpoint",
+                                sv->id);
+            char path[4096];
+            snprintf(path, sizeof path, "%s/model.safetensors", sv->opts->init_dir);
+            zs_err e = zs_modelfile_load_weights(&sv->tt, path, full);
+            if (e != ZS_OK) {
+                free(full);
+                return e;
+            }
+        }
+        zs_err e = init_store(sv, sv->store, full);
         if (e == ZS_OK)
-            zs_store_load(sv->store, full);
+            e = setup_replica(sv, full);
         free(full);
         ZS_CHECK(e);
-    } else {
-        /* Shard by shard, with heartbeats in between: a server with many or large shards
-         * may take longer than the heartbeat timeout to initialize them all. */
-        for (int i = 0; i < zs_store_local_count(sv->store); i++) {
-            zs_store_init_seed_shard(sv->store, i, sv->cfg.seed);
-            heartbeat_if_due(sv);
-        }
     }
     size_t biggest = 0;
     for (int i = 0; i < count; i++) {
         size_t len = sv->local[i].end - sv->local[i].begin;
-        const void *f32, *bf16;
-        zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_F32, &f32);
+        zs_shard_range r;
+        float *param, *m, *v;
+        const void *bf16;
+        zs_store_state(sv->store, i, &r, &param, &m, &v);
         zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_BF16, &bf16);
-        ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)f32, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
+        ZS_CHECK(sv->ops->reg_mr(sv->net, param, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
         ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)bf16, len * 2, ZS_MR_SEND, &sv->mr_bf16[i]));
+        ZS_CHECK(sv->ops->reg_mr(sv->net, m, len * 4, ZS_MR_SEND, &sv->mr_m[i]));
+        ZS_CHECK(sv->ops->reg_mr(sv->net, v, len * 4, ZS_MR_SEND, &sv->mr_v[i]));
         biggest = len > biggest ? len : biggest;
+    }
+    if (sv->replica) {
+        zs_store *rs = zs_replica_store(sv->replica);
+        for (int i = 0; i < zs_store_local_count(rs); i++) {
+            zs_shard_range r;
+            zs_store_params(rs, i, &r);
+            biggest = r.end - r.begin > biggest ? r.end - r.begin : biggest;
+        }
     }
     for (int i = 0; i < SCRATCH_BUFFERS; i++) {
         if (!(sv->pool[i].buf = malloc(biggest * sizeof(float))))
@@ -935,7 +1197,30 @@ static zs_err setup_shards(server *sv)
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_READY;
     env.ready = &r;
-    return send_ctrl(sv, &env);
+    ZS_CHECK(send_ctrl(sv, &env));
+    if (sv->from_memory && sv->rewrite_ckpt) {
+        /* The lost server never wrote its part of this version's checkpoint: all write it
+         * again (the same bytes where a file exists already). */
+        ckpt_start(sv, sv->memory_version);
+    }
+    sv->from_memory = sv->rewrite_ckpt = 0;
+    return ZS_OK;
+}
+
+/* The data-plane addresses of the map's servers, by map index (replica loads connect to them). */
+static zs_err keep_endpoints(server *sv, const Zshard__ShardMap *m)
+{
+    free(sv->endpoints);
+    free(sv->endpoint_list);
+    sv->endpoints = calloc(m->n_servers, sizeof *sv->endpoints);
+    sv->endpoint_list = calloc(m->n_servers, sizeof *sv->endpoint_list);
+    if (!sv->endpoints || !sv->endpoint_list)
+        return zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
+    for (size_t s = 0; s < m->n_servers; s++) {
+        snprintf(sv->endpoints[s], sizeof sv->endpoints[s], "%s", m->servers[s]->endpoint);
+        sv->endpoint_list[s] = sv->endpoints[s];
+    }
+    return ZS_OK;
 }
 
 static void on_ctrl(server *sv, const Zshard__Envelope *env)
@@ -962,22 +1247,47 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
         e = zs_msg_jobspec_to_config(env->job_spec, &sv->cfg, &sv->tt, &sv->job);
         sv->have_job = e == ZS_OK;
         break;
-    case ZSHARD__ENVELOPE__BODY_RESTORE:
+    case ZSHARD__ENVELOPE__BODY_RESTORE: {
         /* The next ShardMap (set up below once it is in) loads this version. */
+        const Zshard__Restore *rs = env->restore;
         if (!sv->have_job)
             return;
+        if (rs->has_from_memory && rs->from_memory) {
+            ZS_WARN("server %u: restore from memory at version %llu, a new shard map follows",
+                    sv->id, (unsigned long long)rs->version);
+            if (!sv->store || sv->verdict_pending ||
+                zs_store_version(sv->store) != (long)rs->version) {
+                e = zs_error(ZS_ERR_INVALID,
+                             "server %u: cannot restore from memory at version %llu: this "
+                             "server is %s",
+                             sv->id, (unsigned long long)rs->version,
+                             !sv->store            ? "not set up"
+                             : sv->verdict_pending ? "applying a step"
+                                                   : "at another version");
+                break;
+            }
+            teardown_shards(sv, 1);
+            sv->from_memory = 1;
+            sv->rewrite_ckpt = rs->has_checkpoint && rs->checkpoint;
+            sv->memory_version = (long)rs->version;
+            return;
+        }
         ZS_WARN("server %u: restore: back to version %llu (%s), a new shard map follows", sv->id,
-                (unsigned long long)env->restore->version,
-                env->restore->step_dir[0] ? env->restore->step_dir : "the job's start");
-        teardown_shards(sv);
-        sv->job.resume_step = (long)env->restore->version;
-        snprintf(sv->job.resume_dir, sizeof sv->job.resume_dir, "%s", env->restore->step_dir);
+                (unsigned long long)rs->version,
+                rs->step_dir[0] ? rs->step_dir : "the job's start");
+        teardown_shards(sv, 0);
+        sv->from_memory = 0;
+        sv->job.resume_step = (long)rs->version;
+        snprintf(sv->job.resume_dir, sizeof sv->job.resume_dir, "%s", rs->step_dir);
         return;
+    }
     case ZSHARD__ENVELOPE__BODY_SHARD_MAP:
         if (sv->have_map)
             return;
         e = zs_shardmap_from_msg(env->shard_map, &sv->map);
         sv->have_map = e == ZS_OK;
+        if (e == ZS_OK)
+            e = keep_endpoints(sv, env->shard_map);
         break;
     case ZSHARD__ENVELOPE__BODY_STEP_ASSIGN: {
         const Zshard__StepAssign *a = env->step_assign;
@@ -1074,6 +1384,9 @@ void zs_server_close(zs_server *sv)
         sv->ckpt.running = 0;
     }
     free(sv->ckpt.files);
+    zs_replica_free(sv->replica); /* waits for its thread */
+    zs_store_free(sv->old_store);
+    zs_store_free(sv->old_replica);
     if (sv->net)
         sv->ops->close(sv->net); /* frees listener, connections and registrations */
     for (int i = 0; i < SCRATCH_BUFFERS; i++)
@@ -1087,6 +1400,10 @@ void zs_server_close(zs_server *sv)
     free(sv->local);
     free(sv->mr_f32);
     free(sv->mr_bf16);
+    free(sv->mr_m);
+    free(sv->mr_v);
+    free(sv->endpoints);
+    free(sv->endpoint_list);
     free(sv->owner);
     free(sv->held);
     free(sv->waiting);
@@ -1213,6 +1530,12 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
     if (sv->n_waiting > 0 && sv->store)
         drain_waiting(sv);
     ckpt_reap(sv, 0);
+    if (sv->replica && zs_replica_poll(sv->replica)) {
+        /* An apply finished (pushes for the replica deferred meanwhile may go) or a load did
+         * (the step's partial sums may be due). */
+        drain_waiting(sv);
+        maybe_send_partials(sv);
+    }
     heartbeat_if_due(sv);
     coord_alive_check(sv);
     return ZS_OK;

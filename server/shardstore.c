@@ -53,8 +53,37 @@ static void *zalloc(size_t n)
     return p;
 }
 
-zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
-                       const zs_shard_range *ranges, int n, int threads, zs_store **out)
+static void reset_chunk(chunk_state *cs)
+{
+    free(cs->iv);
+    free(cs->stage);
+    memset(cs, 0, sizeof *cs);
+}
+
+/* The arrays of one shard, zeroed. */
+static int alloc_arrays(shard *s)
+{
+    s->param = zalloc(s->len * sizeof(float));
+    s->m = zalloc(s->len * sizeof(float));
+    s->v = zalloc(s->len * sizeof(float));
+    s->acc = zalloc(s->len * sizeof(float));
+    s->bf16 = zalloc(s->len * sizeof(uint16_t));
+    return s->param && s->m && s->v && s->acc && s->bf16 ? 0 : -1;
+}
+
+static void free_arrays(shard *s)
+{
+    free(s->param);
+    free(s->m);
+    free(s->v);
+    free(s->acc);
+    free(s->bf16);
+    s->param = s->m = s->v = s->acc = NULL;
+    s->bf16 = NULL;
+}
+
+static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *ranges,
+                     int n, int threads, int arrays, zs_store **out)
 {
     *out = NULL;
     for (int i = 0; i < n; i++) {
@@ -80,13 +109,8 @@ zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
         shard *s = &st->shards[i];
         s->r = ranges[i];
         s->len = s->r.end - s->r.begin;
-        s->param = zalloc(s->len * sizeof(float));
-        s->m = zalloc(s->len * sizeof(float));
-        s->v = zalloc(s->len * sizeof(float));
-        s->acc = zalloc(s->len * sizeof(float));
-        s->bf16 = zalloc(s->len * sizeof(uint16_t));
         s->chunks = calloc((size_t)st->C, sizeof *s->chunks);
-        if (!s->param || !s->m || !s->v || !s->acc || !s->bf16 || !s->chunks)
+        if (!s->chunks || (arrays && alloc_arrays(s) != 0))
             goto nomem;
     }
     *out = st;
@@ -96,11 +120,76 @@ nomem:
     return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for %d shards", n);
 }
 
-static void reset_chunk(chunk_state *cs)
+zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
+                       const zs_shard_range *ranges, int n, int threads, zs_store **out)
 {
-    free(cs->iv);
-    free(cs->stage);
-    memset(cs, 0, sizeof *cs);
+    return create(tt, cfg, ranges, n, threads, 1, out);
+}
+
+zs_err zs_store_create_empty(const zs_tensor_table *tt, const zs_config *cfg,
+                             const zs_shard_range *ranges, int n, int threads, zs_store **out)
+{
+    return create(tt, cfg, ranges, n, threads, 0, out);
+}
+
+int zs_store_find(const zs_store *st, int index)
+{
+    int lo = 0, hi = st->n;
+    while (lo < hi) { /* shards are sorted by begin, and so by index */
+        int mid = lo + (hi - lo) / 2;
+        if (st->shards[mid].r.index < index)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < st->n && st->shards[lo].r.index == index ? lo : -1;
+}
+
+zs_err zs_store_move(zs_store *dst, int i, zs_store *src, int j)
+{
+    shard *d = &dst->shards[i], *s = &src->shards[j];
+    if (d->r.begin != s->r.begin || d->r.end != s->r.end || !s->param)
+        return zs_error(ZS_ERR_INVALID,
+                        "shard store: cannot move shard %d [%zu, %zu) into shard %d [%zu, %zu)%s",
+                        s->r.index, s->r.begin, s->r.end, d->r.index, d->r.begin, d->r.end,
+                        s->param ? "" : ": it has no state");
+    free_arrays(d);
+    d->param = s->param;
+    d->m = s->m;
+    d->v = s->v;
+    d->acc = s->acc;
+    d->bf16 = s->bf16;
+    s->param = s->m = s->v = s->acc = NULL;
+    s->bf16 = NULL;
+    return ZS_OK;
+}
+
+zs_err zs_store_alloc(zs_store *st, int i)
+{
+    shard *s = &st->shards[i];
+    if (s->param)
+        return ZS_OK;
+    if (alloc_arrays(s) != 0) {
+        free_arrays(s);
+        return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for shard %d (%zu floats)",
+                        s->r.index, s->len);
+    }
+    return ZS_OK;
+}
+
+void zs_store_drop_step(zs_store *st)
+{
+    for (int i = 0; i < st->n; i++) {
+        shard *s = &st->shards[i];
+        for (int c = 0; c < st->C; c++)
+            reset_chunk(&s->chunks[c]);
+        s->next = 0;
+    }
+}
+
+void zs_store_set_version(zs_store *st, long version)
+{
+    st->version = version;
 }
 
 void zs_store_free(zs_store *st)
@@ -112,11 +201,7 @@ void zs_store_free(zs_store *st)
         for (int c = 0; s->chunks && c < st->C; c++)
             reset_chunk(&s->chunks[c]);
         free(s->chunks);
-        free(s->param);
-        free(s->m);
-        free(s->v);
-        free(s->acc);
-        free(s->bf16);
+        free_arrays(s);
     }
     free(st->shards);
     free(st);

@@ -159,13 +159,14 @@ static zs_err op_new(zs_client *cl, size_t begin, size_t end, int is_push, zs_cl
         return zs_error(ZS_ERR_NOMEM, "client: out of memory for %d pieces", n);
     }
     op->is_push = is_push;
-    op->pieces = calloc((size_t)n, sizeof *op->pieces);
+    int sends = is_push ? 2 * n : n; /* a push may go to replicas too */
+    op->pieces = calloc((size_t)sends, sizeof *op->pieces);
     int got = 0;
     zs_err res = op->pieces ? zs_shardmap_split(cl->map, begin, end, pieces, n, &got)
                             : zs_error(ZS_ERR_NOMEM, "client: out of memory");
     if (res == ZS_OK && is_push) {
-        op->replies = malloc((size_t)n * REPLY_BYTES);
-        res = op->replies ? cl->ops->reg_mr(cl->net, op->replies, (size_t)n * REPLY_BYTES,
+        op->replies = malloc((size_t)sends * REPLY_BYTES);
+        res = op->replies ? cl->ops->reg_mr(cl->net, op->replies, (size_t)sends * REPLY_BYTES,
                                             ZS_MR_RECV, &op->replies_mr)
                           : zs_error(ZS_ERR_NOMEM, "client: out of memory");
     }
@@ -177,13 +178,22 @@ static zs_err op_new(zs_client *cl, size_t begin, size_t end, int is_push, zs_cl
     for (int i = 0; i < got; i++)
         op->pieces[i].piece = pieces[i];
     op->n = got;
+    /* A push goes to the replica of each piece's server too (after the originals). */
+    for (int i = 0; is_push && i < got; i++) {
+        int r = zs_shardmap_replica(cl->map, pieces[i].server);
+        if (r >= 0) {
+            op->pieces[op->n].piece = pieces[i];
+            op->pieces[op->n++].piece.server = r;
+        }
+    }
     free(pieces);
     *out = op;
     return ZS_OK;
 }
 
-zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs_frame_dtype dtype,
-                       void *dst, zs_client_op **out)
+/* A fetch of the published copy in dtype (array < 0) or of optimizer-state array `array`. */
+static zs_err fetch(zs_client *cl, size_t begin, size_t end, long version, zs_frame_dtype dtype,
+                    int array, void *dst, zs_client_op **out)
 {
     *out = NULL;
     size_t esz = zs_frame_dtype_size(dtype);
@@ -198,8 +208,10 @@ zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs
         size_t count = p->piece.end - p->piece.begin;
         zs_frame f = {.op = ZS_OP_FETCH,
                       .dtype = dtype,
+                      .flags = array >= 0 ? ZS_FRAME_FLAG_STATE : 0,
                       .id = ++cl->next_id,
                       .step = (uint64_t)version,
+                      .chunk = array >= 0 ? (uint32_t)array : 0,
                       .offset = p->piece.begin,
                       .count = count};
         zs_conn *c = cl->conn[p->piece.server];
@@ -217,6 +229,21 @@ zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs
     }
     *out = op;
     return ZS_OK;
+}
+
+zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs_frame_dtype dtype,
+                       void *dst, zs_client_op **op)
+{
+    return fetch(cl, begin, end, version, dtype, -1, dst, op);
+}
+
+zs_err zs_client_fetch_state(zs_client *cl, size_t begin, size_t end, long version, int array,
+                             float *dst, zs_client_op **op)
+{
+    if (array < 0 || array >= ZS_FRAME_STATE_ARRAYS)
+        return zs_error(ZS_ERR_INVALID, "client: state array %d, expected 0..%d", array,
+                        ZS_FRAME_STATE_ARRAYS - 1);
+    return fetch(cl, begin, end, version, ZS_DTYPE_F32, array, dst, op);
 }
 
 zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int chunk,

@@ -39,8 +39,16 @@ zs_err zs_client_register(zs_client *cl, void *base, size_t bytes);
 zs_err zs_client_fetch(zs_client *cl, size_t begin, size_t end, long version, zs_frame_dtype dtype,
                        void *dst, zs_client_op **op);
 
-/* Starts pushing the fp32 gradient src[0 .. end - begin) of [begin, end) for (step, chunk).
- * Does not block.  A piece the server already had counts as done (a duplicate). */
+/* Starts fetching optimizer-state array `array` (0: fp32 master weights, 1: exp_avg, 2:
+ * exp_avg_sq) of [begin, end) at `version` into dst (registered).  Servers answer it only while
+ * they are at exactly that version (a replica being built after a failover). */
+zs_err zs_client_fetch_state(zs_client *cl, size_t begin, size_t end, long version, int array,
+                             float *dst, zs_client_op **op);
+
+/* Starts pushing the fp32 gradient src[0 .. end - begin) of [begin, end) for (step, chunk),
+ * to each piece's server and, where the map gives that server a replica, to the replica's
+ * server as well (the op is done when both accepted).  Does not block.  A piece the server
+ * already had counts as done (a duplicate). */
 zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int chunk,
                       const float *src, zs_client_op **op);
 

@@ -167,8 +167,16 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
                         "frame: dtype %u (text) is only valid with op %u (error), "
                         "not op %u (%s)",
                         f.dtype, ZS_OP_ERROR, f.op, opn);
-    if (f.flags != 0)
-        return zs_error(ZS_ERR_FORMAT, "frame: flags 0x%02x must be 0 (op %s)", f.flags, opn);
+    if (f.flags != 0 && f.flags != ZS_FRAME_FLAG_STATE)
+        return zs_error(ZS_ERR_FORMAT, "frame: flags 0x%02x must be 0 or 0x%02x (op %s)", f.flags,
+                        ZS_FRAME_FLAG_STATE, opn);
+    if (f.flags == ZS_FRAME_FLAG_STATE &&
+        (f.op != ZS_OP_FETCH || f.dtype != ZS_DTYPE_F32 || f.chunk >= ZS_FRAME_STATE_ARRAYS))
+        return zs_error(ZS_ERR_FORMAT,
+                        "frame: flag 0x%02x (state) needs op %u (fetch), dtype f32 and an array "
+                        "0..%d in chunk; got op %u (%s), dtype %u, chunk %u",
+                        ZS_FRAME_FLAG_STATE, ZS_OP_FETCH, ZS_FRAME_STATE_ARRAYS - 1, f.op, opn,
+                        f.dtype, f.chunk);
     if (reserved != 0)
         return zs_error(ZS_ERR_FORMAT, "frame: reserved 0x%04x must be 0 (op %s)", reserved, opn);
     if ((f.op == ZS_OP_FETCH || f.op == ZS_OP_PUSH) && f.status != 0)

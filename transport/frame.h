@@ -9,12 +9,12 @@
  *     4    2 version   ZS_FRAME_VERSION
  *     6    2 op        zs_frame_op
  *     8    1 dtype     zs_frame_dtype of the payload (and of a fetch's requested data)
- *     9    1 flags     0 (reserved; must be 0)
+ *     9    1 flags     0, or ZS_FRAME_FLAG_STATE on a fetch
  *    10    2 reserved  0
  *    12    4 status    0, or a zs_frame_status in ZS_OP_ERROR and replies
  *    16    8 id        request id chosen by the client; replies carry the request's id
  *    24    8 step      push: the step the gradient belongs to; fetch: the version wanted
- *    32    4 chunk     push: the chunk index within the step; else 0
+ *    32    4 chunk     push: the chunk index within the step; state fetch: the array; else 0
  *    36    4 sender    push: the worker's id (from registration); else 0
  *    40    8 offset    first element of the range in the flat vector
  *    48    8 count     elements in the range
@@ -27,7 +27,8 @@
  *
  * The rules, in the order zs_frame_decode() checks them (the first broken one is reported):
  *   magic == ZS_FRAME_MAGIC; version == ZS_FRAME_VERSION; 1 <= op <= ZS_OP_ERROR;
- *   dtype is a zs_frame_dtype, and ZS_DTYPE_TEXT only with ZS_OP_ERROR; flags == 0;
+ *   dtype is a zs_frame_dtype, and ZS_DTYPE_TEXT only with ZS_OP_ERROR; flags == 0, or
+ *   ZS_FRAME_FLAG_STATE with op FETCH, dtype F32 and chunk < ZS_FRAME_STATE_ARRAYS;
  *   reserved == 0; status == 0 in FETCH and PUSH, a zs_frame_status otherwise;
  *   offset + count does not overflow 64 bits; length <= ZS_FRAME_MAX_PAYLOAD;
  *   FETCH_REPLY, PUSH: length == count * dtype size (the product checked for overflow);
@@ -84,6 +85,13 @@ typedef struct {
     uint64_t count;
     uint64_t length;
 } zs_frame;
+
+/* A fetch of a server's optimizer state rather than its published weights: chunk names the
+ * array (0: the fp32 master weights, 1: AdamW's exp_avg, 2: exp_avg_sq), at version `step`.  A
+ * server that builds a replica after a failover fetches it from the shard's server; the reply
+ * is an ordinary FETCH_REPLY. */
+#define ZS_FRAME_FLAG_STATE 0x01
+#define ZS_FRAME_STATE_ARRAYS 3
 
 /* The longest text a ZS_OP_ERROR frame may carry, in bytes. */
 #define ZS_FRAME_MAX_ERROR_TEXT 4096

@@ -162,9 +162,8 @@ static void test_checkpoint(void)
     CHECK_EQ_INT(c.checkpoint.interval_steps, 50);
     CHECK_EQ_INT(c.checkpoint.keep, 3);
     CHECK_EQ_INT(c.checkpoint.replicas, 0);
-    /* Buddy replicas are not built: asking for one is refused, not ignored. */
-    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"replicas\": 1}}", "cfg.json", &c),
-                     "\"checkpoint.replicas\": 1: buddy replicas are not implemented yet");
+    CHECK(zs_config_parse("{\"checkpoint\": {\"replicas\": 1}}", "cfg.json", &c) == ZS_OK);
+    CHECK_EQ_INT(c.checkpoint.replicas, 1);
     /* Keys not given keep their defaults. */
     CHECK_OK(zs_config_parse("{\"checkpoint\": {\"keep\": 1}}", "ck", &c));
     CHECK_EQ_INT(c.checkpoint.keep, 1);

@@ -186,7 +186,22 @@ static void test_invalid_fields(void)
     CHECK_FAILS_WITH(decode_patched(push, 6, 2, 0xffff), "op 65535");
     CHECK_FAILS_WITH(decode_patched(push, 8, 1, 3), "dtype 3 is not a known dtype");
     CHECK_FAILS_WITH(decode_patched(push, 8, 1, 0xff), "dtype 255");
-    CHECK_FAILS_WITH(decode_patched(push, 9, 1, 1), "flags 0x01 must be 0");
+    CHECK_FAILS_WITH(decode_patched(push, 9, 1, 2), "flags 0x02 must be 0 or 0x01");
+    /* The state flag: only on an f32 fetch naming one of the three arrays. */
+    CHECK_FAILS_WITH(decode_patched(push, 9, 1, 1), "flag 0x01 (state) needs op 1 (fetch)");
+    {
+        zs_frame sf = sample(ZS_OP_FETCH);
+        sf.flags = ZS_FRAME_FLAG_STATE;
+        sf.dtype = ZS_DTYPE_F32;
+        sf.chunk = 2;
+        uint8_t sb[ZS_FRAME_HEADER_BYTES];
+        zs_frame back;
+        zs_frame_encode(&sf, sb);
+        CHECK(zs_frame_decode(sb, &back) == ZS_OK && back.flags == ZS_FRAME_FLAG_STATE &&
+              back.chunk == 2);
+        CHECK_FAILS_WITH(decode_patched(sf, 32, 4, 3), "an array 0..2 in chunk");
+        CHECK_FAILS_WITH(decode_patched(sf, 8, 1, ZS_DTYPE_BF16), "needs op 1 (fetch), dtype f32");
+    }
     CHECK_FAILS_WITH(decode_patched(push, 10, 2, 0x100), "reserved 0x0100 must be 0");
     CHECK_FAILS_WITH(decode_patched(push, 12, 4, 1), "status 1 must be 0");
 

@@ -168,10 +168,10 @@ static void test_register(void)
     REFUSED(&m.env, &COORD, "Register.role: 0 is not a role");
 
     make_register(&m);
-    m.reg.protocol_version = 4;
+    m.reg.protocol_version = 5;
     REFUSED(&m.env, &COORD,
-            "Register.protocol_version: protocol version 4, this coordinator "
-            "speaks 3");
+            "Register.protocol_version: protocol version 5, this coordinator "
+            "speaks 4");
     m.reg.has_protocol_version = 0;
     REFUSED(&m.env, &COORD, "Register.protocol_version: missing");
 
@@ -290,7 +290,7 @@ static void test_register_reply(void)
 
     make_reply(&m, 0);
     m.rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
-    m.rr.refusal = "protocol version 4, this coordinator speaks 3";
+    m.rr.refusal = "protocol version 5, this coordinator speaks 4";
     m.rr.has_code = 1;
     m.rr.code = ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION;
     CHECK_OK(roundtrip(&m.env, &SERVER, &out));
@@ -1404,19 +1404,19 @@ static void test_envelope(void)
     reg_msg m;
     make_register(&m);
     /* Another protocol version, refused with a message that says both. */
-    m.env.protocol_version = 4;
+    m.env.protocol_version = 5;
     REFUSED(&m.env, &COORD,
-            "Envelope.protocol_version: protocol version 4, this coordinator "
-            "speaks 3");
-    REFUSED(&m.env, &WORKER, "protocol version 4, this worker speaks 3");
-    REFUSED(&m.env, &SERVER, "protocol version 4, this server speaks 3");
-    REFUSED(&m.env, NULL, "protocol version 4, this peer speaks 3");
+            "Envelope.protocol_version: protocol version 5, this coordinator "
+            "speaks 4");
+    REFUSED(&m.env, &WORKER, "protocol version 5, this worker speaks 4");
+    REFUSED(&m.env, &SERVER, "protocol version 5, this server speaks 4");
+    REFUSED(&m.env, NULL, "protocol version 5, this peer speaks 4");
     write_seed(&m.env, "other_version", 0);
     size_t len;
     uint8_t *buf = raw_pack(&m.env, &len);
     uint32_t v = 0;
     CHECK_EQ_INT(zs_msg_peek_version(buf, len, &v), 1);
-    CHECK_EQ_INT(v, 4);
+    CHECK_EQ_INT(v, 5);
     /* ... even when the rest of its message does not decode as ours. */
     uint8_t garbled[64];
     size_t n = 0;
@@ -1428,7 +1428,7 @@ static void test_envelope(void)
     garbled[n++] = 2;
     garbled[n++] = 3;
     CHECK_FAILS_WITH(decode_bytes(garbled, n, &COORD), "protocol version 7, this coordinator "
-                                                       "speaks 3");
+                                                       "speaks 4");
     free(buf);
     m.env.protocol_version = ZS_PROTOCOL_VERSION;
     m.env.has_protocol_version = 0;
@@ -1555,13 +1555,13 @@ static void test_refusal(void)
 {
     reg_msg m;
     make_register(&m);
-    m.env.protocol_version = 4;
-    m.reg.protocol_version = 4;
+    m.env.protocol_version = 5;
+    m.reg.protocol_version = 5;
     size_t len;
     uint8_t *buf = raw_pack(&m.env, &len);
     Zshard__Envelope *env = NULL;
-    CHECK_FAILS_WITH(zs_msg_decode(buf, len, &COORD, &env), "protocol version 4, this "
-                                                            "coordinator speaks 3");
+    CHECK_FAILS_WITH(zs_msg_decode(buf, len, &COORD, &env), "protocol version 5, this "
+                                                            "coordinator speaks 4");
     Zshard__ErrorCode code = zs_msg_refusal_code(buf, len);
     CHECK_EQ_INT(code, ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION);
     free(buf);
@@ -1569,7 +1569,7 @@ static void test_refusal(void)
     snprintf(why, sizeof why, "%s", zs_last_error());
     uint8_t *reply;
     CHECK_OK(zs_msg_encode_error(0, code, why, &reply, &len));
-    /* The peer of version 3 reads our version and the text from the frozen fields. */
+    /* The peer of version 5 reads our version and the text from the frozen fields. */
     uint32_t v = 0;
     CHECK_EQ_INT(zs_msg_peek_version(reply, len, &v), 1);
     CHECK_EQ_INT(v, ZS_PROTOCOL_VERSION);
@@ -1577,7 +1577,7 @@ static void test_refusal(void)
     CHECK(got && got->body_case == ZSHARD__ENVELOPE__BODY_ERROR);
     if (got && got->error) {
         CHECK_EQ_INT(got->error->code, ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION);
-        CHECK(strstr(got->error->text, "protocol version 4, this coordinator speaks 3") != NULL);
+        CHECK(strstr(got->error->text, "protocol version 5, this coordinator speaks 4") != NULL);
     }
     zs_msg_free(got);
     CHECK_OK(decode_bytes(reply, len, &WORKER));
