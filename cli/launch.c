@@ -946,8 +946,9 @@ static void report_success(const launch *L)
             L->elastic ? " started over the run" : "");
     if (L->servers_lost)
         fprintf(stderr,
-                "zshard launch: %d server%s lost on the way; the coordinator recovered from "
-                "checkpoints each time (same bits as a run without a loss)\n",
+                "zshard launch: %d server%s lost on the way; the coordinator recovered each "
+                "time, from a replica or the newest checkpoint (same bits as a run without a "
+                "loss)\n",
                 L->servers_lost, L->servers_lost == 1 ? " was" : "s were");
     fprintf(stderr,
             "zshard launch: model in %s/model.safetensors and %s/config.json, metrics in "

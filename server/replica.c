@@ -53,35 +53,63 @@ zs_err zs_replica_new(zs_store *st, zs_replica **out)
     return ZS_OK;
 }
 
-static void join(zs_replica *r)
+/* Joins the thread (cancel: telling a load to give up first). */
+static void join(zs_replica *r, int cancel)
 {
-    if (r->running != JOB_NONE) {
+    if (r->running == JOB_NONE)
+        return;
+    if (cancel)
         atomic_store(&r->cancel, 1);
-        pthread_join(r->thread, NULL);
-        job_kind k = r->running;
-        r->running = JOB_NONE;
-        atomic_store(&r->cancel, 0);
-        if (r->result != ZS_OK)
-            zs_replica_lose(r, r->job_error);
-        else if (k == JOB_LOAD)
-            ZS_INFO("replica: loaded %d shards at version %ld", r->n_todo, r->version);
+    pthread_join(r->thread, NULL);
+    job_kind k = r->running;
+    r->running = JOB_NONE;
+    atomic_store(&r->cancel, 0);
+    if (r->result != ZS_OK && cancel && k == JOB_LOAD) {
+        r->lost = 1; /* given up on purpose: nothing to report */
+        snprintf(r->error, sizeof r->error, "its load was cancelled");
+    } else if (r->result != ZS_OK) {
+        zs_replica_lose(r, r->job_error);
+    } else if (k == JOB_LOAD) {
+        ZS_INFO("replica: loaded %d shards at version %ld", r->n_todo, r->version);
     }
+}
+
+/* Joins the thread, frees the replica; the store goes to *st (NULL: freed too). */
+static void dispose(zs_replica *r, zs_store **st)
+{
+    if (!r)
+        return;
+    join(r, 1);
+    if (st)
+        *st = r->st;
+    else
+        zs_store_free(r->st);
+    free(r->todo);
+    free(r);
 }
 
 zs_store *zs_replica_release(zs_replica *r)
 {
+    zs_store *st = NULL;
     if (!r)
         return NULL;
-    join(r);
-    zs_store *st = r->st;
-    free(r->todo);
-    free(r);
+    /* A load still running is cancelled: what it left is not a replica. */
+    if (r->running == JOB_LOAD || r->lost) {
+        dispose(r, NULL);
+        return NULL;
+    }
+    join(r, 0); /* an apply: finished, or failed and the replica lost */
+    if (r->lost) {
+        dispose(r, NULL);
+        return NULL;
+    }
+    dispose(r, &st);
     return st;
 }
 
 void zs_replica_free(zs_replica *r)
 {
-    zs_store_free(zs_replica_release(r));
+    dispose(r, NULL);
 }
 
 zs_store *zs_replica_store(const zs_replica *r)
@@ -222,7 +250,7 @@ int zs_replica_poll(zs_replica *r)
 {
     if (r->running == JOB_NONE || !atomic_load(&r->finished))
         return 0;
-    join(r);
+    join(r, 0);
     return 1;
 }
 

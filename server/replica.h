@@ -42,7 +42,9 @@ zs_err zs_replica_new(zs_store *st, zs_replica **out);
 /* Waits for a running thread, then frees everything; NULL is fine. */
 void zs_replica_free(zs_replica *r);
 
-/* Waits for a running thread and gives the store back (the replica is freed). */
+/* Gives the store back (the replica is freed) once an apply running finished; NULL (the store
+ * freed too) for a replica lost, or still loading (the load is cancelled: a half-loaded store is
+ * no replica). */
 zs_store *zs_replica_release(zs_replica *r);
 
 /* The store: the server's thread reads and pushes into it only while zs_replica_applying() is

@@ -915,11 +915,7 @@ static void teardown_shards(server *sv, int keep)
         zs_store_free(sv->old_replica);
         sv->old_store = sv->store;
         sv->store = NULL;
-        sv->old_replica = NULL;
-        if (sv->replica && !zs_replica_lost(sv->replica))
-            sv->old_replica = zs_replica_release(sv->replica);
-        else
-            zs_replica_free(sv->replica);
+        sv->old_replica = zs_replica_release(sv->replica);
     } else {
         zs_replica_free(sv->replica);
     }

@@ -11,6 +11,12 @@
 #  - a spare server started by hand takes the lost server's place;
 #  - every server killed: the job ends naming the newest checkpoint, which resumes to the same
 #    bits.
+# With buddy replicas (checkpoint.replicas 1) a lost server is failed over to its replica
+# instead: the job goes on from memory and no step runs twice (the launcher prints each step's
+# line once).
+#  - a SIGKILL at a random step, of a random server;
+#  - two servers killed at two steps (the second failover uses a replica built after the first);
+#  - a server stopped past the heartbeat timeout, then continued: dropped, it exits.
 source "$(dirname "$0")/lib.sh"
 STEPS=30
 SEED=${ZS_TEST_SEED:-$(( ($(date +%s%N) / 1000) % 1000000 ))}
@@ -22,6 +28,7 @@ sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartb
 grep -q interval_steps "$WORK/job.json" || { fail "the config edit did not take"; finish; }
 # The first checkpoint late, for a loss that surely comes before it (a step takes milliseconds).
 sed 's/"interval_steps": 3/"interval_steps": 25/' "$WORK/job.json" >"$WORK/late.json"
+sed 's/"interval_steps": 3/"interval_steps": 10, "replicas": 1/' "$WORK/job.json" >"$WORK/rep.json"
 expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 1 --out "$WORK/train"
 
@@ -94,7 +101,7 @@ launch_bg one 3
 kill_at one $k KILL $s
 finish_run one 0
 has one "$WORK/one/logs/coord.log" "every server goes back to checkpoint"
-has one "$WORK/one.err" "1 server was lost on the way"
+has one "$WORK/one.err" "1 server was lost on the way; the coordinator recovered"
 
 # 2. Before the first checkpoint: back to the job's start.
 CONFIG=late.json launch_bg early 3
@@ -149,5 +156,43 @@ finish_run all 1
 has all "$WORK/all.err" "every partition server is gone; the newest checkpoint is"
 launch_bg all 3 --resume "$WORK/all/checkpoints"
 finish_run all 0
+
+# from_replica NAME FAILOVERS: the coordinator failed over FAILOVERS times and never went back
+# to a checkpoint, and the launcher printed each step's line once (no step ran twice).
+from_replica() {
+  local log="$WORK/$1/logs/coord.log" n
+  checks=$((checks + 3))
+  n=$(grep -c "the job goes on from memory" "$log" || true)
+  [ "$n" -eq "$2" ] || fail "$1: $n failovers in $log, expected $2: $(grep -E 'WARN|ERROR' "$log" | tail -n 5)"
+  ! grep -q "every server goes back to" "$log" || fail "$1: went back to a checkpoint: $(grep 'goes back to' "$log")"
+  n=$(grep -c '^step ' "$WORK/$1.err" || true)
+  [ "$n" -eq $STEPS ] || fail "$1: $n step lines, expected $STEPS (a step ran twice)"
+}
+
+# 7. Replicas: a random server killed at a random step.
+CONFIG=rep.json launch_bg rep 3
+kill_at rep $((2 + RANDOM % 25)) KILL $((1 + RANDOM % 3))
+finish_run rep 0
+from_replica rep 1
+
+# 8. Replicas: two servers at two steps; the second loss uses a replica loaded after the first.
+k1=$((2 + RANDOM % 10))
+CONFIG=rep.json launch_bg rep2 3
+kill_at rep2 $k1 KILL 2
+kill_at rep2 $((k1 + 4 + RANDOM % 10)) KILL 3
+finish_run rep2 0
+from_replica rep2 2
+has rep2 "$WORK/rep2/logs/coord.log" "failed over: 1 servers"
+
+# 9. Replicas: a server hung past the heartbeat timeout, then continued.
+CONFIG=rep.json launch_bg rephang 3
+kill_at rephang $((2 + RANDOM % 15)) STOP 1
+p=$(pid_of "$WORK/rephang.err" "server 1")
+wait_until 30 has_line "$WORK/rephang/logs/coord.log" "failed over:" || true
+[ -n "$p" ] && kill -CONT "$p"
+finish_run rephang 0
+from_replica rephang 1
+# Told it was dropped, or (when the job finished before it woke) that the job is done.
+expect_log rephang "$WORK/rephang/logs/server-1.log" "was dropped from the job|shutdown: the job is done"
 
 finish

@@ -1380,8 +1380,18 @@ static void test_checkpoint_restore(void)
     r.version = 100;
     r.step_dir = "/ckpt/step-00000100";
     REFUSED(&env, &SERVER, "Restore.version: 100 is not a version the job continues from");
-    env.sender = 2;
+    /* From memory (a failover): no checkpoint named; only then a checkpoint written again. */
     r.version = 12;
+    r.step_dir = "";
+    r.has_from_memory = r.from_memory = 1;
+    r.has_checkpoint = r.checkpoint = 1;
+    CHECK_OK(decode_raw(&env, &SERVER));
+    r.step_dir = "/ckpt/step-00000012";
+    REFUSED(&env, &SERVER, "a restore from memory reads no checkpoint");
+    r.from_memory = 0;
+    REFUSED(&env, &SERVER, "Restore.checkpoint: only a restore from memory writes a checkpoint");
+    r.has_from_memory = r.has_checkpoint = r.checkpoint = 0;
+    env.sender = 2;
     REFUSED(&env, &SERVER, "Envelope.sender: 2, but Restore comes from the coordinator");
 
     Zshard__Shutdown sd;

@@ -65,7 +65,9 @@ typedef struct {
     zs_ctrl *ctrl;
     zs_ctrl_peer peer[MAXS];
     char endpoint[MAXS][128];
-    pid_t pid[MAXS];
+    pid_t pid[MAXS];     /* in start order */
+    pid_t reg_pid[MAXS]; /* of server index s (registration order), as it said */
+    int lost;            /* the index of the server killed (failover), -1: none */
     zs_conn *conn[MAXS];
     int S;
     zs_shardmap map;
@@ -405,9 +407,85 @@ static void push_cuts(rig *r, long step, const uint32_t *owner, sched *g, int fi
         CHECK_EQ_INT(waitpid(r->pid[s], NULL, WNOHANG), 0); /* still running */
 }
 
-static void run(const char *zshard, int S)
+/*
+ * Buddy replicas: the last server is killed after the last step, and the others are told to go
+ * on from memory with a map that gives its shards to the holder of its replica.  The weights and
+ * both AdamW moments of the whole vector, fetched from the servers left (optimizer-state
+ * fetches), are the trainer's, bit for bit; the replicas the new map gives them are loaded from
+ * each other meanwhile.
+ */
+static void failover(rig *r, const zs_trainer *tr, size_t N, const char *const *eps)
 {
-    rig r = {.S = S};
+    int S = r->S, x = S - 1, h = zs_shardmap_replica(&r->map, x);
+    CHECK(h >= 0 && h != x);
+    for (int k = 0; k < S; k++)
+        if (r->pid[k] == r->reg_pid[x]) {
+            kill(r->pid[k], SIGKILL);
+            waitpid(r->pid[k], NULL, 0);
+            r->pid[k] = 0;
+        }
+    r->lost = x;
+    int *assign = malloc((size_t)r->map.n_shards * sizeof *assign);
+    for (int i = 0; i < r->map.n_shards; i++)
+        assign[i] = r->map.shards[i].server == x ? h : r->map.shards[i].server;
+    zs_shardmap m2;
+    CHECK_OK(zs_shardmap_assemble(N, r->map.shard_floats, r->map.n_shards, S - 1, r->map.server_ids,
+                                  assign, &m2));
+    free(assign);
+    zs_shardmap_set_replicas(&m2, 1);
+    Zshard__ShardMap *sm = NULL;
+    CHECK_OK(zs_shardmap_to_msg(&m2, eps, &sm));
+    Zshard__Restore rs = ZSHARD__RESTORE__INIT;
+    rs.has_version = rs.has_from_memory = 1;
+    rs.version = STEPS;
+    rs.from_memory = 1;
+    rs.step_dir = (char *)"";
+    for (int s = 0; s < S - 1; s++) {
+        Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
+        out.body_case = ZSHARD__ENVELOPE__BODY_RESTORE;
+        out.restore = &rs;
+        send_to(r, s, &out);
+        out.body_case = ZSHARD__ENVELOPE__BODY_SHARD_MAP;
+        out.shard_map = sm;
+        send_to(r, s, &out);
+    }
+    for (int s = 0; s < S - 1; s++) {
+        zs_ctrl_peer from;
+        Zshard__Envelope *env = recv_body(r, ZSHARD__ENVELOPE__BODY_READY, &from);
+        CHECK(env && env->ready->version == STEPS);
+        zs_msg_free(env);
+    }
+    float *got = malloc(N * 4);
+    const float *want[3] = {tr->params, tr->m, tr->v};
+    zs_client *cl = NULL;
+    CHECK_OK(zs_client_open(&m2, eps, WORKER, 0, &cl));
+    if (cl)
+        CHECK_OK(zs_client_register(cl, got, N * 4));
+    for (int a = 0; a < 3 && cl; a++) {
+        zs_client_op *op;
+        memset(got, 0xff, N * 4);
+        CHECK_OK(zs_client_fetch_state(cl, 0, N, STEPS, a, got, &op));
+        int done = 0;
+        CHECK_OK(zs_client_wait(cl, op, 20000, &done));
+        CHECK(done);
+        CHECK_EQ_INT(first_diff(got, want[a], N), N);
+    }
+    /* A state fetch of another version is refused, not held. */
+    if (cl) {
+        zs_client_op *op;
+        CHECK_OK(zs_client_fetch_state(cl, 0, 64, STEPS - 1, 1, got, &op));
+        int done = 0;
+        CHECK_FAILS_WITH(zs_client_wait(cl, op, 20000, &done), "is not held");
+    }
+    zs_client_close(cl);
+    free(got);
+    zshard__shard_map__free_unpacked(sm, NULL);
+    zs_shardmap_free(&m2);
+}
+
+static void run(const char *zshard, int S, int replicas)
+{
+    rig r = {.S = S, .lost = -1};
     CHECK_OK(zs_ctrl_bind("tcp://127.0.0.1:*", &r.ctrl));
     for (int s = 0; s < S; s++) {
         r.pid[s] = fork();
@@ -426,6 +504,7 @@ static void run(const char *zshard, int S)
         if (!env)
             return;
         snprintf(r.endpoint[s], sizeof r.endpoint[s], "%s", env->registration->endpoints[0]);
+        r.reg_pid[s] = (pid_t)env->registration->pid;
         zs_msg_free(env);
         Zshard__RegisterReply rr = ZSHARD__REGISTER_REPLY__INIT;
         rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
@@ -463,6 +542,7 @@ static void run(const char *zshard, int S)
     Zshard__JobSpec *js = NULL;
     CHECK_OK(zs_msg_jobspec_from_config(&cfg, &tr.tt, &job, &js));
     CHECK_OK(zs_shardmap_build(N, cfg.cluster.shard_bytes, S, ids, &r.map));
+    zs_shardmap_set_replicas(&r.map, replicas);
     Zshard__ShardMap *sm = NULL;
     CHECK_OK(zs_shardmap_to_msg(&r.map, eps, &sm));
     for (int s = 0; s < S; s++) {
@@ -678,6 +758,8 @@ static void run(const char *zshard, int S)
             CHECK(env != NULL);
             if (!env)
                 break;
+            /* Partials come only once the replica held there has the whole step too. */
+            CHECK_EQ_INT(env->grad_norm_partial->replicas_current, replicas);
             for (size_t i = 0; i < env->grad_norm_partial->n_partials; i++)
                 part[env->grad_norm_partial->partials[i]->shard] =
                     env->grad_norm_partial->partials[i]->sumsq;
@@ -738,18 +820,24 @@ static void run(const char *zshard, int S)
         zs_frame rep = request(&r, sh->server, f, NULL, 0, params_mr, 0, 64);
         CHECK_EQ_INT(rep.op, ZS_OP_FETCH_REPLY);
     }
+    if (replicas)
+        failover(&r, &tr, N, eps);
     /* Shutdown: every server exits 0. */
     Zshard__Shutdown sd = ZSHARD__SHUTDOWN__INIT;
     sd.has_kind = 1;
     sd.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_DONE;
     sd.reason = (char *)"test done";
     for (int s = 0; s < S; s++) {
+        if (s == r.lost)
+            continue;
         Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
         out.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
         out.shutdown = &sd;
         send_to(&r, s, &out);
     }
     for (int s = 0; s < S; s++) {
+        if (r.pid[s] == 0)
+            continue; /* killed (failover) */
         int status = -1;
         for (int t = 0; t < 100 && waitpid(r.pid[s], &status, WNOHANG) == 0; t++)
             usleep(100000);
@@ -789,6 +877,7 @@ int main(void)
            (unsigned long long)test_seed, (unsigned long long)test_seed);
     fflush(stdout);
     for (int S = 1; S <= MAXS; S++)
-        run(zshard, S);
+        run(zshard, S, 0);
+    run(zshard, MAXS, 1);
     return zs_test_result("test_server");
 }

@@ -313,8 +313,44 @@ static void test_refusals_and_messages(void)
     zs_shardmap_free(&map);
 }
 
+/* Replicas: a ring over the servers, none for one server; carried by the message, and a
+ * message naming a replica that is no other server of the map, or a holder of two, refused. */
+static void test_replicas(void)
+{
+    zs_shardmap map;
+    CHECK_OK(zs_shardmap_build(10 * 64, 256, 3, NULL, &map));
+    for (int s = 0; s < 3; s++)
+        CHECK_EQ_INT(zs_shardmap_replica(&map, s), -1);
+    zs_shardmap_set_replicas(&map, 1);
+    for (int s = 0; s < 3; s++)
+        CHECK_EQ_INT(zs_shardmap_replica(&map, s), (s + 1) % 3);
+    CHECK_EQ_INT(zs_shardmap_replica(&map, 3), -1);
+    const char *eps[3] = {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"};
+    Zshard__ShardMap *sm = NULL;
+    CHECK_OK(zs_shardmap_to_msg(&map, eps, &sm));
+    zs_shardmap back;
+    CHECK_OK(zs_shardmap_from_msg(sm, &back));
+    for (int s = 0; s < 3; s++)
+        CHECK_EQ_INT(zs_shardmap_replica(&back, s), (s + 1) % 3);
+    zs_shardmap_free(&back);
+    sm->servers[0]->replica = sm->servers[0]->id;
+    CHECK_FAILS_WITH(zs_shardmap_from_msg(sm, &back), "is not another server of the map");
+    sm->servers[0]->replica = 99;
+    CHECK_FAILS_WITH(zs_shardmap_from_msg(sm, &back), "replica: 99 is not another server");
+    sm->servers[0]->replica = sm->servers[2]->id; /* server 2 holds server 1's already */
+    sm->servers[1]->replica = sm->servers[2]->id;
+    CHECK_FAILS_WITH(zs_shardmap_from_msg(sm, &back), "holds a replica already");
+    zshard__shard_map__free_unpacked(sm, NULL);
+    zs_shardmap_free(&map);
+    CHECK_OK(zs_shardmap_build(10 * 64, 256, 1, NULL, &map));
+    zs_shardmap_set_replicas(&map, 1);
+    CHECK_EQ_INT(zs_shardmap_replica(&map, 0), -1);
+    zs_shardmap_free(&map);
+}
+
 int main(void)
 {
+    test_replicas();
     test_cut_and_balance();
     test_lookup_and_split();
     test_tensors_over_servers();

@@ -97,6 +97,52 @@ static void push_chunk(cluster *cl, long step, int c, const float *g)
     }
 }
 
+/*
+ * A failover's stores: servers 0 and 1 merged into one store by moving their shards' arrays
+ * (no copy): the weights and both moments are the trainer's; a shard moved away cannot be moved
+ * again; the step in hand can be dropped and its chunks taken again.
+ */
+static void merge_stores(cluster *cl, const zs_trainer *tr, const zs_config *cfg, const float *g)
+{
+    zs_shard_range u[256];
+    int n = 0;
+    for (int i = 0; i < cl->nshards; i++)
+        if (cl->owner[i] < 2)
+            u[n++] = cl->all[i];
+    zs_store *m;
+    CHECK_OK(zs_store_create_empty(&tr->tt, cfg, u, n, 2, &m));
+    for (int k = 0; k < n; k++) {
+        zs_store *from = cl->stores[cl->owner[u[k].index]];
+        int j = zs_store_find(from, u[k].index);
+        CHECK(j >= 0);
+        CHECK_OK(zs_store_move(m, k, from, j));
+        if (k == 0)
+            CHECK_FAILS_WITH(zs_store_move(m, k, from, j), "it has no state");
+    }
+    CHECK_EQ_INT(zs_store_find(m, cl->nshards + 7), -1);
+    zs_store_set_version(m, STEPS);
+    CHECK_EQ_INT(zs_store_version(m), STEPS);
+    int same = 1;
+    for (int k = 0; k < n; k++) {
+        zs_shard_range r;
+        float *p, *mm, *v;
+        zs_store_state(m, k, &r, &p, &mm, &v);
+        size_t b = r.begin, len = r.end - r.begin;
+        same &= memcmp(p, tr->params + b, len * 4) == 0 && memcmp(mm, tr->m + b, len * 4) == 0 &&
+                memcmp(v, tr->v + b, len * 4) == 0;
+    }
+    CHECK(same);
+    /* Part of chunk 0, dropped: the same piece is new again afterwards. */
+    const char *why;
+    CHECK_EQ_INT(zs_store_push(m, STEPS, 0, u[0].begin, 4, g + u[0].begin, &why), ZS_STORE_OK);
+    CHECK_EQ_INT(zs_store_push(m, STEPS, 0, u[0].begin, 4, g + u[0].begin, &why),
+                 ZS_STORE_DUPLICATE);
+    zs_store_drop_step(m);
+    CHECK_EQ_INT(zs_store_push(m, STEPS, 0, u[0].begin, 4, g + u[0].begin, &why), ZS_STORE_OK);
+    CHECK(!zs_store_complete(m));
+    zs_store_free(m);
+}
+
 static void run(int S, int bf16)
 {
     zs_config cfg;
@@ -220,6 +266,8 @@ static void run(int S, int bf16)
         same &= ((const uint16_t *)p)[i] == zs_f32_to_bf16(tr.params[r0.begin + i]);
     CHECK(same);
     CHECK_EQ_INT(zs_store_locate(cl.stores[0], N + 5, 1, ZS_STORE_F32, &p), ZS_STORE_BAD_RANGE);
+    if (S >= 2)
+        merge_stores(&cl, &tr, &cfg, grads[0]);
 
     zs_gpt2_free(model);
     for (int c = 0; c < 4; c++)
