@@ -1714,6 +1714,7 @@ void zs_coord_close(zs_coord *co)
     zs_msg_jobspec_free(co->job);
     zs_tensors_free(&co->tt);
     zs_data_close(&co->data);
+    free(co->replica_current);
     free(co->peers);
     free(co);
 }
