@@ -23,8 +23,10 @@
  *      while step s+1 computes, so the ratio is what that overlap fails to hide (on a machine
  *      with no spare core, the writer's CPU time too).  Every run must commit its final
  *      checkpoint (DIR/latest).
- *   3. Recovery: the time from a server's SIGKILL to the step running again, with and without
- *      a replica.  Not measured yet (see the place for it in main).
+ *   3. Recovery: the time from a server's SIGKILL to a step finished again, without a replica
+ *      (every server back to the newest checkpoint, the steps since run again) and with one
+ *      (checkpoint.replicas 1: the replica's holder takes the lost server's shards from memory,
+ *      no step runs again), each against the step time of the same run.
  *
  * Everything is written under a fresh directory inside --dir (default $TMPDIR, else /var/tmp;
  * never a tmpfs: statfs decides), removed at the end unless a run failed.
@@ -557,17 +559,21 @@ static int log_has(const char *path, long *off, const char *needle, char *line, 
 
 /*
  * Part 3: `zshard launch` (3 servers, 2 workers, heartbeats every 100 ms, timeout 1000 ms,
- * a checkpoint every 4 steps) until step `at` is reported; then SIGKILL server 2 and time,
- * from the launcher's log, when the coordinator declares it gone, when the recovery sends the
- * new map, and when a step finishes again.  The job must then end well.
+ * a checkpoint every 4 steps, with or without replicas) until step `at` is reported; then
+ * SIGKILL server 2 and time, from the launcher's log, when the coordinator declares it gone,
+ * when the recovery (or failover) sends the new map, and when a step finishes again.  The job
+ * must then end well.
  */
 static int recovery_run(const char *zshard, const char *dir, const char *data, const char *threads,
-                        long at, recovery_result *r)
+                        long at, int replicas, recovery_result *r)
 {
     char cfg[4200], out[4200], log[4200], line[4096], steps[32];
-    snprintf(cfg, sizeof cfg, "%s/recovery.json", dir);
-    snprintf(out, sizeof out, "%s/recovery-out", dir);
-    snprintf(log, sizeof log, "%s/recovery.log", dir);
+    /* Files of their own per run: a log left by the other run must never be read as this
+     * one's (its "server 2 (pid" and step lines would be). */
+    const char *tag = replicas ? "-replica" : "";
+    snprintf(cfg, sizeof cfg, "%s/recovery%s.json", dir, tag);
+    snprintf(out, sizeof out, "%s/recovery%s-out", dir, tag);
+    snprintf(log, sizeof log, "%s/recovery%s.log", dir, tag);
     snprintf(steps, sizeof steps, "%ld", at + 4);
     FILE *f = fopen(cfg, "w");
     if (!f) {
@@ -580,8 +586,9 @@ static int recovery_run(const char *zshard, const char *dir, const char *data, c
             " \"model\": {\"n_layer\": 6, \"n_head\": 6, \"n_embd\": 384, \"vocab_size\": 256, "
             "\"block_size\": 256},\n"
             " \"cluster\": {\"heartbeat_interval_ms\": 100, \"heartbeat_timeout_ms\": 1000},\n"
-            " \"checkpoint\": {\"dir\": \"%s/recovery-ckpt\", \"interval_steps\": 4}}\n",
-            dir);
+            " \"checkpoint\": {\"dir\": \"%s/recovery%s-ckpt\", \"interval_steps\": 4, "
+            "\"replicas\": %d}}\n",
+            dir, tag, replicas);
     if (fclose(f) != 0)
         return -1;
     pid_t pid = start_launch(zshard, cfg, data, steps, "3", threads, out, log);
@@ -595,7 +602,8 @@ static int recovery_run(const char *zshard, const char *dir, const char *data, c
     pid_t server = 0;
     r->gone_s = r->recovered_s = r->step_s = NAN;
     r->killed_at = at;
-    static const char *const needles[] = {"step ", "is gone", "recovered:", "step "};
+    const char *const needles[] = {"step ", "is gone",
+                                   replicas ? "failed over:" : "recovered:", "step "};
     while (waitpid(pid, &st, WNOHANG) == 0 && now_s() - t0 < LAUNCH_LIMIT_S && phase < 4) {
         long zero = 0;
         if (!server && log_has(log, &zero, "server 2 (pid ", line, sizeof line))
@@ -640,8 +648,10 @@ static int recovery_run(const char *zshard, const char *dir, const char *data, c
     for (int i = 2; i < n && g < 64; i++)
         gaps[g++] = ms[i] - ms[i - 1];
     r->step_ms = g ? zs_bench_median(gaps, g) : NAN;
-    r->resumed_from = at / 4 * 4;
-    return rm_tree(out) == 0 ? 0 : -1;
+    r->resumed_from = replicas ? at : at / 4 * 4;
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/recovery%s-ckpt", dir, tag);
+    return rm_tree(out) == 0 && rm_tree(ck) == 0 ? 0 : -1;
 }
 
 /* Writes 1 MB of varied text to path (the speed does not depend on what it says). */
@@ -917,32 +927,41 @@ int main(int argc, char **argv)
         }
     }
 
-    /* ---- 3. recovery from a server's SIGKILL, without a replica ----
-     * Every server goes back to the newest checkpoint and the steps since run again
-     * (docs/architecture.md, "Losing a server").  With checkpoint.replicas 1 (a buddy's copy,
-     * no replay) the recovery is not implemented yet: not measured. */
+    /* ---- 3. recovery from a server's SIGKILL, without and with a replica ----
+     * Without: every server goes back to the newest checkpoint and the steps since run again.
+     * With checkpoint.replicas 1: the lost server's replica takes over from memory
+     * (docs/checkpoints.md, "Losing a server"). */
     char rec_line[512] = "recovery not measured (--steps 0)";
     if (atoi(steps) > 0) {
         char data[4200];
         snprintf(data, sizeof data, "%s/data.txt", dir);
-        recovery_result rr;
-        printf("3. recovery: zshard launch, 3 servers, 2 workers, heartbeat 100 ms / timeout "
-               "1000 ms, a checkpoint every 4 steps; server 2 SIGKILLed once step 7 is "
-               "reported\n");
-        if (recovery_run(zshard, dir, data, threads, 7, &rr) == 0) {
-            printf("   declared gone %.2f s after the SIGKILL (2 heartbeat intervals: 0.20 s), "
-                   "new map out %.2f s, first step done again %.2f s (the %ld steps since "
-                   "checkpoint %ld run again; a step took %.0f ms before)\n",
-                   rr.gone_s, rr.recovered_s, rr.step_s, rr.killed_at - rr.resumed_from,
-                   rr.resumed_from, rr.step_ms);
+        recovery_result rr[2];
+        int ok = 1;
+        for (int rep = 0; rep < 2 && ok; rep++) {
+            printf("3%c. recovery %s: zshard launch, 3 servers, 2 workers, heartbeat 100 ms / "
+                   "timeout 1000 ms, a checkpoint every 4 steps%s; server 2 SIGKILLed once step "
+                   "7 is reported\n",
+                   rep ? 'b' : 'a', rep ? "with a replica" : "without a replica",
+                   rep ? ", checkpoint.replicas 1" : "");
+            ok = recovery_run(zshard, dir, data, threads, 7, rep, &rr[rep]) == 0;
+            if (ok)
+                printf("   declared gone %.2f s after the SIGKILL (2 heartbeat intervals: 0.20 s), "
+                       "new map out %.2f s, first step done again %.2f s (%ld steps run again; a "
+                       "step took %.0f ms before)\n",
+                       rr[rep].gone_s, rr[rep].recovered_s, rr[rep].step_s,
+                       rr[rep].killed_at - rr[rep].resumed_from, rr[rep].step_ms);
+        }
+        if (ok) {
             snprintf(rec_line, sizeof rec_line,
-                     "recovery without a replica %.2f s to the first step again, %.1f step "
-                     "times",
-                     rr.step_s, rr.step_s / (rr.step_ms / 1e3));
-            printf("bench_checkpoint recovery: %.2f s from SIGKILL to a step done again, "
-                   "against a step of %.0f ms: ratio %.1f; with a replica: not measured "
-                   "(checkpoint.replicas is not implemented)\n",
-                   rr.step_s, rr.step_ms, rr.step_s / (rr.step_ms / 1e3));
+                     "recovery %.2f s (%.1f step times) without a replica, %.2f s (%.1f step "
+                     "times) with one",
+                     rr[0].step_s, rr[0].step_s / (rr[0].step_ms / 1e3), rr[1].step_s,
+                     rr[1].step_s / (rr[1].step_ms / 1e3));
+            printf("bench_checkpoint recovery: SIGKILL to a step done again: without a replica "
+                   "%.2f s against a step of %.0f ms (ratio %.1f); with a replica %.2f s against "
+                   "a step of %.0f ms (ratio %.1f)\n",
+                   rr[0].step_s, rr[0].step_ms, rr[0].step_s / (rr[0].step_ms / 1e3), rr[1].step_s,
+                   rr[1].step_ms, rr[1].step_s / (rr[1].step_ms / 1e3));
         } else {
             snprintf(rec_line, sizeof rec_line, "recovery not measured (the run failed)");
             keep = 1;

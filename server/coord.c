@@ -130,6 +130,11 @@ struct zs_coord {
      * (GradNormPartial.replicas_current) since this map was made.  A failover waits for the
      * step in hand to finish publishing (the replica applies the verdict too). */
     uint8_t *replica_current;
+    /* Workers told to register again (a server lost): the next step waits for that many to be
+     * back, at most a heartbeat timeout, rather than beginning with the first one and giving it
+     * every chunk. */
+    int rejoin_expected;
+    uint64_t rejoin_until;
     int failover;    /* a failover waits (finish_failover) */
     int failover_pi; /* the lost server */
     int failovers;
@@ -1065,10 +1070,13 @@ out:
 /* Tells every worker to register again (it holds nothing; it gets the new map then). */
 static void rejoin_workers(coord *co, const char *text)
 {
+    co->rejoin_expected = 0;
+    co->rejoin_until = now_ms(co) + (uint64_t)co->cfg.cluster.heartbeat_timeout_ms;
     for (int i = 0; i < co->n_peers; i++) {
         peer_entry *w = &co->peers[i];
         if (w->role != ZSHARD__ROLE__ROLE_WORKER || w->gone)
             continue;
+        co->rejoin_expected++;
         send_shutdown_to(co, &w->peer, ZSHARD__SHUTDOWN_KIND__SHUTDOWN_REJOIN, text, 1);
         w->gone = w->rejoining = 1;
         snprintf(w->gone_why, sizeof w->gone_why, "told to register again: %s", text);
@@ -1182,6 +1190,9 @@ static void start_failover(coord *co, int pi, const char *why)
     snprintf(text, sizeof text, "server %d was lost; its replica on server %u takes over", pi + 1,
              h);
     rejoin_workers(co, text);
+    /* Workers that register again meanwhile get the job with the new map, once its servers
+     * are ready (on_ready), not the old one now. */
+    co->restoring = 1;
     zs_coord_step_stats st;
     if (zs_coord_phase(co->cs) == ZS_PHASE_PUBLISH &&
         zs_coord_published(co->cs, co->peers[pi].cs_id, zs_coord_step(co->cs) + 1, &st))
@@ -1558,7 +1569,13 @@ static void advance(coord *co)
             finish_failover(co);
         return;
     }
-    if (co->servers_ready == co->n_servers && zs_coord_try_begin(co->cs)) {
+    /* After a lost server, the workers told to register again have a heartbeat timeout to be
+     * back before the step begins without them. */
+    if (co->rejoin_expected > 0 &&
+        (zs_coord_live_workers(co->cs) >= co->rejoin_expected || now_ms(co) >= co->rejoin_until))
+        co->rejoin_expected = 0;
+    if (co->servers_ready == co->n_servers && co->rejoin_expected == 0 &&
+        zs_coord_try_begin(co->cs)) {
         co->step_start = zs_now_s();
         co->assignment_dirty = 1;
     }
