@@ -22,7 +22,9 @@
  *      first two of every round.  A server writes its shards of version s in the background
  *      while step s+1 computes, so the ratio is what that overlap fails to hide (on a machine
  *      with no spare core, the writer's CPU time too).  Every run must commit its final
- *      checkpoint (DIR/latest).
+ *      checkpoint (DIR/latest).  A third configuration in the same rounds, buddy replicas
+ *      (checkpoint.replicas 1, final checkpoint only), gives what keeping a replica costs per
+ *      step, against the same final-only runs (no target).
  *   3. Recovery: the time from a server's SIGKILL to a step finished again, without a replica
  *      (every server back to the newest checkpoint, the steps since run again) and with one
  *      (checkpoint.replicas 1: the replica's holder takes the lost server's shards from memory,
@@ -352,8 +354,9 @@ static int run_dd(const char *dir, uint64_t count, double *secs)
 
 /* One configuration's runs: the samples of every round, the last run's details. */
 typedef struct {
-    const char *name;       /* "final" or "every" */
+    const char *name;       /* "final", "every" or "replica" */
     int interval;           /* checkpoint.interval_steps */
+    int replicas;           /* checkpoint.replicas */
     double ms[MAX_SAMPLES]; /* step_ms of steps 3.. of every run so far */
     int samples;            /* in ms */
     double run_median_ms;   /* of the last run's steps 3.. */
@@ -447,8 +450,8 @@ static int launch_run(const char *zshard, const char *dir, const char *data, con
             " \"gradient_clipping\": 1.0,\n"
             " \"model\": {\"n_layer\": 6, \"n_head\": 6, \"n_embd\": 384, \"vocab_size\": 256, "
             "\"block_size\": 256},\n"
-            " \"checkpoint\": {\"dir\": \"%s\", \"interval_steps\": %d}}\n",
-            ck, r->interval);
+            " \"checkpoint\": {\"dir\": \"%s\", \"interval_steps\": %d, \"replicas\": %d}}\n",
+            ck, r->interval, r->replicas);
     if (fclose(f) != 0) {
         fprintf(stderr, "bench_checkpoint: %s: %s\n", cfg, strerror(errno));
         return -1;
@@ -875,8 +878,9 @@ int main(int argc, char **argv)
     p = m = v = NULL;
 
     /* ---- 2. step time with a checkpoint every step against only the final one ---- */
-    static launch_result runs[2] = {{.name = "final", .interval = 0},
-                                    {.name = "every", .interval = 1}};
+    static launch_result runs[3] = {{.name = "final", .interval = 0},
+                                    {.name = "every", .interval = 1},
+                                    {.name = "replica", .interval = 0, .replicas = 1}};
     char step_line[512] = "step time not measured (--steps 0)";
     int step_ok = atoi(steps) == 0;
     if (atoi(steps) > 0) {
@@ -894,16 +898,17 @@ int main(int argc, char **argv)
                threads, steps, rounds, steps);
         int ok = 1;
         for (int round = 0; round < rounds && ok; round++)
-            for (int k = 0; k < 2 && ok; k++) {
-                launch_result *r = &runs[round % 2 ? 1 - k : k];
+            for (int k = 0; k < 3 && ok; k++) {
+                launch_result *r = &runs[round % 2 ? 2 - k : k];
                 if (launch_run(zshard, dir, data, steps, threads, round, r) != 0) {
                     ok = 0;
                     break;
                 }
-                printf("   round %d, checkpoint.interval_steps %d: %.0f ms/step (%d steps, %d "
-                       "with a \"checkpoint\" field); last checkpoint %s: %d files, %.1f MiB\n",
-                       round + 1, r->interval, r->run_median_ms, r->steps_read, r->ckpt_lines,
-                       r->latest, r->files, (double)r->bytes / (1 << 20));
+                printf("   round %d, checkpoint.interval_steps %d, replicas %d: %.0f ms/step (%d "
+                       "steps, %d with a \"checkpoint\" field); last checkpoint %s: %d files, "
+                       "%.1f MiB\n",
+                       round + 1, r->interval, r->replicas, r->run_median_ms, r->steps_read,
+                       r->ckpt_lines, r->latest, r->files, (double)r->bytes / (1 << 20));
             }
         if (ok) {
             double every = zs_bench_median(runs[1].ms, runs[1].samples),
@@ -920,6 +925,11 @@ int main(int argc, char **argv)
             printf("bench_checkpoint step: %.0f ms/step with a checkpoint every step, %.0f "
                    "ms/step with only the final one, ratio %.2f (target <= 1.05)\n",
                    every, none, every / none);
+            double rep = zs_bench_median(runs[2].ms, runs[2].samples);
+            printf("bench_checkpoint replicas: %.0f ms/step with buddy replicas "
+                   "(checkpoint.replicas 1: every gradient pushed twice, AdamW twice per server), "
+                   "%.0f ms/step without, ratio %.2f (no target)\n",
+                   rep, none, rep / none);
             step_ok = 1;
         } else {
             snprintf(step_line, sizeof step_line, "step time not measured (a run failed)");

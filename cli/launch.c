@@ -72,7 +72,7 @@
 static const char launch_usage[] =
     "usage: zshard launch --config CFG.json --data PATH --steps N --servers S --workers W\n"
     "                     --out DIR [--threads T] [--bind HOST] [--log-level LEVEL]\n"
-    "                     [--elastic-script FILE] [--resume CKPT]\n"
+    "                     [--elastic-script FILE] [--resume CKPT] [--replacements N]\n"
     "\n"
     "Runs a whole job on this host: the coordinator, S partition servers and W workers, as\n"
     "child processes.  Writes what 'zshard train' writes (DIR/metrics.jsonl,\n"
@@ -97,6 +97,10 @@ static const char launch_usage[] =
     "  --resume CKPT      continue a run from a checkpoint (a step-* directory, or a\n"
     "                     checkpoint directory: its newest valid one), on any number of\n"
     "                     servers; the result is bitwise that of the run never stopped\n"
+    "  --replacements N   servers started over the run in place of lost ones (default S):\n"
+    "                     each registers as a spare, which the coordinator takes in at its\n"
+    "                     next recovery from a checkpoint; 0: the job goes on with the\n"
+    "                     servers left\n"
     "  -h, --help         this text\n"
     "\n"
     "Elastic mode (config \"elasticity\": {\"enabled\": true}, or --elastic-script): a worker\n"
@@ -158,6 +162,11 @@ typedef struct {
 
     long done_step;        /* the last step the coordinator reported finished */
     int servers_lost;      /* servers that died while the coordinator ran */
+    int replacements;      /* servers started in place of lost ones */
+    long max_replacements; /* --replacements: at most this many over the run (-1: S) */
+    char *replace;         /* [n_procs]: a server slot whose replacement waits for its output's
+                              end (the lost one's last lines go to its own log first) */
+    int *generation;       /* [n_procs]: replacements started in a server slot */
     double coord_exit_at;  /* when the coordinator was collected (0: not yet) */
     int workers_ending;    /* elastic end: SIGTERM went to the workers left */
     double workers_end_at; /* when it went out */
@@ -251,7 +260,8 @@ static void log_path(const launch *L, const zs_proc *p, char *buf, size_t n)
     snprintf(buf, n, "%s/logs/%s.log", L->out, file);
 }
 
-static int spawn(launch *L, int i, arglist *a)
+/* Spawns procs[i] (which must not be running) with the arguments a. */
+static int spawn_at(launch *L, int i, arglist *a)
 {
     zs_proc *p = &L->procs[i];
     if (a->overflow) {
@@ -267,6 +277,14 @@ static int spawn(launch *L, int i, arglist *a)
                  strerror(-r));
         return -1;
     }
+    return 0;
+}
+
+/* Spawns procs[i], the next one in order. */
+static int spawn(launch *L, int i, arglist *a)
+{
+    if (spawn_at(L, i, a) != 0)
+        return -1;
     L->started = i + 1;
     return 0;
 }
@@ -322,19 +340,24 @@ static void list_pids(const launch *L, int from, int to, char *buf, size_t n)
 
 /* Starts procs[L->started] as a server or a worker (by its index).  Returns 0 or -1 (with
  * L->failure set). */
+static void server_args(const launch *L, arglist *a)
+{
+    arg(a, "server");
+    arg(a, "--coord");
+    arg(a, "%s", L->endpoint);
+    arg(a, "--listen");
+    arg(a, "%s:0", L->bind);
+    arg(a, "--threads");
+    arg(a, "%ld", L->server_threads);
+}
+
 static int start_next(launch *L)
 {
     int i = L->started;
     arglist a = {.n = 0};
     arg(&a, "zshard");
     if (i <= L->servers) {
-        arg(&a, "server");
-        arg(&a, "--coord");
-        arg(&a, "%s", L->endpoint);
-        arg(&a, "--listen");
-        arg(&a, "%s:0", L->bind);
-        arg(&a, "--threads");
-        arg(&a, "%ld", L->server_threads);
+        server_args(L, &a);
     } else {
         arg(&a, "worker");
         arg(&a, "--coord");
@@ -505,12 +528,19 @@ static void on_exit_of(launch *L, int i, double now)
          * the servers left); if it cannot, it exits and that stops the job. */
         char how[128];
         zs_proc_describe_exit(p, how, sizeof how);
+        long most = L->max_replacements < 0 ? L->servers : L->max_replacements;
+        int again = L->replacements < most && L->done_step < L->steps;
         fprintf(stderr,
                 "zshard launch: %s (pid %d) %s; a lost server is the coordinator's to recover "
-                "from (or it ends the job)\n",
-                p->name, (int)p->pid, how);
+                "from (or it ends the job)%s\n",
+                p->name, (int)p->pid, how,
+                again ? "; a replacement server starts, to wait as a spare" : "");
         L->servers_lost++;
         p->lost = 1;
+        if (again) {
+            L->replacements++;
+            L->replace[i] = 1;
+        }
         return;
     }
     if (!zs_proc_succeeded(p) || (i == 0 && L->endpoint[0] == '\0')) {
@@ -528,6 +558,41 @@ static void on_exit_of(launch *L, int i, double now)
         L->ending_at = now;
         snprintf(L->ending_why, sizeof L->ending_why, "%s exited",
                  i <= L->servers ? p->name : "the last worker");
+    }
+}
+
+/*
+ * Starts the replacements due: a new `zshard server` in the slot of a lost one, once the lost
+ * one's output has ended.  It registers as a spare, which the coordinator takes into the map at
+ * its next recovery from a checkpoint (a failover to a replica keeps the servers it has).
+ */
+static void start_replacements(launch *L)
+{
+    for (int i = 1; i <= L->servers && i < L->started; i++) {
+        zs_proc *p = &L->procs[i];
+        if (!L->replace[i] || p->fd >= 0 || p->running)
+            continue;
+        L->replace[i] = 0;
+        if (L->stopping || L->coord_exit_at > 0 || L->done_step >= L->steps)
+            continue;
+        char was[32], name[32];
+        snprintf(was, sizeof was, "%s", p->name);
+        snprintf(name, sizeof name, "server %d.%d", i, ++L->generation[i]);
+        zs_proc_close(p);
+        zs_proc_init(p, name);
+        arglist a = {.n = 0};
+        arg(&a, "zshard");
+        server_args(L, &a);
+        log_level_args(L, &a);
+        if (spawn_at(L, i, &a) != 0) {
+            /* Not the job's failure: the coordinator goes on with the servers it has. */
+            fprintf(stderr, "zshard launch: %s\n", L->failure);
+            L->failure[0] = '\0';
+            p->lost = 1;
+            continue;
+        }
+        fprintf(stderr, "zshard launch: started %s (pid %d) in place of %s\n", p->name, (int)p->pid,
+                was);
     }
 }
 
@@ -829,6 +894,7 @@ static void run(launch *L)
             }
         }
         run_script(L, now);
+        start_replacements(L);
         /* A straggler once the job is ending is a failure; in elastic mode workers are not
          * waited for (they are stopped below). */
         int coord_done = L->coord_exit_at > 0 && zs_proc_succeeded(&L->procs[0]);
@@ -967,20 +1033,20 @@ static int make_dir(const char *path)
 
 int zs_cmd_launch(int argc, char **argv)
 {
-    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
-                                         {"data", required_argument, NULL, 'd'},
-                                         {"steps", required_argument, NULL, 's'},
-                                         {"servers", required_argument, NULL, 'S'},
-                                         {"workers", required_argument, NULL, 'W'},
-                                         {"out", required_argument, NULL, 'o'},
-                                         {"threads", required_argument, NULL, 't'},
-                                         {"bind", required_argument, NULL, 'b'},
-                                         {"log-level", required_argument, NULL, 'L'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {"elastic-script", required_argument, NULL, 'e'},
-                                         {"resume", required_argument, NULL, 'r'},
-                                         {NULL, 0, NULL, 0}};
-    launch L = {.steps = -1, .servers = -1, .workers = -1, .bind = "127.0.0.1", .failed = -1};
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},         {"data", required_argument, NULL, 'd'},
+        {"steps", required_argument, NULL, 's'},          {"servers", required_argument, NULL, 'S'},
+        {"workers", required_argument, NULL, 'W'},        {"out", required_argument, NULL, 'o'},
+        {"threads", required_argument, NULL, 't'},        {"bind", required_argument, NULL, 'b'},
+        {"log-level", required_argument, NULL, 'L'},      {"help", no_argument, NULL, 'h'},
+        {"elastic-script", required_argument, NULL, 'e'}, {"resume", required_argument, NULL, 'r'},
+        {"replacements", required_argument, NULL, 'R'},   {NULL, 0, NULL, 0}};
+    launch L = {.steps = -1,
+                .servers = -1,
+                .workers = -1,
+                .max_replacements = -1,
+                .bind = "127.0.0.1",
+                .failed = -1};
     int c;
     opterr = 0;
     optind = 1;
@@ -1014,6 +1080,10 @@ int zs_cmd_launch(int argc, char **argv)
             break;
         case 'W':
             if ((L.workers = zs_cli_int("launch", "--workers", optarg, 0, 1024)) < 0)
+                return 2;
+            break;
+        case 'R':
+            if ((L.max_replacements = zs_cli_int("launch", "--replacements", optarg, 0, 1024)) < 0)
                 return 2;
             break;
         case 't':
@@ -1077,7 +1147,9 @@ int zs_cmd_launch(int argc, char **argv)
     L.pfds = calloc((size_t)L.n_procs, sizeof *L.pfds);
     L.pfd_proc = calloc((size_t)L.n_procs, sizeof *L.pfd_proc);
     L.leaving = calloc((size_t)L.n_procs, 1);
-    if (!L.procs || !L.pfds || !L.pfd_proc || !L.leaving) {
+    L.replace = calloc((size_t)L.n_procs, 1);
+    L.generation = calloc((size_t)L.n_procs, sizeof *L.generation);
+    if (!L.procs || !L.pfds || !L.pfd_proc || !L.leaving || !L.replace || !L.generation) {
         fprintf(stderr, "zshard launch: out of memory for %d processes\n", L.n_procs);
         goto out_free;
     }
@@ -1109,6 +1181,8 @@ int zs_cmd_launch(int argc, char **argv)
     rc = ok ? 0 : got_signal ? 128 + got_signal : 1;
 out_free:
     free(L.leaving);
+    free(L.replace);
+    free(L.generation);
     free(L.procs);
     free(L.pfds);
     free(L.pfd_proc);

@@ -4,8 +4,10 @@
 # metrics.jsonl must hold each step exactly once, and no process may be left.  The steps at
 # which servers die are drawn from a seed (printed; ZS_TEST_SEED=N repeats it).
 #  - a SIGKILL at a random step, of a random server (3 servers, checkpoints every 3 steps);
+#    zshard launch starts a replacement server, which the recovery takes in (3 servers again);
 #  - a SIGKILL before the first checkpoint (back to the seed's initial weights);
-#  - two servers killed at two steps (3 -> 1 server);
+#  - two servers killed at two steps (3 -> 1 server; --replacements 0 here and below, where the
+#    servers left carry the job);
 #  - a server stopped (SIGSTOP) past the heartbeat timeout, then continued: it is told it was
 #    dropped and exits, the job goes on;
 #  - a spare server started by hand takes the lost server's place;
@@ -102,9 +104,11 @@ kill_at one $k KILL $s
 finish_run one 0
 has one "$WORK/one/logs/coord.log" "every server goes back to checkpoint"
 has one "$WORK/one.err" "1 server was lost on the way; the coordinator recovered"
+expect_log one "$WORK/one.err" "started server $s\.1 \(pid [0-9]+\) in place of server $s"
+has one "$WORK/one/logs/coord.log" "recovered: 3 servers"
 
 # 2. Before the first checkpoint: back to the job's start.
-CONFIG=late.json launch_bg early 3
+CONFIG=late.json launch_bg early 3 --replacements 0
 kill_at early 1 KILL $((1 + RANDOM % 3))
 finish_run early 0
 has early "$WORK/early/logs/coord.log" "every server goes back to the job's start"
@@ -112,7 +116,7 @@ has early "$WORK/early/logs/coord.log" "every server goes back to the job's star
 # 3. Two servers at two steps: the last one carries the job.
 k1=$((4 + RANDOM % 10))
 k2=$((k1 + 3 + RANDOM % 10))
-launch_bg two 3
+launch_bg two 3 --replacements 0
 kill_at two $k1 KILL 1
 kill_at two $k2 KILL 3
 finish_run two 0
@@ -128,7 +132,7 @@ finish_run hang 0
 has hang "$WORK/hang/logs/server-2.log" "was dropped from the job"
 
 # 5. A spare started by hand takes the place of a lost server.
-launch_bg spare 2
+launch_bg spare 2 --replacements 0
 wait_until 30 has_line "$WORK/spare.err" "listening on tcp://" || true
 ep=$(sed -n 's/.*listening on \(tcp:[^ ]*\).*/\1/p' "$WORK/spare.err" | head -n 1)
 # After the launcher's servers are in, so that the hand-started one is the spare.
@@ -147,7 +151,7 @@ wait "$SPARE" || rc=$?
 [ $rc -eq 0 ] || fail "spare: the hand-started server exited $rc: $(tail -n 5 "$WORK/spare-server.err")"
 
 # 6. Every server lost: the job ends and says where to resume from; the resume gives the bits.
-launch_bg all 2
+launch_bg all 2 --replacements 0
 kill_at all $((7 + RANDOM % 10)) KILL 1
 wait_until 30 has_line "$WORK/all/logs/coord.log" "recovered:" || true
 p=$(pid_of "$WORK/all.err" "server 2")
