@@ -536,6 +536,7 @@ typedef struct {
     double gone_s;      /* the coordinator declared the server gone */
     double recovered_s; /* the new map went out (every server restored) */
     double step_s;      /* the first step finished after the recovery */
+    double back_s;      /* the step in hand at the kill finished (the run is back where it was) */
     double step_ms;     /* the median step time before the kill */
     long killed_at;     /* the step reported last before the kill */
     long resumed_from;  /* the checkpoint the servers went back to */
@@ -603,15 +604,17 @@ static int recovery_run(const char *zshard, const char *dir, const char *data, c
     double t0 = now_s(), kill_at = 0, ms[64];
     int n = 0, st = 0, phase = 0, ok = 0;
     pid_t server = 0;
-    r->gone_s = r->recovered_s = r->step_s = NAN;
+    r->gone_s = r->recovered_s = r->step_s = r->back_s = NAN;
+    char back[64];
+    snprintf(back, sizeof back, "step %5ld/", at + 1);
     r->killed_at = at;
     const char *const needles[] = {"step ", "is gone",
-                                   replicas ? "failed over:" : "recovered:", "step "};
-    while (waitpid(pid, &st, WNOHANG) == 0 && now_s() - t0 < LAUNCH_LIMIT_S && phase < 4) {
+                                   replicas ? "failed over:" : "recovered:", "step ", back};
+    while (waitpid(pid, &st, WNOHANG) == 0 && now_s() - t0 < LAUNCH_LIMIT_S && phase < 5) {
         long zero = 0;
         if (!server && log_has(log, &zero, "server 2 (pid ", line, sizeof line))
             server = (pid_t)atol(strstr(line, "server 2 (pid ") + 14);
-        while (phase < 4 && log_has(log, &off, needles[phase], line, sizeof line)) {
+        while (phase < 5 && log_has(log, &off, needles[phase], line, sizeof line)) {
             double t = now_s();
             int progress = strncmp(line, "step ", 5) == 0;
             if (phase == 0 && progress) {
@@ -631,13 +634,20 @@ static int recovery_run(const char *zshard, const char *dir, const char *data, c
             } else if (phase == 3 && progress) {
                 r->step_s = t - kill_at;
                 phase = 4;
+                if (strstr(line, back)) {
+                    r->back_s = r->step_s;
+                    phase = 5;
+                }
+            } else if (phase == 4) {
+                r->back_s = t - kill_at;
+                phase = 5;
             }
         }
         usleep(2000);
     }
-    if (phase < 4 && waitpid(pid, &st, WNOHANG) == 0)
+    if (phase < 5 && waitpid(pid, &st, WNOHANG) == 0)
         kill(pid, SIGTERM);
-    if (waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0 && phase == 4)
+    if (waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0 && phase == 5)
         ok = 1;
     if (!ok) {
         fprintf(stderr, "bench_checkpoint: the recovery run failed (phase %d); the end of %s:\n",
@@ -956,10 +966,11 @@ int main(int argc, char **argv)
             ok = recovery_run(zshard, dir, data, threads, 7, rep, &rr[rep]) == 0;
             if (ok)
                 printf("   declared gone %.2f s after the SIGKILL (2 heartbeat intervals: 0.20 s), "
-                       "new map out %.2f s, first step done again %.2f s (%ld steps run again; a "
-                       "step took %.0f ms before)\n",
-                       rr[rep].gone_s, rr[rep].recovered_s, rr[rep].step_s,
-                       rr[rep].killed_at - rr[rep].resumed_from, rr[rep].step_ms);
+                       "new map out %.2f s, first step done again %.2f s, step %ld (the one in "
+                       "hand at the kill) done %.2f s (%ld steps run again; a step took %.0f ms "
+                       "before)\n",
+                       rr[rep].gone_s, rr[rep].recovered_s, rr[rep].step_s, rr[rep].killed_at + 1,
+                       rr[rep].back_s, rr[rep].killed_at - rr[rep].resumed_from, rr[rep].step_ms);
         }
         if (ok) {
             snprintf(rec_line, sizeof rec_line,
@@ -969,9 +980,12 @@ int main(int argc, char **argv)
                      rr[1].step_s / (rr[1].step_ms / 1e3));
             printf("bench_checkpoint recovery: SIGKILL to a step done again: without a replica "
                    "%.2f s against a step of %.0f ms (ratio %.1f); with a replica %.2f s against "
-                   "a step of %.0f ms (ratio %.1f)\n",
+                   "a step of %.0f ms (ratio %.1f); SIGKILL to the step in hand done: %.2f s "
+                   "(ratio %.1f) without, %.2f s (ratio %.1f) with\n",
                    rr[0].step_s, rr[0].step_ms, rr[0].step_s / (rr[0].step_ms / 1e3), rr[1].step_s,
-                   rr[1].step_ms, rr[1].step_s / (rr[1].step_ms / 1e3));
+                   rr[1].step_ms, rr[1].step_s / (rr[1].step_ms / 1e3), rr[0].back_s,
+                   rr[0].back_s / (rr[0].step_ms / 1e3), rr[1].back_s,
+                   rr[1].back_s / (rr[1].step_ms / 1e3));
         } else {
             snprintf(rec_line, sizeof rec_line, "recovery not measured (the run failed)");
             keep = 1;

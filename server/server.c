@@ -226,7 +226,8 @@ static void skip_payload(server *sv, zs_conn *c, const zs_frame *f)
         doom(sv, c);
 }
 
-/* Serves a fetch of the current version. */
+/* Serves a fetch of the current version: of the published weights in the frame's dtype, or
+ * (state flag) of the fp32 weights or a moment. */
 static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
 {
     const void *data;
@@ -246,7 +247,10 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
                   .offset = f->offset,
                   .count = f->count,
                   .length = f->count * esz};
-    zs_mr *mr = f->dtype == ZS_DTYPE_F32 ? sv->mr_f32[i] : sv->mr_bf16[i];
+    zs_mr *mr = f->dtype == ZS_DTYPE_BF16                            ? sv->mr_bf16[i]
+                : !(f->flags & ZS_FRAME_FLAG_STATE) || f->chunk == 0 ? sv->mr_f32[i]
+                : f->chunk == 1                                      ? sv->mr_m[i]
+                                                                     : sv->mr_v[i];
     size_t off = (f->offset - sv->local[i].begin) * esz;
     if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
         sv->store_sends++;
@@ -266,28 +270,7 @@ static void on_fetch_state(server *sv, zs_conn *c, const zs_frame *f)
         reply_error(sv, c, f, ZS_FS_STALE, why);
         return;
     }
-    const void *data;
-    if (zs_store_locate(sv->store, f->offset, f->count, ZS_STORE_F32, &data) != ZS_STORE_OK) {
-        reply_error(sv, c, f, ZS_FS_BAD_RANGE, "range is not inside one shard of this server");
-        return;
-    }
-    int i = 0;
-    while (i < sv->n_local && !(f->offset >= sv->local[i].begin && f->offset < sv->local[i].end))
-        i++;
-    zs_frame r = {.op = ZS_OP_FETCH_REPLY,
-                  .dtype = ZS_DTYPE_F32,
-                  .id = f->id,
-                  .step = (uint64_t)v,
-                  .offset = f->offset,
-                  .count = f->count,
-                  .length = f->count * sizeof(float)};
-    zs_mr *mr = f->chunk == 0 ? sv->mr_f32[i] : f->chunk == 1 ? sv->mr_m[i] : sv->mr_v[i];
-    size_t off = (f->offset - sv->local[i].begin) * sizeof(float);
-    if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
-        sv->store_sends++;
-    else
-        ZS_WARN("server %u: state fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
-                zs_last_error());
+    serve_fetch(sv, c, f);
 }
 
 static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
