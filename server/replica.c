@@ -23,7 +23,6 @@ typedef enum { JOB_NONE = 0, JOB_APPLY, JOB_LOAD } job_kind;
 struct zs_replica {
     zs_store *st;
     int lost;
-    char error[1024];
 
     pthread_t thread;
     job_kind running; /* the thread's job, JOB_NONE: no thread */
@@ -66,7 +65,6 @@ static void join(zs_replica *r, int cancel)
     atomic_store(&r->cancel, 0);
     if (r->result != ZS_OK && cancel && k == JOB_LOAD) {
         r->lost = 1; /* given up on purpose: nothing to report */
-        snprintf(r->error, sizeof r->error, "its load was cancelled");
     } else if (r->result != ZS_OK) {
         zs_replica_lose(r, r->job_error);
     } else if (k == JOB_LOAD) {
@@ -90,20 +88,13 @@ static void dispose(zs_replica *r, zs_store **st)
 
 zs_store *zs_replica_release(zs_replica *r)
 {
-    zs_store *st = NULL;
     if (!r)
         return NULL;
-    /* A load still running is cancelled: what it left is not a replica. */
-    if (r->running == JOB_LOAD || r->lost) {
-        dispose(r, NULL);
-        return NULL;
-    }
-    join(r, 0); /* an apply: finished, or failed and the replica lost */
-    if (r->lost) {
-        dispose(r, NULL);
-        return NULL;
-    }
-    dispose(r, &st);
+    /* An apply is waited for; a load is cancelled (unless it just finished): what a cancelled
+     * or failed one left is not a replica. */
+    join(r, 1);
+    zs_store *st = NULL;
+    dispose(r, r->lost ? NULL : &st);
     return st;
 }
 
@@ -259,19 +250,9 @@ int zs_replica_applying(const zs_replica *r)
     return r->running == JOB_APPLY;
 }
 
-int zs_replica_loading(const zs_replica *r)
-{
-    return r->running == JOB_LOAD;
-}
-
 int zs_replica_lost(const zs_replica *r)
 {
     return r->lost;
-}
-
-const char *zs_replica_error(const zs_replica *r)
-{
-    return r->error;
 }
 
 void zs_replica_lose(zs_replica *r, const char *why)
@@ -279,7 +260,6 @@ void zs_replica_lose(zs_replica *r, const char *why)
     if (r->lost)
         return;
     r->lost = 1;
-    snprintf(r->error, sizeof r->error, "%s", why);
     ZS_ERROR("replica: lost: %s; losing its server now means going back to the last checkpoint",
              why);
 }

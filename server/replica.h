@@ -43,8 +43,8 @@ zs_err zs_replica_new(zs_store *st, zs_replica **out);
 void zs_replica_free(zs_replica *r);
 
 /* Gives the store back (the replica is freed) once an apply running finished; NULL (the store
- * freed too) for a replica lost, or still loading (the load is cancelled: a half-loaded store is
- * no replica). */
+ * freed too) for a replica lost, or one whose load had not finished (it is cancelled: a
+ * half-loaded store is no replica). */
 zs_store *zs_replica_release(zs_replica *r);
 
 /* The store: the server's thread reads and pushes into it only while zs_replica_applying() is
@@ -63,16 +63,14 @@ zs_err zs_replica_apply(zs_replica *r, double lr, double clip, int skip);
 zs_err zs_replica_load(zs_replica *r, const zs_shardmap *map, const char *const *endpoints,
                        uint32_t sender, long version, const int *todo, int n, int timeout_ms);
 
-/* Reaps a thread that finished (a failure makes the replica lost, with the reason in
- * zs_replica_error); returns 1 when one did. */
+/* Reaps a thread that finished (a failure makes the replica lost, and is logged); returns 1
+ * when one did. */
 int zs_replica_poll(zs_replica *r);
 
 int zs_replica_applying(const zs_replica *r);
-int zs_replica_loading(const zs_replica *r);
-/* Lost: given up (see above); why in zs_replica_error. */
+/* Lost: given up (see above). */
 int zs_replica_lost(const zs_replica *r);
-const char *zs_replica_error(const zs_replica *r);
-/* Marks the replica lost with reason `why`. */
+/* Marks the replica lost, logging why. */
 void zs_replica_lose(zs_replica *r, const char *why);
 
 /* Current for the step in hand: not lost, no thread running, every chunk of the step in. */

@@ -960,28 +960,46 @@ static zs_err init_store(server *sv, zs_store *st, const float *full)
     return ZS_OK;
 }
 
-/* Moves shard i of st (empty) out of the old store or the old replica, which are at version v. */
-static zs_err take_from_memory(server *sv, zs_store *st, int i, long v, int *found)
+/*
+ * A store of the given shards at memory_version, assembled from the old store and the old
+ * replica (a Restore from memory).  A shard in neither gets zeroed arrays and its index in
+ * todo[*n_todo] (todo NULL: that is an error, every shard must be here).
+ */
+static zs_err assemble(server *sv, const zs_shard_range *r, int n, int *todo, int *n_todo,
+                       zs_store **out)
 {
-    zs_shard_range r;
-    float *p, *m, *var;
-    *found = 0;
-    /* zs_store_state reads only the range of a shard without arrays. */
-    zs_store_state(st, i, &r, &p, &m, &var);
+    ZS_CHECK(zs_store_create_empty(&sv->tt, &sv->cfg, r, n, sv->opts->threads, out));
     zs_store *from[2] = {sv->old_store, sv->old_replica};
-    for (int k = 0; k < 2; k++) {
-        int j = from[k] ? zs_store_find(from[k], r.index) : -1;
-        if (j < 0)
-            continue;
-        if (zs_store_version(from[k]) != v)
-            return zs_error(ZS_ERR_INTERNAL,
-                            "server %u: restore from memory at version %ld, but the %s here is at "
-                            "version %ld",
-                            sv->id, v, k ? "replica" : "state", zs_store_version(from[k]));
-        *found = 1;
-        return zs_store_move(st, i, from[k], j);
+    zs_err res = ZS_OK;
+    for (int i = 0; i < n && res == ZS_OK; i++) {
+        zs_store *src = NULL;
+        int j = -1;
+        for (int k = 0; k < 2 && !src; k++)
+            if (from[k] && (j = zs_store_find(from[k], r[i].index)) >= 0)
+                src = from[k];
+        if (src && zs_store_version(src) != sv->memory_version)
+            res = zs_error(ZS_ERR_INTERNAL,
+                           "server %u: restore from memory at version %ld, but the %s here is at "
+                           "version %ld",
+                           sv->id, sv->memory_version, src == sv->old_replica ? "replica" : "state",
+                           zs_store_version(src));
+        else if (src)
+            res = zs_store_move(*out, i, src, j);
+        else if (todo) {
+            todo[(*n_todo)++] = i;
+            res = zs_store_alloc(*out, i);
+        } else
+            res = zs_error(ZS_ERR_INTERNAL,
+                           "server %u: restore from memory: shard %d is neither here nor in the "
+                           "replica here",
+                           sv->id, r[i].index);
     }
-    return ZS_OK;
+    zs_store_set_version(*out, sv->memory_version);
+    if (res != ZS_OK) {
+        zs_store_free(*out);
+        *out = NULL;
+    }
+    return res;
 }
 
 /* The shards of the map whose replica this server holds (*n of them, none: *n 0). */
@@ -1037,20 +1055,9 @@ static zs_err setup_replica(server *sv, const float *full)
         if (res == ZS_OK)
             res = init_store(sv, st, full);
     } else {
-        res = zs_store_create_empty(&sv->tt, &sv->cfg, r, n, sv->opts->threads, &st);
         todo = malloc((size_t)n * sizeof *todo);
-        if (res == ZS_OK && !todo)
-            res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
-        for (int i = 0; i < n && res == ZS_OK; i++) {
-            int found;
-            res = take_from_memory(sv, st, i, sv->memory_version, &found);
-            if (res == ZS_OK && !found) {
-                todo[n_todo++] = i;
-                res = zs_store_alloc(st, i);
-            }
-        }
-        if (res == ZS_OK)
-            zs_store_set_version(st, sv->memory_version);
+        res = todo ? assemble(sv, r, n, todo, &n_todo, &st)
+                   : zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
     }
     if (res == ZS_OK)
         res = zs_replica_new(st, &sv->replica);
@@ -1100,18 +1107,7 @@ static zs_err setup_shards(server *sv)
         sv->local[i] = (zs_shard_range){mine[i], sh->begin, sh->end};
     }
     if (sv->from_memory) {
-        ZS_CHECK(zs_store_create_empty(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads,
-                                       &sv->store));
-        for (int i = 0; i < count; i++) {
-            int found;
-            ZS_CHECK(take_from_memory(sv, sv->store, i, sv->memory_version, &found));
-            if (!found)
-                return zs_error(ZS_ERR_INTERNAL,
-                                "server %u: restore from memory: shard %d is neither here nor in "
-                                "the replica here",
-                                sv->id, sv->local[i].index);
-        }
-        zs_store_set_version(sv->store, sv->memory_version);
+        ZS_CHECK(assemble(sv, sv->local, count, NULL, NULL, &sv->store));
         ZS_CHECK(setup_replica(sv, NULL));
         zs_store_free(sv->old_store);
         zs_store_free(sv->old_replica);

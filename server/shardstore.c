@@ -177,16 +177,6 @@ zs_err zs_store_alloc(zs_store *st, int i)
     return ZS_OK;
 }
 
-void zs_store_drop_step(zs_store *st)
-{
-    for (int i = 0; i < st->n; i++) {
-        shard *s = &st->shards[i];
-        for (int c = 0; c < st->C; c++)
-            reset_chunk(&s->chunks[c]);
-        s->next = 0;
-    }
-}
-
 void zs_store_set_version(zs_store *st, long version)
 {
     st->version = version;

@@ -117,6 +117,8 @@ void zs_store_state(zs_store *st, int i, zs_shard_range *range, float **param, f
  * yet; zs_store_move gives shard i of dst the arrays (weights, moments, accumulator, bf16 copy)
  * of shard j of src, which must have the same range, and leaves src's shard without any (src is
  * then only fit for zs_store_free); zs_store_alloc gives a shard without arrays zeroed ones.
+ * The gradient bookkeeping does not move: the new store starts its step from chunk 0, which is
+ * how a failover drops the gradients of the step in hand.
  * zs_store_find is the local index of global shard `index`, or -1.
  */
 zs_err zs_store_create_empty(const zs_tensor_table *tt, const zs_config *cfg,
@@ -124,9 +126,6 @@ zs_err zs_store_create_empty(const zs_tensor_table *tt, const zs_config *cfg,
 int zs_store_find(const zs_store *st, int index);
 zs_err zs_store_move(zs_store *dst, int i, zs_store *src, int j);
 zs_err zs_store_alloc(zs_store *st, int i);
-
-/* Forgets every gradient piece of the step in hand (the step starts again from chunk 0). */
-void zs_store_drop_step(zs_store *st);
 
 /* Sets the version without touching the state (a store assembled from ones at that version). */
 void zs_store_set_version(zs_store *st, long version);

@@ -21,7 +21,8 @@ struct zs_client {
     zs_net *net;
     const zs_shardmap *map;
     uint32_t sender;
-    zs_conn **conn; /* [n_servers] */
+    int push_copies; /* 2 when the map gives some server a replica (pushes go there too), else 1 */
+    zs_conn **conn;  /* [n_servers] */
     char (*endpoint)[128];
     region *regions;
     int n_regions, cap_regions;
@@ -54,6 +55,10 @@ zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, uint
     cl->ops = &zs_tcp_ops;
     cl->map = map;
     cl->sender = sender;
+    cl->push_copies = 1;
+    for (int s = 0; s < map->n_servers; s++)
+        if (zs_shardmap_replica(map, s) >= 0)
+            cl->push_copies = 2;
     cl->conn = calloc((size_t)map->n_servers, sizeof *cl->conn);
     cl->endpoint = calloc((size_t)map->n_servers, sizeof *cl->endpoint);
     zs_err res;
@@ -159,7 +164,7 @@ static zs_err op_new(zs_client *cl, size_t begin, size_t end, int is_push, zs_cl
         return zs_error(ZS_ERR_NOMEM, "client: out of memory for %d pieces", n);
     }
     op->is_push = is_push;
-    int sends = is_push ? 2 * n : n; /* a push may go to replicas too */
+    int sends = is_push ? cl->push_copies * n : n;
     op->pieces = calloc((size_t)sends, sizeof *op->pieces);
     int got = 0;
     zs_err res = op->pieces ? zs_shardmap_split(cl->map, begin, end, pieces, n, &got)
