@@ -150,7 +150,15 @@ int main(int argc, char **argv)
     char dir[] = "/tmp/zs_bench_dp_XXXXXX";
     if (!mkdtemp(dir))
         return 1;
-    char cfg[256], data[256], out[256], ep[64];
+    char cfg[256], data[256], out[256], ep[64], secret_path[256];
+    /* The job's secret, for the processes started here (ZSHARD_SECRET_FILE) and this one. */
+    zs_secret secret;
+    snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
+    if (zs_secret_generate(secret_path) != ZS_OK || zs_secret_load(secret_path, &secret) != ZS_OK) {
+        fprintf(stderr, "bench_data_plane: %s\n", zs_last_error());
+        return 1;
+    }
+    setenv(ZS_SECRET_ENV, secret_path, 1);
     snprintf(cfg, sizeof cfg, "%s/cfg.json", dir);
     snprintf(data, sizeof data, "%s/data.txt", dir);
     snprintf(out, sizeof out, "%s/out", dir);
@@ -171,7 +179,7 @@ int main(int argc, char **argv)
     pid_t coord = zs_bench_spawn(cargv, NULL), server = zs_bench_spawn(sargv, NULL);
     int rc = 1;
     zs_session *s = NULL;
-    if (zs_session_open(ep, NULL, 30000, NULL, &s) != ZS_OK) {
+    if (zs_session_open(ep, &secret, NULL, 30000, NULL, &s) != ZS_OK) {
         fprintf(stderr, "bench_data_plane: %s\n", zs_last_error());
         goto out;
     }

@@ -6,6 +6,8 @@
 #ifndef ZS_CLI_H
 #define ZS_CLI_H
 
+#include "common/secret.h"
+
 int zs_cmd_train(int argc, char **argv);
 int zs_cmd_eval(int argc, char **argv);
 int zs_cmd_server(int argc, char **argv);
@@ -14,6 +16,7 @@ int zs_cmd_worker(int argc, char **argv);
 int zs_cmd_status(int argc, char **argv);
 int zs_cmd_launch(int argc, char **argv);
 int zs_cmd_export(int argc, char **argv);
+int zs_cmd_keygen(int argc, char **argv);
 
 /* Parses a positive integer flag value; prints "zshard CMD: --FLAG: ..." and returns -1. */
 long zs_cli_int(const char *cmd, const char *flag, const char *value, long lo, long hi);
@@ -28,6 +31,25 @@ void zs_cli_catch_signals(void);
 
 /* Applies a --log-level value; returns 0, or 2 after printing the usage error. */
 int zs_cli_log_level(const char *cmd, const char *value);
+
+/* The options every role that talks to others takes: --secret FILE and --insecure (getopt_long
+ * entries whose values are outside every short option's range). */
+#define ZS_CLI_OPT_SECRET 1001
+#define ZS_CLI_OPT_INSECURE 1002
+#define ZS_CLI_SECRET_OPTIONS                                                                      \
+    {"secret", required_argument, NULL, ZS_CLI_OPT_SECRET},                                        \
+    {                                                                                              \
+        "insecure", no_argument, NULL, ZS_CLI_OPT_INSECURE                                         \
+    }
+#define ZS_CLI_SECRET_USAGE                                                                        \
+    "  --secret FILE            the job secret (zshard keygen FILE); default: "                    \
+    "$ZSHARD_SECRET_FILE\n"                                                                        \
+    "  --insecure               run without a secret: anyone who reaches the ports is trusted\n"
+
+/* Resolves the secret a role runs with (common/secret.h zs_secret_resolve) into *out and,
+ * without one, logs that this process runs unauthenticated.  Returns 0, or 2 after printing
+ * "zshard CMD: why". */
+int zs_cli_secret(const char *cmd, const char *path, int insecure, zs_secret *out);
 
 /* The number of CPUs this process may run on. */
 int zs_cli_cpus(void);

@@ -10,7 +10,8 @@
 
 static const char coord_usage[] =
     "usage: zshard coord --listen tcp://HOST:PORT --config CFG.json --servers S --data PATH\n"
-    "                    --steps N --out DIR [--resume CKPT] [--log-level LEVEL]\n"
+    "                    --steps N --out DIR [--resume CKPT] [--secret FILE | --insecure]\n"
+    "                    [--log-level LEVEL]\n"
     "\n"
     "Runs the coordinator: membership, the shard map and the step state of a job; writes\n"
     "DIR/metrics.jsonl, commits the servers' checkpoints (checkpoint.dir, default\n"
@@ -25,20 +26,26 @@ static const char coord_usage[] =
     "  --out DIR                 output directory\n"
     "  --resume CKPT             continue from a checkpoint (a step-* directory), or from the\n"
     "                            newest valid checkpoint of a checkpoint directory, on any\n"
-    "                            number of servers; metrics.jsonl keeps its lines up to it\n"
-    "  --log-level LEVEL         error, warn, info (default) or debug\n"
+    "                            number of servers; metrics.jsonl keeps its lines up to "
+    "it\n" ZS_CLI_SECRET_USAGE "  --log-level LEVEL         error, warn, info (default) or debug\n"
     "  -h, --help                this text\n";
 
 int zs_cmd_coord(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"listen", required_argument, NULL, 'l'},  {"config", required_argument, NULL, 'c'},
-        {"servers", required_argument, NULL, 'S'}, {"data", required_argument, NULL, 'd'},
-        {"steps", required_argument, NULL, 's'},   {"out", required_argument, NULL, 'o'},
-        {"resume", required_argument, NULL, 'r'},  {"log-level", required_argument, NULL, 'L'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"listen", required_argument, NULL, 'l'},
+                                         {"config", required_argument, NULL, 'c'},
+                                         {"servers", required_argument, NULL, 'S'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"steps", required_argument, NULL, 's'},
+                                         {"out", required_argument, NULL, 'o'},
+                                         {"resume", required_argument, NULL, 'r'},
+                                         {"log-level", required_argument, NULL, 'L'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         ZS_CLI_SECRET_OPTIONS,
+                                         {NULL, 0, NULL, 0}};
     zs_coord_opts o = {.servers = -1, .steps = -1};
-    int c;
+    const char *secret_path = NULL;
+    int insecure = 0, c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -70,6 +77,12 @@ int zs_cmd_coord(int argc, char **argv)
             if (zs_cli_log_level("coord", optarg))
                 return 2;
             break;
+        case ZS_CLI_OPT_SECRET:
+            secret_path = optarg;
+            break;
+        case ZS_CLI_OPT_INSECURE:
+            insecure = 1;
+            break;
         case 'h':
             fputs(coord_usage, stdout);
             return 0;
@@ -90,8 +103,14 @@ int zs_cmd_coord(int argc, char **argv)
                                            : NULL;
     if (missing)
         return zs_cli_usage_error("coord", "missing %s", missing);
+    zs_secret secret;
+    if (zs_cli_secret("coord", secret_path, insecure, &secret))
+        return 2;
+    o.secret = &secret;
     zs_cli_catch_signals();
-    if (zs_coord_run(&o, &zs_cli_stop) != ZS_OK) {
+    zs_err e = zs_coord_run(&o, &zs_cli_stop);
+    zs_secret_wipe(&secret);
+    if (e != ZS_OK) {
         fprintf(stderr, "zshard coord: %s\n", zs_last_error());
         return 1;
     }

@@ -56,6 +56,8 @@
 #include "cli/procs.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/log.h"
+#include "common/secret.h"
 
 /* From SIGTERM to SIGKILL when stopping the children. */
 #define STOP_GRACE_S 5.0
@@ -73,6 +75,7 @@ static const char launch_usage[] =
     "usage: zshard launch --config CFG.json --data PATH --steps N --servers S --workers W\n"
     "                     --out DIR [--threads T] [--bind HOST] [--log-level LEVEL]\n"
     "                     [--elastic-script FILE] [--resume CKPT] [--replacements N]\n"
+    "                     [--secret FILE | --insecure]\n"
     "\n"
     "Runs a whole job on this host: the coordinator, S partition servers and W workers, as\n"
     "child processes.  Writes what 'zshard train' writes (DIR/metrics.jsonl,\n"
@@ -101,6 +104,10 @@ static const char launch_usage[] =
     "                     each registers as a spare, which the coordinator takes in at its\n"
     "                     next recovery from a checkpoint; 0: the job goes on with the\n"
     "                     servers left\n"
+    "  --secret FILE      the job secret every process proves (default: $ZSHARD_SECRET_FILE,\n"
+    "                     else DIR/secret, made by the first run in DIR, mode 0600); workers\n"
+    "                     attached by hand need it too\n"
+    "  --insecure         no secret: anyone who reaches the job's ports is trusted\n"
     "  -h, --help         this text\n"
     "\n"
     "Elastic mode (config \"elasticity\": {\"enabled\": true}, or --elastic-script): a worker\n"
@@ -140,6 +147,8 @@ typedef struct {
 
 typedef struct {
     const char *config, *data, *out, *bind, *log_level, *script_path, *resume;
+    const char *secret_path; /* the job secret every child gets (NULL with insecure) */
+    int insecure;            /* --insecure: no secret anywhere */
     long steps, servers, workers, threads; /* threads: 0 = divide the CPUs */
     int elastic;                           /* a worker's exit is an event, not a failure */
 
@@ -289,12 +298,57 @@ static int spawn(launch *L, int i, arglist *a)
     return 0;
 }
 
-static void log_level_args(const launch *L, arglist *a)
+/* What every child gets: the log level, and the job secret (or --insecure). */
+static void role_args(const launch *L, arglist *a)
 {
     if (L->log_level) {
         arg(a, "--log-level");
         arg(a, "%s", L->log_level);
     }
+    if (L->insecure) {
+        arg(a, "--insecure");
+    } else {
+        arg(a, "--secret");
+        arg(a, "%s", L->secret_path);
+    }
+}
+
+/* The secret of the job: --secret FILE or $ZSHARD_SECRET_FILE, else DIR/secret (made unless it
+ * exists: a resumed run in the same directory keeps its secret).  Checked here so that a bad
+ * file is one message, not one per child.  Returns 0, or 2 after printing why. */
+static int job_secret(launch *L, const char *given, char *made, size_t n)
+{
+    const char *env = getenv(ZS_SECRET_ENV);
+    if (!given && !L->insecure && env && *env)
+        given = env;
+    if (L->insecure && given)
+        return zs_cli_usage_error("launch",
+                                  "both a secret file (%s) and --insecure given: "
+                                  "choose one",
+                                  given);
+    if (L->insecure) {
+        ZS_WARN("zshard launch: running without authentication (--insecure): any process that "
+                "can reach this job's ports can read and change the model and stop the job");
+        return 0;
+    }
+    if (!given) {
+        snprintf(made, n, "%s/secret", L->out);
+        struct stat st;
+        if (lstat(made, &st) != 0 && zs_secret_generate(made) != ZS_OK) {
+            fprintf(stderr, "zshard launch: %s\n", zs_last_error());
+            return 2;
+        }
+        given = made;
+    }
+    zs_secret s;
+    zs_err e = zs_secret_load(given, &s);
+    zs_secret_wipe(&s);
+    if (e != ZS_OK) {
+        fprintf(stderr, "zshard launch: %s\n", zs_last_error());
+        return 2;
+    }
+    L->secret_path = given;
+    return 0;
 }
 
 static int start_coord(launch *L)
@@ -318,7 +372,7 @@ static int start_coord(launch *L)
         arg(&a, "--resume");
         arg(&a, "%s", L->resume);
     }
-    log_level_args(L, &a);
+    role_args(L, &a);
     return spawn(L, 0, &a);
 }
 
@@ -365,7 +419,7 @@ static int start_next(launch *L)
         arg(&a, "--threads");
         arg(&a, "%ld", L->worker_threads);
     }
-    log_level_args(L, &a);
+    role_args(L, &a);
     return spawn(L, i, &a);
 }
 
@@ -396,8 +450,9 @@ static int start_rest(launch *L, int port, double now)
     if (L->workers == 0 && L->n_procs == L->n_initial)
         fprintf(stderr,
                 "zshard launch: no workers started; attach them with: zshard worker "
-                "--coord %s\n",
-                L->endpoint);
+                "--coord %s %s%s\n",
+                L->endpoint, L->insecure ? "--insecure" : "--secret ",
+                L->insecure ? "" : L->secret_path);
     L->fired_at = now;
     return 0;
 }
@@ -502,8 +557,9 @@ static void worker_event(launch *L, int i)
     else
         fprintf(stderr,
                 "zshard launch: no worker is running; the job waits for one: zshard "
-                "worker --coord %s\n",
-                L->endpoint);
+                "worker --coord %s %s%s\n",
+                L->endpoint, L->insecure ? "--insecure" : "--secret ",
+                L->insecure ? "" : L->secret_path);
 }
 
 /* procs[i] exited just now. */
@@ -583,7 +639,7 @@ static void start_replacements(launch *L)
         arglist a = {.n = 0};
         arg(&a, "zshard");
         server_args(L, &a);
-        log_level_args(L, &a);
+        role_args(L, &a);
         if (spawn_at(L, i, &a) != 0) {
             /* Not the job's failure: the coordinator goes on with the servers it has. */
             fprintf(stderr, "zshard launch: %s\n", L->failure);
@@ -1033,20 +1089,29 @@ static int make_dir(const char *path)
 
 int zs_cmd_launch(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},         {"data", required_argument, NULL, 'd'},
-        {"steps", required_argument, NULL, 's'},          {"servers", required_argument, NULL, 'S'},
-        {"workers", required_argument, NULL, 'W'},        {"out", required_argument, NULL, 'o'},
-        {"threads", required_argument, NULL, 't'},        {"bind", required_argument, NULL, 'b'},
-        {"log-level", required_argument, NULL, 'L'},      {"help", no_argument, NULL, 'h'},
-        {"elastic-script", required_argument, NULL, 'e'}, {"resume", required_argument, NULL, 'r'},
-        {"replacements", required_argument, NULL, 'R'},   {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"steps", required_argument, NULL, 's'},
+                                         {"servers", required_argument, NULL, 'S'},
+                                         {"workers", required_argument, NULL, 'W'},
+                                         {"out", required_argument, NULL, 'o'},
+                                         {"threads", required_argument, NULL, 't'},
+                                         {"bind", required_argument, NULL, 'b'},
+                                         {"log-level", required_argument, NULL, 'L'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"elastic-script", required_argument, NULL, 'e'},
+                                         {"resume", required_argument, NULL, 'r'},
+                                         {"replacements", required_argument, NULL, 'R'},
+                                         ZS_CLI_SECRET_OPTIONS,
+                                         {NULL, 0, NULL, 0}};
     launch L = {.steps = -1,
                 .servers = -1,
                 .workers = -1,
                 .max_replacements = -1,
                 .bind = "127.0.0.1",
                 .failed = -1};
+    const char *secret_given = NULL;
+    char secret_made[4200];
     int c;
     opterr = 0;
     optind = 1;
@@ -1095,6 +1160,12 @@ int zs_cmd_launch(int argc, char **argv)
                 return 2;
             L.log_level = optarg;
             break;
+        case ZS_CLI_OPT_SECRET:
+            secret_given = optarg;
+            break;
+        case ZS_CLI_OPT_INSECURE:
+            L.insecure = 1;
+            break;
         case 'h':
             fputs(launch_usage, stdout);
             return 0;
@@ -1141,6 +1212,10 @@ int zs_cmd_launch(int argc, char **argv)
     snprintf(logs, sizeof logs, "%s/logs", L.out);
     if (make_dir(L.out) != 0 || make_dir(logs) != 0)
         goto out_script;
+    if (job_secret(&L, secret_given, secret_made, sizeof secret_made) != 0) {
+        rc = 2;
+        goto out_script;
+    }
     L.n_initial = 1 + (int)L.servers + (int)L.workers;
     L.n_procs = L.n_initial + (int)script_starts;
     L.procs = calloc((size_t)L.n_procs, sizeof *L.procs);

@@ -27,6 +27,7 @@ static const char usage[] =
     "  status  print what a running job is doing (step, members, throughput)\n"
     "  launch  run a whole job on this host: coord, servers and workers\n"
     "  export  write a Hugging Face model directory from a checkpoint\n"
+    "  keygen  write a new job secret (every process of a job proves it holds it)\n"
     "\n"
     "Run 'zshard COMMAND --help' for the options of a command.\n";
 
@@ -68,6 +69,19 @@ void zs_cli_catch_signals(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
+
+int zs_cli_secret(const char *cmd, const char *path, int insecure, zs_secret *out)
+{
+    if (zs_secret_resolve(path, insecure, out) != ZS_OK) {
+        fprintf(stderr, "zshard %s: %s\n", cmd, zs_last_error());
+        return 2;
+    }
+    if (out->insecure)
+        ZS_WARN("zshard %s: running without authentication (--insecure): any process that can "
+                "reach this job's ports can read and change the model and stop the job",
+                cmd);
+    return 0;
 }
 
 int zs_cli_log_level(const char *cmd, const char *value)
@@ -119,6 +133,8 @@ int main(int argc, char **argv)
         return zs_cmd_launch(argc - 1, argv + 1);
     if (strcmp(cmd, "export") == 0)
         return zs_cmd_export(argc - 1, argv + 1);
+    if (strcmp(cmd, "keygen") == 0)
+        return zs_cmd_keygen(argc - 1, argv + 1);
     fprintf(stderr, "zshard: unknown command \"%s\"\n\n%s", cmd, usage);
     return 2;
 }

@@ -10,7 +10,7 @@
 
 static const char server_usage[] =
     "usage: zshard server --coord tcp://HOST:PORT --listen HOST:PORT [--init DIR]\n"
-    "                     [--threads T] [--log-level LEVEL]\n"
+    "                     [--secret FILE | --insecure] [--threads T] [--log-level LEVEL]\n"
     "\n"
     "Runs a partition server: holds shards of the training state, applies AdamW, serves\n"
     "fetches and pushes on the data plane.\n"
@@ -18,7 +18,7 @@ static const char server_usage[] =
     "  --coord tcp://HOST:PORT  the coordinator's control endpoint\n"
     "  --listen HOST:PORT       data-plane address (port 0: any free port)\n"
     "  --init DIR               initialize from DIR/model.safetensors instead of the seed\n"
-    "  --threads T              AdamW threads (default: all CPUs available)\n"
+    "  --threads T              AdamW threads (default: all CPUs available)\n" ZS_CLI_SECRET_USAGE
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
     "  -h, --help               this text\n";
 
@@ -29,10 +29,12 @@ int zs_cmd_server(int argc, char **argv)
                                          {"init", required_argument, NULL, 'i'},
                                          {"threads", required_argument, NULL, 't'},
                                          {"log-level", required_argument, NULL, 'L'},
+                                         ZS_CLI_SECRET_OPTIONS,
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     zs_server_opts o = {.threads = zs_cli_cpus()};
-    int c;
+    const char *secret_path = NULL;
+    int insecure = 0, c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -57,6 +59,12 @@ int zs_cmd_server(int argc, char **argv)
             if (zs_cli_log_level("server", optarg))
                 return 2;
             break;
+        case ZS_CLI_OPT_SECRET:
+            secret_path = optarg;
+            break;
+        case ZS_CLI_OPT_INSECURE:
+            insecure = 1;
+            break;
         case 'h':
             fputs(server_usage, stdout);
             return 0;
@@ -70,8 +78,14 @@ int zs_cmd_server(int argc, char **argv)
         return zs_cli_usage_error("server", "unexpected argument \"%s\"", argv[optind]);
     if (!o.coord || !o.listen)
         return zs_cli_usage_error("server", "missing %s", !o.coord ? "--coord" : "--listen");
+    zs_secret secret;
+    if (zs_cli_secret("server", secret_path, insecure, &secret))
+        return 2;
+    o.secret = &secret;
     zs_cli_catch_signals();
-    if (zs_server_run(&o, &zs_cli_stop) != ZS_OK) {
+    zs_err e = zs_server_run(&o, &zs_cli_stop);
+    zs_secret_wipe(&secret);
+    if (e != ZS_OK) {
         fprintf(stderr, "zshard server: %s\n", zs_last_error());
         return 1;
     }

@@ -17,6 +17,7 @@
 
 static const char status_usage[] =
     "usage: zshard status --coord tcp://HOST:PORT [--json] [--timeout-ms MS]\n"
+    "                     [--secret FILE | --insecure]\n"
     "\n"
     "Prints what a running job is doing: the step, the phase, the newest checkpoint (and why\n"
     "the latest one failed, if it did), and every server and worker that joined it (state,\n"
@@ -25,8 +26,8 @@ static const char status_usage[] =
     "\n"
     "  --coord tcp://HOST:PORT  the coordinator's control endpoint\n"
     "  --json                   one JSON object instead of the table\n"
-    "  --timeout-ms MS          how long to wait for the answer (default 3000)\n"
-    "  -h, --help               this text\n";
+    "  --timeout-ms MS          how long to wait for the answer (default "
+    "3000)\n" ZS_CLI_SECRET_USAGE "  -h, --help               this text\n";
 
 static const char *role_name(Zshard__Role r)
 {
@@ -136,9 +137,10 @@ int zs_cmd_status(int argc, char **argv)
                                          {"json", no_argument, NULL, 'j'},
                                          {"timeout-ms", required_argument, NULL, 't'},
                                          {"help", no_argument, NULL, 'h'},
+                                         ZS_CLI_SECRET_OPTIONS,
                                          {NULL, 0, NULL, 0}};
-    const char *coord = NULL;
-    int json = 0;
+    const char *coord = NULL, *secret_path = NULL;
+    int json = 0, insecure = 0;
     long timeout = 3000;
     int c;
     opterr = 0;
@@ -155,6 +157,12 @@ int zs_cmd_status(int argc, char **argv)
             if ((timeout = zs_cli_int("status", "--timeout-ms", optarg, 1, 3600000)) < 0)
                 return 2;
             break;
+        case ZS_CLI_OPT_SECRET:
+            secret_path = optarg;
+            break;
+        case ZS_CLI_OPT_INSECURE:
+            insecure = 1;
+            break;
         case 'h':
             fputs(status_usage, stdout);
             return 0;
@@ -168,9 +176,14 @@ int zs_cmd_status(int argc, char **argv)
         return zs_cli_usage_error("status", "unexpected argument \"%s\"", argv[optind]);
     if (!coord)
         return zs_cli_usage_error("status", "missing --coord");
+    zs_secret secret;
+    if (zs_cli_secret("status", secret_path, insecure, &secret))
+        return 2;
     zs_ctrl *ctrl = NULL;
     int rc = 1;
-    if (zs_ctrl_connect(coord, &ctrl) != ZS_OK) {
+    zs_err opened = zs_ctrl_connect(coord, &secret, &ctrl);
+    zs_secret_wipe(&secret); /* the socket holds the keys it derived */
+    if (opened != ZS_OK) {
         fprintf(stderr, "zshard status: %s\n", zs_last_error());
         return 1;
     }
@@ -209,7 +222,10 @@ int zs_cmd_status(int argc, char **argv)
         }
         zs_msg_free(r);
     }
-    fprintf(stderr, "zshard status: no answer from %s within %ld ms\n", coord, timeout);
+    fprintf(stderr,
+            "zshard status: no answer from %s within %ld ms (is the coordinator running, and "
+            "with this job's secret?)\n",
+            coord, timeout);
 out:
     zs_ctrl_close(ctrl);
     return rc;

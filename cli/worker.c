@@ -11,7 +11,7 @@
 
 static const char worker_usage[] =
     "usage: zshard worker --coord tcp://HOST:PORT [--data PATH] [--threads T]\n"
-    "                     [--stats FILE] [--log-level LEVEL]\n"
+    "                     [--stats FILE] [--secret FILE | --insecure] [--log-level LEVEL]\n"
     "\n"
     "Runs a worker: joins the coordinator's job, computes the chunks it is assigned with\n"
     "parameters fetched layer by layer from the partition servers, and pushes the gradients\n"
@@ -21,7 +21,8 @@ static const char worker_usage[] =
     "  --data PATH              a local copy of the job's data (default: the job's path);\n"
     "                           its fingerprint must match the job's\n"
     "  --threads T              kernel threads (default: all CPUs available)\n"
-    "  --stats FILE             at the end, write where the time went as one JSON object\n"
+    "  --stats FILE             at the end, write where the time went as one JSON "
+    "object\n" ZS_CLI_SECRET_USAGE
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
     "  -h, --help               this text\n";
 
@@ -54,10 +55,11 @@ int zs_cmd_worker(int argc, char **argv)
                                          {"stats", required_argument, NULL, 's'},
                                          {"log-level", required_argument, NULL, 'L'},
                                          {"help", no_argument, NULL, 'h'},
+                                         ZS_CLI_SECRET_OPTIONS,
                                          {NULL, 0, NULL, 0}};
     zs_worker_opts o = {.threads = zs_cli_cpus()};
-    const char *stats_path = NULL;
-    int c;
+    const char *stats_path = NULL, *secret_path = NULL;
+    int insecure = 0, c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -82,6 +84,12 @@ int zs_cmd_worker(int argc, char **argv)
             if (zs_cli_log_level("worker", optarg))
                 return 2;
             break;
+        case ZS_CLI_OPT_SECRET:
+            secret_path = optarg;
+            break;
+        case ZS_CLI_OPT_INSECURE:
+            insecure = 1;
+            break;
         case 'h':
             fputs(worker_usage, stdout);
             return 0;
@@ -95,9 +103,14 @@ int zs_cmd_worker(int argc, char **argv)
         return zs_cli_usage_error("worker", "unexpected argument \"%s\"", argv[optind]);
     if (!o.coord)
         return zs_cli_usage_error("worker", "missing --coord");
+    zs_secret secret;
+    if (zs_cli_secret("worker", secret_path, insecure, &secret))
+        return 2;
+    o.secret = &secret;
     zs_cli_catch_signals();
     zs_worker_stats st;
     zs_err e = zs_worker_run(&o, &zs_cli_stop, &st);
+    zs_secret_wipe(&secret);
     int rc = 0;
     if (e != ZS_OK) {
         fprintf(stderr, "zshard worker: %s\n", zs_last_error());

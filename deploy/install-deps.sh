@@ -16,6 +16,7 @@ packages=(
   libprotobuf-c-dev protobuf-c-compiler   # control-plane messages
   libzmq3-dev          # control-plane transport (ROUTER/DEALER)
   libxxhash-dev        # XXH3 checksums of checkpoint files
+  libsodium-dev        # job secrets, key derivation, the data plane's challenge-response
   clang libomp-dev     # the libFuzzer targets
   clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
 )

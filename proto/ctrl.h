@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/secret.h"
 #include "proto/messages.h"
 
 #define ZS_CTRL_ID_MAX 255 /* bytes of a ZeroMQ routing id */
@@ -27,10 +28,13 @@ typedef struct {
 } zs_ctrl_peer;
 
 /* A ROUTER bound to endpoint ("tcp://HOST:PORT"; port 0 or "*" picks one: see
- * zs_ctrl_endpoint).  Does not block. */
-zs_err zs_ctrl_bind(const char *endpoint, zs_ctrl **out);
-/* A DEALER connected to endpoint.  ZeroMQ connects in the background; does not block. */
-zs_err zs_ctrl_connect(const char *endpoint, zs_ctrl **out);
+ * zs_ctrl_endpoint).  With a secret (not insecure) it is a CURVE server that admits only
+ * peers holding the same secret (ctrl.c says how).  Does not block. */
+zs_err zs_ctrl_bind(const char *endpoint, const zs_secret *secret, zs_ctrl **out);
+/* A DEALER connected to endpoint, a CURVE client with keys from the secret unless insecure.
+ * ZeroMQ connects in the background; does not block.  A peer with another secret (or none)
+ * never completes the handshake: nothing it sends arrives, and nothing comes back. */
+zs_err zs_ctrl_connect(const char *endpoint, const zs_secret *secret, zs_ctrl **out);
 /* The endpoint actually bound ("tcp://127.0.0.1:40123"). */
 const char *zs_ctrl_endpoint(const zs_ctrl *c);
 void zs_ctrl_close(zs_ctrl *c);
@@ -45,6 +49,10 @@ void zs_ctrl_stamp(Zshard__Envelope *env, uint32_t sender);
 
 /* zs_ctrl_stamp, then zs_ctrl_send. */
 zs_err zs_ctrl_send_as(zs_ctrl *c, const zs_ctrl_peer *to, uint32_t sender, Zshard__Envelope *env);
+
+/* Sends len bytes as one message, as they are (DEALER only): for tests that play a peer
+ * breaking the protocol.  Does not block. */
+zs_err zs_ctrl_send_raw(zs_ctrl *c, const void *buf, size_t len);
 
 /* Sends this process's Register (DEALER side): role, the data-plane endpoint (NULL: none),
  * the capabilities of this build, hostname and pid. */

@@ -1495,7 +1495,7 @@ static zs_err coord_setup(coord *co)
                            .chunks = (uint32_t)co->cfg.chunks,
                            .steps = (uint32_t)co->opts->steps};
     if (co->opts->listen)
-        ZS_CHECK(zs_ctrl_bind(co->opts->listen, &co->ctrl));
+        ZS_CHECK(zs_ctrl_bind(co->opts->listen, co->opts->secret, &co->ctrl));
     ZS_INFO("coord: listening on %s for %d servers; %ld steps of %d chunks",
             co->ctrl ? zs_ctrl_endpoint(co->ctrl) : "(no socket)", co->opts->servers,
             co->opts->steps, co->cfg.chunks);

@@ -33,6 +33,7 @@
 
 typedef struct {
     const char *listen;      /* "tcp://HOST:PORT"; NULL: no socket (tests: zs_coord_feed) */
+    const zs_secret *secret; /* the job's secret, or insecure (common/secret.h) */
     const char *config_path; /* the job's JSON config */
     const char *data_path;   /* training data; workers must have the same (fingerprint) */
     const char *out_dir;

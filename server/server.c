@@ -1408,7 +1408,7 @@ static zs_err server_setup(server *sv)
     }
     sv->ctx = (zs_msg_ctx){.self = ZS_MSG_SERVER};
     if (sv->opts->coord) {
-        ZS_CHECK(zs_ctrl_connect(sv->opts->coord, &sv->ctrl));
+        ZS_CHECK(zs_ctrl_connect(sv->opts->coord, sv->opts->secret, &sv->ctrl));
         ZS_CHECK(zs_ctrl_register(sv->ctrl, ZSHARD__ROLE__ROLE_SERVER, sv->endpoint));
     }
     return ZS_OK;

@@ -25,15 +25,17 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/secret.h"
 #include "proto/messages.h"
 
 typedef struct {
-    const char *coord;    /* the coordinator's control endpoint, "tcp://HOST:PORT"; NULL: no
-                             control socket (tests: zs_server_feed) */
-    const char *listen;   /* the data-plane address to listen on, "HOST:PORT" (port 0: any);
-                             NULL: no listener (tests: zs_server_adopt) */
-    const char *init_dir; /* start from init_dir/model.safetensors; NULL: from the seed */
-    int threads;          /* AdamW threads */
+    const char *coord;       /* the coordinator's control endpoint, "tcp://HOST:PORT"; NULL: no
+                                control socket (tests: zs_server_feed) */
+    const char *listen;      /* the data-plane address to listen on, "HOST:PORT" (port 0: any);
+                                NULL: no listener (tests: zs_server_adopt) */
+    const char *init_dir;    /* start from init_dir/model.safetensors; NULL: from the seed */
+    const zs_secret *secret; /* the job's secret, or insecure (common/secret.h) */
+    int threads;             /* AdamW threads */
 } zs_server_opts;
 
 typedef struct zs_server zs_server;

@@ -19,6 +19,7 @@
 
 struct zs_session {
     zs_ctrl *ctrl;
+    const zs_secret *secret; /* the job's, or insecure: both planes authenticate with it */
     uint32_t id;
     zs_config cfg;
     zs_tensor_table tt;
@@ -223,8 +224,9 @@ static zs_err pump(zs_session *s, int timeout_ms, const char *data, zs_assignmen
 
 /* One registration, until `until`; *rejoin when the coordinator said to register again before
  * the job reached us (a server was lost meanwhile): nothing is open then. */
-static zs_err open_once(const char *coord, const char *data, uint64_t until, int timeout_ms,
-                        volatile int *stop, zs_session **out, int *rejoin)
+static zs_err open_once(const char *coord, const zs_secret *secret, const char *data,
+                        uint64_t until, int timeout_ms, volatile int *stop, zs_session **out,
+                        int *rejoin)
 {
     *out = NULL;
     *rejoin = 0;
@@ -234,8 +236,9 @@ static zs_err open_once(const char *coord, const char *data, uint64_t until, int
     s->step = -1;
     s->opening = 1;
     s->coord = coord;
+    s->secret = secret;
     zs_err res;
-    ZS_CHECK_GOTO(zs_ctrl_connect(coord, &s->ctrl), res, fail);
+    ZS_CHECK_GOTO(zs_ctrl_connect(coord, secret, &s->ctrl), res, fail);
     ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL), res, fail);
     zs_assignment a;
     int got;
@@ -269,13 +272,13 @@ fail:
     return res;
 }
 
-zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, volatile int *stop,
-                       zs_session **out)
+zs_err zs_session_open(const char *coord, const zs_secret *secret, const char *data, int timeout_ms,
+                       volatile int *stop, zs_session **out)
 {
     uint64_t until = zs_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
         int rejoin = 0;
-        zs_err e = open_once(coord, data, until, timeout_ms, stop, out, &rejoin);
+        zs_err e = open_once(coord, secret, data, until, timeout_ms, stop, out, &rejoin);
         if (!rejoin)
             return e;
     }

@@ -18,6 +18,7 @@
 #include "common/config.h"
 #include "common/data.h"
 #include "common/err.h"
+#include "common/secret.h"
 #include "common/tensors.h"
 #include "proto/messages.h"
 #include "transport/client.h"
@@ -33,14 +34,16 @@ typedef struct {
     int chunks[ZS_SESSION_MAX_CHUNKS]; /* ascending */
 } zs_assignment;
 
-/* Registers and sets up (blocks up to timeout_ms for the coordinator's answers).  data: a
+/* Registers and sets up (blocks up to timeout_ms for the coordinator's answers).  secret:
+ * the job's (or insecure), for the control plane and the data plane; it must outlive the
+ * session.  data: a
  * local copy of the job's data, or NULL for the job's path.  A refusal of the registration
  * (another protocol version, a full job) fails here; one that follows the data check (another
  * fingerprint, too many workers) is the error of the first zs_session_next, with the
  * coordinator's reason.  stop (may be NULL): a flag a signal handler sets; once set, the wait
  * ends with ZS_ERR_IO "stopped while registering". */
-zs_err zs_session_open(const char *coord, const char *data, int timeout_ms, volatile int *stop,
-                       zs_session **out);
+zs_err zs_session_open(const char *coord, const zs_secret *secret, const char *data, int timeout_ms,
+                       volatile int *stop, zs_session **out);
 /* Leaves: tells the coordinator (unless the job ended) and closes everything. */
 void zs_session_close(zs_session *s);
 

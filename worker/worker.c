@@ -471,7 +471,7 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     zs_err res;
     int mu_ready = 0;
     *rejoin = 0;
-    ZS_CHECK_GOTO(zs_session_open(opts->coord, opts->data,
+    ZS_CHECK_GOTO(zs_session_open(opts->coord, opts->secret, opts->data,
                                   opts->join_timeout_ms > 0 ? opts->join_timeout_ms : 60000,
                                   stop_flag, &w.s),
                   res, out);

@@ -30,12 +30,14 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/secret.h"
 
 typedef struct {
-    const char *coord;   /* the coordinator's control endpoint, "tcp://HOST:PORT" */
-    const char *data;    /* a local copy of the job's data, or NULL for the job's path */
-    int threads;         /* kernel threads (OpenMP); the communication thread is extra */
-    int join_timeout_ms; /* how long to wait for the job spec after registering */
+    const char *coord;       /* the coordinator's control endpoint, "tcp://HOST:PORT" */
+    const zs_secret *secret; /* the job's secret, or insecure (common/secret.h) */
+    const char *data;        /* a local copy of the job's data, or NULL for the job's path */
+    int threads;             /* kernel threads (OpenMP); the communication thread is extra */
+    int join_timeout_ms;     /* how long to wait for the job spec after registering */
 } zs_worker_opts;
 
 /* Where a worker's time went, and what it moved.  Seconds of wall-clock time. */

@@ -5,6 +5,10 @@ WORK=$2
 DATA=$(cd "$(dirname "${BASH_SOURCE[0]}")/../data" && pwd)
 rm -rf "$WORK"
 mkdir -p "$WORK"
+# Every process a test starts proves this job secret (docs/security.md): the roles read
+# ZSHARD_SECRET_FILE, and zshard launch passes it on to its children.
+"$ZSHARD" keygen "$WORK/secret" 2>/dev/null
+export ZSHARD_SECRET_FILE=$WORK/secret
 failures=0
 checks=0
 

@@ -3,7 +3,10 @@
  * and W workers played by this test (the control plane through proto/ctrl.h, the data plane
  * through transport/client.h) -- for (S, W) = (1, 1), (2, 2), (3, 2).  The coordinator's
  * metrics.jsonl (less timing fields) and model.safetensors must be bitwise those of
- * `zshard train` on the same config and data.  Also: a worker whose data differs is refused.
+ * `zshard train` on the same config and data.  Also: a worker whose data differs is refused;
+ * peers without the job secret (a plain ZeroMQ socket, a CURVE client with another secret)
+ * get nothing through, and the job is unaffected.  Every process runs with a secret made
+ * here (ZSHARD_SECRET_FILE for the children).
  */
 #include <netinet/in.h>
 #include <signal.h>
@@ -16,7 +19,9 @@
 
 #include "common/clock.h"
 #include "common/data.h"
+#include "common/secret.h"
 #include "kernels/gpt2.h"
+#include "proto/ctrl.h"
 #include "proto/messages.h"
 #include "tests/unit/netutil.h"
 #include "tests/unit/test.h"
@@ -24,6 +29,9 @@
 #include "worker/session.h"
 
 enum { MAXW = 2, STEPS = 4 };
+
+static zs_secret job_secret;   /* what every member of the test's jobs holds */
+static zs_secret other_secret; /* another job's */
 
 /* metrics.jsonl fields that differ between runs (wall-clock, the worker count, and the
  * checkpoint a step committed: zshard train writes none). */
@@ -41,7 +49,7 @@ typedef struct {
 static void worker_open(worker *w, const char *ep)
 {
     memset(w, 0, sizeof *w);
-    CHECK_OK(zs_session_open(ep, NULL, 30000, NULL, &w->s));
+    CHECK_OK(zs_session_open(ep, &job_secret, NULL, 30000, NULL, &w->s));
     if (!w->s)
         return;
     const zs_config *cfg = zs_session_config(w->s);
@@ -97,40 +105,86 @@ static void worker_free(worker *w)
     free(w->tg);
 }
 
-/* A peer of another protocol version registers: refused with an Error that says so. */
-static void check_version_refusal(const char *ep)
+/* A Register of the given role and protocol version, packed into buf; its length. */
+static size_t pack_register(Zshard__Role role, uint32_t version, uint8_t *buf)
 {
-    void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
-    CHECK(zmq_connect(sock, ep) == 0);
     Zshard__Register r = ZSHARD__REGISTER__INIT;
     r.has_role = r.has_protocol_version = 1;
-    r.role = ZSHARD__ROLE__ROLE_WORKER;
-    r.protocol_version = ZS_PROTOCOL_VERSION + 1;
+    r.role = role;
+    r.protocol_version = version;
+    char *endpoints[1] = {"127.0.0.1:1"};
+    if (role == ZSHARD__ROLE__ROLE_SERVER) {
+        r.n_endpoints = 1;
+        r.endpoints = endpoints;
+    }
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.has_protocol_version = 1;
-    env.protocol_version = ZS_PROTOCOL_VERSION + 1;
+    env.protocol_version = version;
     env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
     env.registration = &r;
+    return zshard__envelope__pack(&env, buf);
+}
+
+/* A member of another protocol version registers: refused with an Error that says so.  It
+ * holds the secret, so this also shows that the coordinator answers members. */
+static void check_version_refusal(const char *ep)
+{
+    zs_ctrl *c = NULL;
+    CHECK_OK(zs_ctrl_connect(ep, &job_secret, &c));
     uint8_t buf[256];
-    size_t n = zshard__envelope__pack(&env, buf);
-    CHECK(zmq_send(sock, buf, n, 0) == (int)n);
-    zmq_pollitem_t item = {.socket = sock, .events = ZMQ_POLLIN};
-    CHECK(zmq_poll(&item, 1, 10000) == 1);
-    uint8_t reply[8192];
-    int got = zmq_recv(sock, reply, sizeof reply, ZMQ_DONTWAIT);
-    CHECK(got > 0);
+    size_t n = pack_register(ZSHARD__ROLE__ROLE_WORKER, ZS_PROTOCOL_VERSION + 1, buf);
+    CHECK_OK(zs_ctrl_send_raw(c, buf, n));
     Zshard__Envelope *e = NULL;
-    if (got > 0)
-        CHECK_OK(zs_msg_decode(reply, (size_t)got, NULL, &e));
+    uint64_t until = zs_now_ms() + 10000;
+    while (!e && zs_now_ms() < until)
+        zs_ctrl_recv(c, 100, NULL, NULL, &e);
     char want[64];
     snprintf(want, sizeof want, "protocol version %d", ZS_PROTOCOL_VERSION + 1);
     CHECK(e && e->body_case == ZSHARD__ENVELOPE__BODY_ERROR &&
           e->error->code == ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION &&
           strstr(e->error->text, want));
     zs_msg_free(e);
-    zmq_close(sock);
+    zs_ctrl_close(c);
+}
+
+/* Peers without the job secret register as a worker and as a server, and ask for the status:
+ * a plain ZeroMQ socket (no CURVE), and a CURVE client with another job's secret.  None gets
+ * an answer of any kind (CURVE's handshake or the ZAP handler stops them before a message
+ * reaches the coordinator); check_version_refusal, run right after, shows that the
+ * coordinator does answer a member meanwhile, and the job's result that they changed
+ * nothing. */
+static void check_strangers(const char *ep)
+{
+    uint8_t buf[3][256];
+    size_t len[3];
+    len[0] = pack_register(ZSHARD__ROLE__ROLE_WORKER, ZS_PROTOCOL_VERSION, buf[0]);
+    len[1] = pack_register(ZSHARD__ROLE__ROLE_SERVER, ZS_PROTOCOL_VERSION, buf[1]);
+    Zshard__StatusRequest q = ZSHARD__STATUS_REQUEST__INIT;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.has_protocol_version = 1;
+    env.protocol_version = ZS_PROTOCOL_VERSION;
+    env.body_case = ZSHARD__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = &q;
+    len[2] = zshard__envelope__pack(&env, buf[2]);
+
+    void *ctx = zmq_ctx_new(), *plain = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(plain, ZMQ_LINGER, &linger, sizeof linger);
+    CHECK(zmq_connect(plain, ep) == 0);
+    zs_ctrl *other = NULL;
+    CHECK_OK(zs_ctrl_connect(ep, &other_secret, &other));
+    for (int i = 0; i < 3; i++) {
+        zmq_send(plain, buf[i], len[i], ZMQ_DONTWAIT);
+        CHECK_OK(zs_ctrl_send_raw(other, buf[i], len[i]));
+    }
+    zmq_pollitem_t item = {.socket = plain, .events = ZMQ_POLLIN};
+    CHECK_EQ_INT(zmq_poll(&item, 1, 1500), 0);
+    Zshard__Envelope *e = NULL;
+    CHECK_OK(zs_ctrl_recv(other, 500, NULL, NULL, &e));
+    CHECK(e == NULL);
+    zs_msg_free(e);
+    zs_ctrl_close(other);
+    zmq_close(plain);
     zmq_ctx_term(ctx);
 }
 
@@ -188,6 +242,8 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
      * messages, which the coordinator then refuses one by one); the job goes on. */
     usleep(200000);
     zs_test_send_garbage(zs_test_port_of(ep), (uint64_t)S, 1);
+    if (S == 1)
+        check_strangers(ep);
     check_version_refusal(ep);
     pid_t srv[3];
     for (int s = 0; s < S; s++) {
@@ -199,7 +255,7 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
         /* A worker whose copy of the data is another text: refused with the reason; the job
          * goes on. */
         zs_session *bad = NULL;
-        CHECK_OK(zs_session_open(ep, "data/tiny.json", 30000, NULL, &bad));
+        CHECK_OK(zs_session_open(ep, &job_secret, "data/tiny.json", 30000, NULL, &bad));
         zs_assignment a;
         int got = 0, ended = 0;
         zs_err e = ZS_OK;
@@ -258,6 +314,14 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     char work[] = "/tmp/zs_test_coord_XXXXXX";
     CHECK(mkdtemp(work) != NULL);
+    char secret_path[600], other_path[600];
+    snprintf(secret_path, sizeof secret_path, "%s/secret", work);
+    snprintf(other_path, sizeof other_path, "%s/other-secret", work);
+    CHECK_OK(zs_secret_generate(secret_path));
+    CHECK_OK(zs_secret_generate(other_path));
+    CHECK_OK(zs_secret_load(secret_path, &job_secret));
+    CHECK_OK(zs_secret_load(other_path, &other_secret));
+    setenv(ZS_SECRET_ENV, secret_path, 1); /* for the coordinator and servers we start */
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "%s train --config data/tiny.json --data data/tiny.txt --steps %d "

@@ -39,6 +39,7 @@
 #include "common/clock.h"
 #include "common/data.h"
 #include "common/rng.h"
+#include "common/secret.h"
 #include "common/shardmap.h"
 #include "kernels/adamw.h"
 #include "kernels/gpt2.h"
@@ -483,10 +484,14 @@ static void failover(rig *r, const zs_trainer *tr, size_t N, const char *const *
     zs_shardmap_free(&m2);
 }
 
+/* The job secret the test (as coordinator) and its servers share; the servers find it in
+ * ZSHARD_SECRET_FILE. */
+static zs_secret job_secret;
+
 static void run(const char *zshard, int S, int replicas)
 {
     rig r = {.S = S, .lost = -1};
-    CHECK_OK(zs_ctrl_bind("tcp://127.0.0.1:*", &r.ctrl));
+    CHECK_OK(zs_ctrl_bind("tcp://127.0.0.1:*", &job_secret, &r.ctrl));
     for (int s = 0; s < S; s++) {
         r.pid[s] = fork();
         if (r.pid[s] == 0) {
@@ -876,8 +881,16 @@ int main(void)
     printf("test_server: seed %llu (ZS_TEST_SEED=%llu repeats the schedules)\n",
            (unsigned long long)test_seed, (unsigned long long)test_seed);
     fflush(stdout);
+    char work[] = "/tmp/zs_test_server_XXXXXX", secret_path[64];
+    CHECK(mkdtemp(work) != NULL);
+    snprintf(secret_path, sizeof secret_path, "%s/secret", work);
+    CHECK_OK(zs_secret_generate(secret_path));
+    CHECK_OK(zs_secret_load(secret_path, &job_secret));
+    setenv(ZS_SECRET_ENV, secret_path, 1);
     for (int S = 1; S <= MAXS; S++)
         run(zshard, S, 0);
     run(zshard, MAXS, 1);
+    unlink(secret_path);
+    rmdir(work);
     return zs_test_result("test_server");
 }
