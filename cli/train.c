@@ -155,6 +155,9 @@ int zs_cmd_train(int argc, char **argv)
         zs_metrics_num(metrics, "fetch_wait_ms", 0.0, "%.1f");
         zs_metrics_num(metrics, "push_wait_ms", 0.0, "%.1f");
         zs_metrics_int(metrics, "workers", 1);
+        /* Only on a skipped step, as the coordinator writes it: the other lines are unchanged. */
+        if (st.skipped)
+            zs_metrics_bool(metrics, "skipped", 1);
         if (zs_metrics_end(metrics) != ZS_OK) {
             fprintf(stderr, "zshard train: step %ld: %s\n", st.step, zs_last_error());
             metrics_failed = 1;
@@ -162,9 +165,9 @@ int zs_cmd_train(int argc, char **argv)
         double eta = st.seconds * (double)(steps - st.step);
         fprintf(stderr,
                 "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %.0f ms"
-                " | eta %.0fs\n",
+                " | eta %.0fs%s\n",
                 st.step, steps, st.loss, st.lr, st.grad_norm, st.tokens_per_sec, st.seconds * 1e3,
-                eta);
+                eta, st.skipped ? " | skipped" : "");
     }
     if (metrics_failed)
         ZS_WARN("train: stopped after step %ld: its metrics line could not be written; "

@@ -53,10 +53,37 @@ static zs_err reserve(zs_dataset *ds, size_t *cap, size_t more, const char *path
     return ZS_OK;
 }
 
+/* What a file that is not a regular file or a directory is, for the message that refuses it. */
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISDIR(mode))
+        return "a directory";
+    return "not a regular file";
+}
+
+static zs_err not_regular(const char *path, mode_t mode)
+{
+    return zs_error(ZS_ERR_INVALID,
+                    "data %s: is %s; --data must be a regular file or a directory of regular "
+                    "files",
+                    path, file_kind(mode));
+}
+
 /* Loads one file, appending its tokens; *kind is set from the first file and checked after. */
 static zs_err load_file(const char *path, zs_dataset *ds, size_t *cap, int first)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: the caller checked that path is a regular file, but it may have been
+     * replaced since, and opening a FIFO without it waits for a writer, forever.  On a regular
+     * file the flag changes nothing. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return zs_error(errno == ENOENT ? ZS_ERR_NOTFOUND : ZS_ERR_IO, "data %s: %s", path,
                         strerror(errno));
@@ -64,6 +91,10 @@ static zs_err load_file(const char *path, zs_dataset *ds, size_t *cap, int first
     struct stat st;
     if (fstat(fd, &st) != 0) {
         res = zs_error(ZS_ERR_IO, "data %s: stat failed: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        res = not_regular(path, st.st_mode);
         goto out;
     }
     size_t size = (size_t)st.st_size;
@@ -145,9 +176,19 @@ static zs_err load_dir(const char *path, zs_dataset *ds, size_t *cap)
             continue;
         char full[4096];
         snprintf(full, sizeof full, "%s/%s", path, e->d_name);
+        /* Every non-hidden entry must be a regular file (a symbolic link to one counts): a
+         * FIFO, a device, a socket or a subdirectory is refused by name rather than skipped,
+         * so that what is trained on is what the directory shows. */
         struct stat st;
-        if (stat(full, &st) != 0 || !S_ISREG(st.st_mode))
-            continue;
+        if (stat(full, &st) != 0) {
+            res = zs_error(errno == ENOENT ? ZS_ERR_NOTFOUND : ZS_ERR_IO, "data %s: %s", full,
+                           strerror(errno));
+            goto out;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            res = not_regular(full, st.st_mode);
+            goto out;
+        }
         if (n == ncap) {
             ncap = ncap ? 2 * ncap : 64;
             char **p = realloc(names, ncap * sizeof *p);
@@ -185,6 +226,8 @@ zs_err zs_data_open(const char *path, zs_dataset *ds)
     if (stat(path, &st) != 0)
         return zs_error(errno == ENOENT ? ZS_ERR_NOTFOUND : ZS_ERR_IO, "data %s: %s", path,
                         strerror(errno));
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return not_regular(path, st.st_mode);
     size_t cap = 0;
     zs_err res = S_ISDIR(st.st_mode) ? load_dir(path, ds, &cap) : load_file(path, ds, &cap, 1);
     if (res != ZS_OK) {

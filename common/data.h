@@ -4,8 +4,10 @@
  * Two formats are read: llm.c token shards (a 256 x int32 header with [0] = 20240520,
  * [1] = 1, [2] = ntokens, then ntokens uint16 tokens; the file size must match the header)
  * and anything else as raw text with byte-level tokens (vocab 256).  A directory is read
- * as all its regular, non-hidden files in name order, concatenated; they must all be of one
- * format.
+ * as all its non-hidden files in name order, concatenated; they must all be of one format.
+ * The path must be a regular file or a directory whose non-hidden entries are all regular
+ * files (symbolic links to them count): a FIFO, a device, a socket or a subdirectory is
+ * refused with its name (ZS_ERR_INVALID), and nothing is opened in a way that could block.
  *
  * Invariant: the sequences of chunk c of step s are a pure function of (seed, s, c) and the
  * data, never of how many processes or threads run.

@@ -233,6 +233,12 @@ void zs_metrics_num(zs_metrics *m, const char *key, double value, const char *fm
     put(m, num, (size_t)n);
 }
 
+void zs_metrics_bool(zs_metrics *m, const char *key, int value)
+{
+    put_key(m, key);
+    puts_(m, value ? "true" : "false");
+}
+
 void zs_metrics_str(zs_metrics *m, const char *key, const char *value)
 {
     put_key(m, key);

@@ -2,7 +2,7 @@
  * metrics: the writer of a run's OUT/metrics.jsonl, one JSON object per line, for
  * `zshard train` and the coordinator.
  *
- * A line is built key by key (zs_metrics_begin, zs_metrics_int/num/str, in the order the keys
+ * A line is built key by key (zs_metrics_begin, zs_metrics_int/num/str/bool, in the order the keys
  * appear) and goes out with zs_metrics_end() in one write(2) loop: no stdio buffer, so a line
  * is in the file (the page cache; zs_metrics_sync for the disk) when its step is reported.
  * Lines look like {"step": 1, "loss": 5.54, "workers": 2}.
@@ -54,6 +54,8 @@ void zs_metrics_begin(zs_metrics *m);
 void zs_metrics_int(zs_metrics *m, const char *key, long value);
 void zs_metrics_num(zs_metrics *m, const char *key, double value, const char *fmt);
 void zs_metrics_str(zs_metrics *m, const char *key, const char *value);
+/* "key": true or false (value non-zero or zero). */
+void zs_metrics_bool(zs_metrics *m, const char *key, int value);
 
 /*
  * Ends the line and writes it, followed by "\n", with write(2) until every byte is out.

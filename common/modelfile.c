@@ -1,6 +1,7 @@
 #include "common/modelfile.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,23 @@ static int ignored_name(const char *name)
             return 1;
     }
     return strcmp(name, "lm_head.weight") == 0;
+}
+
+/* A NaN or an infinity in the starting weights would make every step's gradient non-finite
+ * (each one skipped, so the run would train nothing) or poison the weights: refuse it at load,
+ * naming the tensor as the file names it and the first bad element (row-major index). */
+static zs_err check_finite(const char *path, const char *name, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return zs_error(ZS_ERR_FORMAT,
+                            "%s: tensor \"%s\" has a non-finite value (%s) at element %zu", path,
+                            name,
+                            isnan(x[i]) ? "nan"
+                            : x[i] > 0  ? "inf"
+                                        : "-inf",
+                            i);
+    return ZS_OK;
 }
 
 zs_err zs_modelfile_load_weights(const zs_tensor_table *tt, const char *path, float *params)
@@ -94,6 +112,7 @@ zs_err zs_modelfile_load_weights(const zs_tensor_table *tt, const char *path, fl
             goto out;
         }
         ZS_CHECK_GOTO(zs_st_read_f32(&f, e, params + t->offset, t->numel), res, out);
+        ZS_CHECK_GOTO(check_finite(path, e->name, params + t->offset, t->numel), res, out);
         seen[idx] = 1;
     }
     for (int i = 0; i < tt->count; i++)

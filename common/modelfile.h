@@ -19,7 +19,10 @@ zs_err zs_modelfile_save(const zs_tensor_table *tt, const zs_model_config *model
  * Loads HF GPT-2 safetensors at path into params ([tt->total], padding zeroed): names with or
  * without the "transformer." prefix; attn.bias and attn.masked_bias buffers ignored;
  * lm_head.weight ignored (tied to wte); F32, BF16 or F16 data; every tensor of the table must
- * be present with its shape, and any other tensor is an error that names it.
+ * be present with its shape, and any other tensor is an error that names it.  A NaN or an
+ * infinity in a tensor is an error too (ZS_ERR_FORMAT) that names the tensor, the kind of value
+ * and its element: "PATH: tensor \"h.3.attn.c_attn.weight\" has a non-finite value (nan) at
+ * element 1234".  The trainer and the partition servers both load --init weights here.
  */
 zs_err zs_modelfile_load_weights(const zs_tensor_table *tt, const char *path, float *params);
 

@@ -630,6 +630,8 @@ static void write_metrics(coord *co, const zs_coord_step_stats *st, double tps, 
     zs_metrics_num(m, "fetch_wait_ms", st->fetch_wait_ms, "%.1f");
     zs_metrics_num(m, "push_wait_ms", st->push_wait_ms, "%.1f");
     zs_metrics_int(m, "workers", st->workers);
+    if (st->skipped) /* where zshard train writes it: the lines compare equal */
+        zs_metrics_bool(m, "skipped", 1);
     if (ckpt)
         zs_metrics_str(m, "checkpoint", ckpt);
     if (ckpt_error)
@@ -918,9 +920,9 @@ static void step_finished(coord *co, zs_coord_step_stats st)
     co->last_tps = tps;
     fprintf(stderr,
             "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
-            " | eta %.0fs\n",
+            " | eta %.0fs%s\n",
             st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps, st.workers,
-            dt * (double)(co->opts->steps - st.step));
+            dt * (double)(co->opts->steps - st.step), st.skipped ? " | skipped" : "");
     int last = zs_coord_phase(co->cs) == ZS_PHASE_DONE;
     if (last && co->hooks.finish) {
         write_metrics(co, &st, tps, dt, NULL, NULL);

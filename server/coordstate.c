@@ -4,6 +4,7 @@
  */
 #include "server/coordstate.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,6 +408,7 @@ int zs_coord_published(zs_coord_state *cs, int id, long version, zs_coord_step_s
                                    .lr = cs->lr,
                                    .grad_norm = cs->norm,
                                    .clip = cs->clip,
+                                   .skipped = !isfinite(cs->norm),
                                    .workers = cs->workers_at_begin};
     cs->step++;
     for (int c = 0; c < cs->cfg.chunks; c++)

@@ -54,6 +54,7 @@ typedef struct {
     double lr;
     double grad_norm;
     double clip;
+    int skipped; /* the norm was not finite: the verdict told the servers to skip the update */
     int workers; /* live workers when the step began */
     /* Where the workers' time went, summed over the step's chunks (ms; 0 when the workers
      * did not report it). */
@@ -112,7 +113,9 @@ int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double
  * non-server or another step (nothing recorded then). */
 zs_err zs_coord_partials(zs_coord_state *cs, int id, long step, const int *shard,
                          const double *sumsq, int n);
-/* In ZS_PHASE_VERDICT: the clip factor (and norm); moves to ZS_PHASE_PUBLISH. */
+/* In ZS_PHASE_VERDICT: the clip factor (and norm); moves to ZS_PHASE_PUBLISH.  A norm that is
+ * not finite (an inf or NaN in some shard's partial) means the step's update is skipped, as
+ * `zshard train` skips it; the step's stats then say skipped. */
 double zs_coord_verdict(zs_coord_state *cs, double *norm, double *lr);
 /* Server id published version; returns 1 when this finished the step (stats filled in). */
 int zs_coord_published(zs_coord_state *cs, int id, long version, zs_coord_step_stats *stats);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/log.h"
 #include "common/modelfile.h"
 #include "kernels/adamw.h"
 #include "kernels/reduce.h"
@@ -126,14 +127,23 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
     double norm = zs_grad_norm(zs_sumsq_sharded(tr->acc, n, shard_floats, tr->threads), C);
     double clip = zs_clip_factor(norm, cfg->gradient_clipping);
     double lr = zs_config_lr(cfg, (int)tr->step);
-    const zs_adamw_config *ac = &cfg->adamw;
-    zs_adamw_tensors(&tr->tt, 0, n, tr->params, tr->m, tr->v, tr->acc, tr->bf16, lr, ac->beta1,
-                     ac->beta2, ac->eps, ac->weight_decay, tr->step + 1, (float)(clip / C),
-                     tr->threads);
-    if (cfg->bf16) {
+    /* A non-finite gradient (an overflow, a NaN) skips the update, as the coordinator's
+     * verdict makes the servers do (zs_store_apply): weights, moments and the bf16 copy stay
+     * as they are, and the step count still moves on, so the next update's bias correction
+     * uses t = its own step number in both. */
+    int skip = !isfinite(norm);
+    if (skip) {
+        ZS_WARN("train: step %ld: the gradient is not finite; the update is skipped", tr->step + 1);
+    } else {
+        const zs_adamw_config *ac = &cfg->adamw;
+        zs_adamw_tensors(&tr->tt, 0, n, tr->params, tr->m, tr->v, tr->acc, tr->bf16, lr, ac->beta1,
+                         ac->beta2, ac->eps, ac->weight_decay, tr->step + 1, (float)(clip / C),
+                         tr->threads);
+        if (cfg->bf16) {
 #pragma omp parallel for schedule(static) num_threads(tr->threads)
-        for (size_t i = 0; i < n; i++)
-            tr->compute[i] = zs_bf16_to_f32(tr->bf16[i]);
+            for (size_t i = 0; i < n; i++)
+                tr->compute[i] = zs_bf16_to_f32(tr->bf16[i]);
+        }
     }
     tr->step++;
     double dt = zs_now_s() - t0;
@@ -142,6 +152,7 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
                           .lr = lr,
                           .grad_norm = norm,
                           .clip = clip,
+                          .skipped = skip,
                           .seconds = dt,
                           .tokens_per_sec = (double)C * b * T / dt};
     return ZS_OK;

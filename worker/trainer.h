@@ -8,7 +8,9 @@
  * of each shard's sum of squares of acc) / C; the clip factor is
  * min(1, gradient_clipping / (norm + 1e-6)) (1 when clipping is off); AdamW then runs per
  * tensor with grad_scale = clip / C, and step s's learning rate.  These are the operations a
- * partition server performs on its shards, in the same order, so the results agree.
+ * partition server performs on its shards, in the same order, so the results agree.  A step
+ * whose norm is not finite (an inf or NaN anywhere in the gradient) is skipped as the servers
+ * skip it: no AdamW at all, and the step count (AdamW's t) still advances.
  * With bf16.enabled the model computes with the weights rounded to bf16, as a worker that
  * fetches bf16 does.
  */
@@ -47,6 +49,7 @@ typedef struct {
     double lr;
     double grad_norm; /* before clipping */
     double clip;      /* factor applied (1 when no clipping happened) */
+    int skipped;      /* the gradient was not finite: no update (weights, moments unchanged) */
     double seconds;
     double tokens_per_sec;
 } zs_step_stats;

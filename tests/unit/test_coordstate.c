@@ -136,6 +136,7 @@ int main(void)
     finish_step(cs, s0, s1, 1, small, 4, &st);
     CHECK(st.clip == 1.0);
     CHECK_EQ_INT(st.workers, 2);
+    CHECK_EQ_INT(st.skipped, 0);
     /* Step 3, the last. */
     CHECK_EQ_INT(zs_coord_try_begin(cs), 1);
     /* with timings: the step's stats sum them over the chunks that counted */
@@ -145,7 +146,12 @@ int main(void)
         CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 2, c, 1.0, c == 3 ? NULL : &t), 1);
         CHECK_EQ_INT(zs_coord_chunk_done(cs, w3, 2, c, 1.0, &t), 0); /* a repeat adds nothing */
     }
-    finish_step(cs, s0, s1, 2, small, 4, &st);
+    /* One shard's partial overflowed: the norm is not finite and the step is skipped (the
+     * verdict says so to the servers; the stats say so to the metrics line). */
+    double overflow[4] = {0.01, INFINITY, 0.01, 0.01};
+    finish_step(cs, s0, s1, 2, overflow, 4, &st);
+    CHECK(isinf(st.grad_norm));
+    CHECK_EQ_INT(st.skipped, 1);
     CHECK_EQ_INT(st.workers, 1);
     CHECK(st.compute_ms == 100.0 + 101.0 + 102.0 + 104.0);
     CHECK(st.fetch_wait_ms == 8.0);

@@ -1,7 +1,13 @@
-/* data: llm.c shards (and their corruptions), text and directories, deterministic chunks. */
+/*
+ * data: llm.c shards (and their corruptions), text and directories, deterministic chunks;
+ * anything but a regular file or a directory of them (a FIFO, a device, a socket, a
+ * subdirectory) is refused by name, without blocking.
+ */
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "common/data.h"
@@ -116,6 +122,66 @@ static void test_text_and_dirs(void)
     CHECK_FAILS_WITH(zs_data_open(p, &ds), "holds no tokens");
 }
 
+/* Opening a FIFO for reading waits for a writer: were zs_data_open to do that, it would never
+ * return, and the alarm set in main ends the test (a failure) instead of a hang. */
+static void test_not_regular(void)
+{
+    char p[256], sub[200], q[256];
+    zs_dataset ds;
+    path_of(p, sizeof p, "fifo");
+    CHECK(mkfifo(p, 0600) == 0);
+    CHECK_FAILS_WITH(zs_data_open(p, &ds), "is a FIFO; --data must be a regular file or a");
+    CHECK_FAILS_WITH(zs_data_open(p, &ds), p);
+    CHECK(ds.tokens == NULL);
+    CHECK_FAILS_WITH(zs_data_open("/dev/null", &ds), "data /dev/null: is a character device");
+
+    /* A socket. */
+    char sp[100]; /* fits sun_path */
+    path_of(sp, sizeof sp, "sock");
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sp);
+    CHECK(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    CHECK_FAILS_WITH(zs_data_open(sp, &ds), "is a socket");
+    close(fd);
+
+    /* In a directory: each entry that is not a regular file is named, not skipped. */
+    path_of(sub, sizeof sub, "withfifo");
+    CHECK(mkdir(sub, 0777) == 0);
+    snprintf(q, sizeof q, "%s/a.txt", sub);
+    write_bytes(q, "hello world, hello data", 23);
+    CHECK_OK(zs_data_open(sub, &ds));
+    zs_data_close(&ds);
+    snprintf(q, sizeof q, "%s/b.fifo", sub);
+    CHECK(mkfifo(q, 0600) == 0);
+    CHECK_FAILS_WITH(zs_data_open(sub, &ds), q);
+    CHECK_FAILS_WITH(zs_data_open(sub, &ds), "b.fifo: is a FIFO");
+    CHECK(unlink(q) == 0);
+    snprintf(q, sizeof q, "%s/nested", sub);
+    CHECK(mkdir(q, 0777) == 0);
+    CHECK_FAILS_WITH(zs_data_open(sub, &ds), "nested: is a directory");
+    CHECK(rmdir(q) == 0);
+    /* A link to a regular file is one; a dangling link is an error that names it. */
+    snprintf(q, sizeof q, "%s/c.txt", sub);
+    path_of(p, sizeof p, "one.txt");
+    CHECK(symlink(p, q) == 0);
+    CHECK_OK(zs_data_open(sub, &ds));
+    CHECK_EQ_INT(ds.n_files, 2);
+    zs_data_close(&ds);
+    CHECK(unlink(q) == 0);
+    snprintf(q, sizeof q, "%s/d.txt", sub);
+    CHECK(symlink("/nonexistent/zs_data", q) == 0);
+    CHECK_FAILS_WITH(zs_data_open(sub, &ds), "d.txt: No such file or directory");
+    CHECK(unlink(q) == 0);
+    /* Hidden entries are still skipped, whatever they are. */
+    snprintf(q, sizeof q, "%s/.fifo", sub);
+    CHECK(mkfifo(q, 0600) == 0);
+    CHECK_OK(zs_data_open(sub, &ds));
+    CHECK_EQ_INT(ds.n_files, 1);
+    zs_data_close(&ds);
+}
+
 static void test_chunks(void)
 {
     zs_dataset ds = {0};
@@ -154,6 +220,9 @@ int main(void)
     CHECK(mkdtemp(dir) != NULL);
     test_llmc();
     test_text_and_dirs();
+    alarm(60);
+    test_not_regular();
+    alarm(0);
     test_chunks();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -187,9 +187,33 @@ static void test_lines(void)
     zs_metrics_str(m, "broken", broken);
     zs_metrics_str(m, "k\"ey", NULL);
     CHECK_OK(zs_metrics_end(m));
+
+    /* A skipped step as `zshard train` writes it: a NaN loss, an infinite norm, a flag. */
+    zs_metrics_begin(m);
+    zs_metrics_int(m, "step", 4);
+    zs_metrics_num(m, "loss", -NAN, "%.9g");
+    zs_metrics_num(m, "grad_norm", INFINITY, "%.9g");
+    zs_metrics_num(m, "clip", 0.0, "%.9g");
+    zs_metrics_bool(m, "skipped", 1);
+    zs_metrics_bool(m, "other", 0);
+    CHECK_OK(zs_metrics_end(m));
     CHECK_OK(zs_metrics_close(m));
 
-    CHECK_EQ_INT(check_lines(path), 3);
+    CHECK_EQ_INT(check_lines(path), 4);
+    text = slurp(path);
+    const char *skipped_line = "{\"step\": 4, \"loss\": null, \"grad_norm\": null, \"clip\": 0, "
+                               "\"skipped\": true, \"other\": false}\n";
+    CHECK(text && strlen(text) > strlen(skipped_line) &&
+          strcmp(text + strlen(text) - strlen(skipped_line), skipped_line) == 0);
+    free(text);
+    json_t *sk = line_json(path, 3);
+    CHECK(sk != NULL);
+    if (sk) {
+        CHECK(json_is_null(json_object_get(sk, "loss")));
+        CHECK(json_is_true(json_object_get(sk, "skipped")));
+        CHECK(json_is_false(json_object_get(sk, "other")));
+        json_decref(sk);
+    }
     json_t *o = line_json(path, 1);
     CHECK(o != NULL);
     if (o) {

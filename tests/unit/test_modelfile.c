@@ -1,7 +1,8 @@
 /*
  * modelfile: model directories round trip; HF checkpoints load with or without the
  * "transformer." prefix, with attn.bias / attn.masked_bias buffers and a tied lm_head.weight;
- * missing tensors, wrong shapes and foreign tensors are refused by name.
+ * missing tensors, wrong shapes and foreign tensors are refused by name, and so is a NaN or an
+ * infinity in any tensor (with the element).
  */
 #include <stdlib.h>
 #include <unistd.h>
@@ -17,13 +18,15 @@ static const zs_model_config model = {
 /* Writes the table's tensors from params under their names minus the prefix (strip), plus
  * the extra tensors HF checkpoints carry; `skip` names one tensor to leave out, `bad_shape`
  * one to write with a wrong shape, `foreign` adds an unknown tensor. */
+/* What write_hf stores in the attn.bias / attn.masked_bias buffers (and the foreign tensor). */
+static float buffer[6 * 6];
+
 static void write_hf(const char *path, const zs_tensor_table *tt, const float *params, int strip,
                      const char *skip, const char *bad_shape, int foreign)
 {
     zs_st_tensor ts[64];
     char names[64][96];
     int n = 0;
-    static float buffer[6 * 6];
     for (int i = 0; i < tt->count; i++) {
         const zs_tensor *t = &tt->tensors[i];
         const char *name = strip ? t->name + strlen("transformer.") : t->name;
@@ -96,6 +99,40 @@ int main(void)
     write_hf(path, &tt, params, 1, NULL, NULL, 1);
     CHECK_FAILS_WITH(zs_modelfile_load_weights(&tt, path, back),
                      "\"h.0.mlp.extra\" is not part of this model");
+
+    /* Non-finite values: the tensor as the file names it, what the value is, and where. */
+    const zs_tensor *qkv = zs_tensors_get(&tt, 1, ZS_T_QKV_W);
+    float saved = params[qkv->offset + 37];
+    params[qkv->offset + 37] = NAN;
+    write_hf(path, &tt, params, 0, NULL, NULL, 0);
+    CHECK_FAILS_WITH(zs_modelfile_load_weights(&tt, path, back),
+                     "tensor \"transformer.h.1.attn.c_attn.weight\" has a non-finite value (nan) "
+                     "at element 37");
+    CHECK_FAILS_WITH(zs_modelfile_load_weights(&tt, path, back), path);
+    params[qkv->offset + 37] = saved;
+    const zs_tensor *lnf = zs_tensors_get(&tt, model.n_layer + 1, ZS_T_LNF_B);
+    params[lnf->offset + lnf->numel - 1] = -INFINITY;
+    write_hf(path, &tt, params, 1, NULL, NULL, 0);
+    CHECK_FAILS_WITH(zs_modelfile_load_weights(&tt, path, back),
+                     "tensor \"ln_f.bias\" has a non-finite value (-inf) at element 7");
+    params[lnf->offset + lnf->numel - 1] = 0.0f;
+    /* A model directory (zs_modelfile_load, as `zshard eval` reads one) is checked alike; an
+     * infinity in the first element of wte. */
+    const zs_tensor *wte = zs_tensors_get(&tt, 0, ZS_T_WTE);
+    saved = params[wte->offset];
+    params[wte->offset] = INFINITY;
+    CHECK_OK(zs_modelfile_save(&tt, &model, params, dir));
+    loaded = NULL;
+    CHECK_FAILS_WITH(zs_modelfile_load(dir, &m2, &tt2, &loaded),
+                     "tensor \"transformer.wte.weight\" has a non-finite value (inf) at element 0");
+    CHECK(loaded == NULL);
+    params[wte->offset] = saved;
+    /* The HF buffers that are not parameters may hold anything (a mask, -inf): not read. */
+    for (int i = 0; i < 6 * 6; i++)
+        buffer[i] = i % 2 ? -INFINITY : NAN;
+    write_hf(path, &tt, params, 1, NULL, NULL, 0);
+    CHECK_OK(zs_modelfile_load_weights(&tt, path, back));
+    CHECK(memcmp(back, params, tt.total * sizeof *params) == 0);
 
     free(params);
     free(back);

@@ -1,7 +1,8 @@
 /*
  * shardstore: chunk gradients pushed in random order, in random pieces, with duplicates, to
  * 1, 2 or 3 stores (servers) give bitwise the weights `zshard train` computes; stale, foreign
- * and out-of-range pushes change nothing.
+ * and out-of-range pushes change nothing.  A step whose gradient is not finite is skipped alike
+ * by the trainer and the stores (weights, moments, and the bias correction of the steps after).
  */
 #include <stdlib.h>
 
@@ -146,6 +147,35 @@ static void merge_stores(cluster *cl, const zs_trainer *tr, const zs_config *cfg
     zs_store_free(m);
 }
 
+/* Sets element k of the weights to x in whichever store holds it. */
+static void store_set(cluster *cl, size_t k, float x)
+{
+    for (int i = 0; i < cl->nshards; i++)
+        if (k >= cl->all[i].begin && k < cl->all[i].end) {
+            zs_store *st = cl->stores[cl->owner[i]];
+            zs_shard_range r;
+            float *p, *m, *v;
+            zs_store_state(st, zs_store_find(st, i), &r, &p, &m, &v);
+            p[k - r.begin] = x;
+        }
+}
+
+/* The stores' moments equal the trainer's, bit for bit. */
+static int same_moments(const cluster *cl, const zs_trainer *tr)
+{
+    int same = 1;
+    for (int s = 0; s < cl->S; s++)
+        for (int i = 0; i < zs_store_shard_count(cl->stores[s]); i++) {
+            zs_shard_range r;
+            float *p, *m, *v;
+            zs_store_state(cl->stores[s], i, &r, &p, &m, &v);
+            size_t len = r.end - r.begin;
+            same &= memcmp(m, tr->m + r.begin, len * 4) == 0 &&
+                    memcmp(v, tr->v + r.begin, len * 4) == 0;
+        }
+    return same;
+}
+
 static void run(int S, int bf16)
 {
     zs_config cfg;
@@ -181,7 +211,18 @@ static void run(int S, int bf16)
 
     gather(&cl, full, N);
     CHECK(memcmp(full, tr.params, N * 4) == 0); /* the same initialization */
+    /* Step POISON computes with a NaN weight (position 0 of wpe, which every sequence reads):
+     * its gradient is NaN, and both sides must skip the update. */
+    enum { POISON = 1 };
+    size_t poison = zs_tensors_get(&tr.tt, 0, ZS_T_WPE)->offset + 1;
+    float kept = 0;
     for (long step = 0; step < STEPS; step++) {
+        if (step == POISON) {
+            kept = tr.params[poison];
+            store_set(&cl, poison, NAN);
+            tr.params[poison] = NAN;
+            tr.compute[poison] = NAN; /* the same array unless bf16 */
+        }
         /* The worker side: each chunk's gradient from the published weights. */
         gather(&cl, full, N);
         for (size_t i = 0; i < N; i++)
@@ -242,12 +283,28 @@ static void run(int S, int bf16)
         double norm = zs_grad_norm(sum, 4);
         double clip = zs_clip_factor(norm, cfg.gradient_clipping);
         double lr = zs_config_lr(&cfg, (int)step);
+        /* The coordinator's verdict: skip when the norm is not finite (clip factor 1 then). */
+        int skip = !isfinite(norm);
+        CHECK_EQ_INT(skip, step == POISON);
         for (int s = 0; s < S; s++)
-            CHECK_OK(zs_store_apply(cl.stores[s], lr, clip, 0));
+            CHECK_OK(zs_store_apply(cl.stores[s], lr, skip ? 1.0 : clip, skip));
+        float *m_before = NULL;
+        if (skip) {
+            m_before = malloc(N * 4);
+            memcpy(m_before, tr.m, N * 4);
+        }
         zs_step_stats stats;
         CHECK_OK(zs_trainer_step(&tr, &stats));
-        CHECK(stats.clip < 1.0);
-        CHECK(stats.grad_norm == norm);
+        CHECK_EQ_INT(stats.skipped, skip);
+        if (skip) {
+            CHECK(!isfinite(stats.grad_norm));
+            CHECK(memcmp(m_before, tr.m, N * 4) == 0); /* the moments did not move */
+            free(m_before);
+        } else {
+            CHECK(stats.clip < 1.0);
+            CHECK(stats.grad_norm == norm);
+        }
+        CHECK(same_moments(&cl, &tr));
         gather(&cl, full, N);
         size_t diff = 0;
         while (diff < N && memcmp(&full[diff], &tr.params[diff], 4) == 0)
@@ -257,6 +314,15 @@ static void run(int S, int bf16)
                     full[diff], tr.params[diff]);
         CHECK_EQ_INT(diff, N);
         CHECK_EQ_INT(zs_store_version(cl.stores[0]), step + 1);
+        CHECK_EQ_INT(tr.step, step + 1);
+        if (step == POISON) {
+            /* The skipped update left the NaN where it was; put the weight back, and the next
+             * step (AdamW's t = 3 on both sides) must again agree bit for bit. */
+            CHECK(isnan(tr.params[poison]));
+            store_set(&cl, poison, kept);
+            tr.params[poison] = kept;
+            tr.compute[poison] = bf16 ? zs_bf16_to_f32(tr.bf16[poison]) : kept;
+        }
     }
     /* Fetch side: the published bf16 and fp32 of a range. */
     const void *p = NULL;
