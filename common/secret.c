@@ -166,6 +166,50 @@ void zs_secret_derive(const zs_secret *s, const char *purpose, uint8_t out[32])
                        sizeof s->key);
 }
 
+void zs_token_of(const uint8_t data_key[ZS_TOKEN_BYTES], uint32_t member,
+                 uint8_t token[ZS_TOKEN_BYTES])
+{
+    static const char label[] = "zshard/data/token";
+    uint8_t msg[sizeof label + 4];
+    memcpy(msg, label, sizeof label);
+    for (int i = 0; i < 4; i++)
+        msg[sizeof label + (size_t)i] = (uint8_t)(member >> (8 * i));
+    crypto_generichash(token, ZS_TOKEN_BYTES, msg, sizeof msg, data_key, ZS_TOKEN_BYTES);
+}
+
+void zs_token_proof(const uint8_t token[ZS_TOKEN_BYTES], const char *side,
+                    const uint8_t client_nonce[ZS_NONCE_BYTES],
+                    const uint8_t server_nonce[ZS_NONCE_BYTES], uint32_t member,
+                    uint8_t out[ZS_TOKEN_BYTES])
+{
+    crypto_generichash_state st;
+    uint8_t id[4];
+    for (int i = 0; i < 4; i++)
+        id[i] = (uint8_t)(member >> (8 * i));
+    crypto_generichash_init(&st, token, ZS_TOKEN_BYTES, ZS_TOKEN_BYTES);
+    crypto_generichash_update(&st, (const unsigned char *)"zshard/data/proof/", 18);
+    crypto_generichash_update(&st, (const unsigned char *)side, strlen(side) + 1);
+    crypto_generichash_update(&st, client_nonce, ZS_NONCE_BYTES);
+    crypto_generichash_update(&st, server_nonce, ZS_NONCE_BYTES);
+    crypto_generichash_update(&st, id, sizeof id);
+    crypto_generichash_final(&st, out, ZS_TOKEN_BYTES);
+}
+
+void zs_random_bytes(void *buf, size_t n)
+{
+    randombytes_buf(buf, n);
+}
+
+void zs_wipe(void *p, size_t n)
+{
+    sodium_memzero(p, n);
+}
+
+int zs_bytes_equal(const void *a, const void *b, size_t n)
+{
+    return sodium_memcmp(a, b, n) == 0;
+}
+
 void zs_secret_wipe(zs_secret *s)
 {
     sodium_memzero(s->key, sizeof s->key);

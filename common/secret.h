@@ -47,6 +47,36 @@ zs_err zs_secret_resolve(const char *path, int insecure, zs_secret *out);
  * Different purposes give independent keys.  The secret must not be insecure. */
 void zs_secret_derive(const zs_secret *s, const char *purpose, uint8_t out[32]);
 
+/*
+ * The data plane's keys.  The coordinator draws a random data key when it starts and gives it
+ * to the servers only; each member gets its token, a keyed hash of its id, so that a member
+ * can prove its id to a server (which recomputes the token) and nothing else: knowing one's
+ * own token, or the job secret, does not give another member's.
+ */
+#define ZS_TOKEN_BYTES 32
+#define ZS_NONCE_BYTES 32
+
+/* token = BLAKE2b-256 keyed with data_key, of "zshard/data/token" and the member id. */
+void zs_token_of(const uint8_t data_key[ZS_TOKEN_BYTES], uint32_t member,
+                 uint8_t token[ZS_TOKEN_BYTES]);
+
+/* A handshake proof: BLAKE2b-256 keyed with the token, of the side ("server" or "client"), both
+ * nonces and the member id.  Each side proves it knows the token for that member and this
+ * exchange (the nonces), so a recorded exchange cannot be replayed. */
+void zs_token_proof(const uint8_t token[ZS_TOKEN_BYTES], const char *side,
+                    const uint8_t client_nonce[ZS_NONCE_BYTES],
+                    const uint8_t server_nonce[ZS_NONCE_BYTES], uint32_t member,
+                    uint8_t out[ZS_TOKEN_BYTES]);
+
+/* Fills buf with n random bytes (libsodium's randombytes; zs_sodium_init first). */
+void zs_random_bytes(void *buf, size_t n);
+
+/* Overwrites n bytes at p with zeros in a way the compiler keeps (keys, before free). */
+void zs_wipe(void *p, size_t n);
+
+/* 1 if a and b (n bytes each) are equal, compared in constant time. */
+int zs_bytes_equal(const void *a, const void *b, size_t n);
+
 /* Overwrites the key (before freeing or leaving scope). */
 void zs_secret_wipe(zs_secret *s);
 

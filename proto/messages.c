@@ -97,7 +97,7 @@ static int wire_next(wire *w, wire_field *f)
 }
 
 #define BODY_FIRST ZSHARD__ENVELOPE__BODY_REGISTRATION
-#define BODY_LAST ZSHARD__ENVELOPE__BODY_RESTORE
+#define BODY_LAST ZSHARD__ENVELOPE__BODY_MEMBER_GONE
 
 /* What pass 1 learns of an envelope. */
 typedef struct {
@@ -391,8 +391,18 @@ zs_err zs_msg_check_register_reply(const Zshard__RegisterReply *m, const zs_msg_
         ZS_CHECK(id_ok("RegisterReply.assigned_id", 1, m->assigned_id));
         if (m->has_code)
             return FAIL("RegisterReply.code: %d given with an accepted registration", (int)m->code);
+        if (!m->has_data_token || m->data_token.len != ZS_TOKEN_BYTES)
+            return FAIL("RegisterReply.data_token: %zu bytes, expected %d",
+                        m->has_data_token ? m->data_token.len : 0, ZS_TOKEN_BYTES);
+        if (m->has_data_key && m->data_key.len != ZS_TOKEN_BYTES)
+            return FAIL("RegisterReply.data_key: %zu bytes, expected %d", m->data_key.len,
+                        ZS_TOKEN_BYTES);
+        if (ctx && ctx->self == ZS_MSG_SERVER && !m->has_data_key)
+            return FAIL("RegisterReply.data_key: missing in a server's registration");
         return ZS_OK;
     case ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL:
+        if (m->has_data_token || m->has_data_key)
+            return FAIL("RegisterReply: data keys given with a refusal");
         ZS_CHECK(str_ok("RegisterReply.refusal", m->refusal, ZS_MSG_MAX_STRING, 0));
         return error_code_ok("RegisterReply.code", m->has_code, (int)m->code);
     case ZSHARD__REGISTER_REPLY__OUTCOME__NOT_SET:
@@ -997,6 +1007,18 @@ zs_err zs_msg_check_checkpoint_written(const Zshard__CheckpointWritten *m, const
     return ZS_OK;
 }
 
+zs_err zs_msg_check_member_gone(const Zshard__MemberGone *m, const zs_msg_ctx *ctx)
+{
+    (void)ctx;
+    if (!m)
+        return FAIL("MemberGone: missing");
+    if (!m->has_member)
+        return FAIL("MemberGone.member: missing");
+    ZS_CHECK(id_ok("MemberGone.member", 1, m->member));
+    return m->reason ? str_ok("MemberGone.reason", m->reason, ZS_MSG_MAX_STRING, STR_EMPTY_OK)
+                     : ZS_OK;
+}
+
 zs_err zs_msg_check_restore(const Zshard__Restore *m, const zs_msg_ctx *ctx)
 {
     if (!m)
@@ -1123,6 +1145,8 @@ static const struct {
     [ZSHARD__ENVELOPE__BODY_CHECKPOINT_WRITTEN] = {"CheckpointWritten", TO_COORD, FROM_PEER,
                                                    ZS_MSG_MAX_PARTIAL_BYTES},
     [ZSHARD__ENVELOPE__BODY_RESTORE] = {"Restore", TO_SERVER, FROM_COORD, ZS_MSG_MAX_SMALL_BYTES},
+    [ZSHARD__ENVELOPE__BODY_MEMBER_GONE] = {"MemberGone", TO_SERVER, FROM_COORD,
+                                            ZS_MSG_MAX_SMALL_BYTES},
 };
 
 static int body_known(unsigned body)
@@ -1216,6 +1240,8 @@ static zs_err check_body(const Zshard__Envelope *env, const zs_msg_ctx *ctx)
         return zs_msg_check_checkpoint_written(env->checkpoint_written, ctx);
     case ZSHARD__ENVELOPE__BODY_RESTORE:
         return zs_msg_check_restore(env->restore, ctx);
+    case ZSHARD__ENVELOPE__BODY_MEMBER_GONE:
+        return zs_msg_check_member_gone(env->member_gone, ctx);
     default:
         return FAIL("Envelope: no body");
     }

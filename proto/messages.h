@@ -27,12 +27,13 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "common/secret.h"
 #include "common/shardmap.h"
 #include "common/tensors.h"
 #include "proto/zshard.pb-c.h"
 
 /* The control-plane protocol version: peers must speak exactly this one. */
-#define ZS_PROTOCOL_VERSION 4
+#define ZS_PROTOCOL_VERSION 5
 
 /*
  * Size limits, checked before protobuf-c allocates anything.  JobSpec, ShardMap and
@@ -179,6 +180,7 @@ zs_err zs_msg_check_status_request(const Zshard__StatusRequest *m, const zs_msg_
 zs_err zs_msg_check_status_reply(const Zshard__StatusReply *m, const zs_msg_ctx *ctx);
 zs_err zs_msg_check_checkpoint_written(const Zshard__CheckpointWritten *m, const zs_msg_ctx *ctx);
 zs_err zs_msg_check_restore(const Zshard__Restore *m, const zs_msg_ctx *ctx);
+zs_err zs_msg_check_member_gone(const Zshard__MemberGone *m, const zs_msg_ctx *ctx);
 
 /* "HOST:PORT" with a non-empty host of printable non-space ASCII (IPv6 in brackets) and a
  * decimal port 1..65535; ZS_OK or ZS_ERR_FORMAT naming `what`. */

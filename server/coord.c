@@ -78,6 +78,9 @@ struct zs_coord {
     zs_tensor_table tt;
     zs_dataset data;
     zs_ctrl *ctrl;
+    /* The data plane's key (common/secret.h): random per coordinator, given to servers only;
+     * every member's token derives from it.  All zero when the job runs insecure. */
+    uint8_t data_key[ZS_TOKEN_BYTES];
     zs_coord_state *cs;
     zs_shardmap map;
     int have_map;
@@ -370,7 +373,16 @@ static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Regis
     p->pid = r->pid;
     rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
     rr.assigned_id = (uint32_t)co->n_peers;
+    uint8_t token[ZS_TOKEN_BYTES];
+    zs_token_of(co->data_key, rr.assigned_id, token);
+    rr.has_data_token = 1;
+    rr.data_token = (ProtobufCBinaryData){.len = sizeof token, .data = token};
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER) {
+        rr.has_data_key = 1;
+        rr.data_key = (ProtobufCBinaryData){.len = sizeof co->data_key, .data = co->data_key};
+    }
     send_env(co, from, &env);
+    zs_wipe(token, sizeof token);
     ZS_INFO("coord: %s %u registered (host %s, pid %u)%s%s",
             r->role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "worker", rr.assigned_id,
             r->hostname ? r->hostname : "?", r->pid, *p->endpoint ? ", data plane " : "",
@@ -1319,6 +1331,17 @@ static void member_gone(coord *co, int pi, const char *why)
         return;
     p->gone = 1;
     snprintf(p->gone_why, sizeof p->gone_why, "%s", why);
+    /* The servers close its data-plane connections and let it in no more. */
+    Zshard__MemberGone mg = ZSHARD__MEMBER_GONE__INIT;
+    mg.has_member = 1;
+    mg.member = (uint32_t)(pi + 1);
+    mg.reason = (char *)why;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_MEMBER_GONE;
+    env.member_gone = &mg;
+    for (int i = 0; i < co->n_peers; i++)
+        if (i != pi && co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[i].gone)
+            send_env_to(co, &co->peers[i].peer, &env, 1);
     if (p->cs_id >= 0 && zs_coord_member(co->cs, p->cs_id)->alive)
         zs_coord_leave(co->cs, p->cs_id, why);
     if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
@@ -1496,6 +1519,9 @@ static zs_err coord_setup(coord *co)
     co->ctx = (zs_msg_ctx){.self = ZS_MSG_COORDINATOR,
                            .chunks = (uint32_t)co->cfg.chunks,
                            .steps = (uint32_t)co->opts->steps};
+    ZS_CHECK(zs_sodium_init());
+    if (co->opts->secret && !co->opts->secret->insecure)
+        zs_random_bytes(co->data_key, sizeof co->data_key);
     if (co->opts->listen)
         ZS_CHECK(zs_ctrl_bind(co->opts->listen, co->opts->secret, &co->ctrl));
     ZS_INFO("coord: listening on %s for %d servers; %ld steps of %d chunks",

@@ -35,7 +35,7 @@ struct zs_replica {
 
     const zs_shardmap *map; /* load */
     const char *const *endpoints;
-    uint32_t sender;
+    zs_auth auth; /* this server's data-plane identity, for the state fetches */
     long version;
     int *todo;
     int n_todo;
@@ -183,7 +183,7 @@ static void *load_main(void *arg)
     int k = 0;
     while (k < r->n_todo) {
         if (!cl) {
-            res = zs_client_open(r->map, r->endpoints, r->sender, 1, &cl);
+            res = zs_client_open(r->map, r->endpoints, &r->auth, 1, &cl);
             for (int j = k; j < r->n_todo && res == ZS_OK; j++) {
                 zs_shard_range rg;
                 float *a[3];
@@ -221,7 +221,7 @@ static void *load_main(void *arg)
 }
 
 zs_err zs_replica_load(zs_replica *r, const zs_shardmap *map, const char *const *endpoints,
-                       uint32_t sender, long version, const int *todo, int n, int timeout_ms)
+                       const zs_auth *auth, long version, const int *todo, int n, int timeout_ms)
 {
     free(r->todo);
     r->todo = malloc((size_t)(n ? n : 1) * sizeof *r->todo);
@@ -231,7 +231,7 @@ zs_err zs_replica_load(zs_replica *r, const zs_shardmap *map, const char *const 
     r->n_todo = n;
     r->map = map;
     r->endpoints = endpoints;
-    r->sender = sender;
+    r->auth = *auth;
     r->version = version;
     r->timeout_ms = timeout_ms;
     return start(r, JOB_LOAD, load_main);

@@ -33,6 +33,7 @@
 #include "common/err.h"
 #include "common/shardmap.h"
 #include "server/shardstore.h"
+#include "transport/transport.h"
 
 typedef struct zs_replica zs_replica;
 
@@ -56,12 +57,13 @@ zs_err zs_replica_apply(zs_replica *r, double lr, double clip, int skip);
 
 /*
  * Starts loading local shards todo[0..n) (indices into the store, whose arrays exist) from
- * their servers in map (endpoints[s]: server index s's data-plane address; sender: our id) at
+ * their servers in map (endpoints[s]: server index s's data-plane address; auth: who we are,
+ * copied) at
  * `version`, retrying a server that is not ready yet until timeout_ms has passed.  map and
  * endpoints must stay until the load finished (zs_replica_poll, zs_replica_free).
  */
 zs_err zs_replica_load(zs_replica *r, const zs_shardmap *map, const char *const *endpoints,
-                       uint32_t sender, long version, const int *todo, int n, int timeout_ms);
+                       const zs_auth *auth, long version, const int *todo, int n, int timeout_ms);
 
 /* Reaps a thread that finished (a failure makes the replica lost, and is logged); returns 1
  * when one did. */

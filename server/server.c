@@ -83,6 +83,15 @@ struct zs_server {
     zs_ctrl *ctrl;
     char endpoint[128]; /* our data-plane HOST:PORT as registered */
     uint32_t id;
+    /* The data plane's authentication (docs/security.md): the coordinator's data key (from
+     * which any member's token is recomputed), whether we have it yet, and the members
+     * declared gone (gone[id] != 0), who may not connect again. */
+    uint8_t data_key[ZS_TOKEN_BYTES];
+    int have_key;
+    zs_auth auth;
+    uint8_t *gone;
+    uint32_t cap_gone;
+    zs_log_limit refused_log;
 
     zs_config cfg;
     zs_tensor_table tt;
@@ -350,6 +359,9 @@ static int push_check(server *sv, const waiting_push *w)
 {
     zs_conn *c = w->conn;
     const zs_frame *f = &w->frame;
+    /* Who pushes is who proved it in the connection's handshake; the frame's sender field is
+     * the peer's to fill in, and is not believed. */
+    uint32_t sender = sv->ops->conn_member(c);
     int owner_may_change =
         w->ctrl_epoch == sv->ctrl_epoch || now_ms(sv) - w->arrived_ms < OWNER_GRACE_MS;
     const char *why = NULL;
@@ -359,13 +371,13 @@ static int push_check(server *sv, const waiting_push *w)
         st = ZS_FS_BAD_RANGE, why = "push payload must be F32";
     else if ((long)f->step != zs_store_version(sv->store) || sv->verdict_pending)
         st = ZS_FS_STALE, why = "push for a step that is not current";
-    else if (f->chunk >= (uint32_t)sv->cfg.chunks || f->sender == 0)
+    else if (f->chunk >= (uint32_t)sv->cfg.chunks || sender == 0)
         st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
     else if (sv->owner[f->chunk] == 0)
         return PUSH_DEFER;
-    else if (sv->owner[f->chunk] != f->sender && owner_may_change)
+    else if (sv->owner[f->chunk] != sender && owner_may_change)
         return PUSH_DEFER; /* the chunk may have been reassigned to the sender */
-    else if (sv->owner[f->chunk] != f->sender)
+    else if (sv->owner[f->chunk] != sender)
         st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
     else if (!target)
         st = ZS_FS_BAD_RANGE, why = "range is not inside one shard of this server or its replica";
@@ -556,6 +568,53 @@ static void on_push_done(server *sv, int slot, zs_err err)
 
 /* Adds c to the list of open connections (a connection that cannot be listed is closed: a
  * Restore must be able to drop every one). */
+/* zs_auth.token_of of our listener: the token of a member that is neither unknown nor gone. */
+static int token_of(void *ctx, uint32_t member, uint8_t token[ZS_TOKEN_BYTES], char *why)
+{
+    server *sv = ctx;
+    if (!sv->have_key) { /* the client tries again: our RegisterReply is on its way */
+        snprintf(why, ZS_NET_REASON_MAX / 2,
+                 "this server is not registered with its coordinator yet");
+        return -2;
+    }
+    if (member == 0) {
+        snprintf(why, ZS_NET_REASON_MAX / 2, "member 0 is nobody");
+        return -1;
+    }
+    if (member < sv->cap_gone && sv->gone[member]) {
+        snprintf(why, ZS_NET_REASON_MAX / 2, "member %u was declared gone", member);
+        return -1;
+    }
+    zs_token_of(sv->data_key, member, token);
+    return 0;
+}
+
+/* The coordinator declared member gone: its connections close, and it may not connect again.
+ * Without memory for the record, the connections still close (it could reconnect). */
+static void member_gone(server *sv, uint32_t member)
+{
+    if (member >= sv->cap_gone) {
+        uint32_t cap = sv->cap_gone ? sv->cap_gone : 64;
+        while (cap <= member)
+            cap *= 2;
+        uint8_t *g = realloc(sv->gone, cap);
+        if (g) {
+            memset(g + sv->cap_gone, 0, cap - sv->cap_gone);
+            sv->gone = g;
+            sv->cap_gone = cap;
+        }
+    }
+    if (member < sv->cap_gone)
+        sv->gone[member] = 1;
+    int n = 0;
+    for (int i = 0; i < sv->n_conns; i++)
+        if (sv->ops->conn_member(sv->conns[i]) == member) {
+            doom(sv, sv->conns[i]);
+            n++;
+        }
+    ZS_DEBUG("server %u: member %u is gone; %d connections closed", sv->id, member, n);
+}
+
 static void track_conn(server *sv, zs_conn *c)
 {
     if (sv->n_conns == sv->cap_conns) {
@@ -802,6 +861,10 @@ static void maybe_apply(server *sv)
 static void on_data_event(server *sv, const zs_event *ev)
 {
     switch (ev->type) {
+    case ZS_EV_REFUSED:
+        zs_log_limited(&sv->refused_log, ZS_LOG_WARN, "server %u: refused a connection: %s", sv->id,
+                       ev->reason);
+        break;
     case ZS_EV_ACCEPT:
         ZS_DEBUG("server %u: connection from %s", sv->id, sv->ops->conn_peer(ev->conn));
         track_conn(sv, ev->conn);
@@ -1066,8 +1129,12 @@ static zs_err setup_replica(server *sv, const float *full)
     } else if (n_todo > 0) {
         ZS_INFO("server %u: replica of %d shards, %d of them to fetch at version %ld", sv->id, n,
                 n_todo, sv->memory_version);
-        if (zs_replica_load(sv->replica, &sv->map, sv->endpoint_list, sv->id, sv->memory_version,
-                            todo, n_todo, replica_load_ms(sv)) != ZS_OK)
+        zs_auth self = {.member = sv->id};
+        zs_token_of(sv->data_key, sv->id, self.token);
+        zs_err le = zs_replica_load(sv->replica, &sv->map, sv->endpoint_list, &self,
+                                    sv->memory_version, todo, n_todo, replica_load_ms(sv));
+        zs_wipe(self.token, sizeof self.token);
+        if (le != ZS_OK)
             zs_replica_lose(sv->replica, zs_last_error());
     } else {
         ZS_INFO("server %u: replica of %d shards", sv->id, n);
@@ -1212,10 +1279,20 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
             sv->done = 1;
             return;
         }
+        /* A new coordinator (restarted) has a new data key: the connections made under the
+         * old one belong to ids it no longer knows. */
+        if (sv->have_key && !zs_bytes_equal(sv->data_key, r->data_key.data, ZS_TOKEN_BYTES))
+            for (int i = 0; i < sv->n_conns; i++)
+                doom(sv, sv->conns[i]);
+        memcpy(sv->data_key, r->data_key.data, ZS_TOKEN_BYTES);
+        sv->have_key = 1;
         sv->id = r->assigned_id;
         ZS_INFO("server: registered as %u", sv->id);
         return;
     }
+    case ZSHARD__ENVELOPE__BODY_MEMBER_GONE:
+        member_gone(sv, env->member_gone->member);
+        return;
     case ZSHARD__ENVELOPE__BODY_JOB_SPEC:
         if (sv->have_job)
             return;
@@ -1384,6 +1461,8 @@ void zs_server_close(zs_server *sv)
     free(sv->waiting);
     free(sv->doomed);
     free(sv->conns);
+    free(sv->gone);
+    zs_wipe(sv->data_key, sizeof sv->data_key);
     free(sv);
 }
 
@@ -1394,7 +1473,9 @@ static zs_err server_setup(server *sv)
     zs_net_opts nopts = {.batch_sends = 1};
     ZS_CHECK(sv->ops->set_opts(sv->net, &nopts));
     if (sv->opts->listen) {
-        ZS_CHECK(sv->ops->listen(sv->net, sv->opts->listen, NULL, &sv->listener));
+        sv->auth = (zs_auth){.token_of = token_of, .ctx = sv};
+        zs_conn_opts lo = {.auth = &sv->auth};
+        ZS_CHECK(sv->ops->listen(sv->net, sv->opts->listen, &lo, &sv->listener));
         /* Register the address with the port actually bound. */
         char host[96];
         snprintf(host, sizeof host, "%s", sv->opts->listen);
@@ -1526,11 +1607,11 @@ void zs_server_feed(zs_server *sv, const void *bytes, size_t len)
     on_ctrl_bytes(sv, e, env);
 }
 
-zs_err zs_server_adopt(zs_server *sv, int fd, const char *peer)
+zs_err zs_server_adopt(zs_server *sv, int fd, const char *peer, uint32_t member)
 {
     /* The data plane is TCP (sv->ops), whose connections can be made of any stream socket. */
     zs_conn *c = NULL;
-    zs_err e = zs_tcp_adopt(sv->net, fd, peer, &c);
+    zs_err e = zs_tcp_adopt(sv->net, fd, peer, member, &c);
     if (e != ZS_OK)
         close(fd);
     else

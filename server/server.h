@@ -82,9 +82,9 @@ void zs_server_set_hooks(zs_server *sv, const zs_server_hooks *hooks);
 void zs_server_feed(zs_server *sv, const void *bytes, size_t len);
 
 /* Adds a data-plane connection on fd (a connected stream socket: one end of a socketpair), as
- * if the listener had accepted it; the server owns fd from then on, also on failure.  peer
- * names it in logs. */
-zs_err zs_server_adopt(zs_server *sv, int fd, const char *peer);
+ * if the listener had accepted it after member's handshake; the server owns fd from then on,
+ * also on failure.  peer names it in logs. */
+zs_err zs_server_adopt(zs_server *sv, int fd, const char *peer, uint32_t member);
 
 /* The version the server's shards are at (published); -1 before they exist. */
 long zs_server_version(const zs_server *sv);

@@ -21,6 +21,7 @@ struct zs_client {
     zs_net *net;
     const zs_shardmap *map;
     uint32_t sender;
+    zs_auth auth;    /* who we prove to be on every stream (its token) */
     int push_copies; /* 2 when the map gives some server a replica (pushes go there too), else 1 */
     zs_conn **conn;  /* [n_servers] */
     char (*endpoint)[128];
@@ -45,7 +46,7 @@ struct zs_client_op {
     long version;
 };
 
-zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, uint32_t sender,
+zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, const zs_auth *auth,
                       int conns, zs_client **out)
 {
     *out = NULL;
@@ -54,7 +55,8 @@ zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, uint
         return zs_error(ZS_ERR_NOMEM, "client: out of memory");
     cl->ops = &zs_tcp_ops;
     cl->map = map;
-    cl->sender = sender;
+    cl->auth = *auth;
+    cl->sender = auth->member;
     cl->push_copies = 1;
     for (int s = 0; s < map->n_servers; s++)
         if (zs_shardmap_replica(map, s) >= 0)
@@ -67,7 +69,7 @@ zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, uint
         goto fail;
     }
     ZS_CHECK_GOTO(cl->ops->open(&cl->net), res, fail);
-    zs_conn_opts o = {.conns = conns};
+    zs_conn_opts o = {.conns = conns, .auth = &cl->auth};
     for (int s = 0; s < map->n_servers; s++) {
         snprintf(cl->endpoint[s], sizeof cl->endpoint[s], "%s", endpoints[s]);
         ZS_CHECK_GOTO(cl->ops->connect(cl->net, endpoints[s], &o, &cl->conn[s]), res, fail);
@@ -88,6 +90,7 @@ void zs_client_close(zs_client *cl)
     free(cl->conn);
     free(cl->endpoint);
     free(cl->regions);
+    zs_wipe(cl->auth.token, sizeof cl->auth.token);
     free(cl);
 }
 

@@ -73,8 +73,36 @@
 /* Defaults of the tunables (tcp.h). */
 #define TCP_DEFAULT_CONNS 1
 #define TCP_DEFAULT_CONNECT_TIMEOUT_MS 10000
+#define TCP_DEFAULT_HANDSHAKE_MS 5000
 
-enum { K_LISTENER = 1, K_SOCK = 2 };
+/*
+ * The handshake of an authenticated stream (transport.h), little-endian:
+ *   client -> server  HELLO      "ZSA1", version u16 (1), flags u16 (0), member u32, 0 u32,
+ *                                client nonce [32]                                   48 bytes
+ *   server -> client  CHALLENGE  "ZSA1", status u32, server nonce [32], server proof [32]  72
+ *   client -> server  PROOF      client proof [32]                                       32
+ *   server -> client  RESULT     "ZSA1", status u32                                       8
+ * The proofs are zs_token_proof("server" / "client") over both nonces and the member id.  A
+ * status other than 0 ends the exchange (the rest of that message is zeros).
+ */
+#define HS_MAGIC 0x3141535au /* "ZSA1" read as little-endian u32 */
+#define HS_VERSION 1
+#define HS_HELLO 48
+#define HS_CHALLENGE 72
+#define HS_PROOF 32
+#define HS_RESULT 8
+enum { HS_OK = 0, HS_UNKNOWN_MEMBER = 1, HS_BAD_HELLO = 2, HS_BAD_PROOF = 3, HS_NOT_READY = 4 };
+/* A client told HS_NOT_READY tries again this much later (within its connect timeout). */
+#define HS_RETRY_MS 20
+/* Handshakes one net runs at once; a stream accepted beyond them is closed at once, so a
+ * flood of silent streams holds at most this many descriptors, each for the handshake
+ * timeout. */
+#define TCP_MAX_HANDSHAKES 64
+/* A listener that cannot accept for want of descriptors or memory rests this long. */
+#define TCP_ACCEPT_BACKOFF_MS 100
+
+enum { K_LISTENER = 1, K_SOCK = 2, K_HS = 3 };
+enum { HS_READ_HELLO, HS_WRITE_CHALLENGE, HS_READ_PROOF, HS_WRITE_RESULT, HS_WRITE_REFUSAL };
 enum { RS_HDR, RS_BODY, RS_SKIP, RS_PENDING, RS_PARKED };
 enum { RQ_SEND = 1, RQ_RECV = 2 };
 /* A request's state: on a send queue, expected (irecv posted), receiving its payload, done. */
@@ -86,6 +114,7 @@ typedef struct tcp_sock tcp_sock;
 typedef struct tcp_req tcp_req;
 typedef struct tcp_mr tcp_mr;
 typedef struct tcp_listener tcp_listener;
+typedef struct tcp_hs tcp_hs;
 
 struct tcp_mr {
     tcp_net *net;
@@ -156,6 +185,7 @@ struct tcp_conn {
     tcp_sock *sock[ZS_NET_MAX_CONNS];
     int closed;
     char reason[ZS_NET_REASON_MAX]; /* why it closed */
+    uint32_t member;                /* the member id proved in the handshake (0: none) */
     tcp_sock *pending; /* the socket whose reported header awaits recv_payload/discard */
     tcp_req *expect;   /* posted irecvs, a doubly linked list */
     void *user;
@@ -168,7 +198,31 @@ struct tcp_listener {
     tcp_net *net;
     int port;
     char addr[TCP_PEER_MAX];
+    int has_auth; /* accepted streams must pass the handshake with auth */
+    zs_auth auth;
+    int handshake_ms;  /* how long one may take */
+    int64_t resume_at; /* > 0: accepting rests (out of descriptors) until then */
+    zs_log_limit accept_log;
     tcp_listener *prev, *next;
+};
+
+/* An accepted stream in its handshake (server side), before it becomes a connection. */
+struct tcp_hs {
+    int kind; /* K_HS */
+    int fd;
+    tcp_listener *l;
+    char peer[TCP_PEER_MAX];
+    int state;
+    uint8_t in[HS_HELLO]; /* the message being read */
+    size_t got;
+    uint8_t out[HS_CHALLENGE]; /* the message being written */
+    size_t out_len, out_off;
+    uint32_t member;
+    uint8_t token[ZS_TOKEN_BYTES];
+    uint8_t nonce_c[ZS_NONCE_BYTES], nonce_s[ZS_NONCE_BYTES];
+    char why[ZS_NET_REASON_MAX]; /* HS_WRITE_REFUSAL: the reason reported once it is out */
+    int64_t deadline;
+    tcp_hs *prev, *next;
 };
 
 struct tcp_net {
@@ -179,6 +233,8 @@ struct tcp_net {
     tcp_sock *throttle_head;
     tcp_conn *conns;
     tcp_listener *listeners;
+    tcp_hs *handshakes; /* accepted streams in their handshake */
+    int n_handshakes;
     tcp_mr *mrs;
     tcp_req *free_reqs;
     req_slab *slabs;
@@ -186,6 +242,10 @@ struct tcp_net {
     int batch_sends;  /* zs_net_opts.batch_sends resolved: sends wait for the next turn */
     int poll_skipped; /* the last poll() handed out queued events without a turn of I/O */
 };
+
+static int hs_unlink(tcp_hs *hs);
+static void hs_progress(tcp_hs *hs);
+static int run_timers(tcp_net *n);
 
 /* ---------------------------------------------------------------------------------------- */
 /* helpers */
@@ -310,6 +370,7 @@ static zs_err tunable(int opt, const char *env, int dflt, int lo, int hi, int *o
 
 typedef struct {
     int conns, sndbuf, rcvbuf, timeout_ms;
+    int handshake_ms; /* listen: how long an accepted stream's handshake may take */
 } tcp_opts;
 
 static zs_err resolve_opts(const zs_conn_opts *o, tcp_opts *t)
@@ -322,6 +383,8 @@ static zs_err resolve_opts(const zs_conn_opts *o, tcp_opts *t)
     ZS_CHECK(tunable(o->rcvbuf_bytes, "ZS_TCP_RCVBUF", 0, -1, INT_MAX, &t->rcvbuf));
     ZS_CHECK(tunable(o->connect_timeout_ms, "ZS_TCP_CONNECT_TIMEOUT_MS",
                      TCP_DEFAULT_CONNECT_TIMEOUT_MS, 1, INT_MAX, &t->timeout_ms));
+    ZS_CHECK(
+        tunable(0, "ZS_TCP_HANDSHAKE_MS", TCP_DEFAULT_HANDSHAKE_MS, 1, INT_MAX, &t->handshake_ms));
     return ZS_OK;
 }
 
@@ -1034,6 +1097,9 @@ static zs_err net_turn(tcp_net *n, int timeout_ms, int (*ready)(void *), void *a
     run_dirty(n);
     if (n->dirty_head || (ready && ready(arg)))
         timeout_ms = 0;
+    int timer = run_timers(n);
+    if (timer >= 0 && (timeout_ms < 0 || timer < timeout_ms))
+        timeout_ms = timer;
     struct epoll_event evs[TCP_EPOLL_BATCH];
     int k = epoll_wait(n->epfd, evs, TCP_EPOLL_BATCH, timeout_ms);
     if (k < 0) {
@@ -1042,9 +1108,15 @@ static zs_err net_turn(tcp_net *n, int timeout_ms, int (*ready)(void *), void *a
         return zs_error(ZS_ERR_IO, "tcp: epoll_wait: %s", strerror(errno));
     }
     for (int i = 0; i < k; i++) {
+        /* A handshake frees itself only while handling its own event (one per fd per batch)
+         * or in run_timers, before the wait: no later entry points to a freed one. */
         int kind = *(int *)evs[i].data.ptr;
         if (kind == K_LISTENER) {
             listener_accept(evs[i].data.ptr);
+            continue;
+        }
+        if (kind == K_HS) {
+            hs_progress(evs[i].data.ptr);
             continue;
         }
         tcp_sock *s = evs[i].data.ptr;
@@ -1173,6 +1245,15 @@ zs_err zs_tcp_listen(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_
     l->kind = K_LISTENER;
     l->fd = fd;
     l->net = n;
+    l->handshake_ms = t.handshake_ms;
+    if (opts && opts->auth) {
+        if (!opts->auth->token_of) {
+            res = zs_error(ZS_ERR_INVALID, "tcp listen \"%s\": auth without token_of", addr);
+            goto fail_name;
+        }
+        l->has_auth = 1;
+        l->auth = *opts->auth;
+    }
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (getsockname(fd, (struct sockaddr *)&ss, &sl)) {
@@ -1217,6 +1298,20 @@ void zs_tcp_listener_close(zs_listener *ll)
         if (e->type == ZS_EV_ACCEPT && e->listener == ll)
             e->listener = NULL;
     }
+    for (size_t i = 0; i < n->evq_len; i++) {
+        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+        if (e->type == ZS_EV_REFUSED && e->listener == ll)
+            e->listener = NULL;
+    }
+    /* Its streams still in their handshake go with it, unreported. */
+    for (tcp_hs *hs = n->handshakes, *nx; hs; hs = nx) {
+        nx = hs->next;
+        if (hs->l != l)
+            continue;
+        close(hs_unlink(hs));
+        zs_wipe(hs->token, sizeof hs->token);
+        free(hs);
+    }
     epoll_ctl(n->epfd, EPOLL_CTL_DEL, l->fd, NULL);
     close(l->fd);
     if (l->prev)
@@ -1228,6 +1323,271 @@ void zs_tcp_listener_close(zs_listener *ll)
     free(l);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* the handshake, server side */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Takes hs out of the net (epoll and the list); returns its descriptor, still open. */
+static int hs_unlink(tcp_hs *hs)
+{
+    tcp_net *n = hs->l->net;
+    epoll_ctl(n->epfd, EPOLL_CTL_DEL, hs->fd, NULL);
+    if (hs->prev)
+        hs->prev->next = hs->next;
+    else
+        n->handshakes = hs->next;
+    if (hs->next)
+        hs->next->prev = hs->prev;
+    n->n_handshakes--;
+    return hs->fd;
+}
+
+/* Ends hs: closes its stream and reports why (ZS_EV_REFUSED on its listener). */
+static void hs_fail(tcp_hs *hs, const char *why, ...) __attribute__((format(printf, 2, 3)));
+static void hs_fail(tcp_hs *hs, const char *why, ...)
+{
+    tcp_net *n = hs->l->net;
+    zs_event *e = evq_push(n, ZS_EV_REFUSED, NULL);
+    if (e) {
+        char text[ZS_NET_REASON_MAX];
+        va_list ap;
+        va_start(ap, why);
+        vsnprintf(text, sizeof text, why, ap);
+        va_end(ap);
+        e->listener = (zs_listener *)hs->l;
+        e->err = ZS_ERR_INVALID;
+        fmt(e->reason, sizeof e->reason, "%s: handshake: %s", hs->peer, text);
+    }
+    close(hs_unlink(hs));
+    zs_wipe(hs->token, sizeof hs->token);
+    free(hs);
+}
+
+/* hs passed: its stream becomes a connection of the member it proved (ZS_EV_ACCEPT). */
+static void hs_done(tcp_hs *hs)
+{
+    tcp_net *n = hs->l->net;
+    tcp_listener *l = hs->l;
+    int fd = hs_unlink(hs);
+    tcp_conn *c;
+    if (conn_new(n, &fd, 1, hs->peer, &c) != ZS_OK) {
+        zs_event *e = evq_push(n, ZS_EV_REFUSED, NULL);
+        if (e) {
+            e->listener = (zs_listener *)l;
+            e->err = ZS_ERR_NOMEM;
+            copy_str(e->reason, sizeof e->reason, zs_last_error());
+        }
+        close(fd);
+    } else {
+        c->member = hs->member;
+        zs_event *e = evq_push(n, ZS_EV_ACCEPT, c);
+        if (e)
+            e->listener = (zs_listener *)l;
+    }
+    zs_wipe(hs->token, sizeof hs->token);
+    free(hs);
+}
+
+/* Reads into hs->in until want bytes are there: 1 done, 0 wait (EAGAIN), -1 failed (hs is
+ * gone). */
+static int hs_read(tcp_hs *hs, size_t want)
+{
+    while (hs->got < want) {
+        ssize_t r = recv(hs->fd, hs->in + hs->got, want - hs->got, 0);
+        if (r > 0) {
+            hs->got += (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        hs_fail(hs, "%s after %zu of %zu bytes", r == 0 ? "closed" : strerror(errno), hs->got,
+                want);
+        return -1;
+    }
+    return 1;
+}
+
+/* Writes the rest of hs->out: 1 done, 0 wait, -1 failed (hs is gone). */
+static int hs_write(tcp_hs *hs)
+{
+    while (hs->out_off < hs->out_len) {
+        ssize_t w = send(hs->fd, hs->out + hs->out_off, hs->out_len - hs->out_off, MSG_NOSIGNAL);
+        if (w > 0) {
+            hs->out_off += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        hs_fail(hs, "send: %s", w == 0 ? "nothing written" : strerror(errno));
+        return -1;
+    }
+    return 1;
+}
+
+/* Queues a message of len bytes that starts with the magic and status (the rest zero unless
+ * the caller fills it). */
+static void hs_out(tcp_hs *hs, size_t len, uint32_t status)
+{
+    memset(hs->out, 0, sizeof hs->out);
+    put32(hs->out, HS_MAGIC);
+    put32(hs->out + 4, status);
+    hs->out_len = len;
+    hs->out_off = 0;
+}
+
+/* Runs hs as far as its stream allows. */
+static void hs_progress(tcp_hs *hs)
+{
+    for (;;) {
+        int r;
+        switch (hs->state) {
+        case HS_READ_HELLO:
+            if ((r = hs_read(hs, HS_HELLO)) <= 0)
+                return;
+            if (get32(hs->in) != HS_MAGIC || (hs->in[4] | hs->in[5] << 8) != HS_VERSION) {
+                hs_out(hs, HS_CHALLENGE, HS_BAD_HELLO);
+                snprintf(hs->why, sizeof hs->why, "not a zshard handshake (or another version)");
+                hs->state = HS_WRITE_REFUSAL;
+                break;
+            }
+            hs->member = get32(hs->in + 8);
+            memcpy(hs->nonce_c, hs->in + 16, ZS_NONCE_BYTES);
+            char why[ZS_NET_REASON_MAX / 2] = "";
+            int known = hs->l->auth.token_of(hs->l->auth.ctx, hs->member, hs->token, why);
+            if (known != 0) {
+                hs_out(hs, HS_CHALLENGE, known == -2 ? HS_NOT_READY : HS_UNKNOWN_MEMBER);
+                fmt(hs->why, sizeof hs->why, "member %u refused: %.120s", hs->member,
+                    why[0] ? why : "unknown");
+                hs->state = HS_WRITE_REFUSAL;
+                break;
+            }
+            zs_random_bytes(hs->nonce_s, ZS_NONCE_BYTES);
+            hs_out(hs, HS_CHALLENGE, HS_OK);
+            memcpy(hs->out + 8, hs->nonce_s, ZS_NONCE_BYTES);
+            zs_token_proof(hs->token, "server", hs->nonce_c, hs->nonce_s, hs->member,
+                           hs->out + 8 + ZS_NONCE_BYTES);
+            hs->state = HS_WRITE_CHALLENGE;
+            break;
+        case HS_WRITE_CHALLENGE:
+            if ((r = hs_write(hs)) <= 0)
+                return;
+            hs->got = 0;
+            hs->state = HS_READ_PROOF;
+            break;
+        case HS_READ_PROOF: {
+            if ((r = hs_read(hs, HS_PROOF)) <= 0)
+                return;
+            uint8_t want[ZS_TOKEN_BYTES];
+            zs_token_proof(hs->token, "client", hs->nonce_c, hs->nonce_s, hs->member, want);
+            if (!zs_bytes_equal(want, hs->in, ZS_TOKEN_BYTES)) {
+                hs_out(hs, HS_RESULT, HS_BAD_PROOF);
+                snprintf(hs->why, sizeof hs->why,
+                         "member %u did not prove its token (another job's, or forged)",
+                         hs->member);
+                hs->state = HS_WRITE_REFUSAL;
+                break;
+            }
+            hs_out(hs, HS_RESULT, HS_OK);
+            hs->state = HS_WRITE_RESULT;
+            break;
+        }
+        case HS_WRITE_RESULT:
+            if ((r = hs_write(hs)) <= 0)
+                return;
+            hs_done(hs);
+            return;
+        case HS_WRITE_REFUSAL:
+            /* The peer learns why, as far as the socket takes it at once; then it is closed. */
+            if (hs_write(hs) < 0)
+                return;
+            hs_fail(hs, "%s", hs->why);
+            return;
+        }
+    }
+}
+
+/* Starts the handshake of a stream accepted on l (fd is the handshake's from here on). */
+static void hs_start(tcp_listener *l, int fd, const char *peer)
+{
+    tcp_net *n = l->net;
+    if (n->n_handshakes >= TCP_MAX_HANDSHAKES) {
+        close(fd);
+        zs_event *e = evq_push(n, ZS_EV_REFUSED, NULL);
+        if (e) {
+            e->listener = (zs_listener *)l;
+            e->err = ZS_ERR_IO;
+            fmt(e->reason, sizeof e->reason, "%s: closed at once: %d handshakes in progress", peer,
+                TCP_MAX_HANDSHAKES);
+        }
+        return;
+    }
+    tcp_hs *hs = calloc(1, sizeof *hs);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = hs};
+    if (!hs || epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        zs_log_limited(&l->accept_log, ZS_LOG_WARN, "tcp listener %s: %s: %s; connection dropped",
+                       l->addr, peer, hs ? strerror(errno) : "out of memory");
+        free(hs);
+        close(fd);
+        return;
+    }
+    hs->kind = K_HS;
+    hs->fd = fd;
+    hs->l = l;
+    copy_str(hs->peer, sizeof hs->peer, peer);
+    hs->state = HS_READ_HELLO;
+    hs->deadline = now_ms() + l->handshake_ms;
+    hs->next = n->handshakes;
+    if (n->handshakes)
+        n->handshakes->prev = hs;
+    n->handshakes = hs;
+    n->n_handshakes++;
+    hs_progress(hs);
+}
+
+/* Handshakes past their deadline fail; listeners whose rest is over accept again.  Returns
+ * the ms until the next of these is due (-1: none). */
+static int run_timers(tcp_net *n)
+{
+    int64_t now = now_ms(), next = -1;
+    for (tcp_hs *hs = n->handshakes, *nx; hs; hs = nx) {
+        nx = hs->next;
+        if (hs->deadline <= now)
+            hs_fail(hs, "not finished within %d ms", hs->l->handshake_ms);
+        else if (next < 0 || hs->deadline < next)
+            next = hs->deadline;
+    }
+    for (tcp_listener *l = n->listeners; l; l = l->next) {
+        if (!l->resume_at)
+            continue;
+        if (l->resume_at <= now) {
+            struct epoll_event ev = {.events = EPOLLIN, .data.ptr = l};
+            if (epoll_ctl(n->epfd, EPOLL_CTL_MOD, l->fd, &ev) == 0)
+                l->resume_at = 0;
+            else
+                l->resume_at = now + TCP_ACCEPT_BACKOFF_MS;
+        }
+        if (l->resume_at && (next < 0 || l->resume_at < next))
+            next = l->resume_at;
+    }
+    if (next < 0)
+        return -1;
+    return next - now > INT_MAX ? INT_MAX : (int)(next - now);
+}
+
 static void listener_accept(tcp_listener *l)
 {
     for (int i = 0; i < TCP_ACCEPT_BATCH; i++) {
@@ -1237,16 +1597,30 @@ static void listener_accept(tcp_listener *l)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                ZS_WARN("tcp listener %s: accept: %s", l->addr, strerror(errno));
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return;
+            /* Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) or worse: the
+             * pending connection stays queued, so a level-triggered listener would wake at
+             * once, forever; it rests instead, and the log says so at a bounded rate. */
+            zs_log_limited(&l->accept_log, ZS_LOG_WARN,
+                           "tcp listener %s: accept: %s; not accepting for %d ms", l->addr,
+                           strerror(errno), TCP_ACCEPT_BACKOFF_MS);
+            struct epoll_event ev = {.events = 0, .data.ptr = l};
+            epoll_ctl(l->net->epfd, EPOLL_CTL_MOD, l->fd, &ev);
+            l->resume_at = now_ms() + TCP_ACCEPT_BACKOFF_MS;
             return;
         }
         set_nodelay(fd);
         char peer[TCP_PEER_MAX];
         format_sockaddr((struct sockaddr *)&ss, peer, sizeof peer);
+        if (l->has_auth) {
+            hs_start(l, fd, peer);
+            continue;
+        }
         tcp_conn *c;
         if (conn_new(l->net, &fd, 1, peer, &c) != ZS_OK) {
-            ZS_WARN("tcp listener %s: %s; connection dropped", l->addr, zs_last_error());
+            zs_log_limited(&l->accept_log, ZS_LOG_WARN, "tcp listener %s: %s; connection dropped",
+                           l->addr, zs_last_error());
             close(fd);
             continue;
         }
@@ -1354,6 +1728,92 @@ fail:
     return res;
 }
 
+/* Moves n bytes over the non-blocking fd (sending, or receiving into buf) before deadline. */
+static zs_err hs_io(int fd, void *buf, size_t n, int sending, int64_t deadline, const char *addr,
+                    const char *what)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = sending ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL)
+                            : recv(fd, (char *)buf + done, n - done, 0);
+        if (r > 0) {
+            done += (size_t)r;
+            continue;
+        }
+        if (r == 0 && !sending)
+            return zs_error(ZS_ERR_IO,
+                            "tcp connect %s: the server closed the connection during the "
+                            "handshake (%s; a server of another version or job?)",
+                            addr, what);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return zs_error(ZS_ERR_IO, "tcp connect %s: handshake (%s): %s", addr, what,
+                            strerror(errno));
+        struct pollfd p = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
+        int left = remaining_ms(deadline);
+        if (left == 0 || poll(&p, 1, left) == 0)
+            return zs_error(ZS_ERR_IO, "tcp connect %s: the handshake timed out (%s)", addr, what);
+    }
+    return ZS_OK;
+}
+
+/* The client side of the handshake on a connected stream: proves auth->member with its token
+ * and checks the server's proof, before deadline.  *retry: the server cannot check members
+ * yet (it is starting); the stream is useless then, and a new one may try again. */
+static zs_err hs_client(int fd, const zs_auth *auth, int64_t deadline, const char *addr, int *retry)
+{
+    *retry = 0;
+    uint8_t hello[HS_HELLO] = {0}, ch[HS_CHALLENGE], proof[HS_PROOF], result[HS_RESULT];
+    uint8_t nonce_c[ZS_NONCE_BYTES], want[ZS_TOKEN_BYTES];
+    zs_random_bytes(nonce_c, sizeof nonce_c);
+    put32(hello, HS_MAGIC);
+    hello[4] = HS_VERSION;
+    put32(hello + 8, auth->member);
+    memcpy(hello + 16, nonce_c, sizeof nonce_c);
+    ZS_CHECK(hs_io(fd, hello, sizeof hello, 1, deadline, addr, "hello"));
+    ZS_CHECK(hs_io(fd, ch, sizeof ch, 0, deadline, addr, "challenge"));
+    uint32_t status = get32(ch + 4);
+    if (get32(ch) != HS_MAGIC)
+        return zs_error(ZS_ERR_FORMAT,
+                        "tcp connect %s: the answer to the handshake is not "
+                        "zshard's (not a partition server?)",
+                        addr);
+    if (status == HS_NOT_READY) {
+        *retry = 1;
+        return zs_error(ZS_ERR_IO,
+                        "tcp connect %s: the server could not check member %u yet "
+                        "(still starting) until the connect timeout",
+                        addr, auth->member);
+    }
+    if (status == HS_UNKNOWN_MEMBER)
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp connect %s: the server refused member %u (not a member of its "
+                        "job, or declared gone)",
+                        addr, auth->member);
+    if (status != HS_OK)
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp connect %s: the server refused the handshake "
+                        "(status %u: another version?)",
+                        addr, status);
+    const uint8_t *nonce_s = ch + 8, *server_proof = ch + 8 + ZS_NONCE_BYTES;
+    zs_token_proof(auth->token, "server", nonce_c, nonce_s, auth->member, want);
+    if (!zs_bytes_equal(want, server_proof, ZS_TOKEN_BYTES))
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp connect %s: the server did not prove it belongs to this job (its "
+                        "proof for member %u is wrong: another job's server, or an impostor)",
+                        addr, auth->member);
+    zs_token_proof(auth->token, "client", nonce_c, nonce_s, auth->member, proof);
+    ZS_CHECK(hs_io(fd, proof, sizeof proof, 1, deadline, addr, "proof"));
+    ZS_CHECK(hs_io(fd, result, sizeof result, 0, deadline, addr, "result"));
+    if (get32(result) != HS_MAGIC || get32(result + 4) != HS_OK)
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp connect %s: the server did not accept our proof for member %u (a "
+                        "token from another coordinator?)",
+                        addr, auth->member);
+    return ZS_OK;
+}
+
 zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)
 {
     tcp_net *n = (tcp_net *)nn;
@@ -1371,13 +1831,24 @@ zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs
         return zs_error(ZS_ERR_IO, "tcp connect %s: %s", addr, gai_strerror(gai));
     int64_t deadline = now_ms() + t.timeout_ms;
     for (; nfd < t.conns; nfd++) {
-        for (struct addrinfo *a = ai; a; a = a->ai_next) {
-            res = connect_one(a, &t, deadline, addr, &fds[nfd]);
+        for (;;) {
+            for (struct addrinfo *a = ai; a; a = a->ai_next) {
+                res = connect_one(a, &t, deadline, addr, &fds[nfd]);
+                if (res == ZS_OK)
+                    break;
+            }
+            if (res != ZS_OK)
+                goto fail;
+            int retry = 0;
+            if (opts && opts->auth)
+                res = hs_client(fds[nfd], opts->auth, deadline, addr, &retry);
             if (res == ZS_OK)
                 break;
+            close(fds[nfd]);
+            if (!retry || remaining_ms(deadline) <= HS_RETRY_MS)
+                goto fail;
+            poll(NULL, 0, HS_RETRY_MS);
         }
-        if (res != ZS_OK)
-            goto fail;
     }
     char peer[TCP_PEER_MAX];
     struct sockaddr_storage ss;
@@ -1388,6 +1859,7 @@ zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs
         copy_str(peer, sizeof peer, addr);
     tcp_conn *c;
     ZS_CHECK_GOTO(conn_new(n, fds, nfd, peer, &c), res, fail);
+    c->member = opts && opts->auth ? opts->auth->member : 0;
     freeaddrinfo(ai);
     *out = (zs_conn *)c;
     return ZS_OK;
@@ -1398,7 +1870,7 @@ fail:
     return res;
 }
 
-zs_err zs_tcp_adopt(zs_net *nn, int fd, const char *peer, zs_conn **out)
+zs_err zs_tcp_adopt(zs_net *nn, int fd, const char *peer, uint32_t member, zs_conn **out)
 {
     tcp_net *n = (tcp_net *)nn;
     int fl = fcntl(fd, F_GETFL);
@@ -1407,8 +1879,14 @@ zs_err zs_tcp_adopt(zs_net *nn, int fd, const char *peer, zs_conn **out)
     set_nodelay(fd);
     tcp_conn *c;
     ZS_CHECK(conn_new(n, &fd, 1, peer, &c));
+    c->member = member;
     *out = (zs_conn *)c;
     return ZS_OK;
+}
+
+uint32_t zs_tcp_conn_member(const zs_conn *c)
+{
+    return ((const tcp_conn *)c)->member;
 }
 
 const char *zs_tcp_conn_peer(const zs_conn *c)
@@ -1854,6 +2332,7 @@ const zs_transport_ops zs_tcp_ops = {
     .conn_peer = zs_tcp_conn_peer,
     .conn_set_user = zs_tcp_conn_set_user,
     .conn_user = zs_tcp_conn_user,
+    .conn_member = zs_tcp_conn_member,
     .conn_closed = zs_tcp_conn_closed,
     .conn_close = zs_tcp_conn_close,
     .reg_mr = zs_tcp_reg_mr,

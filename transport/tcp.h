@@ -4,6 +4,12 @@
  * by name (zs_tcp_poll, ...), with the meaning documented in transport.h.
  *
  * Choices (docs/transport.md has the reasons):
+ *   - Authentication (zs_conn_opts.auth): connect() runs the client side of the handshake on
+ *     each of its sockets before it returns (within the connect timeout); a listener runs the
+ *     server side of each accepted socket in the event loop, at most 64 at once (more are
+ *     closed at once) and each within ZS_TCP_HANDSHAKE_MS, before the socket becomes a
+ *     connection.  A listener out of descriptors (EMFILE) rests 100 ms instead of spinning,
+ *     and its log lines are rate-limited.
  *   - Every socket has TCP_NODELAY; SO_SNDBUF/SO_RCVBUF are set only when asked (options, or
  *     ZS_TCP_SNDBUF / ZS_TCP_RCVBUF), before connect() or listen() so that the window scale
  *     is negotiated for them; otherwise the kernel autotunes.
@@ -15,9 +21,10 @@
  *     EAGAIN waits for epoll (edge-triggered, so each socket costs one epoll_ctl in its life).
  *   - A connection made with conns = k > 1 has k sockets; each frame goes whole on one of
  *     them, the one with the fewest unsent bytes (ties round-robin).  A large payload is not
- *     cut across sockets: a 4 MiB range that should use two streams is two frames.  There
- *     is no handshake: a server sees the k sockets as k independent connections and answers
- *     each request on the socket it came from; the client matches replies by id.
+ *     cut across sockets: a 4 MiB range that should use two streams is two frames.  A server
+ *     sees the k sockets as k independent connections (each with its own authentication
+ *     handshake) and answers each request on the socket it came from; the client matches
+ *     replies by id.
  *   - A malformed header (or any bytes that are not our protocol) closes that connection
  *     only: first a best-effort ZS_OP_ERROR frame with status ZS_FS_BAD_FRAME and the
  *     decoder's message (id taken from bytes 16..23 as sent), then up to 256 KiB of what the
@@ -36,6 +43,7 @@
  *   ZS_TCP_CONNS               sockets per connection (default 1, at most ZS_NET_MAX_CONNS)
  *   ZS_TCP_SNDBUF, ZS_TCP_RCVBUF   socket buffer bytes (default: kernel autotuning)
  *   ZS_TCP_CONNECT_TIMEOUT_MS  connect timeout (default 10000)
+ *   ZS_TCP_HANDSHAKE_MS        how long an accepted socket's handshake may take (default 5000)
  */
 #ifndef ZS_TCP_H
 #define ZS_TCP_H
@@ -53,6 +61,7 @@ zs_err zs_tcp_connect(zs_net *net, const char *addr, const zs_conn_opts *opts, z
 const char *zs_tcp_conn_peer(const zs_conn *c);
 void zs_tcp_conn_set_user(zs_conn *c, void *user);
 void *zs_tcp_conn_user(const zs_conn *c);
+uint32_t zs_tcp_conn_member(const zs_conn *c);
 int zs_tcp_conn_closed(const zs_conn *c);
 void zs_tcp_conn_close(zs_conn *c);
 zs_err zs_tcp_reg_mr(zs_net *net, void *base, size_t len, int access, zs_mr **out);
@@ -71,8 +80,9 @@ zs_err zs_tcp_flush(zs_net *net);
 zs_err zs_tcp_poll(zs_net *net, zs_event *ev, int max, int timeout_ms, int *n);
 
 /* Makes a connection of an already connected stream socket fd (TCP, or one end of an
- * AF_UNIX socketpair in tests and the fuzzer), with peer name `peer` for messages.  On
- * success the connection owns fd (made non-blocking); on failure the caller still does. */
-zs_err zs_tcp_adopt(zs_net *net, int fd, const char *peer, zs_conn **out);
+ * AF_UNIX socketpair in tests and the fuzzer), with peer name `peer` for messages, without a
+ * handshake: the caller vouches that it is member `member` (0: none).  On success the
+ * connection owns fd (made non-blocking); on failure the caller still does. */
+zs_err zs_tcp_adopt(zs_net *net, int fd, const char *peer, uint32_t member, zs_conn **out);
 
 #endif

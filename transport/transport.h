@@ -54,6 +54,14 @@
  * if it can (ZS_FS_BAD_FRAME) and closes only that connection.  A closed connection still needs
  * conn_close() to free it.
  *
+ * Authentication.  With zs_conn_opts.auth, every stream opens with a mutual challenge-response
+ * before any frame (docs/security.md): the connecting side names its member id and both sides
+ * prove, with fresh nonces, that they know that member's token (common/secret.h).  A server
+ * finds the token with auth->token_of, which refuses unknown and departed members.  Only then
+ * is the stream a connection (ZS_EV_ACCEPT), and conn_member() says whose; a failed or stalled
+ * handshake is closed and reported as ZS_EV_REFUSED, never as a connection.  Both sides must
+ * agree on using it: a stream without the handshake meets one that expects it and fails.
+ *
  * Results are zs_err (common/err.h) with a message naming the peer and the reason.
  */
 #ifndef ZS_TRANSPORT_H
@@ -64,9 +72,10 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/secret.h"
 #include "transport/frame.h"
 
-#define ZS_TRANSPORT_OPS_VERSION 1
+#define ZS_TRANSPORT_OPS_VERSION 2
 
 /* The longest payload isend_inline() copies (an error text, a small reply). */
 #define ZS_NET_INLINE_MAX ZS_FRAME_MAX_ERROR_TEXT
@@ -96,23 +105,39 @@ typedef struct {
                         the socket takes it */
 } zs_net_opts;
 
+/* A data-plane identity (connect) or the way to check one (listen). */
+typedef struct {
+    /* connect: the member id this side proves, and its token */
+    uint32_t member;
+    uint8_t token[ZS_TOKEN_BYTES];
+    /* listen: fills token with member's token and returns 0, or returns -1 to refuse the
+     * member (unknown, or gone), or -2 when it cannot tell yet (the client retries within its
+     * connect timeout), with a reason of at most ZS_NET_REASON_MAX / 2 bytes in why.  Called from
+     * inside the net's progress functions. */
+    int (*token_of)(void *ctx, uint32_t member, uint8_t token[ZS_TOKEN_BYTES], char *why);
+    void *ctx;
+} zs_auth;
+
 /* Options of connect() and listen().  Zero in a field means: the backend's tunable (an
  * environment variable, see the backend's header) or its default. */
 typedef struct {
     int conns;              /* connect: streams per connection, 1..ZS_NET_MAX_CONNS */
     int sndbuf_bytes;       /* per stream send buffer (TCP SO_SNDBUF); -1 = kernel default */
     int rcvbuf_bytes;       /* per stream receive buffer (TCP SO_RCVBUF); -1 = kernel default */
-    int connect_timeout_ms; /* connect: give up after this long */
+    int connect_timeout_ms; /* connect: give up after this long (handshake included) */
+    const zs_auth *auth;    /* NULL: no handshake; else it must outlive the listener */
 } zs_conn_opts;
 
 typedef enum {
-    ZS_EV_ACCEPT = 1, /* a new connection on ev.listener: ev.conn, already usable */
-    ZS_EV_HEADER = 2, /* a frame ev.frame arrived on ev.conn that no irecv expected; if
-                         ev.frame.length > 0 call recv_payload(), discard() or conn_close() */
-    ZS_EV_RECV = 3,   /* a handle-less receive finished: ev.user, ev.frame, ev.err */
-    ZS_EV_SEND = 4,   /* a handle-less send finished: ev.user, ev.err; its buffer is free */
-    ZS_EV_CLOSED = 5, /* ev.conn failed or was closed by the peer: ev.err, ev.reason; all its
-                         requests were completed (failed) before this event */
+    ZS_EV_ACCEPT = 1,  /* a new connection on ev.listener: ev.conn, already usable */
+    ZS_EV_HEADER = 2,  /* a frame ev.frame arrived on ev.conn that no irecv expected; if
+                          ev.frame.length > 0 call recv_payload(), discard() or conn_close() */
+    ZS_EV_RECV = 3,    /* a handle-less receive finished: ev.user, ev.frame, ev.err */
+    ZS_EV_SEND = 4,    /* a handle-less send finished: ev.user, ev.err; its buffer is free */
+    ZS_EV_CLOSED = 5,  /* ev.conn failed or was closed by the peer: ev.err, ev.reason; all its
+                          requests were completed (failed) before this event */
+    ZS_EV_REFUSED = 6, /* a stream accepted on ev.listener failed its handshake, stalled in it,
+                          or found no room; it is closed (ev.conn NULL), ev.reason says why */
 } zs_ev_type;
 
 typedef struct {
@@ -159,6 +184,9 @@ typedef struct zs_transport_ops {
     /* A pointer the caller associates with the connection (NULL at first). */
     void (*conn_set_user)(zs_conn *c, void *user);
     void *(*conn_user)(const zs_conn *c);
+    /* The member id the peer proved in the handshake (an accepted connection), the one this
+     * side proved (a connected one), or 0 without authentication. */
+    uint32_t (*conn_member)(const zs_conn *c);
     /* 1 once the connection has failed or been closed by the peer, else 0. */
     int (*conn_closed)(const zs_conn *c);
     /* Closes and frees c.  Its unfinished requests fail: handles report the failure through

@@ -19,7 +19,8 @@
 
 struct zs_session {
     zs_ctrl *ctrl;
-    const zs_secret *secret; /* the job's, or insecure: both planes authenticate with it */
+    const zs_secret *secret; /* the job's, or insecure: the control plane authenticates with it */
+    zs_auth auth;            /* our data-plane identity: the id and token the coordinator gave */
     uint32_t id;
     zs_config cfg;
     zs_tensor_table tt;
@@ -64,7 +65,7 @@ static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
         snprintf(s->endpoints[i], sizeof s->endpoints[i], "%s", m->servers[i]->endpoint);
         eps[i] = s->endpoints[i];
     }
-    ZS_CHECK(zs_client_open(&s->map, eps, s->id, 0, &s->client));
+    ZS_CHECK(zs_client_open(&s->map, eps, &s->auth, 0, &s->client));
     if (!(s->given = calloc((size_t)s->cfg.chunks, 1)))
         return zs_error(ZS_ERR_NOMEM, "worker: out of memory");
     Zshard__DataCheck dc = ZSHARD__DATA_CHECK__INIT;
@@ -93,6 +94,8 @@ static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *dat
             return zs_error(ZS_ERR_INVALID, "worker: the coordinator refused registration: %s",
                             env->registration_reply->refusal);
         s->id = env->registration_reply->assigned_id;
+        s->auth.member = s->id;
+        memcpy(s->auth.token, env->registration_reply->data_token.data, ZS_TOKEN_BYTES);
         return ZS_OK;
     case ZSHARD__ENVELOPE__BODY_JOB_SPEC:
         if (!s->have_job) {
@@ -309,6 +312,7 @@ void zs_session_close(zs_session *s)
         zs_data_close(&s->data);
     free(s->given);
     free(s->endpoints);
+    zs_wipe(s->auth.token, sizeof s->auth.token);
     free(s);
 }
 
@@ -347,7 +351,7 @@ zs_err zs_session_open_client(zs_session *s, int conns, zs_client **out)
     const char *eps[ZS_MSG_MAX_SERVERS];
     for (int i = 0; i < s->map.n_servers && i < ZS_MSG_MAX_SERVERS; i++)
         eps[i] = s->endpoints[i];
-    return zs_client_open(&s->map, eps, s->id, conns, out);
+    return zs_client_open(&s->map, eps, &s->auth, conns, out);
 }
 
 zs_err zs_session_next(zs_session *s, int timeout_ms, zs_assignment *a, int *got, int *ended)

@@ -51,7 +51,7 @@ static void run_stream(const uint8_t *data, size_t size)
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv))
         return;
     zs_conn *c;
-    if (zs_tcp_adopt(net, sv[0], "fuzz", &c) != ZS_OK) {
+    if (zs_tcp_adopt(net, sv[0], "fuzz", 0, &c) != ZS_OK) {
         close(sv[0]);
         close(sv[1]);
         return;

@@ -744,7 +744,9 @@ typedef struct {
 static struct {
     zs_server *sv;
     zs_server_opts opts;
-    int fd; /* our end of the data-plane connection, -1: none */
+    int fd;          /* our end of the data-plane connection, -1: none */
+    uint32_t member; /* the member that connection proved (the server's sender of its pushes) */
+    unsigned connects;
     uint8_t *out;
     size_t out_len, out_cap; /* bytes waiting to be written to fd */
     uint8_t in[65536];
@@ -875,7 +877,10 @@ static int sv_connect(void)
     int sp[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
     REQUIRE(fcntl(sp[0], F_SETFL, fcntl(sp[0], F_GETFL) | O_NONBLOCK) == 0);
-    REQUIRE(zs_server_adopt(sh.sv, sp[1], "fuzz-worker") == ZS_OK);
+    /* Each connection is another of the workers 10..13; a push's sender is the connection's
+     * member whatever its frame says (sv_push may spoof the field). */
+    sh.member = WORKER0 + (sh.connects++ & 3);
+    REQUIRE(zs_server_adopt(sh.sv, sp[1], "fuzz-worker", sh.member) == ZS_OK);
     sh.fd = sp[0];
     return 1;
 }
@@ -1073,10 +1078,11 @@ static void sv_range(unsigned b, uint64_t *offset, uint64_t *count)
 }
 
 /*
- * f a b d: a push of chunk (a >> 2) % (C + 1) from worker 10 + (a & 3) (f & 0x80: sender
- * f & 15).  b & 1 with no bit 6 or 7: every shard of this server (per the map it took), one
- * frame each; else the range of sv_range(b).  d & 1: a NaN in it; d & 2: dtype BF16.  cut:
- * only the first frame, and only half of its payload (the connection is about to close).
+ * f a b d: a push of chunk (a >> 2) % (C + 1) by the connection's member, whose frames name
+ * worker 10 + (a & 3) as the sender (f & 0x80: f & 15), rightly or not.  b & 1 with no bit 6 or 7:
+ * every shard of this server (per the map it took), one frame each; else the range of sv_range(b).
+ * d & 1: a NaN in it; d & 2: dtype BF16.  cut: only the first frame, and only half of its payload
+ * (the connection is about to close).
  */
 static void sv_push(unsigned f, unsigned a, unsigned b, unsigned d, int cut)
 {
@@ -1124,7 +1130,7 @@ static void sv_push(unsigned f, unsigned a, unsigned b, unsigned d, int cut)
                                       .offset = fr.offset,
                                       .count = cnt,
                                       .chunk = chunk,
-                                      .sender = sender,
+                                      .sender = sh.member,
                                       .dtype = fr.dtype,
                                       .cut = cut};
         if (cut) {
@@ -1185,8 +1191,12 @@ static void sv_record(input *in)
             r.has_code = 1;
             r.code = ZSHARD__ERROR_CODE__ERROR_REFUSED;
         } else {
+            static uint8_t key[ZS_TOKEN_BYTES]; /* the job's data key: zeros, as insecure */
             r.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
             r.assigned_id = 1 + (a >> 1) % 3;
+            r.has_data_token = r.has_data_key = 1;
+            r.data_token = (ProtobufCBinaryData){.len = sizeof key, .data = key};
+            r.data_key = (ProtobufCBinaryData){.len = sizeof key, .data = key};
         }
         env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
         env.registration_reply = &r;

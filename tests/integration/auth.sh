@@ -91,6 +91,19 @@ members=$(grep -o '"role":"[a-z]*"' "$WORK/out.txt" | sort | uniq -c | tr -s ' '
 [ "$members" = ' 1 "role":"server";' ] || fail "members after the strangers: $members ($(cat "$WORK/out.txt"))"
 kill "$OWORKER" "$ISERVER" "$IWORKER" 2>/dev/null || true
 
+# The data plane: a stranger that writes a fetch frame to the server's port is refused at the
+# handshake (it holds no member token), and the server says so.
+DP=$(sed -nE 's/.*"role":"server","state":"active","host":"[^"]*","endpoint":"127\.0\.0\.1:([0-9]+)".*/\1/p' "$WORK/out.txt")
+checks=$((checks + 1))
+if [ -z "$DP" ]; then
+  fail "no server data-plane port in the status: $(cat "$WORK/out.txt")"
+else
+  # A 64-byte fetch header ("ZSF1", version 1, op 1), as an unauthenticated peer would send.
+  { printf 'ZSF1\001\000\001\000'; head -c 56 /dev/zero; } >/dev/tcp/127.0.0.1/"$DP" || true
+  wait_until 15 has_line "$WORK/server.log" 'refused a connection: 127\.0\.0\.1:[0-9]+: handshake: not a zshard handshake' ||
+    fail "the server did not refuse the stranger's fetch: $(tail -n 5 "$WORK/server.log")"
+fi
+
 # The job's own worker finishes the job: the same bits as zshard train.
 "$ZSHARD" worker --coord "$EP" --threads 1 2>"$WORK/worker.log" &
 PIDS+=($!)

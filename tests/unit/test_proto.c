@@ -168,10 +168,10 @@ static void test_register(void)
     REFUSED(&m.env, &COORD, "Register.role: 0 is not a role");
 
     make_register(&m);
-    m.reg.protocol_version = 5;
+    m.reg.protocol_version = ZS_PROTOCOL_VERSION + 1;
     REFUSED(&m.env, &COORD,
-            "Register.protocol_version: protocol version 5, this coordinator "
-            "speaks 4");
+            "Register.protocol_version: protocol version 6, this coordinator "
+            "speaks 5");
     m.reg.has_protocol_version = 0;
     REFUSED(&m.env, &COORD, "Register.protocol_version: missing");
 
@@ -268,8 +268,11 @@ static void make_reply(reply_msg *m, uint32_t id)
 {
     zs_msg_envelope_init(&m->env, 0);
     zshard__register_reply__init(&m->rr);
+    static uint8_t token[ZS_TOKEN_BYTES] = {7};
     m->rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
     m->rr.assigned_id = id;
+    m->rr.has_data_token = 1;
+    m->rr.data_token = (ProtobufCBinaryData){.len = sizeof token, .data = token};
     m->env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
     m->env.registration_reply = &m->rr;
 }
@@ -290,7 +293,8 @@ static void test_register_reply(void)
 
     make_reply(&m, 0);
     m.rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
-    m.rr.refusal = "protocol version 5, this coordinator speaks 4";
+    m.rr.has_data_token = 0; /* a refusal carries no keys */
+    m.rr.refusal = "protocol version 6, this coordinator speaks 5";
     m.rr.has_code = 1;
     m.rr.code = ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION;
     CHECK_OK(roundtrip(&m.env, &SERVER, &out));
@@ -321,6 +325,46 @@ static void test_register_reply(void)
     make_reply(&m, 3);
     m.env.sender = 2;
     REFUSED(&m.env, &WORKER, "Envelope.sender: 2, but RegisterReply comes from the coordinator");
+    /* The data plane's keys: a token of 32 bytes with every id, a data key to servers only. */
+    make_reply(&m, 3);
+    m.rr.has_data_token = 0;
+    REFUSED(&m.env, &WORKER, "RegisterReply.data_token: 0 bytes, expected 32");
+    make_reply(&m, 3);
+    m.rr.data_token.len = 16;
+    REFUSED(&m.env, &WORKER, "RegisterReply.data_token: 16 bytes, expected 32");
+    make_reply(&m, 3);
+    REFUSED(&m.env, &SERVER, "RegisterReply.data_key: missing in a server's registration");
+    uint8_t key[ZS_TOKEN_BYTES] = {9};
+    m.rr.has_data_key = 1;
+    m.rr.data_key = (ProtobufCBinaryData){.len = sizeof key, .data = key};
+    CHECK_OK(roundtrip(&m.env, &SERVER, &out));
+    if (out)
+        CHECK(out->registration_reply->data_key.len == sizeof key &&
+              memcmp(out->registration_reply->data_key.data, key, sizeof key) == 0);
+    zs_msg_free(out);
+    m.rr.data_key.len = 31;
+    REFUSED(&m.env, &SERVER, "RegisterReply.data_key: 31 bytes, expected 32");
+    make_reply(&m, 3);
+    m.rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
+    m.rr.refusal = "full";
+    REFUSED(&m.env, &WORKER, "RegisterReply: data keys given with a refusal");
+    /* MemberGone: coordinator to servers, a member id. */
+    Zshard__MemberGone mg = ZSHARD__MEMBER_GONE__INIT;
+    mg.has_member = 1;
+    mg.member = 5;
+    mg.reason = "left";
+    Zshard__Envelope ge = ZSHARD__ENVELOPE__INIT;
+    ge.has_protocol_version = ge.has_sender = 1;
+    ge.protocol_version = ZS_PROTOCOL_VERSION;
+    ge.body_case = ZSHARD__ENVELOPE__BODY_MEMBER_GONE;
+    ge.member_gone = &mg;
+    CHECK_OK(roundtrip(&ge, &SERVER, &out));
+    if (out)
+        CHECK_EQ_INT((int)out->member_gone->member, 5);
+    zs_msg_free(out);
+    REFUSED(&ge, &WORKER, "a worker does not take MemberGone messages");
+    mg.member = 0;
+    REFUSED(&ge, &SERVER, "MemberGone.member: 0 is the coordinator's id");
     make_reply(&m, 3);
     REFUSED(&m.env, &COORD, "a coordinator does not take RegisterReply messages");
 }
@@ -1414,19 +1458,19 @@ static void test_envelope(void)
     reg_msg m;
     make_register(&m);
     /* Another protocol version, refused with a message that says both. */
-    m.env.protocol_version = 5;
+    m.env.protocol_version = ZS_PROTOCOL_VERSION + 1;
     REFUSED(&m.env, &COORD,
-            "Envelope.protocol_version: protocol version 5, this coordinator "
-            "speaks 4");
-    REFUSED(&m.env, &WORKER, "protocol version 5, this worker speaks 4");
-    REFUSED(&m.env, &SERVER, "protocol version 5, this server speaks 4");
-    REFUSED(&m.env, NULL, "protocol version 5, this peer speaks 4");
+            "Envelope.protocol_version: protocol version 6, this coordinator "
+            "speaks 5");
+    REFUSED(&m.env, &WORKER, "protocol version 6, this worker speaks 5");
+    REFUSED(&m.env, &SERVER, "protocol version 6, this server speaks 5");
+    REFUSED(&m.env, NULL, "protocol version 6, this peer speaks 5");
     write_seed(&m.env, "other_version", 0);
     size_t len;
     uint8_t *buf = raw_pack(&m.env, &len);
     uint32_t v = 0;
     CHECK_EQ_INT(zs_msg_peek_version(buf, len, &v), 1);
-    CHECK_EQ_INT(v, 5);
+    CHECK_EQ_INT(v, ZS_PROTOCOL_VERSION + 1);
     /* ... even when the rest of its message does not decode as ours. */
     uint8_t garbled[64];
     size_t n = 0;
@@ -1438,7 +1482,7 @@ static void test_envelope(void)
     garbled[n++] = 2;
     garbled[n++] = 3;
     CHECK_FAILS_WITH(decode_bytes(garbled, n, &COORD), "protocol version 7, this coordinator "
-                                                       "speaks 4");
+                                                       "speaks 5");
     free(buf);
     m.env.protocol_version = ZS_PROTOCOL_VERSION;
     m.env.has_protocol_version = 0;
@@ -1565,13 +1609,13 @@ static void test_refusal(void)
 {
     reg_msg m;
     make_register(&m);
-    m.env.protocol_version = 5;
-    m.reg.protocol_version = 5;
+    m.env.protocol_version = ZS_PROTOCOL_VERSION + 1;
+    m.reg.protocol_version = ZS_PROTOCOL_VERSION + 1;
     size_t len;
     uint8_t *buf = raw_pack(&m.env, &len);
     Zshard__Envelope *env = NULL;
-    CHECK_FAILS_WITH(zs_msg_decode(buf, len, &COORD, &env), "protocol version 5, this "
-                                                            "coordinator speaks 4");
+    CHECK_FAILS_WITH(zs_msg_decode(buf, len, &COORD, &env), "protocol version 6, this "
+                                                            "coordinator speaks 5");
     Zshard__ErrorCode code = zs_msg_refusal_code(buf, len);
     CHECK_EQ_INT(code, ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION);
     free(buf);
@@ -1579,7 +1623,7 @@ static void test_refusal(void)
     snprintf(why, sizeof why, "%s", zs_last_error());
     uint8_t *reply;
     CHECK_OK(zs_msg_encode_error(0, code, why, &reply, &len));
-    /* The peer of version 5 reads our version and the text from the frozen fields. */
+    /* The peer of version 6 reads our version and the text from the frozen fields. */
     uint32_t v = 0;
     CHECK_EQ_INT(zs_msg_peek_version(reply, len, &v), 1);
     CHECK_EQ_INT(v, ZS_PROTOCOL_VERSION);
@@ -1587,7 +1631,7 @@ static void test_refusal(void)
     CHECK(got && got->body_case == ZSHARD__ENVELOPE__BODY_ERROR);
     if (got && got->error) {
         CHECK_EQ_INT(got->error->code, ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION);
-        CHECK(strstr(got->error->text, "protocol version 5, this coordinator speaks 4") != NULL);
+        CHECK(strstr(got->error->text, "protocol version 6, this coordinator speaks 5") != NULL);
     }
     zs_msg_free(got);
     CHECK_OK(decode_bytes(reply, len, &WORKER));

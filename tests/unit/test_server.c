@@ -27,6 +27,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -103,6 +104,17 @@ static int server_of(const rig *r, const zs_ctrl_peer *p)
     return -1;
 }
 
+/* The data key this test hands its servers as their coordinator, and a member's identity
+ * under it (what RegisterReply gives a worker). */
+static uint8_t data_key[ZS_TOKEN_BYTES];
+
+static zs_auth auth_of(uint32_t member)
+{
+    zs_auth a = {.member = member};
+    zs_token_of(data_key, member, a.token);
+    return a;
+}
+
 static void send_to(rig *r, int s, Zshard__Envelope *env)
 {
     env->has_protocol_version = 1;
@@ -130,6 +142,24 @@ static zs_frame request(rig *r, int s, zs_frame f, zs_mr *send_mr, size_t send_o
     if (e != ZS_OK)
         fprintf(stderr, "request: %s\n", zs_last_error());
     return reply;
+}
+
+/* request() on a connection of its own that proved member (what a push's sender is). */
+static zs_frame request_as(rig *r, int s, uint32_t member, zs_frame f, zs_mr *send_mr,
+                           size_t send_off, zs_mr *recv_mr, size_t recv_off, size_t cap)
+{
+    zs_auth a = auth_of(member);
+    zs_conn_opts o = {.auth = &a};
+    zs_conn *mine = r->conn[s], *c = NULL;
+    zs_frame rep = {0};
+    CHECK_OK(ops->connect(r->net, r->endpoint[s], &o, &c));
+    if (c) {
+        r->conn[s] = c;
+        rep = request(r, s, f, send_mr, send_off, recv_mr, recv_off, cap);
+        ops->conn_close(c);
+        r->conn[s] = mine;
+    }
+    return rep;
 }
 
 /* A stream of seeded random numbers: zs_rng_u64(test_seed, stream, 0, 1, ...). */
@@ -217,7 +247,8 @@ static void *sender_main(void *arg)
     zs_client *cl = NULL;
     int *order = malloc((size_t)map->n_shards * sizeof *order);
     int counted = 0;
-    if (!order || zs_client_open(map, j->eps, j->sender, 0, &cl) != ZS_OK ||
+    zs_auth auth = auth_of(j->sender);
+    if (!order || zs_client_open(map, j->eps, &auth, 0, &cl) != ZS_OK ||
         zs_client_register(cl, (void *)j->grad, j->N * sizeof *j->grad) != ZS_OK) {
         j->failures++;
         snprintf(j->error, sizeof j->error, "worker %u: client: %s", j->sender,
@@ -459,7 +490,8 @@ static void failover(rig *r, const zs_trainer *tr, size_t N, const char *const *
     float *got = malloc(N * 4);
     const float *want[3] = {tr->params, tr->m, tr->v};
     zs_client *cl = NULL;
-    CHECK_OK(zs_client_open(&m2, eps, WORKER, 0, &cl));
+    zs_auth wa = auth_of(WORKER);
+    CHECK_OK(zs_client_open(&m2, eps, &wa, 0, &cl));
     if (cl)
         CHECK_OK(zs_client_register(cl, got, N * 4));
     for (int a = 0; a < 3 && cl; a++) {
@@ -482,6 +514,57 @@ static void failover(rig *r, const zs_trainer *tr, size_t N, const char *const *
     free(got);
     zshard__shard_map__free_unpacked(sm, NULL);
     zs_shardmap_free(&m2);
+}
+
+/* Peers the data plane must refuse, each at connect, while the job goes on: a token made with
+ * another data key (another job's), a member the coordinator declared gone (MemberGone), and
+ * a peer that opens a stream and says nothing (closed after ZS_TCP_HANDSHAKE_MS, which main
+ * sets low). */
+static void check_strangers(rig *r, int S)
+{
+    zs_net *net = NULL;
+    CHECK_OK(ops->open(&net));
+    zs_auth wrong = {.member = WORKER};
+    zs_token_of((const uint8_t *)"another job's data key, 32 bytes", WORKER, wrong.token);
+    zs_conn_opts o = {.auth = &wrong};
+    zs_conn *c = NULL;
+    CHECK_FAILS_WITH(ops->connect(net, r->endpoint[0], &o, &c),
+                     "the server did not prove it belongs to this job");
+    /* Member WORKER + 50 leaves: the servers refuse it from then on. */
+    Zshard__MemberGone mg = ZSHARD__MEMBER_GONE__INIT;
+    mg.has_member = 1;
+    mg.member = WORKER + 50;
+    mg.reason = "left";
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_MEMBER_GONE;
+    env.member_gone = &mg;
+    for (int s = 0; s < S; s++)
+        send_to(r, s, &env);
+    zs_auth gone = auth_of(WORKER + 50);
+    o.auth = &gone;
+    int refused = 0;
+    uint64_t until = zs_now_ms() + 10000;
+    while (!refused && zs_now_ms() < until) { /* the MemberGone may still be on its way */
+        c = NULL;
+        if (ops->connect(net, r->endpoint[S - 1], &o, &c) != ZS_OK)
+            refused = strstr(zs_last_error(), "refused member") != NULL;
+        else
+            ops->conn_close(c);
+    }
+    CHECK(refused);
+    /* A silent stream is closed by the server within the handshake timeout. */
+    int port = 0;
+    sscanf(strrchr(r->endpoint[0], ':') + 1, "%d", &port);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    CHECK_EQ_INT(poll(&p, 1, 10000), 1); /* readable: the server closed it (EOF) */
+    char b;
+    CHECK_EQ_INT((int)read(fd, &b, 1), 0);
+    close(fd);
+    ops->close(net);
 }
 
 /* The job secret the test (as coordinator) and its servers share; the servers find it in
@@ -514,6 +597,10 @@ static void run(const char *zshard, int S, int replicas)
         Zshard__RegisterReply rr = ZSHARD__REGISTER_REPLY__INIT;
         rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
         rr.assigned_id = (uint32_t)(s + 1);
+        zs_auth self = auth_of(rr.assigned_id);
+        rr.has_data_token = rr.has_data_key = 1;
+        rr.data_token = (ProtobufCBinaryData){.len = ZS_TOKEN_BYTES, .data = self.token};
+        rr.data_key = (ProtobufCBinaryData){.len = ZS_TOKEN_BYTES, .data = data_key};
         Zshard__Envelope out = ZSHARD__ENVELOPE__INIT;
         out.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
         out.registration_reply = &rr;
@@ -567,8 +654,11 @@ static void run(const char *zshard, int S, int replicas)
     }
     /* The worker side. */
     CHECK_OK(ops->open(&r.net));
+    zs_auth wauth = auth_of(WORKER);
+    zs_conn_opts wopts = {.auth = &wauth};
     for (int s = 0; s < S; s++)
-        CHECK_OK(ops->connect(r.net, r.endpoint[s], NULL, &r.conn[s]));
+        CHECK_OK(ops->connect(r.net, r.endpoint[s], &wopts, &r.conn[s]));
+    check_strangers(&r, S);
     float *params = malloc(N * 4), *compute = malloc(N * 4), *grads[C];
     char *replies = malloc(1 << 16);
     zs_mr *params_mr, *grads_mr[C], *reply_mr;
@@ -579,7 +669,7 @@ static void run(const char *zshard, int S, int replicas)
         CHECK_OK(ops->reg_mr(r.net, grads[c], N * 4, ZS_MR_SEND, &grads_mr[c]));
     }
     zs_client *cl;
-    CHECK_OK(zs_client_open(&r.map, eps, WORKER, 0, &cl));
+    CHECK_OK(zs_client_open(&r.map, eps, &wauth, 0, &cl));
     CHECK_OK(zs_client_register(cl, params, N * 4));
     for (int c = 0; c < C; c++)
         CHECK_OK(zs_client_register(cl, grads[c], N * 4));
@@ -653,18 +743,21 @@ static void run(const char *zshard, int S, int replicas)
         zs_frame rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
         CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_STALE);
         bad.step = (uint64_t)step;
-        bad.sender = WORKER + 1;
-        rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
-        CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_NOT_ASSIGNED);
+        /* A member pushes for a chunk of another and writes that one's id as the sender: the
+         * server goes by the connection's proven member, and refuses it. */
         bad.sender = owner[0];
+        rep = request_as(&r, s0->server, owner[0] == WORKER + 1 ? WORKER + 2 : WORKER + 1, bad,
+                         grads_mr[0], 0, reply_mr, 0, 1 << 16);
+        CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_NOT_ASSIGNED);
+        /* The owner's own malformed pushes: refused for what they are. */
         bad.count = 0; /* an empty push: refused, and the connection goes on */
         bad.length = 0;
-        rep = request(&r, s0->server, bad, NULL, 0, reply_mr, 0, 1 << 16);
+        rep = request_as(&r, s0->server, owner[0], bad, NULL, 0, reply_mr, 0, 1 << 16);
         CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_BAD_RANGE);
         bad.count = 8;
         bad.length = 32;
         bad.offset = s0->end - 4; /* crosses into the next shard */
-        rep = request(&r, s0->server, bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
+        rep = request_as(&r, s0->server, owner[0], bad, grads_mr[0], 0, reply_mr, 0, 1 << 16);
         CHECK(rep.op == ZS_OP_ERROR && rep.status == ZS_FS_BAD_RANGE);
         /* A fetch of the next version, held by the server until it is published. */
         int last = r.map.n_shards - 1;
@@ -682,7 +775,7 @@ static void run(const char *zshard, int S, int replicas)
             /* One connection holds at most 4096 fetches of the next version: the next one is
              * refused with the reason, and the held fetch of the other connection stays. */
             zs_conn *flood = NULL;
-            CHECK_OK(ops->connect(r.net, r.endpoint[sl->server], NULL, &flood));
+            CHECK_OK(ops->connect(r.net, r.endpoint[sl->server], &wopts, &flood));
             enum { FLOOD = 4096 };
             zs_frame ff = hf;
             ff.dtype = ZS_DTYPE_F32;
@@ -746,7 +839,8 @@ static void run(const char *zshard, int S, int replicas)
         /* A push of a chunk assigned to someone else: refused, with the server's reason. */
         {
             zs_client *other;
-            CHECK_OK(zs_client_open(&r.map, eps, WORKER + 7, 0, &other));
+            zs_auth oa = auth_of(WORKER + 7);
+            CHECK_OK(zs_client_open(&r.map, eps, &oa, 0, &other));
             CHECK_OK(zs_client_register(other, grads[0], N * 4));
             zs_client_op *op;
             CHECK_OK(zs_client_push(other, 0, 8, step, 0, grads[0], &op));
@@ -887,6 +981,9 @@ int main(void)
     CHECK_OK(zs_secret_generate(secret_path));
     CHECK_OK(zs_secret_load(secret_path, &job_secret));
     setenv(ZS_SECRET_ENV, secret_path, 1);
+    zs_random_bytes(data_key, sizeof data_key);
+    /* The servers close a stream that stays silent this long (check_strangers waits for it). */
+    setenv("ZS_TCP_HANDSHAKE_MS", "500", 1);
     for (int S = 1; S <= MAXS; S++)
         run(zshard, S, 0);
     run(zshard, MAXS, 1);

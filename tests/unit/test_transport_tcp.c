@@ -206,6 +206,7 @@ static void *server_main(void *arg)
                 server_recv_done(s, &ev[i]);
                 break;
             case ZS_EV_SEND:
+            case ZS_EV_REFUSED: /* no authentication here: never */
                 break;
             case ZS_EV_CLOSED:
                 pthread_mutex_lock(&s->mu);
@@ -1058,6 +1059,178 @@ static void test_connect_errors(void)
     T->close(net);
 }
 
+/* ---- authentication (transport.h): a listener with zs_auth in a thread of its own ---- */
+
+typedef struct {
+    zs_net *net;
+    zs_listener *l;
+    zs_auth auth;
+    uint8_t key[ZS_TOKEN_BYTES];
+    pthread_t thread;
+    pthread_mutex_t mu;
+    int stop;
+    int accepted, refused, at_once;
+    uint32_t last_member;
+    char last_refusal[ZS_NET_REASON_MAX];
+} auth_server;
+
+/* Members 1..10 are known, 7 is gone. */
+static int test_token_of(void *ctx, uint32_t member, uint8_t token[ZS_TOKEN_BYTES], char *why)
+{
+    auth_server *a = ctx;
+    if (member < 1 || member > 10 || member == 7) {
+        snprintf(why, ZS_NET_REASON_MAX / 2, "%s", member == 7 ? "declared gone" : "unknown");
+        return -1;
+    }
+    zs_token_of(a->key, member, token);
+    return 0;
+}
+
+static void *auth_main(void *arg)
+{
+    auth_server *a = arg;
+    zs_event ev[16];
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        int stop = a->stop;
+        pthread_mutex_unlock(&a->mu);
+        int n = 0;
+        if (stop || T->poll(a->net, ev, 16, 20, &n) != ZS_OK)
+            return NULL;
+        pthread_mutex_lock(&a->mu);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].type == ZS_EV_ACCEPT) {
+                a->accepted++;
+                a->last_member = T->conn_member(ev[i].conn);
+            } else if (ev[i].type == ZS_EV_REFUSED) {
+                a->refused++;
+                a->at_once += strstr(ev[i].reason, "closed at once") != NULL;
+                snprintf(a->last_refusal, sizeof a->last_refusal, "%s", ev[i].reason);
+            } else if (ev[i].type == ZS_EV_HEADER && ev[i].frame.length) {
+                T->discard(ev[i].conn);
+            }
+        }
+        pthread_mutex_unlock(&a->mu);
+    }
+}
+
+/* Waits (up to 10 s) until the server counted want refusals; returns the count. */
+static int refusals_reach(auth_server *a, int want)
+{
+    int got = 0;
+    for (int t = 0; t < 1000; t++) {
+        pthread_mutex_lock(&a->mu);
+        got = a->refused;
+        pthread_mutex_unlock(&a->mu);
+        if (got >= want)
+            break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return got;
+}
+
+static void test_handshake(void)
+{
+    auth_server a = {0};
+    pthread_mutex_init(&a.mu, NULL);
+    zs_random_bytes(a.key, sizeof a.key);
+    a.auth = (zs_auth){.token_of = test_token_of, .ctx = &a};
+    setenv("ZS_TCP_HANDSHAKE_MS", "300", 1);
+    CHECK_OK(T->open(&a.net));
+    zs_conn_opts lo = {.auth = &a.auth};
+    CHECK_OK(T->listen(a.net, "127.0.0.1:0", &lo, &a.l));
+    unsetenv("ZS_TCP_HANDSHAKE_MS");
+    int port = T->listener_port(a.l);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    pthread_create(&a.thread, NULL, auth_main, &a);
+
+    zs_net *net;
+    CHECK_OK(T->open(&net));
+    zs_conn *c = NULL;
+    /* A member with its token: a connection of that member on both sides, on every stream. */
+    zs_auth me = {.member = 3};
+    zs_token_of(a.key, 3, me.token);
+    zs_conn_opts o = {.auth = &me, .conns = 2};
+    CHECK_OK(T->connect(net, addr, &o, &c));
+    CHECK(c && T->conn_member(c) == 3);
+    for (int t = 0; t < 500; t++) {
+        pthread_mutex_lock(&a.mu);
+        int n = a.accepted;
+        pthread_mutex_unlock(&a.mu);
+        if (n == 2)
+            break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&a.mu);
+    CHECK_EQ_INT(a.accepted, 2);
+    CHECK_EQ_INT((int)a.last_member, 3);
+    pthread_mutex_unlock(&a.mu);
+    T->conn_close(c);
+
+    /* Another job's token: the server's proof does not check out, the client gives up. */
+    zs_auth other = {.member = 3};
+    zs_token_of((const uint8_t *)"a key of another job, 32 bytes..", 3, other.token);
+    o = (zs_conn_opts){.auth = &other};
+    CHECK_FAILS_WITH(T->connect(net, addr, &o, &c), "did not prove it belongs to this job");
+    CHECK(refusals_reach(&a, 1) >= 1);
+    /* A member the server refuses (gone), and one it does not know. */
+    zs_auth gone = {.member = 7};
+    o.auth = &gone;
+    CHECK_FAILS_WITH(T->connect(net, addr, &o, &c), "refused member 7");
+    CHECK(refusals_reach(&a, 2) >= 2);
+    pthread_mutex_lock(&a.mu);
+    CHECK(strstr(a.last_refusal, "member 7 refused: declared gone") != NULL);
+    pthread_mutex_unlock(&a.mu);
+    /* A client that knows a member's id and the server's answer but not the token: it sends
+     * a made-up proof, and is refused. */
+    int fd = raw_connect(port);
+    uint8_t hello[48] = {'Z', 'S', 'A', '1', 1, 0, 0, 0, 3}, ch[72], proof[32] = {1}, res[8];
+    CHECK(write(fd, hello, sizeof hello) == (ssize_t)sizeof hello);
+    CHECK(read(fd, ch, sizeof ch) == (ssize_t)sizeof ch);
+    CHECK(write(fd, proof, sizeof proof) == (ssize_t)sizeof proof);
+    CHECK(read(fd, res, sizeof res) == (ssize_t)sizeof res && res[4] == 3); /* HS_BAD_PROOF */
+    close(fd);
+    CHECK(refusals_reach(&a, 3) >= 3);
+    pthread_mutex_lock(&a.mu);
+    CHECK(strstr(a.last_refusal, "member 3 did not prove its token") != NULL);
+    pthread_mutex_unlock(&a.mu);
+    /* Frames without a handshake are not one. */
+    fd = raw_connect(port);
+    uint8_t junk[64] = {'Z', 'S', 'F', '1'};
+    CHECK(write(fd, junk, sizeof junk) == (ssize_t)sizeof junk);
+    CHECK(refusals_reach(&a, 4) >= 4);
+    pthread_mutex_lock(&a.mu);
+    CHECK(strstr(a.last_refusal, "not a zshard handshake") != NULL);
+    pthread_mutex_unlock(&a.mu);
+    close(fd);
+    /* Streams that say nothing: at most 64 wait at once (the rest are closed at once), each at
+     * most the handshake timeout; then a member gets in again. */
+    int silent[80];
+    for (int i = 0; i < 80; i++)
+        silent[i] = raw_connect(port);
+    CHECK(refusals_reach(&a, 4 + 80) >= 4 + 80);
+    pthread_mutex_lock(&a.mu);
+    CHECK(a.at_once >= 80 - 64);
+    CHECK(strstr(a.last_refusal, "not finished within 300 ms") != NULL);
+    pthread_mutex_unlock(&a.mu);
+    for (int i = 0; i < 80; i++)
+        close(silent[i]);
+    o = (zs_conn_opts){.auth = &me};
+    CHECK_OK(T->connect(net, addr, &o, &c));
+    if (c)
+        T->conn_close(c);
+    T->close(net);
+    pthread_mutex_lock(&a.mu);
+    a.stop = 1;
+    pthread_mutex_unlock(&a.mu);
+    pthread_join(a.thread, NULL);
+    T->close(a.net);
+    pthread_mutex_destroy(&a.mu);
+}
+
 int main(void)
 {
     server s1, s2;
@@ -1067,6 +1240,7 @@ int main(void)
         return 1;
     }
     test_connect_errors();
+    test_handshake();
     test_batch_flush();
     test_local_pair();
     test_round_trips(&s1);
