@@ -36,7 +36,11 @@
 #include "proto/shardmap_msg.h"
 #include "server/coordstate.h"
 
+/* Peers registered and not gone at once; ids are never reused, and the table of every peer
+ * that ever registered grows as needed (to MAX_IDS), so that a job that sees many workers come
+ * and go over days, or a burst of registrations that went away, never refuses a new worker. */
 #define MAX_PEERS 4096
+#define MAX_IDS (1 << 20)
 
 /* A checkpoint being written: the servers' reports, and its step's metrics line. */
 typedef struct {
@@ -86,8 +90,9 @@ struct zs_coord {
     int have_map;
     Zshard__JobSpec *job;
     Zshard__ShardMap *map_msg;
-    peer_entry *peers; /* [MAX_PEERS], index = proto id - 1 */
-    int n_peers;
+    peer_entry *peers; /* [cap_peers], index = proto id - 1 */
+    int n_peers, cap_peers;
+    zs_log_limit refused_log; /* registrations and messages refused: a peer may repeat them */
     int servers_registered, servers_ready;
     int assignment_dirty;
     zs_metrics *metrics;
@@ -264,10 +269,8 @@ static void send_restore(coord *co, const zs_ctrl_peer *to, long version, const 
  * registered: once all S servers registered (restore 0), or at the end of a recovery (restore
  * 1: the map's servers get a Restore and the map, workers registered meanwhile the job).
  */
-static zs_err make_map(coord *co, int restore)
+static zs_err build_map(coord *co, int restore, uint32_t *ids, const char **eps)
 {
-    uint32_t ids[MAX_PEERS];
-    const char *eps[MAX_PEERS];
     int n = 0;
     size_t sf = co->cfg.cluster.shard_bytes / sizeof(float);
     int max = (int)((co->tt.total + sf - 1) / sf); /* a server without a shard stays a spare */
@@ -322,6 +325,19 @@ static zs_err make_map(coord *co, int restore)
     return ZS_OK;
 }
 
+/* build_map with room for every server's id and endpoint. */
+static zs_err make_map(coord *co, int restore)
+{
+    size_t n = (size_t)(co->n_peers ? co->n_peers : 1);
+    uint32_t *ids = malloc(n * sizeof *ids);
+    const char **eps = malloc(n * sizeof *eps);
+    zs_err res = ids && eps ? build_map(co, restore, ids, eps)
+                            : zs_error(ZS_ERR_NOMEM, "coord: out of memory for the shard map");
+    free(ids);
+    free(eps);
+    return res;
+}
+
 /* Whether peer pi is a server of the current map (not a spare, not gone). */
 static int in_map(const coord *co, int pi)
 {
@@ -345,19 +361,45 @@ static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Regis
     env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
     env.registration_reply = &rr;
     const char *refusal = NULL;
-    if (r->role == ZSHARD__ROLE__ROLE_SERVER && live_servers(co) >= 2 * co->opts->servers)
+    char why[160];
+    /* One registration per connection: a peer that registers again on the same socket (a
+     * flood, or a confused client) gets a refusal, not another entry. */
+    for (int i = co->n_peers - 1; i >= 0 && !refusal; i--)
+        if (!co->peers[i].gone && co->peers[i].peer.len == from->len &&
+            memcmp(co->peers[i].peer.id, from->id, from->len) == 0) {
+            snprintf(why, sizeof why, "this connection is registered already (as %d)", i + 1);
+            refusal = why;
+        }
+    int live = 0;
+    for (int i = 0; i < co->n_peers; i++)
+        live += !co->peers[i].gone;
+    if (refusal)
+        ; /* the one above */
+    else if (r->role == ZSHARD__ROLE__ROLE_SERVER && live_servers(co) >= 2 * co->opts->servers)
         refusal = "all servers of this job and as many spares are registered";
     else if (r->role == ZSHARD__ROLE__ROLE_SERVER && r->n_endpoints < 1)
         refusal = "a server must give its data-plane endpoint";
-    else if (co->n_peers >= MAX_PEERS)
-        refusal = "too many peers";
+    else if (live >= MAX_PEERS)
+        refusal = "too many peers at once";
+    else if (co->n_peers >= MAX_IDS)
+        refusal = "no member ids left in this job";
+    else if (co->n_peers == co->cap_peers) {
+        int cap = co->cap_peers ? 2 * co->cap_peers : 64;
+        peer_entry *grown = realloc(co->peers, (size_t)cap * sizeof *grown);
+        if (grown) {
+            co->peers = grown;
+            co->cap_peers = cap;
+        } else {
+            refusal = "the coordinator is out of memory for another peer";
+        }
+    }
     if (refusal) {
         rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
         rr.refusal = (char *)refusal;
         rr.has_code = 1;
         rr.code = ZSHARD__ERROR_CODE__ERROR_REFUSED;
-        ZS_WARN("coord: refused a %s: %s", r->role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "peer",
-                refusal);
+        zs_log_limited(&co->refused_log, ZS_LOG_WARN, "coord: refused a %s: %s",
+                       r->role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "peer", refusal);
         send_env(co, from, &env);
         return;
     }
@@ -1513,7 +1555,8 @@ static zs_err coord_setup(coord *co)
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", co->opts->out_dir);
     ZS_CHECK(zs_metrics_open(path, co->start_step > 0 ? co->start_step : -1, &co->metrics));
-    co->peers = calloc(MAX_PEERS, sizeof *co->peers);
+    co->cap_peers = 64;
+    co->peers = calloc((size_t)co->cap_peers, sizeof *co->peers);
     if (!co->peers)
         return zs_error(ZS_ERR_NOMEM, "coord: out of memory");
     co->ctx = (zs_msg_ctx){.self = ZS_MSG_COORDINATOR,
@@ -1533,7 +1576,7 @@ static zs_err coord_setup(coord *co)
 /* A message that zs_ctrl_recv or zs_msg_decode refused, the reason in zs_last_error(). */
 static void on_refused(coord *co, const zs_ctrl_peer *from)
 {
-    ZS_WARN("coord: refused a message: %s", zs_last_error());
+    zs_log_limited(&co->refused_log, ZS_LOG_WARN, "coord: refused a message: %s", zs_last_error());
     if (from->len)
         send_error(co, from,
                    strstr(zs_last_error(), "protocol version")

@@ -41,6 +41,13 @@
 #include "transport/transport.h"
 
 #define SCRATCH_BUFFERS 8
+/* Scratch buffers one member (all its streams together) may hold at once: one that sends
+ * push headers and then no payload cannot take them all. */
+#define SCRATCH_PER_MEMBER 2
+/* A push payload must arrive within PAYLOAD_BASE_MS plus its length at PAYLOAD_MIN_RATE bytes
+ * per ms (10 MB/s); a stream slower than that is closed and its buffer freed. */
+#define PAYLOAD_BASE_MS 10000
+#define PAYLOAD_MIN_RATE 10000
 #define MAX_EVENTS 64
 #define POLL_MS 2              /* data-plane wait per turn; bounds control-plane latency */
 #define MAX_HELD 65536         /* fetches of the next version held at once */
@@ -69,7 +76,9 @@ typedef struct {
     float *buf;
     zs_mr *mr;
     int busy;
-    zs_conn *conn; /* the push it is receiving */
+    zs_conn *conn;     /* the push it is receiving */
+    uint32_t member;   /* whose push */
+    uint64_t since_ms; /* when its payload started */
     zs_frame frame;
 } scratch;
 
@@ -324,12 +333,37 @@ static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
     }
 }
 
-static int free_scratch(server *sv)
+/* A free scratch buffer for a push by member, or -1 (none free, or the member holds its
+ * share). */
+static int free_scratch(server *sv, uint32_t member)
 {
-    for (int i = 0; i < SCRATCH_BUFFERS; i++)
-        if (!sv->pool[i].busy)
-            return i;
-    return -1;
+    int free_slot = -1, held = 0;
+    for (int i = 0; i < SCRATCH_BUFFERS; i++) {
+        if (!sv->pool[i].busy && free_slot < 0)
+            free_slot = i;
+        held += sv->pool[i].busy && sv->pool[i].member == member;
+    }
+    return held < SCRATCH_PER_MEMBER ? free_slot : -1;
+}
+
+/* Closes the streams whose push payload is overdue (their buffers come back when the failed
+ * receive is reported). */
+static void expire_payloads(server *sv)
+{
+    uint64_t now = now_ms(sv);
+    for (int i = 0; i < SCRATCH_BUFFERS; i++) {
+        scratch *s = &sv->pool[i];
+        uint64_t limit = PAYLOAD_BASE_MS + s->frame.length / PAYLOAD_MIN_RATE;
+        if (!s->busy || !s->conn || now - s->since_ms <= limit)
+            continue;
+        zs_log_limited(&sv->refused_log, ZS_LOG_WARN,
+                       "server %u: push from %s (member %u): %llu payload bytes not in after "
+                       "%llu ms; connection closed",
+                       sv->id, sv->ops->conn_peer(s->conn), s->member,
+                       (unsigned long long)s->frame.length, (unsigned long long)limit);
+        doom(sv, s->conn);
+        s->conn = NULL;
+    }
 }
 
 /* Whether a push header can be taken now: PUSH_TAKE, PUSH_DEFER (its chunk has no owner here
@@ -400,6 +434,8 @@ static void start_push(server *sv, zs_conn *c, const zs_frame *f, int slot)
     }
     s->busy = 1;
     s->conn = c;
+    s->member = sv->ops->conn_member(c);
+    s->since_ms = now_ms(sv);
     s->frame = *f;
 }
 
@@ -411,7 +447,7 @@ static void drain_waiting(server *sv)
     int j = 0;
     for (int i = 0; i < sv->n_waiting; i++) {
         waiting_push w = sv->waiting[i];
-        int slot = free_scratch(sv);
+        int slot = free_scratch(sv, sv->ops->conn_member(w.conn));
         int verdict = slot >= 0 ? push_check(sv, &w) : PUSH_DEFER;
         if (verdict == PUSH_TAKE)
             start_push(sv, w.conn, &w.frame, slot);
@@ -1568,6 +1604,7 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
     ZS_CHECK(sv->ops->poll(sv->net, evs, MAX_EVENTS, timeout_ms, &n));
     for (int i = 0; i < n; i++)
         on_data_event(sv, &evs[i]);
+    expire_payloads(sv);
     for (int i = 0; i < sv->n_doomed; i++) {
         forget_conn(sv, sv->doomed[i]);
         sv->ops->conn_close(sv->doomed[i]);
