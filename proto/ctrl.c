@@ -30,6 +30,7 @@
 #define CURVE_KEY 32 /* bytes of a CURVE public or secret key */
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define ZAP_DOMAIN "zshard"
+#define CTRL_CLOSE_LINGER_MS 200
 
 struct zs_ctrl {
     void *ctx;
@@ -302,8 +303,14 @@ void zs_ctrl_close(zs_ctrl *c)
 {
     if (!c)
         return;
-    if (c->sock)
+    if (c->sock) {
+        /* The last messages (a peer's leaving notice, the coordinator's shutdowns) still go
+         * out, for at most CTRL_CLOSE_LINGER_MS: closing must not lose them, nor wait long for
+         * a peer that is gone. */
+        int linger = CTRL_CLOSE_LINGER_MS;
+        zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
         zmq_close(c->sock);
+    }
     /* Ending the context makes the ZAP thread's receive fail with ETERM; it returns, and its
      * socket is closed here once it has (zmq_ctx_shutdown does not wait for sockets, and a
      * socket belongs to one thread at a time). */

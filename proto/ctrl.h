@@ -37,6 +37,7 @@ zs_err zs_ctrl_bind(const char *endpoint, const zs_secret *secret, zs_ctrl **out
 zs_err zs_ctrl_connect(const char *endpoint, const zs_secret *secret, zs_ctrl **out);
 /* The endpoint actually bound ("tcp://127.0.0.1:40123"). */
 const char *zs_ctrl_endpoint(const zs_ctrl *c);
+/* Closes the socket; messages still queued get at most 200 ms to leave. */
 void zs_ctrl_close(zs_ctrl *c);
 
 /* Encodes and sends env (to `to` on a ROUTER; to is ignored on a DEALER).  Does not block:

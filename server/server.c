@@ -31,6 +31,7 @@
 
 #include "common/ckpt.h"
 #include "common/log.h"
+#include "common/memlimit.h"
 #include "common/modelfile.h"
 #include "common/shardmap.h"
 #include "proto/ctrl.h"
@@ -101,6 +102,7 @@ struct zs_server {
     uint8_t *gone;
     uint32_t cap_gone;
     zs_log_limit refused_log;
+    int told_to_stop; /* the coordinator ended, aborted or refused us: it knows why */
 
     zs_config cfg;
     zs_tensor_table tt;
@@ -1217,6 +1219,19 @@ static zs_err setup_shards(server *sv)
         sv->old_store = sv->old_replica = NULL;
         ZS_INFO("server %u: restored from memory at version %ld", sv->id, sv->memory_version);
     } else {
+        /* Say so before allocating if it cannot fit: fp32 weights, both moments and the
+         * accumulator, and the bf16 copy (18 bytes a float), as much again for a replica
+         * (shards are balanced), and the --init vector while it is read. */
+        uint64_t floats = 0;
+        for (int i = 0; i < count; i++)
+            floats += sv->local[i].end - sv->local[i].begin;
+        uint64_t need = floats * 18 * (sv->cfg.checkpoint.replicas > 0 ? 2 : 1) +
+                        (sv->job.resume_step == 0 && sv->opts->init_dir ? sv->tt.total * 4 : 0);
+        char who[32], what[96];
+        snprintf(who, sizeof who, "server %u", sv->id);
+        snprintf(what, sizeof what, "%d shards (weights, moments, gradients%s)", count,
+                 sv->cfg.checkpoint.replicas > 0 ? " and a replica" : "");
+        ZS_CHECK(zs_mem_check(who, what, need));
         ZS_CHECK(
             zs_store_create(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, &sv->store));
         float *full = NULL;
@@ -1308,6 +1323,7 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
     case ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY: {
         const Zshard__RegisterReply *r = env->registration_reply;
         if (r->outcome_case != ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID) {
+            sv->told_to_stop = 1;
             sv->result = zs_error(ZS_ERR_INVALID,
                                   "server: the coordinator refused "
                                   "registration: %s",
@@ -1401,6 +1417,7 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
         return;
     }
     case ZSHARD__ENVELOPE__BODY_SHUTDOWN:
+        sv->told_to_stop = 1;
         ZS_INFO("server %u: shutdown: %s", sv->id,
                 env->shutdown->reason ? env->shutdown->reason : "");
         if (env->shutdown->kind == ZSHARD__SHUTDOWN_KIND__SHUTDOWN_ABORT)
@@ -1413,6 +1430,7 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
         if (sv->id && env->error->code == ZSHARD__ERROR_CODE__ERROR_NOT_REGISTERED) {
             /* A coordinator that does not know our id is not the one we joined: it was
              * restarted, and its job has other servers (or will restore from a checkpoint). */
+            sv->told_to_stop = 1;
             sv->result = zs_error(ZS_ERR_INVALID,
                                   "server %u: the coordinator does not know this server (it "
                                   "was restarted?): %s",
@@ -1668,13 +1686,20 @@ long zs_server_version(const zs_server *sv)
     return sv->store ? zs_store_version(sv->store) : -1;
 }
 
-/* Tells the coordinator that this server leaves (it was stopped by a signal). */
-static void send_leaving(server *sv)
+/* Tells the coordinator that this server leaves, and why (a signal, or the failure that ends
+ * it: the coordinator's log and `zshard status` then show the reason instead of a silence). */
+static void send_leaving(server *sv, const char *why)
 {
     Zshard__Shutdown s = ZSHARD__SHUTDOWN__INIT;
+    char reason[1024];
+    /* Most failures name this server already ("server 2: ..."). */
+    char self[32];
+    int n = snprintf(self, sizeof self, "server %u:", sv->id);
+    snprintf(reason, sizeof reason, "%s%s%s", strncmp(why, self, (size_t)n) ? self : "",
+             strncmp(why, self, (size_t)n) ? " " : "", why);
     s.has_kind = 1;
     s.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_LEAVING;
-    s.reason = (char *)"signal";
+    s.reason = reason;
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
     env.shutdown = &s;
@@ -1690,8 +1715,15 @@ zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
         ZS_CHECK_GOTO(zs_server_turn(sv, POLL_MS), res, out);
     res = sv->result;
     if (stop_flag && *stop_flag && sv->id)
-        send_leaving(sv);
+        send_leaving(sv, "stopped by a signal");
 out:
+    /* A failure of our own (not the coordinator ending or refusing the job) is told to it. */
+    if (res != ZS_OK && sv->id && !sv->told_to_stop) {
+        char why[900];
+        snprintf(why, sizeof why, "%s", zs_last_error());
+        send_leaving(sv, why);
+        zs_error(res, "%s", why);
+    }
     zs_server_close(sv);
     return res;
 }

@@ -117,7 +117,15 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
     return ZS_OK;
 nomem:
     zs_store_free(st);
-    return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for %d shards", n);
+    {
+        /* What the arrays needed: param, m, v, the accumulator (fp32) and the bf16 copy. */
+        size_t floats = 0;
+        for (int i = 0; i < n; i++)
+            floats += ranges[i].end - ranges[i].begin;
+        double gib = arrays ? (double)floats * (4 * 4 + 2) / (double)(1u << 30) : 0.0;
+        return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for %d shards (needs %.2f GiB)",
+                        n, gib);
+    }
 }
 
 zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,

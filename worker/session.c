@@ -21,6 +21,8 @@ struct zs_session {
     zs_ctrl *ctrl;
     const zs_secret *secret; /* the job's, or insecure: the control plane authenticates with it */
     zs_auth auth;            /* our data-plane identity: the id and token the coordinator gave */
+    char
+        connect_error[512]; /* why the servers of the map could not be reached ("" if they could) */
     uint32_t id;
     zs_config cfg;
     zs_tensor_table tt;
@@ -65,7 +67,15 @@ static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
         snprintf(s->endpoints[i], sizeof s->endpoints[i], "%s", m->servers[i]->endpoint);
         eps[i] = s->endpoints[i];
     }
-    ZS_CHECK(zs_client_open(&s->map, eps, &s->auth, 0, &s->client));
+    if (zs_client_open(&s->map, eps, &s->auth, 0, &s->client) != ZS_OK) {
+        /* A server of the map may have just died (the coordinator then tells us to register
+         * again) or be unreachable: wait for the coordinator's word rather than fail, and say
+         * why if it never comes. */
+        snprintf(s->connect_error, sizeof s->connect_error, "%s", zs_last_error());
+        ZS_WARN("worker %u: %s; waiting for the coordinator", s->id, s->connect_error);
+        s->client = NULL;
+        return ZS_OK;
+    }
     if (!(s->given = calloc((size_t)s->cfg.chunks, 1)))
         return zs_error(ZS_ERR_NOMEM, "worker: out of memory");
     Zshard__DataCheck dc = ZSHARD__DATA_CHECK__INIT;
@@ -261,6 +271,11 @@ static zs_err open_once(const char *coord, const zs_secret *secret, const char *
                                      : zs_error(ZS_ERR_INVALID, "worker: the job ended");
         goto fail;
     }
+    if (!s->client && s->connect_error[0]) {
+        res = zs_error(ZS_ERR_IO, "worker: %s (and no new map from the coordinator within %d ms)",
+                       s->connect_error, timeout_ms);
+        goto fail;
+    }
     if (!s->client) {
         res = zs_error(ZS_ERR_IO, "worker: no job from the coordinator at %s within %d ms", coord,
                        timeout_ms);
@@ -299,8 +314,7 @@ void zs_session_close(zs_session *s)
         Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
         env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
         env.shutdown = &sd;
-        send_env(s, &env);
-        usleep(50000); /* let ZeroMQ hand it over before the socket closes (linger 0) */
+        send_env(s, &env); /* zs_ctrl_close lets it go out before the socket closes */
     }
     zs_client_close(s->client);
     zs_ctrl_close(s->ctrl);
