@@ -1,11 +1,14 @@
 # zshard status against a running job: the phase while the job waits for workers, a worker
 # that joins (active, chunks, heartbeat age), the newest checkpoint and why a later one failed,
-# a worker killed with SIGKILL (gone, with the reason, after the heartbeat timeout) and the job
-# that goes on without it; --json and the table; no answer once the coordinator is gone (exit
-# 1, named); usage errors.
+# a worker killed with SIGKILL (gone, with the reason: its connection closed, long before the
+# heartbeat timeout) and the job that goes on without it; --json and the table; no answer once
+# the coordinator is gone (exit 1, named); usage errors.
 source "$(dirname "$0")/lib.sh"
 
-sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 800}, "elasticity": {"enabled": true}, "checkpoint": {"interval_steps": 5}/' \
+# The heartbeat timeout (60 s) is far beyond any wait below: a member declared gone here was
+# seen to go (its connection closed), never merely late (a worker the machine starved of CPU
+# for a moment), so that the reason the test expects is the only one it can get.
+sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 60000}, "elasticity": {"enabled": true}, "checkpoint": {"interval_steps": 5}/' \
   "$DATA/tiny.json" > "$WORK/cfg.json"
 # Checkpoint 5 commits; a file in the way of each later step directory but the last (400) makes
 # every later checkpoint fail, so that status reports both the newest checkpoint and a failure.
@@ -62,11 +65,12 @@ grep -qE '^step [0-9]+ of 400, (computing|gradient norm|optimizer step|waiting f
   "$WORK/out.txt" || fail "the table's first line: $(head -n 1 "$WORK/out.txt")"
 
 # A second worker, then the first one killed: it is declared gone with the reason, and the
-# job goes on with the second.
+# job goes on with the second.  Both are active in the last status before the kill, so the
+# "gone" that follows is the kill's.
 "$ZSHARD" worker --coord "$EP" --threads 1 2>"$WORK/w2.log" &
 W2=$!
 PIDS+=($W2)
-status_until "\"pid\":$W2,[^}]*\"chunks_done\":[1-9]"
+status_until "\"state\":\"active\",[^}]*\"pid\":$W1,.*\"state\":\"active\",[^}]*\"pid\":$W2,[^}]*\"chunks_done\":[1-9]"
 kill -9 "$W1"
 status_until "\"state\":\"gone\",[^}]*\"pid\":$W1,"
 # Its connection closed with it: the coordinator saw that and did not wait for the timeout.

@@ -86,13 +86,18 @@ static void compute_chunk(worker *w, long step, int chunk)
     CHECK_OK(zs_session_chunk_done(w->s, step, chunk, loss, NULL));
 }
 
-static void worker_turn(worker *w)
+/* Waits a little for chunks to compute: 1 if some came (in *a). */
+static int worker_next(worker *w, zs_assignment *a)
 {
-    zs_assignment a;
     int got = 0;
-    CHECK_OK(zs_session_next(w->s, 5, &a, &got, &w->ended));
-    for (int i = 0; got && i < a.n; i++)
-        compute_chunk(w, a.step, a.chunks[i]);
+    CHECK_OK(zs_session_next(w->s, 5, a, &got, &w->ended));
+    return got;
+}
+
+static void worker_compute(worker *w, const zs_assignment *a)
+{
+    for (int i = 0; i < a->n; i++)
+        compute_chunk(w, a->step, a->chunks[i]);
 }
 
 static void worker_free(worker *w)
@@ -188,6 +193,46 @@ static void check_strangers(const char *ep)
     zmq_ctx_term(ctx);
 }
 
+/* Asks the coordinator for its status (over c, which holds the job secret) and finds member
+ * id there: 1 with its state and reason (copied into why), 0 if no StatusReply came within
+ * 10 s or it does not list the member. */
+static int member_status(zs_ctrl *c, uint32_t id, Zshard__MemberState *state, char *why, size_t cap)
+{
+    Zshard__StatusRequest q = ZSHARD__STATUS_REQUEST__INIT;
+    Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
+    env.body_case = ZSHARD__ENVELOPE__BODY_STATUS_REQUEST;
+    env.status_request = &q;
+    if (zs_ctrl_send_as(c, NULL, 0, &env) != ZS_OK) {
+        fprintf(stderr, "test_coord: status request: %s\n", zs_last_error());
+        return 0;
+    }
+    zs_msg_ctx ctx = {.self = ZS_MSG_WORKER};
+    int found = 0;
+    uint64_t until = zs_now_ms() + 10000;
+    while (zs_now_ms() < until) {
+        Zshard__Envelope *r = NULL;
+        if (zs_ctrl_recv(c, 100, &ctx, NULL, &r) != ZS_OK || !r)
+            continue;
+        if (r->body_case == ZSHARD__ENVELOPE__BODY_STATUS_REPLY) {
+            for (size_t i = 0; i < r->status_reply->n_members; i++) {
+                const Zshard__MemberStatus *m = r->status_reply->members[i];
+                if (m->id != id)
+                    continue;
+                *state = m->state;
+                snprintf(why, cap, "%s", m->reason ? m->reason : "");
+                found = 1;
+            }
+            zs_msg_free(r);
+            if (!found)
+                fprintf(stderr, "test_coord: the status lists no member %u\n", id);
+            return found;
+        }
+        zs_msg_free(r);
+    }
+    fprintf(stderr, "test_coord: no StatusReply within 10 s\n");
+    return 0;
+}
+
 static pid_t spawn(char *const argv[])
 {
     pid_t p = fork();
@@ -213,7 +258,10 @@ static int wait_exit(pid_t p, int seconds)
 
 /* hung: the last worker registers, takes its chunks and then stops (no heartbeats): the
  * coordinator must declare it dead after cluster.heartbeat_timeout_ms and give its chunks to
- * the others, with the same result. */
+ * the others, with the same result.  That it did is read from the coordinator's status, asked
+ * whenever a live worker gets chunks until the hung one shows as gone: the chunks the hung
+ * worker held come to a live one only after that, and the job cannot end before they are
+ * done, so the coordinator is still there to answer. */
 static void run(const char *zshard, const char *work, int S, int W, int bad_worker, int hung)
 {
     char *level = getenv("ZS_TEST_LOG") ? getenv("ZS_TEST_LOG") : "warn";
@@ -238,10 +286,18 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
                      "--steps",      steps,       "--out",    out,      "--log-level",
                      level,          NULL};
     pid_t coord = spawn(cargv);
-    /* Random bytes to the coordinator's port: refused (ZeroMQ may even frame some of them as
-     * messages, which the coordinator then refuses one by one); the job goes on. */
-    usleep(200000);
-    zs_test_send_garbage(zs_test_port_of(ep), (uint64_t)S, 1);
+    /* Random bytes to the coordinator's port, once it listens: the connection is closed
+     * (ZeroMQ may even frame some of them as messages, which the coordinator then refuses one
+     * by one); the job goes on. */
+    int listening = zs_test_wait_listening(zs_test_port_of(ep), 15000);
+    if (!listening)
+        fprintf(stderr, "test_coord: the coordinator does not listen on %s after 15 s\n", ep);
+    CHECK(listening);
+    int garbage = zs_test_send_garbage(zs_test_port_of(ep), (uint64_t)S, 30);
+    if (garbage != 1)
+        fprintf(stderr, "test_coord: random bytes to %s: %s\n", ep,
+                garbage < 0 ? "no connection" : "not closed within 30 s");
+    CHECK_EQ_INT(garbage, 1);
     if (S == 1)
         check_strangers(ep);
     check_version_refusal(ep);
@@ -268,19 +324,39 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     worker ws[MAXW];
     for (int i = 0; i < W; i++)
         worker_open(&ws[i], ep);
-    uint64_t deadline = zs_now_ms() + 120000, start = zs_now_ms();
+    zs_ctrl *status = NULL;
+    if (hung)
+        CHECK_OK(zs_ctrl_connect(ep, &job_secret, &status));
+    uint32_t hung_id = hung && ws[W - 1].s ? zs_session_id(ws[W - 1].s) : 0;
+    Zshard__MemberState hung_state = ZSHARD__MEMBER_STATE__MEMBER_STATE_UNSPECIFIED;
+    char hung_why[400] = "";
+    uint64_t deadline = zs_now_ms() + 120000;
     int all_ended = 0;
     while (!all_ended && zs_now_ms() < deadline) {
         all_ended = 1;
         for (int i = 0; i < W - hung; i++)
             if (ws[i].s && !ws[i].ended) {
-                worker_turn(&ws[i]);
+                zs_assignment a;
+                if (worker_next(&ws[i], &a)) {
+                    if (status && hung_state != ZSHARD__MEMBER_STATE__MEMBER_GONE)
+                        member_status(status, hung_id, &hung_state, hung_why, sizeof hung_why);
+                    worker_compute(&ws[i], &a);
+                }
                 all_ended = 0;
             }
     }
     CHECK(all_ended);
-    if (hung) /* the job had to wait for the timeout before it could finish */
-        CHECK(zs_now_ms() - start >= 1500);
+    if (hung) { /* the job went on only once the coordinator had declared the hung worker dead */
+        if (hung_state != ZSHARD__MEMBER_STATE__MEMBER_GONE ||
+            !strstr(hung_why, "no heartbeat within the timeout"))
+            fprintf(stderr,
+                    "test_coord: hung worker %u: last state %d (%s), expected gone for "
+                    "\"no heartbeat within the timeout\"\n",
+                    hung_id, (int)hung_state, hung_why);
+        CHECK_EQ_INT(hung_state, ZSHARD__MEMBER_STATE__MEMBER_GONE);
+        CHECK(strstr(hung_why, "no heartbeat within the timeout") != NULL);
+    }
+    zs_ctrl_close(status);
     for (int i = 0; i < W; i++)
         worker_free(&ws[i]);
     CHECK_EQ_INT(wait_exit(coord, 30), 0);

@@ -187,6 +187,8 @@ static void shuffle(sched *g, int *v, int n)
     }
 }
 
+/* A seeded pause of MODE_CONCURRENT's schedule (what makes pieces of the chunks interleave at
+ * the servers).  Never a wait for something to happen: no check depends on its length. */
 static void sleep_ms(int ms)
 {
     if (ms > 0)
@@ -248,7 +250,7 @@ static void *sender_main(void *arg)
     int *order = malloc((size_t)map->n_shards * sizeof *order);
     int counted = 0;
     zs_auth auth = auth_of(j->sender);
-    if (!order || zs_client_open(map, j->eps, &auth, 0, &cl) != ZS_OK ||
+    if (!order || zs_client_open(map, j->eps, &auth, NULL, &cl) != ZS_OK ||
         zs_client_register(cl, (void *)j->grad, j->N * sizeof *j->grad) != ZS_OK) {
         j->failures++;
         snprintf(j->error, sizeof j->error, "worker %u: client: %s", j->sender,
@@ -283,8 +285,17 @@ static void *sender_main(void *arg)
     if (j->late_duplicate) {
         /* After every other sender's last piece: all of this chunk again, every piece a
          * duplicate the servers must drop. */
-        for (int t = 0; t < 20000 && atomic_load(j->first_done) < j->n_senders; t++)
-            sleep_ms(1);
+        uint64_t until = zs_now_ms() + 20000;
+        while (atomic_load(j->first_done) < j->n_senders && zs_now_ms() < until)
+            usleep(1000);
+        if (atomic_load(j->first_done) < j->n_senders) {
+            if (j->failures++ == 0)
+                snprintf(j->error, sizeof j->error,
+                         "worker %u chunk %d: the other senders were not done within 20 s "
+                         "(%d of %d)",
+                         j->sender, j->chunk, atomic_load(j->first_done), j->n_senders);
+            goto out;
+        }
         sleep_ms(sched_int(&j->rng, 2, 10));
         sender_push(j, cl, 0, j->N);
     }
@@ -349,14 +360,47 @@ static int connect_raw(const char *endpoint)
 }
 
 /*
+ * The server's end of our connection fd to the server listening on port, as /proc/net/tcp
+ * shows it, polled every millisecond until the server has accepted it (its socket has an
+ * inode) or has closed it already, and with `taken_in` until it has also read every byte sent
+ * so far.  Returns 1 once it is so, with *inode the server's socket (0: the server closed it
+ * already), or 0 after 10 s (said on stderr).
+ */
+static int wait_server_end(int port, int fd, int taken_in, unsigned long *inode)
+{
+    int mine = zs_test_local_port(fd);
+    uint64_t until = zs_now_ms() + 10000;
+    *inode = 0;
+    for (;;) {
+        zs_test_tcp_end e = zs_test_tcp_lookup(port, mine);
+        if (!zs_test_tcp_open(&e))
+            return 1; /* closed by the server */
+        if (e.inode && (!taken_in || e.rx == 0)) {
+            *inode = e.inode;
+            return 1;
+        }
+        if (zs_now_ms() >= until) {
+            fprintf(stderr,
+                    "test_server: server port %d: the connection from port %d is %s after 10 s "
+                    "(state %d, %lu bytes unread)\n",
+                    port, mine, e.inode ? "still not read" : "still not accepted", e.state, e.rx);
+            return 0;
+        }
+        usleep(1000);
+    }
+}
+
+/*
  * A peer that goes away mid-frame: sends the first `cut` bytes (cut < 64 + payload) of a
  * valid PUSH of [b, b + count) for (step, chunk) from `sender`, whose payload is huge values
- * that would show in any weight they reached; then, after `linger_ms` (time for the server
- * to take in the header and start on the payload), closes with a FIN, or a RST if `reset`.
- * Returns 1 if the bytes went out.
+ * that would show in any weight they reached; then, once the server has accepted the stream
+ * (and, with `taken_in`, read all of those bytes), closes with a FIN, or a RST if `reset`.
+ * Returns 1 if the bytes went out and the server took the stream, with *inode the server's
+ * socket for it (0 if the server closed it already).
  */
 static int push_cut(const char *endpoint, long step, int chunk, uint32_t sender, size_t b,
-                    size_t count, size_t cut, int linger_ms, int reset, uint64_t id)
+                    size_t count, size_t cut, int taken_in, int reset, uint64_t id,
+                    unsigned long *inode)
 {
     zs_frame f = {.op = ZS_OP_PUSH,
                   .dtype = ZS_DTYPE_F32,
@@ -386,8 +430,7 @@ static int push_cut(const char *endpoint, long step, int chunk, uint32_t sender,
             goto out;
         sent += (size_t)w;
     }
-    ok = 1;
-    sleep_ms(linger_ms);
+    ok = wait_server_end(zs_test_port_of(endpoint), fd, taken_in, inode);
     if (reset) {
         struct linger l = {.l_onoff = 1, .l_linger = 0};
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
@@ -403,7 +446,10 @@ out:
  * with the owner's id, cut at a seeded place of the kind `i` names. */
 static void push_cuts(rig *r, long step, const uint32_t *owner, sched *g, int first, int n)
 {
-    for (int i = first; i < first + n; i++) {
+    enum { MAX_CUTS = 16 };
+    unsigned long inode[MAX_CUTS] = {0};
+    pid_t holder[MAX_CUTS] = {0};
+    for (int i = first; i < first + n && i - first < MAX_CUTS; i++) {
         const zs_shard *sh = &r->map.shards[sched_int(g, 0, r->map.n_shards - 1)];
         size_t len = sh->end - sh->begin;
         size_t lo = (size_t)(sched_next(g) % (len / 2 + 1)),
@@ -430,13 +476,68 @@ static void push_cuts(rig *r, long step, const uint32_t *owner, sched *g, int fi
             cut = ZS_FRAME_HEADER_BYTES + (size_t)(sched_next(g) % payload);
             break;
         }
-        int reset = (int)(sched_next(g) % 2), linger = sched_int(g, 0, 1) * 10;
-        CHECK(push_cut(r->endpoint[sh->server], step, chunk, owner[chunk], b, count, cut, linger,
-                       reset, 0xc070000u + (uint64_t)i));
+        int reset = (int)(sched_next(g) % 2), taken_in = sched_int(g, 0, 1);
+        CHECK(push_cut(r->endpoint[sh->server], step, chunk, owner[chunk], b, count, cut, taken_in,
+                       reset, 0xc070000u + (uint64_t)i, &inode[i - first]));
+        holder[i - first] = r->reg_pid[sh->server];
     }
-    sleep_ms(20); /* the servers see the connections end before anything else */
+    /* The servers see the connections end before anything else: each has closed its socket of
+     * every stream cut here. */
+    for (int k = 0; k < n && k < MAX_CUTS; k++) {
+        uint64_t until = zs_now_ms() + 10000;
+        while (inode[k] && zs_test_holds_socket(holder[k], inode[k]) && zs_now_ms() < until)
+            usleep(1000);
+        if (inode[k] && zs_test_holds_socket(holder[k], inode[k])) {
+            fprintf(stderr,
+                    "test_server: step %ld: server pid %d still holds the stream cut %d "
+                    "(socket %lu) 10 s after it ended\n",
+                    step, (int)holder[k], first + k, inode[k]);
+            CHECK(0);
+        }
+    }
     for (int s = 0; s < r->S; s++)
         CHECK_EQ_INT(waitpid(r->pid[s], NULL, WNOHANG), 0); /* still running */
+}
+
+/*
+ * Waits until every server has taken step's assignment (the StepAssign messages travel over the
+ * control plane, the pushes over the data plane): the owner of each chunk pushes to each
+ * server a range that crosses a shard boundary.  A server holds such a push while the chunk
+ * has no owner there and refuses it as a bad range once the sender is the owner, so the answer
+ * comes only after the assignment did; nothing reaches an accumulator.
+ */
+static void wait_assigned(rig *r, long step, const uint32_t *owner, zs_mr *send_mr, zs_mr *recv_mr)
+{
+    for (int s = 0; s < r->S; s++) {
+        int k = 0;
+        while (k < r->map.n_shards && r->map.shards[k].server != s)
+            k++;
+        if (k == r->map.n_shards) {
+            fprintf(stderr, "test_server: server %d holds no shard\n", s);
+            CHECK(0);
+            continue;
+        }
+        const zs_shard *sh = &r->map.shards[k];
+        size_t at = k + 1 < r->map.n_shards ? sh->end : sh->begin; /* a boundary inside N */
+        for (int c = 0; c < C; c++) {
+            zs_frame f = {.op = ZS_OP_PUSH,
+                          .dtype = ZS_DTYPE_F32,
+                          .step = (uint64_t)step,
+                          .chunk = (uint32_t)c,
+                          .sender = owner[c],
+                          .offset = at - 4,
+                          .count = 8,
+                          .length = 32};
+            zs_frame rep = request_as(r, s, owner[c], f, send_mr, 0, recv_mr, 0, 1 << 16);
+            int taken = rep.op == ZS_OP_ERROR && rep.status == ZS_FS_BAD_RANGE;
+            if (!taken)
+                fprintf(stderr,
+                        "test_server: S=%d step %ld: server %d has not taken the assignment of "
+                        "chunk %d to worker %u (probe answered op %d status %d)\n",
+                        r->S, step, s, c, owner[c], (int)rep.op, (int)rep.status);
+            CHECK(taken);
+        }
+    }
 }
 
 /*
@@ -491,7 +592,7 @@ static void failover(rig *r, const zs_trainer *tr, size_t N, const char *const *
     const float *want[3] = {tr->params, tr->m, tr->v};
     zs_client *cl = NULL;
     zs_auth wa = auth_of(WORKER);
-    CHECK_OK(zs_client_open(&m2, eps, &wa, 0, &cl));
+    CHECK_OK(zs_client_open(&m2, eps, &wa, NULL, &cl));
     if (cl)
         CHECK_OK(zs_client_register(cl, got, N * 4));
     for (int a = 0; a < 3 && cl; a++) {
@@ -579,7 +680,8 @@ static void run(const char *zshard, int S, int replicas)
         r.pid[s] = fork();
         if (r.pid[s] == 0) {
             execl(zshard, zshard, "server", "--coord", zs_ctrl_endpoint(r.ctrl), "--listen",
-                  "127.0.0.1:0", "--threads", "1", "--log-level", "warn", (char *)NULL);
+                  "127.0.0.1:0", "--threads", "1", "--log-level",
+                  getenv("ZS_TEST_LOG") ? getenv("ZS_TEST_LOG") : "warn", (char *)NULL);
             _exit(127);
         }
     }
@@ -669,7 +771,7 @@ static void run(const char *zshard, int S, int replicas)
         CHECK_OK(ops->reg_mr(r.net, grads[c], N * 4, ZS_MR_SEND, &grads_mr[c]));
     }
     zs_client *cl;
-    CHECK_OK(zs_client_open(&r.map, eps, &wauth, 0, &cl));
+    CHECK_OK(zs_client_open(&r.map, eps, &wauth, NULL, &cl));
     CHECK_OK(zs_client_register(cl, params, N * 4));
     for (int c = 0; c < C; c++)
         CHECK_OK(zs_client_register(cl, grads[c], N * 4));
@@ -717,7 +819,9 @@ static void run(const char *zshard, int S, int replicas)
                 send_to(&r, s, &out);
             }
         }
-        usleep(100000);       /* the assignment travels on another socket than the pushes */
+        /* The assignment travels on another socket than the pushes: wait until every server
+         * has it. */
+        wait_assigned(&r, step, owner, grads_mr[0], reply_mr);
         if (mode == MODE_CUT) /* broken frames for owned chunks: their payload is lost */
             push_cuts(&r, step, owner, &g, 5, 5);
         memcpy(compute, params, N * 4);
@@ -840,7 +944,7 @@ static void run(const char *zshard, int S, int replicas)
         {
             zs_client *other;
             zs_auth oa = auth_of(WORKER + 7);
-            CHECK_OK(zs_client_open(&r.map, eps, &oa, 0, &other));
+            CHECK_OK(zs_client_open(&r.map, eps, &oa, NULL, &other));
             CHECK_OK(zs_client_register(other, grads[0], N * 4));
             zs_client_op *op;
             CHECK_OK(zs_client_push(other, 0, 8, step, 0, grads[0], &op));
@@ -938,8 +1042,12 @@ static void run(const char *zshard, int S, int replicas)
         if (r.pid[s] == 0)
             continue; /* killed (failover) */
         int status = -1;
-        for (int t = 0; t < 100 && waitpid(r.pid[s], &status, WNOHANG) == 0; t++)
-            usleep(100000);
+        uint64_t until = zs_now_ms() + 10000;
+        while (waitpid(r.pid[s], &status, WNOHANG) == 0 && zs_now_ms() < until)
+            usleep(10000);
+        if (status == -1)
+            fprintf(stderr, "test_server: server pid %d did not exit within 10 s of Shutdown\n",
+                    (int)r.pid[s]);
         if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
             kill(r.pid[s], SIGKILL);
             waitpid(r.pid[s], &status, 0);
