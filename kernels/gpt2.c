@@ -119,6 +119,58 @@ static zs_err check_tensor(const zs_tensor_table *tt, int block, zs_tensor_kind 
     return ZS_OK;
 }
 
+/* The activations' layout, in the order of gpt2_acts, each part rounded to 16 floats: with
+ * base, points a's arrays into base; returns the floats it takes (or would take). */
+static size_t acts_layout(gpt2_acts *a, float *base, size_t L, size_t C, size_t V, size_t NH,
+                          size_t max_b, size_t max_t)
+{
+    size_t N = max_b * max_t, T = max_t;
+    size_t att = max_b * NH * T * T;
+    struct {
+        float **p;
+        size_t n;
+    } parts[] = {
+        {&a->resid, (L + 1) * N * C},
+        {&a->ln1, L * N * C},
+        {&a->ln1_mean, L * N},
+        {&a->ln1_rstd, L * N},
+        {&a->qkv, L * N * 3 * C},
+        {&a->att, L * att},
+        {&a->atty, L * N * C},
+        {&a->res2, L * N * C},
+        {&a->ln2, L * N * C},
+        {&a->ln2_mean, L * N},
+        {&a->ln2_rstd, L * N},
+        {&a->fch, L * N * 4 * C},
+        {&a->fch_gelu, L * N * 4 * C},
+        {&a->lnf, N * C},
+        {&a->lnf_mean, N},
+        {&a->lnf_rstd, N},
+        {&a->proj, N * C},
+        {&a->logits, N * V},
+        {&a->losses, N},
+        {&a->dres, N * C},
+        {&a->dln, N * C},
+        {&a->dbig, N * 4 * C},
+        {&a->datt, att},
+    };
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (base)
+            *parts[i].p = base + at;
+        at += round16(parts[i].n);
+    }
+    return at;
+}
+
+size_t zs_gpt2_activation_bytes(const zs_model_config *cfg, int max_b, int max_t)
+{
+    gpt2_acts a;
+    return sizeof(float) * acts_layout(&a, NULL, (size_t)cfg->n_layer, (size_t)cfg->n_embd,
+                                       (size_t)cfg->vocab_size, (size_t)cfg->n_head, (size_t)max_b,
+                                       (size_t)max_t);
+}
+
 zs_err zs_gpt2_create(const zs_model_config *cfg, const zs_tensor_table *tt, int max_b, int max_t,
                       int threads, zs_gpt2 **out)
 {
@@ -184,39 +236,7 @@ zs_err zs_gpt2_create(const zs_model_config *cfg, const zs_tensor_table *tt, int
     memcpy(m->layer_begin, tt->layer_begin, (L + 3) * sizeof *m->layer_begin);
 
     /* Activations: one allocation, carved in the order of gpt2_acts. */
-    size_t N = (size_t)max_b * max_t, T = (size_t)max_t, NH = (size_t)m->NH;
-    size_t att = (size_t)max_b * NH * T * T;
-    struct {
-        float **p;
-        size_t n;
-    } parts[] = {
-        {&m->a.resid, (L + 1) * N * C},
-        {&m->a.ln1, L * N * C},
-        {&m->a.ln1_mean, L * N},
-        {&m->a.ln1_rstd, L * N},
-        {&m->a.qkv, L * N * 3 * C},
-        {&m->a.att, L * att},
-        {&m->a.atty, L * N * C},
-        {&m->a.res2, L * N * C},
-        {&m->a.ln2, L * N * C},
-        {&m->a.ln2_mean, L * N},
-        {&m->a.ln2_rstd, L * N},
-        {&m->a.fch, L * N * 4 * C},
-        {&m->a.fch_gelu, L * N * 4 * C},
-        {&m->a.lnf, N * C},
-        {&m->a.lnf_mean, N},
-        {&m->a.lnf_rstd, N},
-        {&m->a.proj, N * C},
-        {&m->a.logits, N * V},
-        {&m->a.losses, N},
-        {&m->a.dres, N * C},
-        {&m->a.dln, N * C},
-        {&m->a.dbig, N * 4 * C},
-        {&m->a.datt, att},
-    };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        total += round16(parts[i].n);
+    size_t total = acts_layout(&m->a, NULL, L, C, V, (size_t)m->NH, (size_t)max_b, (size_t)max_t);
     void *mem = NULL;
     if (posix_memalign(&mem, 64, total * sizeof(float)) != 0) {
         err = zs_error(ZS_ERR_NOMEM, "gpt2: out of memory for %zu MiB of activations",
@@ -224,11 +244,7 @@ zs_err zs_gpt2_create(const zs_model_config *cfg, const zs_tensor_table *tt, int
         goto fail;
     }
     m->mem = mem;
-    size_t at = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        *parts[i].p = m->mem + at;
-        at += round16(parts[i].n);
-    }
+    acts_layout(&m->a, m->mem, L, C, V, (size_t)m->NH, (size_t)max_b, (size_t)max_t);
     *out = m;
     return ZS_OK;
 

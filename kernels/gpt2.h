@@ -50,6 +50,10 @@ zs_err zs_gpt2_create(const zs_model_config *cfg, const zs_tensor_table *tt, int
                       int threads, zs_gpt2 **out);
 void zs_gpt2_free(zs_gpt2 *m);
 
+/* The bytes of activations zs_gpt2_create allocates for max_b x max_t (what a role checks
+ * against its memory limits before it starts). */
+size_t zs_gpt2_activation_bytes(const zs_model_config *cfg, int max_b, int max_t);
+
 /* Forward over b sequences of t tokens: inputs and targets are [b, t] token ids (checked
  * against vocab_size).  Sets *loss to the mean cross-entropy. Leaves layers 0 and L+1 acquired. */
 zs_err zs_gpt2_forward(zs_gpt2 *m, const zs_gpt2_io *io, const int32_t *inputs,

@@ -16,7 +16,8 @@
 #include "common/log.h"
 #include "transport/client.h"
 
-#define RETRY_MS 100 /* between tries of a server that is not ready for a load yet */
+#define RETRY_MS 100   /* between tries of a server that is not ready for a load yet */
+#define CONNECT_MS 500 /* one attempt to reach a server (connect and handshake) */
 
 typedef enum { JOB_NONE = 0, JOB_APPLY, JOB_LOAD } job_kind;
 
@@ -183,7 +184,10 @@ static void *load_main(void *arg)
     int k = 0;
     while (k < r->n_todo) {
         if (!cl) {
-            res = zs_client_open(r->map, r->endpoints, &r->auth, 1, &cl);
+            /* Short connect attempts, so that a cancel (the server shutting down, perhaps
+             * while the peer does too and answers no handshake) is seen soon. */
+            zs_conn_opts o = {.conns = 1, .connect_timeout_ms = CONNECT_MS};
+            res = zs_client_open(r->map, r->endpoints, &r->auth, &o, &cl);
             for (int j = k; j < r->n_todo && res == ZS_OK; j++) {
                 zs_shard_range rg;
                 float *a[3];

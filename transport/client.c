@@ -47,7 +47,7 @@ struct zs_client_op {
 };
 
 zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, const zs_auth *auth,
-                      int conns, zs_client **out)
+                      const zs_conn_opts *opts, zs_client **out)
 {
     *out = NULL;
     zs_client *cl = calloc(1, sizeof *cl);
@@ -69,7 +69,8 @@ zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, cons
         goto fail;
     }
     ZS_CHECK_GOTO(cl->ops->open(&cl->net), res, fail);
-    zs_conn_opts o = {.conns = conns, .auth = &cl->auth};
+    zs_conn_opts o = opts ? *opts : (zs_conn_opts){0};
+    o.auth = &cl->auth;
     for (int s = 0; s < map->n_servers; s++) {
         snprintf(cl->endpoint[s], sizeof cl->endpoint[s], "%s", endpoints[s]);
         ZS_CHECK_GOTO(cl->ops->connect(cl->net, endpoints[s], &o, &cl->conn[s]), res, fail);

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -1019,7 +1020,17 @@ static void sock_read(tcp_sock *s)
             dst = c->net->scratch;
             want = s->rleft < TCP_SCRATCH_BYTES ? (size_t)s->rleft : TCP_SCRATCH_BYTES;
         } else {
-            return; /* a header waits for the caller */
+            /* A header waits for the caller.  If the peer has closed its end and the socket
+             * holds less than the payload, the payload can never come: the connection fails
+             * now, instead of holding the caller's decision (and the socket) for nothing. */
+            int queued = 0;
+            if (s->hup && s->rstate == RS_PENDING && s->frame.length > 0 &&
+                ioctl(s->fd, FIONREAD, &queued) == 0 && (uint64_t)queued < s->frame.length)
+                conn_fail(c, ZS_ERR_IO, 1,
+                          "closed by peer before the payload (%d of %llu bytes of %s id %llu)",
+                          queued, (unsigned long long)s->frame.length,
+                          zs_frame_op_name(s->frame.op), (unsigned long long)s->frame.id);
+            return;
         }
         ssize_t k = recv(s->fd, dst, want, MSG_DONTWAIT);
         if (k < 0) {
@@ -1095,9 +1106,10 @@ static void run_dirty(tcp_net *n)
 static zs_err net_turn(tcp_net *n, int timeout_ms, int (*ready)(void *), void *arg)
 {
     run_dirty(n);
+    /* Timers first: a handshake they fail queues an event that must end this wait. */
+    int timer = run_timers(n);
     if (n->dirty_head || (ready && ready(arg)))
         timeout_ms = 0;
-    int timer = run_timers(n);
     if (timer >= 0 && (timeout_ms < 0 || timer < timeout_ms))
         timeout_ms = timer;
     struct epoll_event evs[TCP_EPOLL_BATCH];
@@ -1458,7 +1470,8 @@ static void hs_progress(tcp_hs *hs)
         case HS_READ_HELLO:
             if ((r = hs_read(hs, HS_HELLO)) <= 0)
                 return;
-            if (get32(hs->in) != HS_MAGIC || (hs->in[4] | hs->in[5] << 8) != HS_VERSION) {
+            if (get32(hs->in) != HS_MAGIC || (hs->in[4] | hs->in[5] << 8) != HS_VERSION ||
+                hs->in[6] != 0 || hs->in[7] != 0 || get32(hs->in + 12) != 0) {
                 hs_out(hs, HS_CHALLENGE, HS_BAD_HELLO);
                 snprintf(hs->why, sizeof hs->why, "not a zshard handshake (or another version)");
                 hs->state = HS_WRITE_REFUSAL;
@@ -1510,12 +1523,15 @@ static void hs_progress(tcp_hs *hs)
                 return;
             hs_done(hs);
             return;
-        case HS_WRITE_REFUSAL:
-            /* The peer learns why, as far as the socket takes it at once; then it is closed. */
-            if (hs_write(hs) < 0)
-                return;
+        case HS_WRITE_REFUSAL: {
+            /* The peer learns why, as far as the socket takes it at once; then it is closed,
+             * reported with the refusal's reason whether or not that write went out. */
+            ssize_t w = send(hs->fd, hs->out + hs->out_off, hs->out_len - hs->out_off,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)w;
             hs_fail(hs, "%s", hs->why);
             return;
+        }
         }
     }
 }
@@ -1812,6 +1828,12 @@ static zs_err hs_client(int fd, const zs_auth *auth, int64_t deadline, const cha
                         "token from another coordinator?)",
                         addr, auth->member);
     return ZS_OK;
+}
+
+zs_err zs_tcp_handshake(int fd, const zs_auth *auth, int timeout_ms, const char *peer)
+{
+    int retry;
+    return hs_client(fd, auth, now_ms() + timeout_ms, peer, &retry);
 }
 
 zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)

@@ -67,7 +67,7 @@ static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
         snprintf(s->endpoints[i], sizeof s->endpoints[i], "%s", m->servers[i]->endpoint);
         eps[i] = s->endpoints[i];
     }
-    if (zs_client_open(&s->map, eps, &s->auth, 0, &s->client) != ZS_OK) {
+    if (zs_client_open(&s->map, eps, &s->auth, NULL, &s->client) != ZS_OK) {
         /* A server of the map may have just died (the coordinator then tells us to register
          * again) or be unreachable: wait for the coordinator's word rather than fail, and say
          * why if it never comes. */
@@ -365,7 +365,8 @@ zs_err zs_session_open_client(zs_session *s, int conns, zs_client **out)
     const char *eps[ZS_MSG_MAX_SERVERS];
     for (int i = 0; i < s->map.n_servers && i < ZS_MSG_MAX_SERVERS; i++)
         eps[i] = s->endpoints[i];
-    return zs_client_open(&s->map, eps, &s->auth, conns, out);
+    zs_conn_opts o = {.conns = conns};
+    return zs_client_open(&s->map, eps, &s->auth, &o, out);
 }
 
 zs_err zs_session_next(zs_session *s, int timeout_ms, zs_assignment *a, int *got, int *ended)

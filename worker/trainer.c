@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/memlimit.h"
 #include "common/modelfile.h"
 #include "kernels/adamw.h"
 #include "kernels/reduce.h"
@@ -47,6 +48,16 @@ zs_err zs_trainer_init(zs_trainer *tr, const zs_config *cfg, const zs_dataset *d
     ZS_CHECK_GOTO(zs_data_check(data, cfg->model.vocab_size, T), res, fail);
     ZS_CHECK_GOTO(zs_tensors_gpt2(&cfg->model, &tr->tt), res, fail);
     size_t n = tr->tt.total;
+    {
+        /* Weights, gradients, accumulator and both moments (and the bf16 copies), then the
+         * activations: checked against this process's limits before any of it is taken. */
+        char what[128];
+        uint64_t need = (uint64_t)n * (5 * 4 + (cfg->bf16 ? 4 + 2 : 0)) +
+                        zs_gpt2_activation_bytes(&cfg->model, b, T);
+        snprintf(what, sizeof what, "%zu parameters (weights, gradients, moments) and activations",
+                 n);
+        ZS_CHECK_GOTO(zs_mem_check("train", what, need), res, fail);
+    }
     tr->params = alloc_floats(n);
     tr->grads = alloc_floats(n);
     tr->acc = alloc_floats(n);

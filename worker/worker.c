@@ -23,6 +23,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/memlimit.h"
 #include "kernels/adamw.h"
 #include "kernels/gpt2.h"
 #include "transport/client.h"
@@ -487,6 +488,16 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     if (!in || !tg) {
         res = zs_error(ZS_ERR_NOMEM, "worker: out of memory for a chunk's tokens");
         goto out;
+    }
+    {
+        /* The activations are the worker's largest allocation: say so first if they cannot
+         * fit, with both numbers, instead of failing in the middle (or meeting the OOM
+         * killer). */
+        char who[32], what[96];
+        snprintf(who, sizeof who, "worker %u", zs_session_id(w.s));
+        snprintf(what, sizeof what, "activations for %d x %d tokens", b, T);
+        ZS_CHECK_GOTO(zs_mem_check(who, what, zs_gpt2_activation_bytes(&w.cfg->model, b, T)), res,
+                      out);
     }
     ZS_CHECK_GOTO(zs_gpt2_create(&w.cfg->model, w.tt, b, T, opts->threads, &model), res, out);
     pthread_mutex_init(&w.mu, NULL);
