@@ -54,7 +54,7 @@
 
 static const zs_transport_ops *T = &zs_tcp_ops;
 
-static void die(const char *what)
+__attribute__((noreturn)) static void die(const char *what)
 {
     fprintf(stderr, "bench_transport: %s: %s\n", what, zs_last_error());
     exit(1);
