@@ -123,8 +123,9 @@ static size_t pack_register(Zshard__Role role, uint32_t version, uint8_t *buf)
         r.endpoints = endpoints;
     }
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
-    env.has_protocol_version = 1;
+    env.has_protocol_version = env.has_sender = 1;
     env.protocol_version = version;
+    env.sender = 0;
     env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
     env.registration = &r;
     return zshard__envelope__pack(&env, buf);
@@ -149,6 +150,44 @@ static void check_version_refusal(const char *ep)
           e->error->code == ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION &&
           strstr(e->error->text, want));
     zs_msg_free(e);
+    zs_ctrl_close(c);
+}
+
+/* A member floods the coordinator with Registers on one socket: the first gets an id, every
+ * other one a refusal that says why, and none takes a place in the table (the workers the
+ * test opens after it, and the job's result, show that nothing else changed). */
+static void check_register_flood(const char *ep)
+{
+    enum { FLOOD = 300 };
+    zs_ctrl *c = NULL;
+    CHECK_OK(zs_ctrl_connect(ep, &job_secret, &c));
+    for (int i = 0; i < FLOOD && c; i++)
+        CHECK_OK(zs_ctrl_register(c, ZSHARD__ROLE__ROLE_WORKER, NULL));
+    int assigned = 0, refused = 0, other = 0;
+    zs_msg_ctx ctx = {.self = ZS_MSG_WORKER};
+    uint64_t until = zs_now_ms() + 30000;
+    while (c && assigned + refused + other < FLOOD && zs_now_ms() < until) {
+        Zshard__Envelope *e = NULL;
+        if (zs_ctrl_recv(c, 100, &ctx, NULL, &e) != ZS_OK) {
+            fprintf(stderr, "register flood: %s\n", zs_last_error());
+            other++;
+            continue;
+        }
+        if (!e)
+            continue;
+        if (e->body_case != ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY)
+            ; /* a job spec or map for the one that got in: not counted */
+        else if (e->registration_reply->outcome_case == ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID)
+            assigned++;
+        else if (strstr(e->registration_reply->refusal, "registered already"))
+            refused++;
+        else
+            other++;
+        zs_msg_free(e);
+    }
+    CHECK_EQ_INT(assigned, 1);
+    CHECK_EQ_INT(refused, FLOOD - 1);
+    CHECK_EQ_INT(other, 0);
     zs_ctrl_close(c);
 }
 
@@ -301,6 +340,8 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     if (S == 1)
         check_strangers(ep);
     check_version_refusal(ep);
+    if (S == 2 && !bad_worker && hung)
+        check_register_flood(ep);
     pid_t srv[3];
     for (int s = 0; s < S; s++) {
         char *sargv[] = {(char *)zshard, "server", "--coord",     ep,    "--listen", "127.0.0.1:0",
