@@ -802,6 +802,14 @@ zs_err zs_msg_check_heartbeat(const Zshard__Heartbeat *m, const zs_msg_ctx *ctx)
     const Zshard__HeartbeatStats *s = m->stats;
     if (s && s->has_busy_seconds && !(s->busy_seconds >= 0 && isfinite(s->busy_seconds)))
         return FAIL("Heartbeat.stats.busy_seconds: %g is not a finite time >= 0", s->busy_seconds);
+    for (size_t i = 0; i < m->n_chunks_in; i++) {
+        if (ctx && ctx->chunks && m->chunks_in[i] >= ctx->chunks)
+            return FAIL("Heartbeat.chunks_in[%zu]: %" PRIu32 " is not a chunk (the job has %" PRIu32
+                        ")",
+                        i, m->chunks_in[i], ctx->chunks);
+        if (i > 0 && m->chunks_in[i] <= m->chunks_in[i - 1])
+            return FAIL("Heartbeat.chunks_in: not strictly ascending at %zu", i);
+    }
     return ZS_OK;
 }
 

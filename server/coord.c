@@ -95,6 +95,7 @@ struct zs_coord {
     zs_log_limit refused_log; /* registrations and messages refused: a peer may repeat them */
     int servers_registered, servers_ready;
     int assignment_dirty;
+    uint64_t all_done_ms; /* when every chunk of the step was last seen reported done (0: not) */
     zs_metrics *metrics;
     double step_start;
     double last_loss, last_tps; /* of the last finished step, for StatusReply */
@@ -1438,6 +1439,9 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
         zs_coord_heartbeat(co->cs, p->cs_id, now_ms(co));
     switch (env->body_case) {
     case ZSHARD__ENVELOPE__BODY_HEARTBEAT:
+        if (p->cs_id >= 0 && p->role == ZSHARD__ROLE__ROLE_SERVER && env->heartbeat->chunks_listed)
+            zs_coord_server_chunks(co->cs, p->cs_id, (long)env->heartbeat->step,
+                                   env->heartbeat->chunks_in, (int)env->heartbeat->n_chunks_in);
         break;
     case ZSHARD__ENVELOPE__BODY_READY:
         if (co->cs)
@@ -1589,6 +1593,43 @@ static void on_refused(coord *co, const zs_ctrl_peer *from)
  * heartbeats stopped, the start of a step, the verdict, changed assignments. */
 static void notice_pause(coord *co, uint64_t now);
 
+/*
+ * Every chunk is reported done but the servers' partial sums do not come: some worker said
+ * done for a chunk it did not push.  Once the servers had time to say what they hold (four
+ * heartbeat intervals, at least a second), the chunks a server lacks go to another worker.
+ */
+static void check_chunks(coord *co)
+{
+    if (zs_coord_chunks_pending(co->cs) != 0) {
+        co->all_done_ms = 0;
+        return;
+    }
+    uint64_t now = now_ms(co), every = (uint64_t)co->cfg.cluster.heartbeat_interval_ms;
+    uint64_t wait = 4 * every > 1000 ? 4 * every : 1000;
+    if (!co->all_done_ms) {
+        co->all_done_ms = now;
+        return;
+    }
+    if (now - co->all_done_ms < wait)
+        return;
+    enum { SHOW = 8 };
+    int chunks[SHOW], workers[SHOW], servers[SHOW];
+    int n = zs_coord_refute(co->cs, chunks, workers, servers, SHOW);
+    co->all_done_ms = 0;
+    for (int i = 0; i < n && i < SHOW; i++) {
+        int to = zs_coord_owner(co->cs, chunks[i]);
+        zs_log_limited(&co->refused_log, ZS_LOG_WARN,
+                       "coord: step %ld chunk %d: worker %d reported it done, but server %d does "
+                       "not have its gradient; it goes to worker %d",
+                       zs_coord_step(co->cs) + 1, chunks[i],
+                       workers[i] >= 0 ? zs_coord_member(co->cs, workers[i])->label : 0,
+                       zs_coord_member(co->cs, servers[i])->label,
+                       to >= 0 ? zs_coord_member(co->cs, to)->label : 0);
+    }
+    if (n)
+        co->assignment_dirty = 1;
+}
+
 static void advance(coord *co)
 {
     /* Here, not only at the start of a turn: a stop almost always lands inside the turn's
@@ -1650,6 +1691,7 @@ static void advance(coord *co)
         co->step_start = zs_now_s();
         co->assignment_dirty = 1;
     }
+    check_chunks(co);
     if (zs_coord_phase(co->cs) == ZS_PHASE_VERDICT)
         send_verdict(co);
     if (co->assignment_dirty && zs_coord_phase(co->cs) == ZS_PHASE_COMPUTE) {

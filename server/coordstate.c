@@ -34,6 +34,13 @@ struct zs_coord_state {
     double *partial;    /* [n_shards] */
     char *published;    /* [members] by id, servers only */
     double norm, clip, lr;
+    /* The servers' view of the step: chunks_in[id * C + c] != 0 once server id's last
+     * heartbeat for this step listed chunk c as received in full; refuted[c] is the worker
+     * whose report of chunk c the servers contradicted (-1: none), who is not given it again
+     * while another worker is alive. */
+    char *chunks_in;
+    int *refuted;
+    long *reported; /* [members] the step of each server's last chunks_in (-1: none yet) */
 };
 
 zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, long steps,
@@ -60,12 +67,14 @@ zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, 
     cs->times = calloc((size_t)C, sizeof *cs->times);
     cs->have_partial = calloc((size_t)n_shards, 1);
     cs->partial = calloc((size_t)n_shards, sizeof *cs->partial);
-    if (!cs->owner || !cs->done || !cs->loss || !cs->times || !cs->have_partial || !cs->partial) {
+    cs->refuted = malloc((size_t)C * sizeof *cs->refuted);
+    if (!cs->owner || !cs->done || !cs->loss || !cs->times || !cs->have_partial || !cs->partial ||
+        !cs->refuted) {
         zs_coord_state_free(cs);
         return zs_error(ZS_ERR_NOMEM, "coordinator: out of memory for %d chunks", C);
     }
     for (int c = 0; c < C; c++)
-        cs->owner[c] = -1;
+        cs->owner[c] = cs->refuted[c] = -1;
     *out = cs;
     return ZS_OK;
 }
@@ -76,6 +85,9 @@ void zs_coord_state_free(zs_coord_state *cs)
         return;
     free(cs->members);
     free(cs->owner);
+    free(cs->refuted);
+    free(cs->chunks_in);
+    free(cs->reported);
     free(cs->done);
     free(cs->loss);
     free(cs->times);
@@ -148,14 +160,16 @@ static void assign_orphans(zs_coord_state *cs)
         if (cs->done[c] || cs->owner[c] >= 0)
             continue;
         int best = -1, best_load = 0;
-        for (int i = 0; i < cs->n_members; i++) {
-            const zs_member *m = &cs->members[i];
-            if (m->role != ZS_MEMBER_WORKER || !m->alive)
-                continue;
-            int load = unfinished(cs, m->id);
-            if (best < 0 || load < best_load)
-                best = m->id, best_load = load;
-        }
+        for (int pass = 0; pass < 2 && best < 0; pass++) /* the refuted worker only if alone */
+            for (int i = 0; i < cs->n_members; i++) {
+                const zs_member *m = &cs->members[i];
+                if (m->role != ZS_MEMBER_WORKER || !m->alive ||
+                    (pass == 0 && m->id == cs->refuted[c]))
+                    continue;
+                int load = unfinished(cs, m->id);
+                if (best < 0 || load < best_load)
+                    best = m->id, best_load = load;
+            }
         if (best < 0)
             return; /* nobody alive: the chunks wait for a worker */
         cs->owner[c] = best;
@@ -190,11 +204,21 @@ zs_err zs_coord_join(zs_coord_state *cs, zs_member_role role, int label, const c
         if (!p)
             return zs_error(ZS_ERR_NOMEM, "coordinator: out of memory for members");
         cs->published = p;
+        char *in = realloc(cs->chunks_in, (size_t)cap * (size_t)cs->cfg.chunks);
+        if (!in)
+            return zs_error(ZS_ERR_NOMEM, "coordinator: out of memory for members");
+        cs->chunks_in = in;
+        long *rep = realloc(cs->reported, (size_t)cap * sizeof *rep);
+        if (!rep)
+            return zs_error(ZS_ERR_NOMEM, "coordinator: out of memory for members");
+        cs->reported = rep;
         cs->cap_members = cap;
     }
     int i = cs->n_members++;
     zs_member *m = &cs->members[i];
     memset(m, 0, sizeof *m);
+    memset(cs->chunks_in + (size_t)i * (size_t)cs->cfg.chunks, 0, (size_t)cs->cfg.chunks);
+    cs->reported[i] = -1;
     m->id = i;
     m->label = label;
     m->role = role;
@@ -275,8 +299,10 @@ int zs_coord_try_begin(zs_coord_state *cs)
     for (int i = 0; i < cs->n_members; i++)
         if (cs->members[i].role == ZS_MEMBER_WORKER && cs->members[i].alive)
             ids[w++] = i;
+    memset(cs->chunks_in, 0, (size_t)cs->n_members * (size_t)C);
     for (int c = 0; c < C; c++) {
         cs->owner[c] = ids[c % live];
+        cs->refuted[c] = -1;
         cs->done[c] = 0;
         cs->loss[c] = 0;
         cs->times[c] = (zs_msg_chunk_times){0};
@@ -337,6 +363,68 @@ int zs_coord_chunk_done(zs_coord_state *cs, int id, long step, int chunk, double
     cs->members[id].chunks_done++;
     check_verdict(cs);
     return 1;
+}
+
+void zs_coord_server_chunks(zs_coord_state *cs, int id, long step, const uint32_t *chunks, int n)
+{
+    const zs_member *m = zs_coord_member(cs, id);
+    if (!m || m->role != ZS_MEMBER_SERVER || step != cs->step)
+        return;
+    char *row = cs->chunks_in + (size_t)id * (size_t)cs->cfg.chunks;
+    memset(row, 0, (size_t)cs->cfg.chunks);
+    cs->reported[id] = step;
+    for (int i = 0; i < n; i++)
+        if (chunks[i] < (uint32_t)cs->cfg.chunks)
+            row[chunks[i]] = 1;
+}
+
+int zs_coord_chunks_pending(const zs_coord_state *cs)
+{
+    if (cs->phase != ZS_PHASE_COMPUTE)
+        return -1;
+    int n = 0;
+    for (int c = 0; c < cs->cfg.chunks; c++)
+        n += !cs->done[c];
+    return n;
+}
+
+int zs_coord_refute(zs_coord_state *cs, int *chunks, int *workers, int *servers, int max)
+{
+    if (cs->phase != ZS_PHASE_COMPUTE)
+        return 0;
+    /* Only against a view every live server gave for this step. */
+    for (int i = 0; i < cs->n_members; i++)
+        if (cs->members[i].role == ZS_MEMBER_SERVER && cs->members[i].alive &&
+            cs->reported[i] != cs->step)
+            return 0;
+    int n = 0;
+    for (int c = 0; c < cs->cfg.chunks; c++) {
+        if (!cs->done[c])
+            continue;
+        int missing = -1;
+        for (int i = 0; i < cs->n_members && missing < 0; i++)
+            if (cs->members[i].role == ZS_MEMBER_SERVER && cs->members[i].alive &&
+                !cs->chunks_in[(size_t)i * (size_t)cs->cfg.chunks + (size_t)c])
+                missing = i;
+        if (missing < 0)
+            continue;
+        if (n < max) {
+            chunks[n] = c;
+            workers[n] = cs->owner[c];
+            servers[n] = missing;
+        }
+        n++;
+        cs->refuted[c] = cs->owner[c];
+        if (cs->owner[c] >= 0 && cs->members[cs->owner[c]].chunks_done > 0)
+            cs->members[cs->owner[c]].chunks_done--;
+        cs->done[c] = 0;
+        cs->loss[c] = 0;
+        cs->times[c] = (zs_msg_chunk_times){0};
+        cs->owner[c] = -1;
+    }
+    if (n)
+        assign_orphans(cs);
+    return n;
 }
 
 zs_err zs_coord_partials(zs_coord_state *cs, int id, long step, const int *shard,

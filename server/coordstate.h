@@ -117,6 +117,21 @@ zs_err zs_coord_partials(zs_coord_state *cs, int id, long step, const int *shard
  * not finite (an inf or NaN in some shard's partial) means the step's update is skipped, as
  * `zshard train` skips it; the step's stats then say skipped. */
 double zs_coord_verdict(zs_coord_state *cs, double *norm, double *lr);
+/*
+ * The servers' view of the step, from their heartbeats: server id has chunks[0..n) of step
+ * `step` in full (anything else it has not).  zs_coord_refute then contradicts the workers:
+ * every chunk reported done that a live server does not have is not done after all, and goes
+ * to another live worker (the one that reported it only if no other is alive).  Returns the
+ * number refuted, with chunks[i], the worker that reported it and a server missing it for the
+ * first max.  The caller calls it only once the servers had time to report (every chunk done,
+ * no verdict yet, for a while): a push acknowledged before its ChunkDone is in the server's
+ * next heartbeat.
+ */
+void zs_coord_server_chunks(zs_coord_state *cs, int id, long step, const uint32_t *chunks, int n);
+int zs_coord_refute(zs_coord_state *cs, int *chunks, int *workers, int *servers, int max);
+/* Chunks of the current step not done yet; -1 outside ZS_PHASE_COMPUTE. */
+int zs_coord_chunks_pending(const zs_coord_state *cs);
+
 /* Server id published version; returns 1 when this finished the step (stats filled in). */
 int zs_coord_published(zs_coord_state *cs, int id, long version, zs_coord_step_stats *stats);
 

@@ -42,6 +42,10 @@
 #include "transport/transport.h"
 
 #define SCRATCH_BUFFERS 8
+/* Heartbeats list the chunks received in full for jobs of at most this many chunks a step
+ * (the list fits a small message); beyond it they list none and the coordinator takes the
+ * workers' word. */
+#define MAX_CHUNKS_IN 8192
 /* Scratch buffers one member (all its streams together) may hold at once: one that sends
  * push headers and then no payload cannot take them all. */
 #define SCRATCH_PER_MEMBER 2
@@ -1473,11 +1477,26 @@ static void send_heartbeat(server *sv)
     h.has_sender = h.has_step = 1;
     h.sender = sv->id;
     h.step = sv->store ? (uint64_t)zs_store_version(sv->store) : 0;
+    /* The chunks of the step in hand we hold in full (and in the replica we keep). */
+    uint32_t *in =
+        sv->store ? malloc((size_t)(sv->cfg.chunks > 0 ? sv->cfg.chunks : 1) * sizeof *in) : NULL;
+    size_t n_in = 0;
+    const zs_store *rep =
+        sv->replica && !zs_replica_lost(sv->replica) ? zs_replica_store(sv->replica) : NULL;
+    for (int c = 0;
+         in && !sv->verdict_pending && sv->cfg.chunks <= MAX_CHUNKS_IN && c < sv->cfg.chunks; c++)
+        if (zs_store_chunk_complete(sv->store, c) && (!rep || zs_store_chunk_complete(rep, c)))
+            in[n_in++] = (uint32_t)c;
+    h.n_chunks_in = n_in;
+    h.chunks_in = in;
+    h.has_chunks_listed = 1;
+    h.chunks_listed = in && !sv->verdict_pending && sv->cfg.chunks <= MAX_CHUNKS_IN;
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_HEARTBEAT;
     env.heartbeat = &h;
     if (send_ctrl(sv, &env) != ZS_OK)
         ZS_WARN("server %u: heartbeat: %s", sv->id, zs_last_error());
+    free(in);
 }
 
 void zs_server_close(zs_server *sv)

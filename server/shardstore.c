@@ -407,6 +407,16 @@ int zs_store_complete(const zs_store *st)
     return 1;
 }
 
+int zs_store_chunk_complete(const zs_store *st, int chunk)
+{
+    for (int i = 0; i < st->n; i++) {
+        const shard *s = &st->shards[i];
+        if (chunk >= s->next && !(s->chunks && s->chunks[chunk].received == s->len))
+            return 0;
+    }
+    return 1;
+}
+
 int zs_store_shard_count(const zs_store *st)
 {
     return st->n;

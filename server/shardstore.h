@@ -81,6 +81,8 @@ zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset,
 
 /* All C chunks are in for every shard. */
 int zs_store_complete(const zs_store *st);
+/* Chunk `chunk` of the current step is in full on every shard. */
+int zs_store_chunk_complete(const zs_store *st, int chunk);
 
 /* Per-shard sum of squares of the accumulator (what the coordinator sums in shard order):
  * index[i] and sumsq[i] for the store's n shards; valid once complete. */

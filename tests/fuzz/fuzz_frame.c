@@ -90,18 +90,21 @@ static void run_stream(const uint8_t *data, size_t size)
             }
             if (ev[i].type != ZS_EV_HEADER || ev[i].frame.length == 0)
                 continue;
+            /* A payload call fails only on a connection that failed meanwhile (its peer
+             * ended the stream with less than the payload sent: ZS_EV_CLOSED follows). */
             switch (ev[i].frame.id % 3) {
             case 0:
                 if (ev[i].frame.length <= BUF_BYTES) {
                     if (zs_tcp_recv_payload(c, mr, BUF_BYTES - ev[i].frame.length, NULL, NULL) !=
-                        ZS_OK)
+                            ZS_OK &&
+                        !zs_tcp_conn_closed(c))
                         abort();
-                } else if (zs_tcp_discard(c) != ZS_OK) {
+                } else if (zs_tcp_discard(c) != ZS_OK && !zs_tcp_conn_closed(c)) {
                     abort();
                 }
                 break;
             case 1:
-                if (zs_tcp_discard(c) != ZS_OK)
+                if (zs_tcp_discard(c) != ZS_OK && !zs_tcp_conn_closed(c))
                     abort();
                 break;
             default:
