@@ -46,6 +46,15 @@ int zs_cli_log_level(const char *cmd, const char *value);
     "$ZSHARD_SECRET_FILE\n"                                                                        \
     "  --insecure               run without a secret: anyone who reaches the ports is trusted\n"
 
+/* What --secret and --insecure said. */
+typedef struct {
+    const char *path; /* --secret FILE, or NULL */
+    int insecure;     /* --insecure */
+} zs_cli_secret_args;
+
+/* Takes getopt_long's value c if it is --secret or --insecure (returns 1), else returns 0. */
+int zs_cli_secret_opt(int c, zs_cli_secret_args *a);
+
 /* Resolves the secret a role runs with (common/secret.h zs_secret_resolve) into *out and,
  * without one, logs that this process runs unauthenticated.  Returns 0, or 2 after printing
  * "zshard CMD: why". */

@@ -44,11 +44,13 @@ int zs_cmd_coord(int argc, char **argv)
                                          ZS_CLI_SECRET_OPTIONS,
                                          {NULL, 0, NULL, 0}};
     zs_coord_opts o = {.servers = -1, .steps = -1};
-    const char *secret_path = NULL;
-    int insecure = 0, c;
+    zs_cli_secret_args sa = {0};
+    int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (zs_cli_secret_opt(c, &sa))
+            continue;
         switch (c) {
         case 'l':
             o.listen = optarg;
@@ -77,12 +79,6 @@ int zs_cmd_coord(int argc, char **argv)
             if (zs_cli_log_level("coord", optarg))
                 return 2;
             break;
-        case ZS_CLI_OPT_SECRET:
-            secret_path = optarg;
-            break;
-        case ZS_CLI_OPT_INSECURE:
-            insecure = 1;
-            break;
         case 'h':
             fputs(coord_usage, stdout);
             return 0;
@@ -104,7 +100,7 @@ int zs_cmd_coord(int argc, char **argv)
     if (missing)
         return zs_cli_usage_error("coord", "missing %s", missing);
     zs_secret secret;
-    if (zs_cli_secret("coord", secret_path, insecure, &secret))
+    if (zs_cli_secret("coord", sa.path, sa.insecure, &secret))
         return 2;
     o.secret = &secret;
     zs_cli_catch_signals();

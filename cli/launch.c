@@ -1110,12 +1110,14 @@ int zs_cmd_launch(int argc, char **argv)
                 .max_replacements = -1,
                 .bind = "127.0.0.1",
                 .failed = -1};
-    const char *secret_given = NULL;
+    zs_cli_secret_args sa = {0};
     char secret_made[4200];
     int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (zs_cli_secret_opt(c, &sa))
+            continue;
         switch (c) {
         case 'c':
             L.config = optarg;
@@ -1159,12 +1161,6 @@ int zs_cmd_launch(int argc, char **argv)
             if (zs_cli_log_level("launch", optarg))
                 return 2;
             L.log_level = optarg;
-            break;
-        case ZS_CLI_OPT_SECRET:
-            secret_given = optarg;
-            break;
-        case ZS_CLI_OPT_INSECURE:
-            L.insecure = 1;
             break;
         case 'h':
             fputs(launch_usage, stdout);
@@ -1212,7 +1208,8 @@ int zs_cmd_launch(int argc, char **argv)
     snprintf(logs, sizeof logs, "%s/logs", L.out);
     if (make_dir(L.out) != 0 || make_dir(logs) != 0)
         goto out_script;
-    if (job_secret(&L, secret_given, secret_made, sizeof secret_made) != 0) {
+    L.insecure = sa.insecure;
+    if (job_secret(&L, sa.path, secret_made, sizeof secret_made) != 0) {
         rc = 2;
         goto out_script;
     }

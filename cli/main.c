@@ -2,6 +2,7 @@
  * zshard: one binary, one subcommand per role.
  */
 #include <errno.h>
+#include <getopt.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -69,6 +70,15 @@ void zs_cli_catch_signals(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
+
+int zs_cli_secret_opt(int c, zs_cli_secret_args *a)
+{
+    if (c == ZS_CLI_OPT_SECRET)
+        a->path = optarg;
+    else if (c == ZS_CLI_OPT_INSECURE)
+        a->insecure = 1;
+    return c == ZS_CLI_OPT_SECRET || c == ZS_CLI_OPT_INSECURE;
 }
 
 int zs_cli_secret(const char *cmd, const char *path, int insecure, zs_secret *out)

@@ -33,11 +33,13 @@ int zs_cmd_server(int argc, char **argv)
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     zs_server_opts o = {.threads = zs_cli_cpus()};
-    const char *secret_path = NULL;
-    int insecure = 0, c;
+    zs_cli_secret_args sa = {0};
+    int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (zs_cli_secret_opt(c, &sa))
+            continue;
         switch (c) {
         case 'c':
             o.coord = optarg;
@@ -59,12 +61,6 @@ int zs_cmd_server(int argc, char **argv)
             if (zs_cli_log_level("server", optarg))
                 return 2;
             break;
-        case ZS_CLI_OPT_SECRET:
-            secret_path = optarg;
-            break;
-        case ZS_CLI_OPT_INSECURE:
-            insecure = 1;
-            break;
         case 'h':
             fputs(server_usage, stdout);
             return 0;
@@ -79,7 +75,7 @@ int zs_cmd_server(int argc, char **argv)
     if (!o.coord || !o.listen)
         return zs_cli_usage_error("server", "missing %s", !o.coord ? "--coord" : "--listen");
     zs_secret secret;
-    if (zs_cli_secret("server", secret_path, insecure, &secret))
+    if (zs_cli_secret("server", sa.path, sa.insecure, &secret))
         return 2;
     o.secret = &secret;
     zs_cli_catch_signals();

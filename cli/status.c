@@ -139,13 +139,16 @@ int zs_cmd_status(int argc, char **argv)
                                          {"help", no_argument, NULL, 'h'},
                                          ZS_CLI_SECRET_OPTIONS,
                                          {NULL, 0, NULL, 0}};
-    const char *coord = NULL, *secret_path = NULL;
-    int json = 0, insecure = 0;
+    const char *coord = NULL;
+    zs_cli_secret_args sa = {0};
+    int json = 0;
     long timeout = 3000;
     int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (zs_cli_secret_opt(c, &sa))
+            continue;
         switch (c) {
         case 'c':
             coord = optarg;
@@ -156,12 +159,6 @@ int zs_cmd_status(int argc, char **argv)
         case 't':
             if ((timeout = zs_cli_int("status", "--timeout-ms", optarg, 1, 3600000)) < 0)
                 return 2;
-            break;
-        case ZS_CLI_OPT_SECRET:
-            secret_path = optarg;
-            break;
-        case ZS_CLI_OPT_INSECURE:
-            insecure = 1;
             break;
         case 'h':
             fputs(status_usage, stdout);
@@ -177,7 +174,7 @@ int zs_cmd_status(int argc, char **argv)
     if (!coord)
         return zs_cli_usage_error("status", "missing --coord");
     zs_secret secret;
-    if (zs_cli_secret("status", secret_path, insecure, &secret))
+    if (zs_cli_secret("status", sa.path, sa.insecure, &secret))
         return 2;
     zs_ctrl *ctrl = NULL;
     int rc = 1;

@@ -58,11 +58,14 @@ int zs_cmd_worker(int argc, char **argv)
                                          ZS_CLI_SECRET_OPTIONS,
                                          {NULL, 0, NULL, 0}};
     zs_worker_opts o = {.threads = zs_cli_cpus()};
-    const char *stats_path = NULL, *secret_path = NULL;
-    int insecure = 0, c;
+    const char *stats_path = NULL;
+    zs_cli_secret_args sa = {0};
+    int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (zs_cli_secret_opt(c, &sa))
+            continue;
         switch (c) {
         case 'c':
             o.coord = optarg;
@@ -84,12 +87,6 @@ int zs_cmd_worker(int argc, char **argv)
             if (zs_cli_log_level("worker", optarg))
                 return 2;
             break;
-        case ZS_CLI_OPT_SECRET:
-            secret_path = optarg;
-            break;
-        case ZS_CLI_OPT_INSECURE:
-            insecure = 1;
-            break;
         case 'h':
             fputs(worker_usage, stdout);
             return 0;
@@ -104,7 +101,7 @@ int zs_cmd_worker(int argc, char **argv)
     if (!o.coord)
         return zs_cli_usage_error("worker", "missing --coord");
     zs_secret secret;
-    if (zs_cli_secret("worker", secret_path, insecure, &secret))
+    if (zs_cli_secret("worker", sa.path, sa.insecure, &secret))
         return 2;
     o.secret = &secret;
     zs_cli_catch_signals();
