@@ -150,15 +150,10 @@ int main(int argc, char **argv)
     char dir[] = "/tmp/zs_bench_dp_XXXXXX";
     if (!mkdtemp(dir))
         return 1;
-    char cfg[256], data[256], out[256], ep[64], secret_path[256];
-    /* The job's secret, for the processes started here (ZSHARD_SECRET_FILE) and this one. */
-    zs_secret secret;
-    snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
-    if (zs_secret_generate(secret_path) != ZS_OK || zs_secret_load(secret_path, &secret) != ZS_OK) {
-        fprintf(stderr, "bench_data_plane: %s\n", zs_last_error());
+    char cfg[256], data[256], out[256], ep[64];
+    zs_secret secret; /* the job's, for the processes started here and this one */
+    if (zs_bench_job_secret(dir, &secret) != 0)
         return 1;
-    }
-    setenv(ZS_SECRET_ENV, secret_path, 1);
     snprintf(cfg, sizeof cfg, "%s/cfg.json", dir);
     snprintf(data, sizeof data, "%s/data.txt", dir);
     snprintf(out, sizeof out, "%s/out", dir);

@@ -97,15 +97,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < 6; i++)
         snprintf(logs[i], sizeof logs[i], "%s/log%d.txt", dir, i);
     const int timeout_ms = 1000;
-    /* The job's secret, for the processes started here (ZSHARD_SECRET_FILE) and this one. */
-    char secret_path[256];
-    zs_secret secret;
-    snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
-    if (zs_secret_generate(secret_path) != ZS_OK || zs_secret_load(secret_path, &secret) != ZS_OK) {
-        fprintf(stderr, "bench_elastic: %s\n", zs_last_error());
+    zs_secret secret; /* the job's, for the processes started here and this one */
+    if (zs_bench_job_secret(dir, &secret) != 0)
         return 1;
-    }
-    setenv(ZS_SECRET_ENV, secret_path, 1);
     FILE *f = fopen(cfg, "w");
     if (!f)
         return 1;

@@ -68,6 +68,8 @@ int main(int argc, char **argv)
         fputc("the quick brown fox jumps over the lazy dog\n"[i % 44], f);
     fclose(f);
 
+    if (zs_bench_job_secret(dir, NULL) != 0) /* for the coordinator, server and worker */
+        return 1;
     int rc = 1;
     double train_rss = 0, worker_rss = 0, server_rss = 0, coord_rss = 0;
     char *targv[] = {zshard,      "train",         "--config",    cfg,     "--data",

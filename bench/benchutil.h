@@ -1,7 +1,7 @@
 /*
  * benchutil: what the benchmarks that run zshard processes share: starting a child with its
- * stderr in a log, a free loopback port, and medians.  Header-only (each benchmark is one
- * program); not part of any library.
+ * stderr in a log, a job secret for the children, a free loopback port, and medians.  Header-only
+ * (each benchmark is one program); not part of any library.
  */
 #ifndef ZS_BENCHUTIL_H
 #define ZS_BENCHUTIL_H
@@ -14,7 +14,28 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "common/secret.h"
+
 /* Starts argv[0] with argv; its stderr goes to log (NULL: inherited).  Returns the pid. */
+/* A job secret for a benchmark that starts zshard roles by hand: written to dir/secret, loaded
+ * into *out (may be NULL) and named in ZSHARD_SECRET_FILE for the processes it starts.
+ * Returns 0, or -1 after printing why. */
+static inline int zs_bench_job_secret(const char *dir, zs_secret *out)
+{
+    char path[512];
+    zs_secret s;
+    snprintf(path, sizeof path, "%s/secret", dir);
+    if (zs_secret_generate(path) != ZS_OK || zs_secret_load(path, &s) != ZS_OK) {
+        fprintf(stderr, "bench: %s\n", zs_last_error());
+        return -1;
+    }
+    setenv(ZS_SECRET_ENV, path, 1);
+    if (out)
+        *out = s;
+    zs_secret_wipe(&s);
+    return 0;
+}
+
 static inline pid_t zs_bench_spawn(char *const argv[], const char *log)
 {
     pid_t p = fork();
