@@ -42,7 +42,9 @@ void zs_config_defaults(zs_config *cfg)
     cfg->cluster = (zs_cluster_config){.shard_bytes = 4u << 20,
                                        .heartbeat_interval_ms = 500,
                                        .heartbeat_timeout_ms = 5000,
-                                       .coordinator_timeout_ms = 15000};
+                                       .coordinator_timeout_ms = 15000,
+                                       .chunk_timeout_factor = 4.0,
+                                       .chunk_timeout_min_ms = 2000};
     cfg->elasticity = (zs_elastic_config){.enabled = 0, .min_workers = 1, .max_workers = 0};
     cfg->checkpoint =
         (zs_checkpoint_config){.dir = "", .interval_steps = 0, .keep = 2, .replicas = 0};
@@ -401,6 +403,7 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
     static const char *const bf16_keys[] = {"enabled", NULL};
     static const char *const cluster_keys[] = {"shard_size", "heartbeat_interval_ms",
                                                "heartbeat_timeout_ms", "coordinator_timeout_ms",
+                                               "chunk_timeout_factor", "chunk_timeout_min_ms",
                                                NULL};
     static const char *const elastic_keys[] = {"enabled", "min_workers", "max_workers", NULL};
     if (!json_is_object(root))
@@ -462,6 +465,16 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                             cfg->cluster.heartbeat_interval_ms);
         ZS_CHECK(get_int32(p, o, "cluster", "coordinator_timeout_ms", 1, 3600000,
                            &cfg->cluster.coordinator_timeout_ms, NULL));
+        ZS_CHECK(get_num(p, o, "cluster", "chunk_timeout_factor", 0.0, 1000.0,
+                         &cfg->cluster.chunk_timeout_factor));
+        if (cfg->cluster.chunk_timeout_factor != 0 && cfg->cluster.chunk_timeout_factor < 1.5)
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"cluster.chunk_timeout_factor\": %g; 0 (no deadline) or at "
+                            "least 1.5 (a deadline shorter than 1.5 median chunks moves sound "
+                            "chunks)",
+                            p->source, cfg->cluster.chunk_timeout_factor);
+        ZS_CHECK(get_int32(p, o, "cluster", "chunk_timeout_min_ms", 1, 3600000,
+                           &cfg->cluster.chunk_timeout_min_ms, NULL));
         if (cfg->cluster.coordinator_timeout_ms <= 2 * cfg->cluster.heartbeat_interval_ms)
             return zs_error(ZS_ERR_INVALID,
                             "%s: key \"cluster.coordinator_timeout_ms\": %d must exceed twice "

@@ -96,6 +96,14 @@ struct zs_coord {
     int servers_registered, servers_ready;
     int assignment_dirty;
     uint64_t all_done_ms; /* when every chunk of the step was last seen reported done (0: not) */
+    /* Chunk deadlines: since[c] is when chunk c got its present owner, seen[c] (the owner) */
+    uint64_t *chunk_since;
+    int *chunk_seen;
+    long deadline_step;                /* the step they are about */
+    const zs_coord_state *deadline_cs; /* and the step state (a recovery makes a new one) */
+    char *chunk_timed;                 /* [C] its time is in the ring already */
+    double chunk_ms[64];               /* the last chunk times seen here (assignment to done) */
+    int n_chunk_ms, next_chunk_ms;
     zs_metrics *metrics;
     double step_start;
     double last_loss, last_tps; /* of the last finished step, for StatusReply */
@@ -1630,6 +1638,88 @@ static void check_chunks(coord *co)
         co->assignment_dirty = 1;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A chunk that its owner has not finished within the deadline (chunk_timeout_factor times the
+ * running median chunk time, at least chunk_timeout_min_ms) goes to another worker. */
+static void check_deadlines(coord *co)
+{
+    int C = co->cfg.chunks;
+    if (co->cfg.cluster.chunk_timeout_factor <= 0 || zs_coord_chunks_pending(co->cs) <= 0)
+        return;
+    if (!co->chunk_since) {
+        co->chunk_since = calloc((size_t)C, sizeof *co->chunk_since);
+        co->chunk_seen = malloc((size_t)C * sizeof *co->chunk_seen);
+        co->chunk_timed = calloc((size_t)C, 1);
+        if (!co->chunk_since || !co->chunk_seen || !co->chunk_timed) {
+            free(co->chunk_since);
+            free(co->chunk_seen);
+            free(co->chunk_timed);
+            co->chunk_since = NULL;
+            co->chunk_seen = NULL;
+            co->chunk_timed = NULL;
+            return;
+        }
+        for (int c = 0; c < C; c++)
+            co->chunk_seen[c] = -2;
+    }
+    if (co->deadline_step != zs_coord_step(co->cs) || co->deadline_cs != co->cs) {
+        co->deadline_step = zs_coord_step(co->cs);
+        co->deadline_cs = co->cs;
+        for (int c = 0; c < C; c++)
+            co->chunk_seen[c] = -2, co->chunk_timed[c] = 0;
+    }
+    uint64_t now = now_ms(co);
+    /* The time from a chunk's assignment to its report, as seen here (not the workers' own
+     * figures, which a worker could make up): the median of the last 64. */
+    for (int c = 0; c < C; c++)
+        if (zs_coord_chunk_done_yet(co->cs, c) && !co->chunk_timed[c] && co->chunk_seen[c] >= 0) {
+            co->chunk_timed[c] = 1;
+            co->chunk_ms[co->next_chunk_ms] = (double)(now - co->chunk_since[c]);
+            co->next_chunk_ms = (co->next_chunk_ms + 1) % 64;
+            if (co->n_chunk_ms < 64)
+                co->n_chunk_ms++;
+        }
+    double ring[64];
+    memcpy(ring, co->chunk_ms, (size_t)co->n_chunk_ms * sizeof *ring);
+    double median = 0;
+    if (co->n_chunk_ms > 0) {
+        qsort(ring, (size_t)co->n_chunk_ms, sizeof *ring, cmp_double);
+        median = co->n_chunk_ms % 2 ? ring[co->n_chunk_ms / 2]
+                                    : 0.5 * (ring[co->n_chunk_ms / 2 - 1] + ring[co->n_chunk_ms / 2]);
+    }
+    double limit = co->cfg.cluster.chunk_timeout_factor * median;
+    if (limit < co->cfg.cluster.chunk_timeout_min_ms)
+        limit = co->cfg.cluster.chunk_timeout_min_ms;
+    for (int c = 0; c < C; c++) {
+        int owner = zs_coord_owner(co->cs, c);
+        if (owner != co->chunk_seen[c]) {
+            co->chunk_seen[c] = owner;
+            co->chunk_since[c] = now;
+            continue;
+        }
+        if (owner < 0 || median <= 0 || zs_coord_chunk_done_yet(co->cs, c) ||
+            (double)(now - co->chunk_since[c]) < limit)
+            continue;
+        int to = zs_coord_move_chunk(co->cs, c);
+        co->chunk_since[c] = now; /* a move, or the lone worker keeps it: judged again later */
+        if (to < 0)
+            continue;
+        co->chunk_seen[c] = to;
+        co->assignment_dirty = 1;
+        zs_log_limited(&co->refused_log, ZS_LOG_WARN,
+                       "coord: step %ld chunk %d: worker %d has not finished it in %.0f ms (%.1f "
+                       "times the median chunk, %.0f ms); it goes to worker %d",
+                       zs_coord_step(co->cs) + 1, c, zs_coord_member(co->cs, owner)->label, limit,
+                       co->cfg.cluster.chunk_timeout_factor, median,
+                       zs_coord_member(co->cs, to)->label);
+    }
+}
+
 static void advance(coord *co)
 {
     /* Here, not only at the start of a turn: a stop almost always lands inside the turn's
@@ -1692,6 +1782,7 @@ static void advance(coord *co)
         co->assignment_dirty = 1;
     }
     check_chunks(co);
+    check_deadlines(co);
     if (zs_coord_phase(co->cs) == ZS_PHASE_VERDICT)
         send_verdict(co);
     if (co->assignment_dirty && zs_coord_phase(co->cs) == ZS_PHASE_COMPUTE) {
@@ -1846,6 +1937,9 @@ void zs_coord_close(zs_coord *co)
     zs_data_close(&co->data);
     free(co->replica_current);
     free(co->peers);
+    free(co->chunk_since);
+    free(co->chunk_seen);
+    free(co->chunk_timed);
     free(co);
 }
 

@@ -378,6 +378,25 @@ void zs_coord_server_chunks(zs_coord_state *cs, int id, long step, const uint32_
             row[chunks[i]] = 1;
 }
 
+int zs_coord_chunk_done_yet(const zs_coord_state *cs, int chunk)
+{
+    return chunk >= 0 && chunk < cs->cfg.chunks && cs->done[chunk];
+}
+
+int zs_coord_move_chunk(zs_coord_state *cs, int chunk)
+{
+    if (cs->phase != ZS_PHASE_COMPUTE || chunk < 0 || chunk >= cs->cfg.chunks ||
+        cs->done[chunk] || cs->owner[chunk] < 0)
+        return -1;
+    int from = cs->owner[chunk];
+    cs->refuted[chunk] = from;
+    cs->owner[chunk] = -1;
+    assign_orphans(cs);
+    if (cs->owner[chunk] == from) /* nobody else alive: it stays */
+        return -1;
+    return cs->owner[chunk];
+}
+
 int zs_coord_chunks_pending(const zs_coord_state *cs)
 {
     if (cs->phase != ZS_PHASE_COMPUTE)

@@ -129,6 +129,13 @@ double zs_coord_verdict(zs_coord_state *cs, double *norm, double *lr);
  */
 void zs_coord_server_chunks(zs_coord_state *cs, int id, long step, const uint32_t *chunks, int n);
 int zs_coord_refute(zs_coord_state *cs, int *chunks, int *workers, int *servers, int max);
+/* Whether chunk is done in the current step. */
+int zs_coord_chunk_done_yet(const zs_coord_state *cs, int chunk);
+/* Gives an unfinished chunk of the current step to another live worker (the least loaded;
+ * its owner keeps it only if it is the only one alive): its new owner, or -1 if it stays.
+ * A chunk past its deadline moves so; whichever copy's pushes reach a server first count, the
+ * others are duplicates (chunks are deterministic) or refused as not assigned. */
+int zs_coord_move_chunk(zs_coord_state *cs, int chunk);
 /* Chunks of the current step not done yet; -1 outside ZS_PHASE_COMPUTE. */
 int zs_coord_chunks_pending(const zs_coord_state *cs);
 

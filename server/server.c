@@ -412,13 +412,13 @@ static int push_check(server *sv, const waiting_push *w)
     else if ((long)f->step != zs_store_version(sv->store) || sv->verdict_pending)
         st = ZS_FS_STALE, why = "push for a step that is not current";
     else if (f->chunk >= (uint32_t)sv->cfg.chunks || sender == 0)
-        st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
+        st = ZS_FS_NOT_ASSIGNED, why = ZS_NOT_ASSIGNED_TEXT;
     else if (sv->owner[f->chunk] == 0)
         return PUSH_DEFER;
     else if (sv->owner[f->chunk] != sender && owner_may_change)
         return PUSH_DEFER; /* the chunk may have been reassigned to the sender */
     else if (sv->owner[f->chunk] != sender)
-        st = ZS_FS_NOT_ASSIGNED, why = "chunk is not assigned to the sender";
+        st = ZS_FS_NOT_ASSIGNED, why = ZS_NOT_ASSIGNED_TEXT;
     else if (!target)
         st = ZS_FS_BAD_RANGE, why = "range is not inside one shard of this server or its replica";
     else if (target != sv->store && zs_replica_applying(sv->replica))

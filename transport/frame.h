@@ -93,6 +93,10 @@ typedef struct {
 #define ZS_FRAME_FLAG_STATE 0x01
 #define ZS_FRAME_STATE_ARRAYS 3
 
+/* The text of a push refused with ZS_FS_NOT_ASSIGNED: a worker that reads it in a failure
+ * knows that its chunk went to another worker (a deadline), not that something broke. */
+#define ZS_NOT_ASSIGNED_TEXT "chunk is not assigned to the sender"
+
 /* The longest text a ZS_OP_ERROR frame may carry, in bytes. */
 #define ZS_FRAME_MAX_ERROR_TEXT 4096
 

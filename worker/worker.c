@@ -531,8 +531,17 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
         }
         /* A stop request ends the loop after the chunk in hand; the coordinator gives the
          * rest of the assignment to others once this worker leaves. */
-        for (int i = 0; i < a.n && res == ZS_OK && !(stop_flag && *stop_flag); i++)
+        for (int i = 0; i < a.n && res == ZS_OK && !(stop_flag && *stop_flag); i++) {
             res = run_chunk(&w, model, in, tg, a.step, a.chunks[i]);
+            /* Past its deadline, the chunk went to another worker and the servers refuse
+             * our pushes of it: drop it and go on (the other copy counts). */
+            if (res != ZS_OK && strstr(zs_last_error(), ZS_NOT_ASSIGNED_TEXT) &&
+                !zs_session_rejoin(w.s)) {
+                ZS_WARN("worker %u: step %ld chunk %d went to another worker; dropped (%s)",
+                        zs_session_id(w.s), a.step + 1, a.chunks[i], zs_last_error());
+                res = ZS_OK;
+            }
+        }
         if (res != ZS_OK) {
             res = why_refused(&w, res);
             break;

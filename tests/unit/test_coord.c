@@ -44,8 +44,13 @@ typedef struct {
     float *params, *grads;
     int32_t *in, *tg;
     int ended;
-    long lie_step; /* at this step it reports its chunks done without pushing them (-1: never) */
+    long lie_step;   /* at this step it reports its chunks done without pushing them (-1: never) */
+    long stall_step; /* at this step it takes its chunks and never computes them (-1: never) */
 } worker;
+
+/* The run's last worker stalls at this step (-1: none): it keeps its heartbeats, so only the
+ * chunk deadline moves its chunks to the other worker; the result is still zshard train's. */
+static long stall_step = -1;
 
 /* The run's last worker lies at this step (-1: no liar): the servers' heartbeats contradict it,
  * its chunks go to another worker, and the result is still zshard train's. */
@@ -105,6 +110,8 @@ static int worker_next(worker *w, zs_assignment *a)
 
 static void worker_compute(worker *w, const zs_assignment *a)
 {
+    if (a->step == w->stall_step)
+        return;
     for (int i = 0; i < a->n; i++)
         compute_chunk(w, a->step, a->chunks[i]);
 }
@@ -375,6 +382,7 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     for (int i = 0; i < W; i++) {
         worker_open(&ws[i], ep);
         ws[i].lie_step = i == W - 1 ? liar_step : -1;
+        ws[i].stall_step = i == W - 1 ? stall_step : -1;
     }
     zs_ctrl *status = NULL;
     if (hung)
@@ -459,8 +467,11 @@ int main(void)
     const char *only = getenv("ZS_TEST_ONLY"); /* "S,W" runs one case (debugging) */
     if (!only || strcmp(only, "1,1") == 0)
         run(zshard, work, 1, 1, 0, 0);
-    if (!only || strcmp(only, "2,2") == 0)
+    if (!only || strcmp(only, "2,2") == 0) {
+        stall_step = 2;
         run(zshard, work, 2, 2, 1, 0);
+        stall_step = -1;
+    }
     if (!only || strcmp(only, "3,2") == 0) {
         liar_step = 1;
         run(zshard, work, 3, 2, 0, 0);
