@@ -401,9 +401,12 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                                        "wall_clock_breakdown",
                                        NULL};
     static const char *const bf16_keys[] = {"enabled", NULL};
-    static const char *const cluster_keys[] = {"shard_size", "heartbeat_interval_ms",
-                                               "heartbeat_timeout_ms", "coordinator_timeout_ms",
-                                               "chunk_timeout_factor", "chunk_timeout_min_ms",
+    static const char *const cluster_keys[] = {"shard_size",
+                                               "heartbeat_interval_ms",
+                                               "heartbeat_timeout_ms",
+                                               "coordinator_timeout_ms",
+                                               "chunk_timeout_factor",
+                                               "chunk_timeout_min_ms",
                                                NULL};
     static const char *const elastic_keys[] = {"enabled", "min_workers", "max_workers", NULL};
     if (!json_is_object(root))

@@ -49,8 +49,8 @@ typedef struct {
     size_t shard_bytes; /* cluster.shard_size: bytes of fp32 per shard, multiple of 256 */
     int heartbeat_interval_ms;
     int heartbeat_timeout_ms;
-    int coordinator_timeout_ms; /* servers and workers give up on a silent coordinator after
-                                   this long (it sends every heartbeat interval) */
+    int coordinator_timeout_ms;  /* servers and workers give up on a silent coordinator after
+                                    this long (it sends every heartbeat interval) */
     double chunk_timeout_factor; /* a chunk not done within this many times the running median
                                     chunk time goes to another worker (0: never) */
     int chunk_timeout_min_ms;    /* ... but never sooner than this */

@@ -1689,8 +1689,9 @@ static void check_deadlines(coord *co)
     double median = 0;
     if (co->n_chunk_ms > 0) {
         qsort(ring, (size_t)co->n_chunk_ms, sizeof *ring, cmp_double);
-        median = co->n_chunk_ms % 2 ? ring[co->n_chunk_ms / 2]
-                                    : 0.5 * (ring[co->n_chunk_ms / 2 - 1] + ring[co->n_chunk_ms / 2]);
+        median = co->n_chunk_ms % 2
+                     ? ring[co->n_chunk_ms / 2]
+                     : 0.5 * (ring[co->n_chunk_ms / 2 - 1] + ring[co->n_chunk_ms / 2]);
     }
     double limit = co->cfg.cluster.chunk_timeout_factor * median;
     if (limit < co->cfg.cluster.chunk_timeout_min_ms)

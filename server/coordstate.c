@@ -385,8 +385,8 @@ int zs_coord_chunk_done_yet(const zs_coord_state *cs, int chunk)
 
 int zs_coord_move_chunk(zs_coord_state *cs, int chunk)
 {
-    if (cs->phase != ZS_PHASE_COMPUTE || chunk < 0 || chunk >= cs->cfg.chunks ||
-        cs->done[chunk] || cs->owner[chunk] < 0)
+    if (cs->phase != ZS_PHASE_COMPUTE || chunk < 0 || chunk >= cs->cfg.chunks || cs->done[chunk] ||
+        cs->owner[chunk] < 0)
         return -1;
     int from = cs->owner[chunk];
     cs->refuted[chunk] = from;
