@@ -41,7 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -1020,17 +1019,7 @@ static void sock_read(tcp_sock *s)
             dst = c->net->scratch;
             want = s->rleft < TCP_SCRATCH_BYTES ? (size_t)s->rleft : TCP_SCRATCH_BYTES;
         } else {
-            /* A header waits for the caller.  If the peer has closed its end and the socket
-             * holds less than the payload, the payload can never come: the connection fails
-             * now, instead of holding the caller's decision (and the socket) for nothing. */
-            int queued = 0;
-            if (s->hup && s->rstate == RS_PENDING && s->frame.length > 0 &&
-                ioctl(s->fd, FIONREAD, &queued) == 0 && (uint64_t)queued < s->frame.length)
-                conn_fail(c, ZS_ERR_IO, 1,
-                          "closed by peer before the payload (%d of %llu bytes of %s id %llu)",
-                          queued, (unsigned long long)s->frame.length,
-                          zs_frame_op_name(s->frame.op), (unsigned long long)s->frame.id);
-            return;
+            return; /* a header waits for the caller */
         }
         ssize_t k = recv(s->fd, dst, want, MSG_DONTWAIT);
         if (k < 0) {

@@ -216,9 +216,8 @@ typedef struct zs_transport_ops {
     zs_err (*irecv)(zs_conn *c, uint64_t id, zs_mr *mr, size_t off, size_t cap, void *user,
                     zs_req **req);
     /* Reads the payload of c's pending header (ZS_EV_HEADER) into mr at off; its length must
-     * fit.  On failure the header stays pending.  Fails too when the connection has failed
-     * since the header was reported (the peer ended the stream with less than the payload
-     * sent; ZS_EV_CLOSED follows).  Does not block. */
+     * fit.  On failure the header stays pending.  Fails too on a connection that failed
+     * since the header was reported (ZS_EV_CLOSED follows).  Does not block. */
     zs_err (*recv_payload)(zs_conn *c, zs_mr *mr, size_t off, void *user, zs_req **req);
     /* Skips the payload of c's pending header; the connection goes on with the next frame.
      * Fails on a connection that failed meanwhile, as recv_payload.  Does not block. */

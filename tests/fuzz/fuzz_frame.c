@@ -90,8 +90,8 @@ static void run_stream(const uint8_t *data, size_t size)
             }
             if (ev[i].type != ZS_EV_HEADER || ev[i].frame.length == 0)
                 continue;
-            /* A payload call fails only on a connection that failed meanwhile (its peer
-             * ended the stream with less than the payload sent: ZS_EV_CLOSED follows). */
+            /* A payload call fails only on a connection that failed meanwhile
+             * (ZS_EV_CLOSED follows). */
             switch (ev[i].frame.id % 3) {
             case 0:
                 if (ev[i].frame.length <= BUF_BYTES) {

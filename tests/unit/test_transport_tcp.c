@@ -133,9 +133,13 @@ static void server_header(server *s, zs_conn *c, const zs_frame *f)
         push_ctx *p = calloc(1, sizeof *p);
         p->f = *f;
         if (T->recv_payload(c, s->stage_mr, off, p, NULL) != ZS_OK) {
-            fprintf(stderr, "server: recv_payload: %s\n", zs_last_error());
             free(p);
-            T->conn_close(c);
+            /* A connection that failed since the header (its peer ended the stream short of
+             * the payload) is closed by its ZS_EV_CLOSED, perhaps in this very batch. */
+            if (!T->conn_closed(c)) {
+                fprintf(stderr, "server: recv_payload: %s\n", zs_last_error());
+                T->conn_close(c);
+            }
         }
     } else if (f->op == ZS_OP_ERROR) {
         if (f->length == 0) {
