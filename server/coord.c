@@ -1394,7 +1394,9 @@ static void member_gone(coord *co, int pi, const char *why)
         if (i != pi && co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[i].gone)
             send_env_to(co, &co->peers[i].peer, &env, 1);
     if (p->cs_id >= 0 && zs_coord_member(co->cs, p->cs_id)->alive)
-        zs_coord_leave(co->cs, p->cs_id, why);
+        zs_coord_leave(co->cs, p->cs_id, why); /* which logs it */
+    else if (p->cs_id < 0 && p->role == ZSHARD__ROLE__ROLE_WORKER)
+        ZS_WARN("coord: worker %d left before it joined: %s", pi + 1, why);
     if (p->role == ZSHARD__ROLE__ROLE_SERVER) {
         if (co->have_map && zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1)) >= 0) {
             if (can_failover(co, pi))

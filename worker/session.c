@@ -21,8 +21,9 @@ struct zs_session {
     zs_ctrl *ctrl;
     const zs_secret *secret; /* the job's, or insecure: the control plane authenticates with it */
     zs_auth auth;            /* our data-plane identity: the id and token the coordinator gave */
-    char
-        connect_error[512]; /* why the servers of the map could not be reached ("" if they could) */
+    /* Why the servers of the map could not be reached ("" if they could). */
+    char connect_error[512];
+    char leave_why[512]; /* what zs_session_close tells the coordinator ("": leaving) */
     uint32_t id;
     zs_config cfg;
     zs_tensor_table tt;
@@ -250,6 +251,7 @@ static zs_err open_once(const char *coord, const zs_secret *secret, const char *
     s->opening = 1;
     s->coord = coord;
     s->secret = secret;
+    char msg[512];
     zs_err res;
     ZS_CHECK_GOTO(zs_ctrl_connect(coord, secret, &s->ctrl), res, fail);
     ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL), res, fail);
@@ -285,8 +287,17 @@ static zs_err open_once(const char *coord, const zs_secret *secret, const char *
     *out = s;
     return ZS_OK;
 fail:
-    s->ended = 1; /* nothing to announce */
+    /* A failure of our own after we registered (our copy of the data, the servers out of
+     * reach) goes to the coordinator with the leaving notice; the end of the job or a
+     * refusal needs none. */
+    snprintf(msg, sizeof msg, "%s", zs_last_error());
+    if (res != ZS_OK && !s->ended && s->id)
+        zs_session_fail(s, msg);
+    else
+        s->ended = 1;
     zs_session_close(s);
+    if (res != ZS_OK)
+        zs_error(res, "%s", msg);
     return res;
 }
 
@@ -302,6 +313,12 @@ zs_err zs_session_open(const char *coord, const zs_secret *secret, const char *d
     }
 }
 
+void zs_session_fail(zs_session *s, const char *why)
+{
+    if (s)
+        snprintf(s->leave_why, sizeof s->leave_why, "%s", why);
+}
+
 void zs_session_close(zs_session *s)
 {
     if (!s)
@@ -310,7 +327,10 @@ void zs_session_close(zs_session *s)
         Zshard__Shutdown sd = ZSHARD__SHUTDOWN__INIT;
         sd.has_kind = 1;
         sd.kind = ZSHARD__SHUTDOWN_KIND__SHUTDOWN_LEAVING;
-        sd.reason = (char *)"worker leaving";
+        char why[600];
+        snprintf(why, sizeof why, "worker %u: %s", s->id,
+                 s->leave_why[0] ? s->leave_why : "leaving");
+        sd.reason = why;
         Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
         env.body_case = ZSHARD__ENVELOPE__BODY_SHUTDOWN;
         env.shutdown = &sd;

@@ -44,6 +44,9 @@ typedef struct {
  * ends with ZS_ERR_IO "stopped while registering". */
 zs_err zs_session_open(const char *coord, const zs_secret *secret, const char *data, int timeout_ms,
                        volatile int *stop, zs_session **out);
+/* What the worker's leaving notice will say: why it fails ("out of memory for ..."), so that
+ * the coordinator's log and `zshard status` show it. */
+void zs_session_fail(zs_session *s, const char *why);
 /* Leaves: tells the coordinator (unless the job ended) and closes everything. */
 void zs_session_close(zs_session *s);
 

@@ -585,7 +585,10 @@ out:
     zs_gpt2_free(model);
     free(in);
     free(tg);
-    /* The session closes the client (its registrations) before the buffers go. */
+    /* The session closes the client (its registrations) before the buffers go; a failure of
+     * our own goes to the coordinator with the leaving notice. */
+    if (res != ZS_OK)
+        zs_session_fail(w.s, zs_last_error());
     zs_session_close(w.s);
     for (int i = 0; i < SLOTS; i++) {
         free(w.param[i].buf);

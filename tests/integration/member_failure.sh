@@ -1,4 +1,4 @@
-# A member that fails tells the coordinator why: a server whose memory cannot hold its shards
+# A member that fails tells the coordinator why.  A server whose memory cannot hold its shards
 # says so before allocating anything ("server 1: 73 shards (...) need 327 GiB, but MemAvailable
 # leaves ..."), exits 1, and the coordinator logs that reason and shows it in `zshard status` as
 # the server's, instead of a missing heartbeat.  (A model too large for any machine, rather
@@ -26,6 +26,26 @@ wait_until 15 has_line "$WORK/coord.log" 'coord: server 1 left: server 1: [0-9]+
   fail "the coordinator did not log the server's reason: $(tail -n 3 "$WORK/coord.log")"
 expect_ok "$ZSHARD" status --coord "$EP" --json
 expect_log status "$WORK/out.txt" '"role":"server","state":"gone",.*"reason":"server 1: [0-9]+ shards \(weights, moments, gradients\) need'
+kill "$COORD"
+reap "$COORD"
+
+# A worker that fails after it registered (its copy of the data is a FIFO) says why too.
+"$ZSHARD" coord --listen 'tcp://127.0.0.1:*' --config "$DATA/tiny.json" --servers 1 \
+  --data "$DATA/tiny.txt" --steps 2 --out "$WORK/out2" 2>"$WORK/coord2.log" &
+COORD=$!
+PIDS+=($COORD)
+wait_endpoint "$WORK/coord2.log" 15 || true
+[ -n "$EP" ] || { fail "the second coordinator did not say where it listens"; finish; }
+"$ZSHARD" server --coord "$EP" --listen 127.0.0.1:0 --threads 1 2>"$WORK/server2.log" &
+PIDS+=($!)
+mkfifo "$WORK/fifo"
+RC=0
+timeout 60 "$ZSHARD" worker --coord "$EP" --threads 1 --data "$WORK/fifo" 2>"$WORK/worker.log" || RC=$?
+checks=$((checks + 1))
+[ "$RC" = 1 ] || fail "the worker exited $RC, expected 1: $(tail -n 3 "$WORK/worker.log")"
+checks=$((checks + 1))
+wait_until 15 has_line "$WORK/coord2.log" "coord: worker [0-9]+ left before it joined: worker [0-9]+: .*fifo: is a FIFO" ||
+  fail "the coordinator did not log the worker's reason: $(tail -n 3 "$WORK/coord2.log")"
 kill "$COORD"
 reap "$COORD"
 finish
