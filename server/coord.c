@@ -1865,6 +1865,13 @@ static void notice_pause(coord *co, uint64_t now)
     zs_coord_grace(co->cs, now);
     for (int i = 0; i < co->n_peers; i++)
         co->peers[i].unreachable_ms = 0;
+    /* The chunk deadlines and the wait for the servers' view start again too: the time this
+     * process did not run is nobody's delay. */
+    if (co->chunk_since)
+        for (int c = 0; c < co->cfg.chunks; c++)
+            co->chunk_since[c] = now;
+    if (co->all_done_ms)
+        co->all_done_ms = now;
 }
 
 void zs_coord_turn(zs_coord *co, int timeout_ms, volatile int *stop_flag)

@@ -537,7 +537,8 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
              * our pushes of it: drop it and go on (the other copy counts). */
             if (res != ZS_OK && strstr(zs_last_error(), ZS_NOT_ASSIGNED_TEXT) &&
                 !zs_session_rejoin(w.s)) {
-                ZS_WARN("worker %u: step %ld chunk %d went to another worker; dropped (%s)",
+                ZS_WARN("worker %u: step %ld chunk %d went to another worker; this one lets it "
+                        "go (%s)",
                         zs_session_id(w.s), a.step + 1, a.chunks[i], zs_last_error());
                 res = ZS_OK;
             }

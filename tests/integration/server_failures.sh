@@ -181,11 +181,15 @@ kill_at rep $((2 + RANDOM % 18)) KILL $((1 + RANDOM % 3))
 finish_run rep 0
 from_replica rep 1
 
-# 8. Replicas: two servers at two steps; the second loss uses a replica loaded after the first.
+# 8. Replicas: two servers at two steps; the second loss uses a replica loaded after the first,
+# so it comes 4 steps or more after the version the first failover went on from.
 k1=$((2 + RANDOM % 10))
 CONFIG=rep.json launch_bg rep2 3
 kill_at rep2 $k1 KILL 2
-kill_at rep2 $((k1 + 4 + RANDOM % 6)) KILL 3
+wait_until 30 has_line "$WORK/rep2/logs/coord.log" "failed over: .* from memory at version" ||
+  fail "rep2: no failover after the first kill: $(tail -n 3 "$WORK/rep2/logs/coord.log")"
+v=$(sed -n 's/.*failed over: .* from memory at version \([0-9]*\).*/\1/p' "$WORK/rep2/logs/coord.log" | head -n 1)
+kill_at rep2 $((${v:-$k1} + 4 + RANDOM % 4)) KILL 3
 finish_run rep2 0
 from_replica rep2 2
 has rep2 "$WORK/rep2/logs/coord.log" "failed over: 1 servers"
