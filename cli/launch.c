@@ -56,7 +56,6 @@
 #include "cli/procs.h"
 #include "common/clock.h"
 #include "common/config.h"
-#include "common/log.h"
 #include "common/secret.h"
 
 /* From SIGTERM to SIGKILL when stopping the children. */
@@ -147,8 +146,7 @@ typedef struct {
 
 typedef struct {
     const char *config, *data, *out, *bind, *log_level, *script_path, *resume;
-    const char *secret_path; /* the job secret every child gets (NULL with insecure) */
-    int insecure;            /* --insecure: no secret anywhere */
+    zs_secret secret; /* the job's: its file (secret.path) goes to every child */
     long steps, servers, workers, threads; /* threads: 0 = divide the CPUs */
     int elastic;                           /* a worker's exit is an event, not a failure */
 
@@ -305,33 +303,22 @@ static void role_args(const launch *L, arglist *a)
         arg(a, "--log-level");
         arg(a, "%s", L->log_level);
     }
-    if (L->insecure) {
+    if (L->secret.insecure) {
         arg(a, "--insecure");
     } else {
         arg(a, "--secret");
-        arg(a, "%s", L->secret_path);
+        arg(a, "%s", L->secret.path);
     }
 }
 
 /* The secret of the job: --secret FILE or $ZSHARD_SECRET_FILE, else DIR/secret (made unless it
- * exists: a resumed run in the same directory keeps its secret).  Checked here so that a bad
- * file is one message, not one per child.  Returns 0, or 2 after printing why. */
-static int job_secret(launch *L, const char *given, char *made, size_t n)
+ * exists: a resumed run in the same directory keeps its secret), or none with --insecure; then
+ * resolved as every role resolves it (zs_cli_secret), so that a bad file is one message here,
+ * not one per child.  Returns 0, or 2 after printing why. */
+static int job_secret(launch *L, const zs_cli_secret_args *sa, char *made, size_t n)
 {
-    const char *env = getenv(ZS_SECRET_ENV);
-    if (!given && !L->insecure && env && *env)
-        given = env;
-    if (L->insecure && given)
-        return zs_cli_usage_error("launch",
-                                  "both a secret file (%s) and --insecure given: "
-                                  "choose one",
-                                  given);
-    if (L->insecure) {
-        ZS_WARN("zshard launch: running without authentication (--insecure): any process that "
-                "can reach this job's ports can read and change the model and stop the job");
-        return 0;
-    }
-    if (!given) {
+    const char *env = getenv(ZS_SECRET_ENV), *given = sa->path;
+    if (!given && !sa->insecure && !(env && *env)) {
         snprintf(made, n, "%s/secret", L->out);
         struct stat st;
         if (lstat(made, &st) != 0 && zs_secret_generate(made) != ZS_OK) {
@@ -340,14 +327,9 @@ static int job_secret(launch *L, const char *given, char *made, size_t n)
         }
         given = made;
     }
-    zs_secret s;
-    zs_err e = zs_secret_load(given, &s);
-    zs_secret_wipe(&s);
-    if (e != ZS_OK) {
-        fprintf(stderr, "zshard launch: %s\n", zs_last_error());
+    if (zs_cli_secret("launch", given, sa->insecure, &L->secret))
         return 2;
-    }
-    L->secret_path = given;
+    zs_secret_wipe(&L->secret); /* the children read the file; the launcher needs its name */
     return 0;
 }
 
@@ -451,8 +433,8 @@ static int start_rest(launch *L, int port, double now)
         fprintf(stderr,
                 "zshard launch: no workers started; attach them with: zshard worker "
                 "--coord %s %s%s\n",
-                L->endpoint, L->insecure ? "--insecure" : "--secret ",
-                L->insecure ? "" : L->secret_path);
+                L->endpoint, L->secret.insecure ? "--insecure" : "--secret ",
+                L->secret.insecure ? "" : L->secret.path);
     L->fired_at = now;
     return 0;
 }
@@ -558,8 +540,8 @@ static void worker_event(launch *L, int i)
         fprintf(stderr,
                 "zshard launch: no worker is running; the job waits for one: zshard "
                 "worker --coord %s %s%s\n",
-                L->endpoint, L->insecure ? "--insecure" : "--secret ",
-                L->insecure ? "" : L->secret_path);
+                L->endpoint, L->secret.insecure ? "--insecure" : "--secret ",
+                L->secret.insecure ? "" : L->secret.path);
 }
 
 /* procs[i] exited just now. */
@@ -1208,8 +1190,7 @@ int zs_cmd_launch(int argc, char **argv)
     snprintf(logs, sizeof logs, "%s/logs", L.out);
     if (make_dir(L.out) != 0 || make_dir(logs) != 0)
         goto out_script;
-    L.insecure = sa.insecure;
-    if (job_secret(&L, sa.path, secret_made, sizeof secret_made) != 0) {
+    if (job_secret(&L, &sa, secret_made, sizeof secret_made) != 0) {
         rc = 2;
         goto out_script;
     }

@@ -93,6 +93,7 @@ struct zs_coord {
     peer_entry *peers; /* [cap_peers], index = proto id - 1 */
     int n_peers, cap_peers;
     zs_log_limit refused_log; /* registrations and messages refused: a peer may repeat them */
+    zs_log_limit chunk_log;   /* chunks taken back or moved (a liar or a staller repeats) */
     int servers_registered, servers_ready;
     int assignment_dirty;
     uint64_t all_done_ms; /* when every chunk of the step was last seen reported done (0: not) */
@@ -104,6 +105,7 @@ struct zs_coord {
     char *chunk_timed;                 /* [C] its time is in the ring already */
     double chunk_ms[64];               /* the last chunk times seen here (assignment to done) */
     int n_chunk_ms, next_chunk_ms;
+    double median_chunk_ms; /* of chunk_ms, kept as it changes (0: no chunk done yet) */
     zs_metrics *metrics;
     double step_start;
     double last_loss, last_tps; /* of the last finished step, for StatusReply */
@@ -363,45 +365,51 @@ static int live_servers(const coord *co)
     return n;
 }
 
+/* Why a Register from `from` is refused (why[] may hold the text), or NULL, with room in the
+ * peer table for it then. */
+static const char *registration_refusal(coord *co, const zs_ctrl_peer *from,
+                                        const Zshard__Register *r, char *why, size_t n)
+{
+    /* One registration per connection: a peer that registers again on the same socket (a
+     * flood, or a confused client) gets a refusal, not another entry. */
+    int live = 0;
+    for (int i = 0; i < co->n_peers; i++) {
+        if (co->peers[i].gone)
+            continue;
+        live++;
+        if (co->peers[i].peer.len == from->len &&
+            memcmp(co->peers[i].peer.id, from->id, from->len) == 0) {
+            snprintf(why, n, "this connection is registered already (as %d)", i + 1);
+            return why;
+        }
+    }
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER && live_servers(co) >= 2 * co->opts->servers)
+        return "all servers of this job and as many spares are registered";
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER && r->n_endpoints < 1)
+        return "a server must give its data-plane endpoint";
+    if (live >= MAX_PEERS)
+        return "too many peers at once";
+    if (co->n_peers >= MAX_IDS)
+        return "no member ids left in this job";
+    if (co->n_peers == co->cap_peers) {
+        int cap = 2 * co->cap_peers;
+        peer_entry *grown = realloc(co->peers, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return "the coordinator is out of memory for another peer";
+        co->peers = grown;
+        co->cap_peers = cap;
+    }
+    return NULL;
+}
+
 static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Register *r)
 {
     Zshard__RegisterReply rr = ZSHARD__REGISTER_REPLY__INIT;
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
     env.registration_reply = &rr;
-    const char *refusal = NULL;
     char why[160];
-    /* One registration per connection: a peer that registers again on the same socket (a
-     * flood, or a confused client) gets a refusal, not another entry. */
-    for (int i = co->n_peers - 1; i >= 0 && !refusal; i--)
-        if (!co->peers[i].gone && co->peers[i].peer.len == from->len &&
-            memcmp(co->peers[i].peer.id, from->id, from->len) == 0) {
-            snprintf(why, sizeof why, "this connection is registered already (as %d)", i + 1);
-            refusal = why;
-        }
-    int live = 0;
-    for (int i = 0; i < co->n_peers; i++)
-        live += !co->peers[i].gone;
-    if (refusal)
-        ; /* the one above */
-    else if (r->role == ZSHARD__ROLE__ROLE_SERVER && live_servers(co) >= 2 * co->opts->servers)
-        refusal = "all servers of this job and as many spares are registered";
-    else if (r->role == ZSHARD__ROLE__ROLE_SERVER && r->n_endpoints < 1)
-        refusal = "a server must give its data-plane endpoint";
-    else if (live >= MAX_PEERS)
-        refusal = "too many peers at once";
-    else if (co->n_peers >= MAX_IDS)
-        refusal = "no member ids left in this job";
-    else if (co->n_peers == co->cap_peers) {
-        int cap = co->cap_peers ? 2 * co->cap_peers : 64;
-        peer_entry *grown = realloc(co->peers, (size_t)cap * sizeof *grown);
-        if (grown) {
-            co->peers = grown;
-            co->cap_peers = cap;
-        } else {
-            refusal = "the coordinator is out of memory for another peer";
-        }
-    }
+    const char *refusal = registration_refusal(co, from, r, why, sizeof why);
     if (refusal) {
         rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
         rr.refusal = (char *)refusal;
@@ -1571,8 +1579,13 @@ static zs_err coord_setup(coord *co)
     ZS_CHECK(zs_metrics_open(path, co->start_step > 0 ? co->start_step : -1, &co->metrics));
     co->cap_peers = 64;
     co->peers = calloc((size_t)co->cap_peers, sizeof *co->peers);
-    if (!co->peers)
+    size_t C = (size_t)co->cfg.chunks;
+    co->chunk_since = calloc(C, sizeof *co->chunk_since);
+    co->chunk_seen = malloc(C * sizeof *co->chunk_seen);
+    co->chunk_timed = calloc(C, 1);
+    if (!co->peers || !co->chunk_since || !co->chunk_seen || !co->chunk_timed)
         return zs_error(ZS_ERR_NOMEM, "coord: out of memory");
+    co->deadline_step = -1; /* check_deadlines begins its bookkeeping at the first step */
     co->ctx = (zs_msg_ctx){.self = ZS_MSG_COORDINATOR,
                            .chunks = (uint32_t)co->cfg.chunks,
                            .steps = (uint32_t)co->opts->steps};
@@ -1628,7 +1641,7 @@ static void check_chunks(coord *co)
     co->all_done_ms = 0;
     for (int i = 0; i < n && i < SHOW; i++) {
         int to = zs_coord_owner(co->cs, chunks[i]);
-        zs_log_limited(&co->refused_log, ZS_LOG_WARN,
+        zs_log_limited(&co->chunk_log, ZS_LOG_WARN,
                        "coord: step %ld chunk %d: worker %d reported it done, but server %d does "
                        "not have its gradient; it goes to worker %d",
                        zs_coord_step(co->cs) + 1, chunks[i],
@@ -1653,22 +1666,6 @@ static void check_deadlines(coord *co)
     int C = co->cfg.chunks;
     if (co->cfg.cluster.chunk_timeout_factor <= 0 || zs_coord_chunks_pending(co->cs) <= 0)
         return;
-    if (!co->chunk_since) {
-        co->chunk_since = calloc((size_t)C, sizeof *co->chunk_since);
-        co->chunk_seen = malloc((size_t)C * sizeof *co->chunk_seen);
-        co->chunk_timed = calloc((size_t)C, 1);
-        if (!co->chunk_since || !co->chunk_seen || !co->chunk_timed) {
-            free(co->chunk_since);
-            free(co->chunk_seen);
-            free(co->chunk_timed);
-            co->chunk_since = NULL;
-            co->chunk_seen = NULL;
-            co->chunk_timed = NULL;
-            return;
-        }
-        for (int c = 0; c < C; c++)
-            co->chunk_seen[c] = -2;
-    }
     if (co->deadline_step != zs_coord_step(co->cs) || co->deadline_cs != co->cs) {
         co->deadline_step = zs_coord_step(co->cs);
         co->deadline_cs = co->cs;
@@ -1678,6 +1675,7 @@ static void check_deadlines(coord *co)
     uint64_t now = now_ms(co);
     /* The time from a chunk's assignment to its report, as seen here (not the workers' own
      * figures, which a worker could make up): the median of the last 64. */
+    int timed = 0;
     for (int c = 0; c < C; c++)
         if (zs_coord_chunk_done_yet(co->cs, c) && !co->chunk_timed[c] && co->chunk_seen[c] >= 0) {
             co->chunk_timed[c] = 1;
@@ -1685,16 +1683,16 @@ static void check_deadlines(coord *co)
             co->next_chunk_ms = (co->next_chunk_ms + 1) % 64;
             if (co->n_chunk_ms < 64)
                 co->n_chunk_ms++;
+            timed = 1;
         }
-    double ring[64];
-    memcpy(ring, co->chunk_ms, (size_t)co->n_chunk_ms * sizeof *ring);
-    double median = 0;
-    if (co->n_chunk_ms > 0) {
-        qsort(ring, (size_t)co->n_chunk_ms, sizeof *ring, cmp_double);
-        median = co->n_chunk_ms % 2
-                     ? ring[co->n_chunk_ms / 2]
-                     : 0.5 * (ring[co->n_chunk_ms / 2 - 1] + ring[co->n_chunk_ms / 2]);
+    if (timed) { /* the median changes only with the ring */
+        double ring[64];
+        int n = co->n_chunk_ms;
+        memcpy(ring, co->chunk_ms, (size_t)n * sizeof *ring);
+        qsort(ring, (size_t)n, sizeof *ring, cmp_double);
+        co->median_chunk_ms = n % 2 ? ring[n / 2] : 0.5 * (ring[n / 2 - 1] + ring[n / 2]);
     }
+    double median = co->median_chunk_ms;
     double limit = co->cfg.cluster.chunk_timeout_factor * median;
     if (limit < co->cfg.cluster.chunk_timeout_min_ms)
         limit = co->cfg.cluster.chunk_timeout_min_ms;
@@ -1714,7 +1712,7 @@ static void check_deadlines(coord *co)
             continue;
         co->chunk_seen[c] = to;
         co->assignment_dirty = 1;
-        zs_log_limited(&co->refused_log, ZS_LOG_WARN,
+        zs_log_limited(&co->chunk_log, ZS_LOG_WARN,
                        "coord: step %ld chunk %d: worker %d has not finished it in %.0f ms (%.1f "
                        "times the median chunk, %.0f ms); it goes to worker %d",
                        zs_coord_step(co->cs) + 1, c, zs_coord_member(co->cs, owner)->label, limit,
@@ -1867,9 +1865,8 @@ static void notice_pause(coord *co, uint64_t now)
         co->peers[i].unreachable_ms = 0;
     /* The chunk deadlines and the wait for the servers' view start again too: the time this
      * process did not run is nobody's delay. */
-    if (co->chunk_since)
-        for (int c = 0; c < co->cfg.chunks; c++)
-            co->chunk_since[c] = now;
+    for (int c = 0; c < co->cfg.chunks; c++)
+        co->chunk_since[c] = now;
     if (co->all_done_ms)
         co->all_done_ms = now;
 }

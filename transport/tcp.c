@@ -1819,12 +1819,6 @@ static zs_err hs_client(int fd, const zs_auth *auth, int64_t deadline, const cha
     return ZS_OK;
 }
 
-zs_err zs_tcp_handshake(int fd, const zs_auth *auth, int timeout_ms, const char *peer)
-{
-    int retry;
-    return hs_client(fd, auth, now_ms() + timeout_ms, peer, &retry);
-}
-
 zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)
 {
     tcp_net *n = (tcp_net *)nn;

@@ -79,11 +79,6 @@ zs_err zs_tcp_cancel(zs_req *req);
 zs_err zs_tcp_flush(zs_net *net);
 zs_err zs_tcp_poll(zs_net *net, zs_event *ev, int max, int timeout_ms, int *n);
 
-/* Runs the client side of the authentication handshake (transport.h) on a connected stream
- * socket fd, proving auth->member, within timeout_ms; peer names it in messages.  For tests
- * and fuzzers that then write frames by hand. */
-zs_err zs_tcp_handshake(int fd, const zs_auth *auth, int timeout_ms, const char *peer);
-
 /* Makes a connection of an already connected stream socket fd (TCP, or one end of an
  * AF_UNIX socketpair in tests and the fuzzer), with peer name `peer` for messages, without a
  * handshake: the caller vouches that it is member `member` (0: none).  On success the
