@@ -19,6 +19,7 @@ packages=(
   libsodium-dev        # job secrets, key derivation, the data plane's challenge-response
   clang libomp-dev     # the libFuzzer targets
   clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
+  python3              # the integration tests' file edits and JSON checks (nonfinite.sh, checkpoint_*.sh)
 )
 
 missing=()
