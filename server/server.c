@@ -904,8 +904,10 @@ static void on_data_event(server *sv, const zs_event *ev)
 {
     switch (ev->type) {
     case ZS_EV_REFUSED:
-        zs_log_limited(&sv->refused_log, ZS_LOG_WARN, "server %u: refused a connection: %s", sv->id,
-                       ev->reason);
+        /* Before our RegisterReply came, members are refused as "not registered yet" and try
+         * again: a normal start (a worker can be told its servers first), not a warning. */
+        zs_log_limited(&sv->refused_log, sv->have_key ? ZS_LOG_WARN : ZS_LOG_DEBUG,
+                       "server %u: refused a connection: %s", sv->id, ev->reason);
         break;
     case ZS_EV_ACCEPT:
         ZS_DEBUG("server %u: connection from %s", sv->id, sv->ops->conn_peer(ev->conn));
