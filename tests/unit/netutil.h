@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/secret.h"
 
 /* A port on 127.0.0.1 that was free a moment ago (-1 on failure). */
 static inline int zs_test_free_port(void)
@@ -48,6 +49,63 @@ static inline int zs_test_connect(int port)
     if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         close(fd);
         fd = -1;
+    }
+    return fd;
+}
+
+/* Writes (out) or reads exactly n bytes on a blocking socket: 1 on success, 0 on failure,
+ * end of stream or the socket's timeout. */
+static inline int zs_test_io(int fd, void *buf, size_t n, int out)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return 0;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 1;
+}
+
+/*
+ * A raw stream to 127.0.0.1:port that has passed the data plane's handshake as `member`, whose
+ * token is `token`, so that whatever a test writes on it next reaches the server's frame
+ * decoder as that member's.  The wire format (transport/tcp.c) is written out here on
+ * purpose: this is a peer that does not use our transport.  -1 if the server refused the
+ * member or did not prove itself, or nothing came within 10 s.
+ */
+static inline int zs_test_connect_member(int port, uint32_t member,
+                                         const uint8_t token[ZS_TOKEN_BYTES])
+{
+    int fd = zs_test_connect(port);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t hello[48] = {'Z', 'S', 'A', '1', 1, 0, 0, 0}, challenge[72], proof[32], want[32],
+            result[8];
+    for (int i = 0; i < 4; i++)
+        hello[8 + i] = (uint8_t)(member >> (8 * i));
+    const uint8_t *nonce_c = hello + 16, *nonce_s = challenge + 8;
+    zs_random_bytes(hello + 16, ZS_NONCE_BYTES);
+    int ok = zs_test_io(fd, hello, sizeof hello, 1) &&
+             zs_test_io(fd, challenge, sizeof challenge, 0) && !memcmp(challenge, "ZSA1", 4) &&
+             !memcmp(challenge + 4, "\0\0\0\0", 4);
+    if (ok) {
+        zs_token_proof(token, "server", nonce_c, nonce_s, member, want);
+        ok = memcmp(want, challenge + 8 + ZS_NONCE_BYTES, sizeof want) == 0;
+    }
+    if (ok) {
+        zs_token_proof(token, "client", nonce_c, nonce_s, member, proof);
+        ok = zs_test_io(fd, proof, sizeof proof, 1) && zs_test_io(fd, result, sizeof result, 0) &&
+             !memcmp(result, "ZSA1\0\0\0\0", 8);
+    }
+    if (!ok) {
+        close(fd);
+        return -1;
     }
     return fd;
 }

@@ -14,11 +14,15 @@
  *        of 0-8 ms (one of 15-40 ms), re-pushing one piece at once; so pieces of all chunks
  *        interleave at the servers.  One sender pushes its whole chunk again after every
  *        other sender is done (a late duplicate);
- *      step 2: before the owner pushes, raw sockets send the start of a valid PUSH frame
- *        (right step, chunk and sender) and go away mid-frame: cut inside the 64-byte header,
- *        right after it, or inside a payload of huge values; with a FIN or a RST, before and
- *        after the step's assignment reached the servers.  Every server must keep serving and
- *        none of those bytes may reach the accumulator;
+ *      step 2: before the owner pushes, raw streams that pass the handshake as the chunk's
+ *        owner send the start of a valid PUSH frame and go away mid-frame: cut inside the
+ *        64-byte header, right after it, or inside a payload of huge values; with a FIN or a
+ *        RST, before and after the step's assignment reached the servers.  Every server must
+ *        keep serving and none of those bytes may reach the accumulator.  With one server,
+ *        chunk 0's owner then leaves 24 duplicate pushes without payload open (header-only
+ *        pushes): the other chunks' pushes still go through and the step is applied, the 2 of
+ *        them that took push buffers are closed once their payload is overdue, and the rest
+ *        are refused as stale;
  *  - stale pushes, pushes of chunks not assigned to the sender, ranges outside the server's
  *    shards and random bytes are refused and leave the server serving;
  *  - Shutdown ends every server with exit status 0.
@@ -54,6 +58,10 @@
 #include "worker/trainer.h"
 
 enum { MAXS = 3, C = 4, STEPS = 3, WORKER = 100 };
+
+/* Header-only pushes (run with S = 1, at step 2): chunk 0 belongs to member HOSTILE, which
+ * leaves this many pushes without their payload. */
+enum { HOSTILE = WORKER + 20, HEADERS_ONLY = 24 };
 
 /* How a step's chunks reach the servers (step % 3; see the top comment). */
 enum { MODE_ONE_CLIENT, MODE_CONCURRENT, MODE_CUT };
@@ -345,28 +353,15 @@ static void push_concurrently(rig *r, const char *const *eps, long step, float *
     }
 }
 
-/* A TCP connection to the server at endpoint "HOST:PORT" (-1 on failure). */
-static int connect_raw(const char *endpoint)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)zs_test_port_of(endpoint)),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        fd = -1;
-    }
-    return fd;
-}
-
 /*
  * The server's end of our connection fd to the server listening on port, as /proc/net/tcp
  * shows it, polled every millisecond until the server has accepted it (its socket has an
  * inode) or has closed it already, and with `taken_in` until it has also read every byte sent
- * so far.  Returns 1 once it is so, with *inode the server's socket (0: the server closed it
- * already), or 0 after 10 s (said on stderr).
+ * so far but `unread`.  Returns 1 once it is so, with *inode the server's socket (0: the
+ * server closed it already), or 0 after 10 s (said on stderr).
  */
-static int wait_server_end(int port, int fd, int taken_in, unsigned long *inode)
+static int wait_server_end(int port, int fd, int taken_in, unsigned long unread,
+                           unsigned long *inode)
 {
     int mine = zs_test_local_port(fd);
     uint64_t until = zs_now_ms() + 10000;
@@ -375,7 +370,7 @@ static int wait_server_end(int port, int fd, int taken_in, unsigned long *inode)
         zs_test_tcp_end e = zs_test_tcp_lookup(port, mine);
         if (!zs_test_tcp_open(&e))
             return 1; /* closed by the server */
-        if (e.inode && (!taken_in || e.rx == 0)) {
+        if (e.inode && (!taken_in || e.rx <= unread)) {
             *inode = e.inode;
             return 1;
         }
@@ -391,15 +386,17 @@ static int wait_server_end(int port, int fd, int taken_in, unsigned long *inode)
 }
 
 /*
- * A peer that goes away mid-frame: sends the first `cut` bytes (cut < 64 + payload) of a
- * valid PUSH of [b, b + count) for (step, chunk) from `sender`, whose payload is huge values
- * that would show in any weight they reached; then, once the server has accepted the stream
- * (and, with `taken_in`, read all of those bytes), closes with a FIN, or a RST if `reset`.
- * Returns 1 if the bytes went out and the server took the stream, with *inode the server's
- * socket for it (0 if the server closed it already).
+ * A member that goes away mid-frame: on a raw stream that has passed the handshake as
+ * `sender`, sends the first `cut` bytes (cut < 64 + payload) of a valid PUSH of
+ * [b, b + count) for (step, chunk), whose payload is huge values that would show in any
+ * weight they reached; then, once the server has accepted the stream (and, with `taken_in`,
+ * read those bytes: all of them, or with `deferred` the header only, which is all a server
+ * reads of a push whose chunk has no owner there yet), closes with a FIN, or a RST if
+ * `reset`.  Returns 1 if the bytes went out and the server took the stream, with *inode the
+ * server's socket for it (0 if the server closed it already).
  */
 static int push_cut(const char *endpoint, long step, int chunk, uint32_t sender, size_t b,
-                    size_t count, size_t cut, int taken_in, int reset, uint64_t id,
+                    size_t count, size_t cut, int taken_in, int deferred, int reset, uint64_t id,
                     unsigned long *inode)
 {
     zs_frame f = {.op = ZS_OP_PUSH,
@@ -421,7 +418,8 @@ static int push_cut(const char *endpoint, long step, int chunk, uint32_t sender,
         float v = (i % 3 == 0) ? 3.0e38f : (i % 3 == 1) ? -1.0e30f : 7.0e37f;
         memcpy(buf + ZS_FRAME_HEADER_BYTES + i * sizeof v, &v, sizeof v);
     }
-    if ((fd = connect_raw(endpoint)) < 0)
+    zs_auth a = auth_of(sender);
+    if ((fd = zs_test_connect_member(zs_test_port_of(endpoint), sender, a.token)) < 0)
         goto out;
     size_t sent = 0;
     while (sent < cut) {
@@ -430,7 +428,8 @@ static int push_cut(const char *endpoint, long step, int chunk, uint32_t sender,
             goto out;
         sent += (size_t)w;
     }
-    ok = wait_server_end(zs_test_port_of(endpoint), fd, taken_in, inode);
+    unsigned long unread = deferred && cut > ZS_FRAME_HEADER_BYTES ? cut - ZS_FRAME_HEADER_BYTES : 0;
+    ok = wait_server_end(zs_test_port_of(endpoint), fd, taken_in, unread, inode);
     if (reset) {
         struct linger l = {.l_onoff = 1, .l_linger = 0};
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
@@ -442,14 +441,24 @@ out:
     return ok;
 }
 
+/* MODE_CUT's broken frames, sent: the server's socket of each stream and who holds it. */
+enum { MAX_CUTS = 16 };
+typedef struct {
+    long step;
+    int first, n;
+    unsigned long inode[MAX_CUTS];
+    pid_t holder[MAX_CUTS];
+} cut_set;
+
 /* MODE_CUT's broken frames: `n` of them, each for a seeded chunk and sub-range of a shard,
- * with the owner's id, cut at a seeded place of the kind `i` names. */
-static void push_cuts(rig *r, long step, const uint32_t *owner, sched *g, int first, int n)
+ * pushed as the chunk's owner, cut at a seeded place of the kind `i` names.  `deferred`: the
+ * step's assignment has not been sent yet, so the servers hold each frame after its header
+ * (and notice the stream's end only once the assignment came). */
+static cut_set push_cuts(rig *r, long step, const uint32_t *owner, sched *g, int first, int n,
+                         int deferred)
 {
-    enum { MAX_CUTS = 16 };
-    unsigned long inode[MAX_CUTS] = {0};
-    pid_t holder[MAX_CUTS] = {0};
-    for (int i = first; i < first + n && i - first < MAX_CUTS; i++) {
+    cut_set set = {.step = step, .first = first, .n = n < MAX_CUTS ? n : MAX_CUTS};
+    for (int i = first; i < first + set.n; i++) {
         const zs_shard *sh = &r->map.shards[sched_int(g, 0, r->map.n_shards - 1)];
         size_t len = sh->end - sh->begin;
         size_t lo = (size_t)(sched_next(g) % (len / 2 + 1)),
@@ -478,12 +487,21 @@ static void push_cuts(rig *r, long step, const uint32_t *owner, sched *g, int fi
         }
         int reset = (int)(sched_next(g) % 2), taken_in = sched_int(g, 0, 1);
         CHECK(push_cut(r->endpoint[sh->server], step, chunk, owner[chunk], b, count, cut, taken_in,
-                       reset, 0xc070000u + (uint64_t)i, &inode[i - first]));
-        holder[i - first] = r->reg_pid[sh->server];
+                       deferred, reset, 0xc070000u + (uint64_t)i, &set.inode[i - first]));
+        set.holder[i - first] = r->reg_pid[sh->server];
     }
-    /* The servers see the connections end before anything else: each has closed its socket of
-     * every stream cut here. */
-    for (int k = 0; k < n && k < MAX_CUTS; k++) {
+    return set;
+}
+
+/* The servers have seen every stream of `set` end: each has closed its socket, within 10 s,
+ * and is still running. */
+static void check_cuts_closed(rig *r, const cut_set *set)
+{
+    const unsigned long *inode = set->inode;
+    const pid_t *holder = set->holder;
+    long step = set->step;
+    int first = set->first, n = set->n;
+    for (int k = 0; k < n; k++) {
         uint64_t until = zs_now_ms() + 10000;
         while (inode[k] && zs_test_holds_socket(holder[k], inode[k]) && zs_now_ms() < until)
             usleep(1000);
@@ -615,6 +633,78 @@ static void failover(rig *r, const zs_trainer *tr, size_t N, const char *const *
     free(got);
     zshard__shard_map__free_unpacked(sm, NULL);
     zs_shardmap_free(&m2);
+}
+
+/*
+ * Header-only pushes: member HOSTILE, the owner of chunk 0, pushes its chunk in full through
+ * hcl, then opens HEADERS_ONLY streams to the server of shard 0 and on each one sends the
+ * header of a duplicate push of that shard, never its payload, and keeps them open.  Returns
+ * once the server has read every header.  A member has at most 2 of a server's 8 push buffers,
+ * so the other chunks' pushes that come next go through (check_headers_only sees the rest).
+ */
+static void push_headers_only(rig *r, long step, zs_client *hcl, const float *grad, size_t N,
+                              int fd[HEADERS_ONLY])
+{
+    zs_client_op *op;
+    int done = 0;
+    CHECK_OK(zs_client_push(hcl, 0, N, step, 0, grad, &op));
+    CHECK_OK(zs_client_wait(hcl, op, 20000, &done));
+    CHECK(done);
+    const zs_shard *sh = &r->map.shards[0];
+    zs_auth a = auth_of(HOSTILE);
+    int port = zs_test_port_of(r->endpoint[sh->server]);
+    zs_frame f = {.op = ZS_OP_PUSH,
+                  .dtype = ZS_DTYPE_F32,
+                  .step = (uint64_t)step,
+                  .chunk = 0,
+                  .sender = HOSTILE,
+                  .offset = sh->begin,
+                  .count = sh->end - sh->begin,
+                  .length = (sh->end - sh->begin) * sizeof(float)};
+    for (int i = 0; i < HEADERS_ONLY; i++) {
+        uint8_t header[ZS_FRAME_HEADER_BYTES];
+        f.id = 0xd0000u + (uint64_t)i;
+        zs_frame_encode(&f, header);
+        fd[i] = zs_test_connect_member(port, HOSTILE, a.token);
+        CHECK(fd[i] >= 0);
+        unsigned long inode = 0;
+        CHECK(fd[i] >= 0 && zs_test_io(fd[i], header, sizeof header, 1) &&
+              wait_server_end(port, fd[i], 1, 0, &inode) && inode != 0);
+    }
+}
+
+/*
+ * What became of the header-only pushes, within 25 s of push_headers_only: the 2 that got push
+ * buffers are closed by the server once their payload is overdue (10 s plus its length at
+ * 10 MB/s: docs/security.md), which gives the buffers back; each of the others waited for one of
+ * the member's 2 buffers, and is then refused as stale (its step was applied without it).
+ */
+static void check_headers_only(int fd[HEADERS_ONLY], uint64_t sent_ms)
+{
+    int closed = 0, refused = 0;
+    for (int i = 0; i < HEADERS_ONLY; i++) {
+        if (fd[i] < 0)
+            continue;
+        uint64_t now = zs_now_ms(), until = sent_ms + 25000;
+        uint64_t left = until > now ? until - now : 1;
+        struct timeval tv = {.tv_sec = (time_t)(left / 1000),
+                             .tv_usec = (suseconds_t)(left % 1000 * 1000)};
+        setsockopt(fd[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        uint8_t header[ZS_FRAME_HEADER_BYTES];
+        ssize_t k = recv(fd[i], header, sizeof header, MSG_WAITALL);
+        zs_frame f;
+        if (k == 0 || (k < 0 && errno == ECONNRESET))
+            closed++;
+        else if (k == (ssize_t)sizeof header && zs_frame_decode(header, &f) == ZS_OK &&
+                 f.op == ZS_OP_ERROR && f.status == ZS_FS_STALE)
+            refused++;
+        else
+            fprintf(stderr, "test_server: header-only push %d: %zd bytes back (%s)\n", i, k,
+                    k < 0 ? strerror(errno) : "not a stale refusal");
+        close(fd[i]);
+    }
+    CHECK_EQ_INT(closed, 2);
+    CHECK_EQ_INT(refused, HEADERS_ONLY - 2);
 }
 
 /* Peers the data plane must refuse, each at connect, while the job goes on: a token made with
@@ -777,6 +867,14 @@ static void run(const char *zshard, int S, int replicas)
         CHECK_OK(zs_client_register(cl, grads[c], N * 4));
     zs_gpt2 *model;
     CHECK_OK(zs_gpt2_create(&cfg.model, &tr.tt, 2, 16, 1, &model));
+    int hostile = S == 1 && !replicas, headers_only[HEADERS_ONLY];
+    uint64_t headers_sent_ms = 0;
+    zs_auth hauth = auth_of(HOSTILE);
+    zs_client *hcl = NULL;
+    if (hostile) {
+        CHECK_OK(zs_client_open(&r.map, eps, &hauth, NULL, &hcl));
+        CHECK_OK(zs_client_register(hcl, grads[0], N * 4));
+    }
     for (long step = 0; step < STEPS; step++) {
         int mode = (int)(step % 3);
         sched g = {.stream = 3000 + (uint64_t)(S * STEPS + step)};
@@ -794,8 +892,11 @@ static void run(const char *zshard, int S, int replicas)
         uint32_t owner[C];
         for (int c = 0; c < C; c++)
             owner[c] = mode == MODE_CONCURRENT ? WORKER + 10 + (uint32_t)c : WORKER;
+        if (mode == MODE_CUT && hostile)
+            owner[0] = HOSTILE;
+        cut_set early = {0};
         if (mode == MODE_CUT) /* broken frames whose chunk has no owner yet: held, then lost */
-            push_cuts(&r, step, owner, &g, 0, 5);
+            early = push_cuts(&r, step, owner, &g, 0, 5, 1);
         /* Tell the servers, one StepAssign per worker. */
         for (int c = 0; c < C; c++) {
             uint32_t chunks[C];
@@ -822,8 +923,11 @@ static void run(const char *zshard, int S, int replicas)
         /* The assignment travels on another socket than the pushes: wait until every server
          * has it. */
         wait_assigned(&r, step, owner, grads_mr[0], reply_mr);
-        if (mode == MODE_CUT) /* broken frames for owned chunks: their payload is lost */
-            push_cuts(&r, step, owner, &g, 5, 5);
+        if (mode == MODE_CUT) { /* broken frames for owned chunks: their payload is lost */
+            check_cuts_closed(&r, &early);
+            cut_set late = push_cuts(&r, step, owner, &g, 5, 5, 0);
+            check_cuts_closed(&r, &late);
+        }
         memcpy(compute, params, N * 4);
         for (int c = 0; c < C; c++) {
             zs_gpt2_flat flat = {.params = compute, .grads = grads[c]};
@@ -916,10 +1020,16 @@ static void run(const char *zshard, int S, int replicas)
             CHECK_OK(ops->test(held, &done, NULL));
             CHECK(!done); /* not published yet */
         }
+        if (owner[0] == HOSTILE) {
+            push_headers_only(&r, step, hcl, grads[0], N, headers_only);
+            headers_sent_ms = zs_now_ms();
+        }
         int order[C] = {0, 1, 2, 3};
         shuffle(&g, order, C);
         for (int k = 0; k < C && mode != MODE_CONCURRENT; k++) {
             int c = order[k];
+            if (owner[c] != WORKER)
+                continue; /* HOSTILE's, pushed above */
             zs_client_op *ops_[16];
             int n = 0;
             for (int l = tr.tt.n_layers - 1; l >= 0; l--) {
@@ -990,6 +1100,17 @@ static void run(const char *zshard, int S, int replicas)
             CHECK(env && env->version_published->version == (uint64_t)step + 1);
             zs_msg_free(env);
         }
+        if (owner[0] == HOSTILE) { /* applied without waiting for the overdue payloads */
+            const zs_shard *sh = &r.map.shards[0];
+            int port = zs_test_port_of(r.endpoint[sh->server]), open = 0;
+            for (int i = 0; i < HEADERS_ONLY; i++) {
+                zs_test_tcp_end e = zs_test_tcp_lookup(port, zs_test_local_port(headers_only[i]));
+                open += zs_test_tcp_open(&e);
+            }
+            CHECK_EQ_INT(open, HEADERS_ONLY);
+            printf("test_server: step %ld applied %llu ms after the header-only pushes\n", step,
+                   (unsigned long long)(zs_now_ms() - headers_sent_ms));
+        }
         zs_step_stats st;
         CHECK_OK(zs_trainer_step(&tr, &st));
         CHECK(st.grad_norm == norm);
@@ -1010,6 +1131,9 @@ static void run(const char *zshard, int S, int replicas)
         CHECK_OK(zs_client_wait(cl, op, 20000, &done));
     }
     CHECK_EQ_INT(first_diff(params, tr.params, N), N);
+    if (hostile)
+        check_headers_only(headers_only, headers_sent_ms);
+    zs_client_close(hcl);
     /* Random bytes to a server's port: the server closes that connection and goes on
      * serving everyone else. */
     CHECK_EQ_INT(zs_test_send_garbage(zs_test_port_of(r.endpoint[0]), 99, 10), 1);
