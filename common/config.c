@@ -44,7 +44,8 @@ void zs_config_defaults(zs_config *cfg)
                                        .heartbeat_timeout_ms = 5000,
                                        .coordinator_timeout_ms = 15000,
                                        .chunk_timeout_factor = 4.0,
-                                       .chunk_timeout_min_ms = 2000};
+                                       .chunk_timeout_min_ms = 2000,
+                                       .max_members_per_address = 1024};
     cfg->elasticity = (zs_elastic_config){.enabled = 0, .min_workers = 1, .max_workers = 0};
     cfg->checkpoint =
         (zs_checkpoint_config){.dir = "", .interval_steps = 0, .keep = 2, .replicas = 0};
@@ -407,6 +408,7 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                                                "coordinator_timeout_ms",
                                                "chunk_timeout_factor",
                                                "chunk_timeout_min_ms",
+                                               "max_members_per_address",
                                                NULL};
     static const char *const elastic_keys[] = {"enabled", "min_workers", "max_workers", NULL};
     if (!json_is_object(root))
@@ -478,6 +480,8 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                             p->source, cfg->cluster.chunk_timeout_factor);
         ZS_CHECK(get_int32(p, o, "cluster", "chunk_timeout_min_ms", 1, 3600000,
                            &cfg->cluster.chunk_timeout_min_ms, NULL));
+        ZS_CHECK(get_int32(p, o, "cluster", "max_members_per_address", 1, 4096,
+                           &cfg->cluster.max_members_per_address, NULL));
         if (cfg->cluster.coordinator_timeout_ms <= 2 * cfg->cluster.heartbeat_interval_ms)
             return zs_error(ZS_ERR_INVALID,
                             "%s: key \"cluster.coordinator_timeout_ms\": %d must exceed twice "

@@ -54,6 +54,7 @@ typedef struct {
     double chunk_timeout_factor; /* a chunk not done within this many times the running median
                                     chunk time goes to another worker (0: never) */
     int chunk_timeout_min_ms;    /* ... but never sooner than this */
+    int max_members_per_address; /* registered and not gone at once from one network address */
 } zs_cluster_config;
 
 typedef struct {

@@ -411,8 +411,10 @@ zs_err zs_ctrl_recv(zs_ctrl *c, int timeout_ms, const zs_msg_ctx *ctx, zs_ctrl_p
                     Zshard__Envelope **env)
 {
     *env = NULL;
-    if (from)
+    if (from) {
         from->len = 0;
+        from->addr[0] = '\0';
+    }
     zmq_pollitem_t item = {.socket = c->sock, .events = ZMQ_POLLIN};
     int rc = zmq_poll(&item, 1, timeout_ms);
     if (rc < 0 && errno == EINTR)
@@ -452,6 +454,9 @@ zs_err zs_ctrl_recv(zs_ctrl *c, int timeout_ms, const zs_msg_ctx *ctx, zs_ctrl_p
     } else {
         res = zs_msg_decode(zmq_msg_data(&part), zmq_msg_size(&part), ctx, env);
     }
+    const char *addr = from && c->router ? zmq_msg_gets(&part, "Peer-Address") : NULL;
+    if (addr)
+        snprintf(from->addr, sizeof from->addr, "%s", addr);
     zmq_msg_close(&part);
     return res;
 }

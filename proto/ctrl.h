@@ -21,10 +21,14 @@
 
 typedef struct zs_ctrl zs_ctrl;
 
+#define ZS_CTRL_ADDR_MAX 64 /* bytes of a peer's address text, with its terminator */
+
 /* Who sent a message to a ROUTER, or whom to send to (empty for a DEALER). */
 typedef struct {
     uint8_t id[ZS_CTRL_ID_MAX];
     size_t len;
+    char addr[ZS_CTRL_ADDR_MAX]; /* received: the sender's IP address as ZeroMQ saw the
+                                    connection ("Peer-Address"); "" when it does not say */
 } zs_ctrl_peer;
 
 /* A ROUTER bound to endpoint ("tcp://HOST:PORT"; port 0 or "*" picks one: see

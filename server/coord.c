@@ -389,6 +389,18 @@ static const char *registration_refusal(coord *co, const zs_ctrl_peer *from,
         return "a server must give its data-plane endpoint";
     if (live >= MAX_PEERS)
         return "too many peers at once";
+    if (from->addr[0]) {
+        int same = 0, cap = co->cfg.cluster.max_members_per_address;
+        for (int i = 0; i < co->n_peers; i++)
+            same += !co->peers[i].gone && strcmp(co->peers[i].peer.addr, from->addr) == 0;
+        if (same >= cap) {
+            snprintf(why, n,
+                     "%d members from %s are registered already "
+                     "(cluster.max_members_per_address)",
+                     same, from->addr);
+            return why;
+        }
+    }
     if (co->n_peers >= MAX_IDS)
         return "no member ids left in this job";
     if (co->n_peers == co->cap_peers) {

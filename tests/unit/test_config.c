@@ -114,6 +114,11 @@ static void test_errors(void)
     CHECK_FAILS_WITH(zs_config_parse("{\"model\": 3}", "cfg.json", &c),
                      "\"model\": expected an object");
     CHECK_FAILS_WITH(
+        zs_config_parse("{\"cluster\": {\"max_members_per_address\": 0}}", "cfg.json", &c),
+        "cluster.max_members_per_address");
+    CHECK_OK(zs_config_parse("{\"cluster\": {\"max_members_per_address\": 8}}", "cfg.json", &c));
+    CHECK_EQ_INT(c.cluster.max_members_per_address, 8);
+    CHECK_FAILS_WITH(
         zs_config_parse("{\"model\": {\"n_embd\": 10, \"n_head\": 3}}", "cfg.json", &c),
         "not a multiple of model.n_head");
     CHECK_FAILS_WITH(zs_config_parse("{\"train_batch_size\": 10, "

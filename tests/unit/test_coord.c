@@ -4,6 +4,9 @@
  * through transport/client.h) -- for (S, W) = (1, 1), (2, 2), (3, 2).  The coordinator's
  * metrics.jsonl (less timing fields) and model.safetensors must be bitwise those of
  * `zshard train` on the same config and data.  Also: a worker whose data differs is refused;
+ * a register flood from 127.0.0.2 (300 Registers on one socket, then one per socket up to
+ * cluster.max_members_per_address) is refused with the reasons, and the job's own members,
+ * from 127.0.0.1, are let in after it;
  * peers without the job secret (a plain ZeroMQ socket, a CURVE client with another secret)
  * get nothing through, and the job is unaffected.  Every process runs with a secret made
  * here (ZSHARD_SECRET_FILE for the children).
@@ -169,14 +172,50 @@ static void check_version_refusal(const char *ep)
     zs_ctrl_close(c);
 }
 
-/* A member floods the coordinator with Registers on one socket: the first gets an id, every
- * other one a refusal that says why, and none takes a place in the table (the workers the
- * test opens after it, and the job's result, show that nothing else changed). */
+/* The hung run's cluster.max_members_per_address: the run's own members (2 servers and 2
+ * workers) come from 127.0.0.1, the flood from 127.0.0.2. */
+enum { PER_ADDRESS = 4 };
+
+/* A worker's Register on socket c, and the coordinator's answer: 1 assigned, 0 refused (the
+ * refusal's text in why), -1 no answer within 30 s. */
+static int register_once(zs_ctrl *c, char *why, size_t cap)
+{
+    if (zs_ctrl_register(c, ZSHARD__ROLE__ROLE_WORKER, NULL) != ZS_OK)
+        return -1;
+    zs_msg_ctx ctx = {.self = ZS_MSG_WORKER};
+    uint64_t until = zs_now_ms() + 30000;
+    while (zs_now_ms() < until) {
+        Zshard__Envelope *e = NULL;
+        if (zs_ctrl_recv(c, 100, &ctx, NULL, &e) != ZS_OK || !e)
+            continue;
+        int got = -2;
+        if (e->body_case == ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY) {
+            const Zshard__RegisterReply *rr = e->registration_reply;
+            got = rr->outcome_case == ZSHARD__REGISTER_REPLY__OUTCOME_ASSIGNED_ID;
+            snprintf(why, cap, "%s", got ? "" : rr->refusal);
+        }
+        zs_msg_free(e);
+        if (got != -2)
+            return got;
+    }
+    return -1;
+}
+
+/*
+ * A member floods the coordinator with Registers, from another loopback address (127.0.0.2)
+ * than the job's own members.  On one socket: the first gets an id, every other one a refusal
+ * that says why, and none takes a place in the table.  Then on sockets of their own: as many
+ * as cluster.max_members_per_address allows are let in, the next is refused with that reason.
+ * The job's servers and workers, all from 127.0.0.1, register after it and are let in (the
+ * job's result shows that nothing else changed).
+ */
 static void check_register_flood(const char *ep)
 {
     enum { FLOOD = 300 };
+    char from2[300];
+    snprintf(from2, sizeof from2, "tcp://127.0.0.2:0;%s", ep + strlen("tcp://"));
     zs_ctrl *c = NULL;
-    CHECK_OK(zs_ctrl_connect(ep, &job_secret, &c));
+    CHECK_OK(zs_ctrl_connect(from2, &job_secret, &c));
     for (int i = 0; i < FLOOD && c; i++)
         CHECK_OK(zs_ctrl_register(c, ZSHARD__ROLE__ROLE_WORKER, NULL));
     int assigned = 0, refused = 0, other = 0;
@@ -204,6 +243,23 @@ static void check_register_flood(const char *ep)
     CHECK_EQ_INT(assigned, 1);
     CHECK_EQ_INT(refused, FLOOD - 1);
     CHECK_EQ_INT(other, 0);
+    /* One registration per socket, up to the bound for 127.0.0.2. */
+    zs_ctrl *more[PER_ADDRESS] = {NULL};
+    char why[400] = "";
+    for (int i = 0; i < PER_ADDRESS; i++) {
+        CHECK_OK(zs_ctrl_connect(from2, &job_secret, &more[i]));
+        int got = more[i] ? register_once(more[i], why, sizeof why) : -1;
+        if (i < PER_ADDRESS - 1) {
+            if (got != 1)
+                fprintf(stderr, "test_coord: flood registration %d: %d (%s)\n", i + 2, got, why);
+            CHECK_EQ_INT(got, 1);
+        } else {
+            CHECK_EQ_INT(got, 0);
+            CHECK(strstr(why, "members from 127.0.0.2 are registered already") != NULL);
+        }
+    }
+    for (int i = 0; i < PER_ADDRESS; i++)
+        zs_ctrl_close(more[i]);
     zs_ctrl_close(c);
 }
 
@@ -333,8 +389,9 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     char cmd0[1400];
     snprintf(cmd0, sizeof cmd0,
              "sed 's/\"cluster\": {/\"cluster\": {\"heartbeat_interval_ms\": "
-             "100, \"heartbeat_timeout_ms\": 1500, /' data/tiny.json > %s",
-             config);
+             "100, \"heartbeat_timeout_ms\": 1500, \"max_members_per_address\": %d, /' "
+             "data/tiny.json > %s",
+             hung ? PER_ADDRESS : 1024, config);
     CHECK(system(cmd0) == 0);
     char *cargv[] = {(char *)zshard, "coord",     "--listen", ep,       "--config",
                      config,         "--servers", servers,    "--data", "data/tiny.txt",
