@@ -57,6 +57,10 @@
 #define POLL_MS 2              /* data-plane wait per turn; bounds control-plane latency */
 #define MAX_HELD 65536         /* fetches of the next version held at once */
 #define MAX_HELD_PER_CONN 4096 /* of them from one connection (stream): no client can take all */
+/* Streams one member may have open to a server at once (a worker uses ZS_TCP_CONNS of them,
+ * at most 16, per client): one that opens stream after stream, each left waiting for a
+ * payload, cannot take the server's descriptors. */
+#define MAX_CONNS_PER_MEMBER 64
 
 /* A connection's user pointer is a tag, not a pointer: CONN_DOOMED (odd) for a connection to
  * close at the end of this turn of the loop, else twice the number of fetches it has held. */
@@ -659,6 +663,18 @@ static void member_gone(server *sv, uint32_t member)
 
 static void track_conn(server *sv, zs_conn *c)
 {
+    uint32_t member = sv->ops->conn_member(c);
+    int same = 0;
+    for (int i = 0; member != 0 && i < sv->n_conns; i++)
+        same += sv->ops->conn_member(sv->conns[i]) == member;
+    if (same >= MAX_CONNS_PER_MEMBER) {
+        zs_log_limited(&sv->refused_log, ZS_LOG_WARN,
+                       "server %u: member %u (%s) has %d streams open here already, the most "
+                       "one member may; the new one is closed",
+                       sv->id, member, sv->ops->conn_peer(c), same);
+        doom(sv, c);
+        return;
+    }
     if (sv->n_conns == sv->cap_conns) {
         int cap = sv->cap_conns ? 2 * sv->cap_conns : 16;
         zs_conn **l = realloc(sv->conns, (size_t)cap * sizeof *l);

@@ -24,7 +24,8 @@
  *        them that took push buffers are closed once their payload is overdue, and the rest
  *        are refused as stale;
  *  - stale pushes, pushes of chunks not assigned to the sender, ranges outside the server's
- *    shards and random bytes are refused and leave the server serving;
+ *    shards and random bytes are refused and leave the server serving; one member's 65th
+ *    open stream is closed;
  *  - Shutdown ends every server with exit status 0.
  * The schedules come from one seed, printed at the start; ZS_TEST_SEED=<seed> repeats them.
  */
@@ -707,6 +708,29 @@ static void check_headers_only(int fd[HEADERS_ONLY], uint64_t sent_ms)
     CHECK_EQ_INT(refused, HEADERS_ONLY - 2);
 }
 
+/* One member opens stream after stream to a server (each passes the handshake): the server
+ * keeps 64 of them and closes the 65th. */
+static void check_streams_per_member(rig *r)
+{
+    enum { MOST = 64, MEMBER = WORKER + 60 };
+    zs_auth a = auth_of(MEMBER);
+    int port = zs_test_port_of(r->endpoint[0]), fd[MOST + 1], open = 0;
+    for (int i = 0; i <= MOST; i++) {
+        fd[i] = zs_test_connect_member(port, MEMBER, a.token);
+        CHECK(fd[i] >= 0);
+    }
+    char b;
+    CHECK(fd[MOST] >= 0 && read(fd[MOST], &b, 1) == 0); /* closed (SO_RCVTIMEO: 10 s) */
+    for (int i = 0; i < MOST; i++) {
+        zs_test_tcp_end e = zs_test_tcp_lookup(port, zs_test_local_port(fd[i]));
+        open += fd[i] >= 0 && zs_test_tcp_open(&e);
+    }
+    CHECK_EQ_INT(open, MOST);
+    for (int i = 0; i <= MOST; i++)
+        if (fd[i] >= 0)
+            close(fd[i]);
+}
+
 /* Peers the data plane must refuse, each at connect, while the job goes on: a token made with
  * another data key (another job's), a member the coordinator declared gone (MemberGone), and
  * a peer that opens a stream and says nothing (closed after ZS_TCP_HANDSHAKE_MS, which main
@@ -756,6 +780,8 @@ static void check_strangers(rig *r, int S)
     CHECK_EQ_INT((int)read(fd, &b, 1), 0);
     close(fd);
     ops->close(net);
+    if (S == 1)
+        check_streams_per_member(r);
 }
 
 /* The job secret the test (as coordinator) and its servers share; the servers find it in
