@@ -429,7 +429,8 @@ static int push_cut(const char *endpoint, long step, int chunk, uint32_t sender,
             goto out;
         sent += (size_t)w;
     }
-    unsigned long unread = deferred && cut > ZS_FRAME_HEADER_BYTES ? cut - ZS_FRAME_HEADER_BYTES : 0;
+    unsigned long unread =
+        deferred && cut > ZS_FRAME_HEADER_BYTES ? cut - ZS_FRAME_HEADER_BYTES : 0;
     ok = wait_server_end(zs_test_port_of(endpoint), fd, taken_in, unread, inode);
     if (reset) {
         struct linger l = {.l_onoff = 1, .l_linger = 0};
