@@ -17,6 +17,7 @@ packages=(
   libzmq3-dev          # control-plane transport (ROUTER/DEALER)
   libxxhash-dev        # XXH3 checksums of checkpoint files
   libsodium-dev        # job secrets, key derivation, the data plane's challenge-response
+  liburing-dev         # io_uring: the partition servers' NVMe tier (server/nvme.h)
   clang libomp-dev     # the libFuzzer targets
   clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
   python3              # the integration tests' file edits and JSON checks (nonfinite.sh, checkpoint_*.sh)

@@ -1,0 +1,231 @@
+/*
+ * nvme: the NVMe tier's state file through io_uring, in a directory under /tmp.
+ *  - stored arrays load back bitwise, whole and in ranges that cut blocks;
+ *  - zs_nvme_run visits every unit once, in order, and after several runs each array is
+ *    bitwise what the same updates give on arrays in RAM;
+ *  - a byte flipped on disk (through the unnamed file's /proc/self/fd entry) stops a run at
+ *    that unit with the offset named, units before it updated and the rest not; a file cut
+ *    short gives "short read"; ZS_NVME_INJECT_EIO gives EIO at the offset;
+ *  - a directory that does not exist, or is a file, is named; a file system too small (a tmpfs
+ *    in a private mount namespace, when the test runs as root) fails at open with ENOSPC.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "server/nvme.h"
+#include "tests/unit/test.h"
+
+enum { UNITS = 3, ARRAYS = 2 };
+static const size_t FLOATS[UNITS] = {1000, 70000, 5};
+
+/* The work of a run: an update that depends on the unit, the array, the element and the run
+ * (so a unit handed over twice, or another unit's data, would show). */
+typedef struct {
+    int run;
+    int visited[UNITS + 1];
+    int order[16];
+    int n;
+} work_ctx;
+
+static float updated(float x, int run, int u, int a, size_t i)
+{
+    return x * 0.75f + (float)(run + 1) * 0.5f - (float)u + (float)a * 0.25f + (float)(i % 7);
+}
+
+static zs_err work(void *ctx, int u, float *const *arrays)
+{
+    work_ctx *w = ctx;
+    w->visited[u]++;
+    if (w->n < 16)
+        w->order[w->n++] = u;
+    for (int a = 0; a < ARRAYS; a++)
+        for (size_t i = 0; i < FLOATS[u]; i++)
+            arrays[a][i] = updated(arrays[a][i], w->run, u, a, i);
+    return ZS_OK;
+}
+
+/* The unnamed state file in dir, opened anew for reading and writing (-1 if not found). */
+static int open_state_file(const char *dir)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int fd = -1;
+    struct dirent *de;
+    while (d && fd < 0 && (de = readdir(d)) != NULL) {
+        char link[600], path[300];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", de->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n <= 0)
+            continue;
+        link[n] = 0;
+        if (strncmp(link, dir, strlen(dir)) == 0 && strstr(link, "(deleted)"))
+            fd = open(path, O_RDWR);
+    }
+    if (d)
+        closedir(d);
+    return fd;
+}
+
+static void flip_byte(int fd, off_t at)
+{
+    unsigned char c = 0;
+    CHECK(pread(fd, &c, 1, at) == 1);
+    c ^= 0x10;
+    CHECK(pwrite(fd, &c, 1, at) == 1);
+    fsync(fd);
+}
+
+static int same(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/zs_test_nvme_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    zs_nvme_opts o = {.dir = dir, .block_bytes = 65536, .queue_depth = 4, .owner = "server 9"};
+    zs_nvme *nv = NULL;
+    CHECK_OK(zs_nvme_open(&o, UNITS, ARRAYS, FLOATS, &nv));
+    if (!nv)
+        return zs_test_result("test_nvme");
+    printf("test_nvme: %s, O_DIRECT %d, registered buffers %d, %llu bytes on disk\n",
+           zs_nvme_path(nv), zs_nvme_direct(nv), zs_nvme_fixed_buffers(nv),
+           (unsigned long long)zs_nvme_file_bytes(nv));
+    /* A fresh tier reads as zeros. */
+    float *ram[UNITS][ARRAYS], *back = malloc(70000 * sizeof(float));
+    for (int u = 0; u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++) {
+            ram[u][a] = calloc(FLOATS[u], sizeof(float));
+            CHECK_OK(zs_nvme_load(nv, u, a, 0, FLOATS[u], back));
+            CHECK(same(back, ram[u][a], FLOATS[u]));
+        }
+    /* Store and load back, whole and in ranges across block boundaries. */
+    for (int u = 0; u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++) {
+            for (size_t i = 0; i < FLOATS[u]; i++)
+                ram[u][a][i] = (float)(zs_rng_u64(11, (uint64_t)(u * 2 + a), i) % 100000) / 7.0f;
+            CHECK_OK(zs_nvme_store(nv, u, a, ram[u][a]));
+        }
+    for (int u = 0; u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++) {
+            CHECK_OK(zs_nvme_load(nv, u, a, 0, FLOATS[u], back));
+            CHECK(same(back, ram[u][a], FLOATS[u]));
+        }
+    CHECK_OK(zs_nvme_load(nv, 1, 1, 16000, 20000, back)); /* blocks 0..2 of 65536 bytes */
+    CHECK(same(back, ram[1][1] + 16000, 20000));
+    CHECK_OK(zs_nvme_load(nv, 1, 0, 69999, 1, back));
+    CHECK(same(back, ram[1][0] + 69999, 1));
+    CHECK_FAILS_WITH(zs_nvme_load(nv, 2, 0, 3, 3, back), "elements 3..6 of unit 2");
+    CHECK_FAILS_WITH(zs_nvme_store(nv, 3, 0, back), "no unit 3");
+    /* Runs: each unit once, in order, with RAM's bits. */
+    for (int run = 0; run < 3; run++) {
+        work_ctx w = {.run = run};
+        CHECK_OK(zs_nvme_run(nv, work, &w));
+        CHECK_EQ_INT(w.n, UNITS);
+        for (int u = 0; u < UNITS; u++) {
+            CHECK_EQ_INT(w.visited[u], 1);
+            CHECK_EQ_INT(w.order[u], u);
+            for (int a = 0; a < ARRAYS; a++)
+                for (size_t i = 0; i < FLOATS[u]; i++)
+                    ram[u][a][i] = updated(ram[u][a][i], run, u, a, i);
+        }
+    }
+    for (int u = 0; u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++) {
+            CHECK_OK(zs_nvme_load(nv, u, a, 0, FLOATS[u], back));
+            CHECK(same(back, ram[u][a], FLOATS[u]));
+        }
+    zs_nvme_stats st = zs_nvme_get_stats(nv);
+    CHECK(st.bytes_read > 0 && st.bytes_written > 0);
+    /* A flipped byte in unit 1's exp_avg_sq, 100000 bytes in (the file: unit 0's two arrays of
+     * 4096 bytes each, then unit 1's exp_avg of 282624): the run stops there, having updated
+     * unit 0 only. */
+    int fd = open_state_file(dir);
+    CHECK(fd >= 0);
+    off_t at = 2 * 4096 + 282624 + 100000;
+    flip_byte(fd, at);
+    work_ctx w = {.run = 7};
+    CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w), "block of 65536 bytes at offset 356352 (unit 1 "
+                                                "exp_avg_sq, elements 16384..32768) fails its "
+                                                "checksum");
+    CHECK_EQ_INT(w.visited[0], 1);
+    CHECK_EQ_INT(w.visited[1], 0);
+    CHECK_EQ_INT(w.visited[2], 0);
+    for (int a = 0; a < ARRAYS; a++)
+        for (size_t i = 0; i < FLOATS[0]; i++)
+            ram[0][a][i] = updated(ram[0][a][i], 7, 0, a, i);
+    flip_byte(fd, at); /* back as it was: the next run goes through */
+    w = (work_ctx){.run = 8};
+    CHECK_OK(zs_nvme_run(nv, work, &w));
+    for (int u = 0; u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++) {
+            for (size_t i = 0; i < FLOATS[u]; i++)
+                ram[u][a][i] = updated(ram[u][a][i], 8, u, a, i);
+            CHECK_OK(zs_nvme_load(nv, u, a, 0, FLOATS[u], back));
+            CHECK(same(back, ram[u][a], FLOATS[u]));
+        }
+    /* The file cut short inside unit 2: a short read, named. */
+    CHECK(fd >= 0 && ftruncate(fd, (off_t)zs_nvme_file_bytes(nv) - 4096) == 0);
+    w = (work_ctx){.run = 9};
+    CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w),
+                     "short read: 0 of 4096 bytes at offset 577536 (unit 2 exp_avg_sq)");
+    CHECK_EQ_INT(w.visited[2], 0);
+    if (fd >= 0)
+        close(fd);
+    zs_nvme_close(nv);
+
+    /* EIO at an offset (the test hook): named, with the unit. */
+    setenv("ZS_NVME_INJECT_EIO", "8200", 1);
+    CHECK_OK(zs_nvme_open(&o, UNITS, ARRAYS, FLOATS, &nv));
+    unsetenv("ZS_NVME_INJECT_EIO");
+    w = (work_ctx){.run = 0};
+    CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w),
+                     "read of 65536 bytes at offset 8192 (unit 1 exp_avg): Input/output error");
+    CHECK_EQ_INT(w.visited[1], 0);
+    zs_nvme_close(nv);
+
+    /* Bad places. */
+    zs_nvme_opts bad = o;
+    bad.dir = "/nonexistent/zs";
+    CHECK_FAILS_WITH(zs_nvme_open(&bad, UNITS, ARRAYS, FLOATS, &nv),
+                     "server 9: nvme_path /nonexistent/zs: No such file or directory");
+    char file[300];
+    snprintf(file, sizeof file, "%s/plain", dir);
+    FILE *f = fopen(file, "w");
+    if (f)
+        fclose(f);
+    bad.dir = file;
+    CHECK_FAILS_WITH(zs_nvme_open(&bad, UNITS, ARRAYS, FLOATS, &nv), "not a directory");
+    bad = o;
+    bad.block_bytes = 1000;
+    CHECK_FAILS_WITH(zs_nvme_open(&bad, UNITS, ARRAYS, FLOATS, &nv), "block size 1000");
+    /* A disk too small: a tmpfs of 64 KiB in a mount namespace of this process alone. */
+    char small[300];
+    snprintf(small, sizeof small, "%s/small", dir);
+    mkdir(small, 0700);
+    if (unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+        mount("tmpfs", small, "tmpfs", 0, "size=64k") == 0) {
+        bad = o;
+        bad.dir = small;
+        CHECK_FAILS_WITH(zs_nvme_open(&bad, UNITS, ARRAYS, FLOATS, &nv),
+                         "cannot allocate 0.00 GiB for the state file: No space left on device");
+        umount(small);
+    } else {
+        printf("test_nvme: no private tmpfs (not root?): the full-disk case is not run\n");
+    }
+    rmdir(small);
+    unlink(file);
+    for (int u = 0; u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++)
+            free(ram[u][a]);
+    free(back);
+    rmdir(dir);
+    return zs_test_result("test_nvme");
+}
