@@ -45,7 +45,10 @@ void zs_config_defaults(zs_config *cfg)
                                        .coordinator_timeout_ms = 15000,
                                        .chunk_timeout_factor = 4.0,
                                        .chunk_timeout_min_ms = 2000,
-                                       .max_members_per_address = 1024};
+                                       .max_members_per_address = 1024,
+                                       .server_memory_bytes = 0};
+    cfg->zero = (zs_zero_config){.stage = 3, .optimizer = ZS_OFFLOAD_NONE};
+    cfg->aio = (zs_aio_config){.block_size = 1u << 20, .queue_depth = 8};
     cfg->elasticity = (zs_elastic_config){.enabled = 0, .min_workers = 1, .max_workers = 0};
     cfg->checkpoint =
         (zs_checkpoint_config){.dir = "", .interval_steps = 0, .keep = 2, .replicas = 0};
@@ -383,6 +386,94 @@ static zs_err parse_checkpoint(const parser *p, json_t *o, zs_checkpoint_config 
     return ZS_OK;
 }
 
+/* "none", "cpu" or "nvme" at path.key into *out (absent: unchanged). */
+static zs_err get_device(const parser *p, json_t *o, const char *path, zs_offload_device *out)
+{
+    const char *dev = NULL;
+    ZS_CHECK(get_str(p, o, path, "device", &dev));
+    if (!dev)
+        return ZS_OK;
+    if (strcmp(dev, "none") == 0)
+        *out = ZS_OFFLOAD_NONE;
+    else if (strcmp(dev, "cpu") == 0)
+        *out = ZS_OFFLOAD_CPU;
+    else if (strcmp(dev, "nvme") == 0)
+        *out = ZS_OFFLOAD_NVME;
+    else
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: key \"%s.device\": \"%s\"; expected \"none\", \"cpu\" "
+                        "or \"nvme\"",
+                        p->source, path, dev);
+    return ZS_OK;
+}
+
+/* DeepSpeed's zero_optimization block.  Keys of DeepSpeed's offload blocks that do not carry
+ * over (pin_memory: io_uring's registered buffers are always pinned; buffer_count: the
+ * pipeline has three slots; ...) are accepted and have no effect (docs/configuration.md). */
+static zs_err parse_zero(const parser *p, json_t *z, zs_zero_config *zc)
+{
+    static const char *const keys[] = {"stage", "offload_optimizer", "offload_param", NULL};
+    static const char *const opt_keys[] = {"device",    "nvme_path", "pin_memory", "buffer_count",
+                                           "fast_init", "ratio",     NULL};
+    static const char *const param_keys[] = {
+        "device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu", NULL};
+    ZS_CHECK(check_keys(p, "zero_optimization", z, keys));
+    ZS_CHECK(get_int32(p, z, "zero_optimization", "stage", 0, 3, &zc->stage, NULL));
+    json_t *o = NULL;
+    ZS_CHECK(get_obj(p, z, "zero_optimization", "offload_optimizer", &o));
+    if (o) {
+        const char *path = NULL;
+        ZS_CHECK(check_keys(p, "zero_optimization.offload_optimizer", o, opt_keys));
+        ZS_CHECK(get_device(p, o, "zero_optimization.offload_optimizer", &zc->optimizer));
+        ZS_CHECK(get_str(p, o, "zero_optimization.offload_optimizer", "nvme_path", &path));
+        if (path) {
+            if (path[0] != '/' || strlen(path) >= sizeof zc->nvme_path)
+                return zs_error(ZS_ERR_INVALID,
+                                "%s: key \"zero_optimization.offload_optimizer.nvme_path\": "
+                                "\"%.80s\" is not an absolute path (each server resolves it on "
+                                "its own host) of at most %zu bytes",
+                                p->source, path, sizeof zc->nvme_path - 1);
+            snprintf(zc->nvme_path, sizeof zc->nvme_path, "%s", path);
+        }
+        if (zc->optimizer == ZS_OFFLOAD_NVME && !zc->nvme_path[0])
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"zero_optimization.offload_optimizer\": device \"nvme\" "
+                            "needs nvme_path, a directory on a local disk",
+                            p->source);
+    }
+    ZS_CHECK(get_obj(p, z, "zero_optimization", "offload_param", &o));
+    if (o) {
+        ZS_CHECK(check_keys(p, "zero_optimization.offload_param", o, param_keys));
+        ZS_CHECK(get_device(p, o, "zero_optimization.offload_param", &zc->param));
+        if (zc->param == ZS_OFFLOAD_NVME)
+            return zs_error(ZS_ERR_INVALID,
+                            "%s: key \"zero_optimization.offload_param.device\": \"nvme\" is not "
+                            "supported yet: the copy of the weights that workers fetch stays in "
+                            "a partition server's RAM (offload_optimizer.device \"nvme\" moves "
+                            "the AdamW moments)",
+                            p->source);
+    }
+    return ZS_OK;
+}
+
+static zs_err parse_aio(const parser *p, json_t *o, zs_aio_config *ac)
+{
+    static const char *const keys[] = {
+        "block_size", "queue_depth", "thread_count", "single_submit", "overlap_events",
+        "use_gds",    NULL};
+    ZS_CHECK(check_keys(p, "aio", o, keys));
+    long long bs = (long long)ac->block_size;
+    ZS_CHECK(get_int(p, o, "aio", "block_size", 4096, 1ll << 30, &bs, NULL));
+    if (bs % 4096)
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: key \"aio.block_size\": %lld is not a multiple of 4096 (O_DIRECT "
+                        "requests are aligned to it)",
+                        p->source, bs);
+    ac->block_size = (size_t)bs;
+    ZS_CHECK(get_int32(p, o, "aio", "queue_depth", 1, 4096, &ac->queue_depth, NULL));
+    return ZS_OK;
+}
+
 static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
 {
     static const char *const keys[] = {"seed",
@@ -398,6 +489,8 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                                        "model",
                                        "cluster",
                                        "elasticity",
+                                       "zero_optimization",
+                                       "aio",
                                        "checkpoint",
                                        "wall_clock_breakdown",
                                        NULL};
@@ -409,6 +502,7 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                                                "chunk_timeout_factor",
                                                "chunk_timeout_min_ms",
                                                "max_members_per_address",
+                                               "server_memory_bytes",
                                                NULL};
     static const char *const elastic_keys[] = {"enabled", "min_workers", "max_workers", NULL};
     if (!json_is_object(root))
@@ -482,6 +576,9 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                            &cfg->cluster.chunk_timeout_min_ms, NULL));
         ZS_CHECK(get_int32(p, o, "cluster", "max_members_per_address", 1, 4096,
                            &cfg->cluster.max_members_per_address, NULL));
+        long long budget = (long long)cfg->cluster.server_memory_bytes;
+        ZS_CHECK(get_int(p, o, "cluster", "server_memory_bytes", 0, 1ll << 50, &budget, NULL));
+        cfg->cluster.server_memory_bytes = (uint64_t)budget;
         if (cfg->cluster.coordinator_timeout_ms <= 2 * cfg->cluster.heartbeat_interval_ms)
             return zs_error(ZS_ERR_INVALID,
                             "%s: key \"cluster.coordinator_timeout_ms\": %d must exceed twice "
@@ -507,6 +604,18 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
     ZS_CHECK(get_obj(p, root, "", "checkpoint", &o));
     if (o)
         ZS_CHECK(parse_checkpoint(p, o, &cfg->checkpoint));
+    ZS_CHECK(get_obj(p, root, "", "zero_optimization", &o));
+    if (o)
+        ZS_CHECK(parse_zero(p, o, &cfg->zero));
+    ZS_CHECK(get_obj(p, root, "", "aio", &o));
+    if (o)
+        ZS_CHECK(parse_aio(p, o, &cfg->aio));
+    if (cfg->zero.optimizer == ZS_OFFLOAD_NVME && cfg->checkpoint.replicas > 0)
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: key \"checkpoint.replicas\": 1 with "
+                        "zero_optimization.offload_optimizer.device \"nvme\" is not supported "
+                        "yet: a replica is built from the moments in its buddy's RAM",
+                        p->source);
 
     /* Batch geometry, as DeepSpeed relates the three keys (with one "GPU" per chunk). */
     if (!have_b && !have_B)

@@ -49,13 +49,33 @@ typedef struct {
     size_t shard_bytes; /* cluster.shard_size: bytes of fp32 per shard, multiple of 256 */
     int heartbeat_interval_ms;
     int heartbeat_timeout_ms;
-    int coordinator_timeout_ms;  /* servers and workers give up on a silent coordinator after
-                                    this long (it sends every heartbeat interval) */
-    double chunk_timeout_factor; /* a chunk not done within this many times the running median
-                                    chunk time goes to another worker (0: never) */
-    int chunk_timeout_min_ms;    /* ... but never sooner than this */
-    int max_members_per_address; /* registered and not gone at once from one network address */
+    int coordinator_timeout_ms;   /* servers and workers give up on a silent coordinator after
+                                     this long (it sends every heartbeat interval) */
+    double chunk_timeout_factor;  /* a chunk not done within this many times the running median
+                                     chunk time goes to another worker (0: never) */
+    int chunk_timeout_min_ms;     /* ... but never sooner than this */
+    int max_members_per_address;  /* registered and not gone at once from one network address */
+    uint64_t server_memory_bytes; /* a partition server's RAM budget; 0: its limits (cgroup
+                                     memory.max, RLIMIT_AS, MemAvailable) at start */
 } zs_cluster_config;
+
+/* Where a partition server keeps state (DeepSpeed's zero_optimization.offload_*). */
+typedef enum { ZS_OFFLOAD_NONE = 0, ZS_OFFLOAD_CPU = 1, ZS_OFFLOAD_NVME = 2 } zs_offload_device;
+
+typedef struct {
+    int stage;                   /* zero_optimization.stage, 0..3: accepted; zshard always
+                                    partitions weights, gradients and optimizer state */
+    zs_offload_device optimizer; /* offload_optimizer.device: "nvme" keeps the AdamW moments
+                                    that do not fit cluster.server_memory_bytes on NVMe */
+    char nvme_path[4096];        /* offload_optimizer.nvme_path: a directory on a local disk */
+    zs_offload_device param;     /* offload_param.device; "nvme" is not built yet */
+} zs_zero_config;
+
+/* DeepSpeed's "aio" block, for the NVMe tier's io_uring requests. */
+typedef struct {
+    size_t block_size; /* bytes per request, a multiple of 4096 */
+    int queue_depth;   /* requests in flight per server */
+} zs_aio_config;
 
 typedef struct {
     int enabled;
@@ -87,6 +107,8 @@ typedef struct {
     zs_cluster_config cluster;
     zs_elastic_config elasticity;
     zs_checkpoint_config checkpoint;
+    zs_zero_config zero;
+    zs_aio_config aio;
 } zs_config;
 
 /* Fills cfg with the defaults that apply when a key is absent. */

@@ -604,6 +604,26 @@ zs_err zs_msg_check_job_spec(const Zshard__JobSpec *m, const zs_msg_ctx *ctx)
     }
     ZS_CHECK(need(m->has_run_id, "JobSpec.run_id"));
     ZS_CHECK(need(m->has_config_fingerprint, "JobSpec.config_fingerprint"));
+    const Zshard__Offload *o = m->offload;
+    if (!o)
+        return FAIL("JobSpec.offload: missing");
+    ZS_CHECK(u64_in("JobSpec.offload.optimizer_device", o->has_optimizer_device,
+                    o->optimizer_device, ZS_OFFLOAD_NONE, ZS_OFFLOAD_NVME));
+    ZS_CHECK(str_ok("JobSpec.offload.nvme_path", o->nvme_path, ZS_MSG_MAX_STRING, STR_EMPTY_OK));
+    if (o->optimizer_device == ZS_OFFLOAD_NVME && o->nvme_path[0] != '/')
+        return FAIL("JobSpec.offload.nvme_path: \"%.80s\" is not an absolute path", o->nvme_path);
+    ZS_CHECK(u64_in("JobSpec.offload.aio_block_size", o->has_aio_block_size, o->aio_block_size,
+                    4096, 1u << 30));
+    if (o->aio_block_size % 4096)
+        return FAIL("JobSpec.offload.aio_block_size: %" PRIu64 " is not a multiple of 4096",
+                    o->aio_block_size);
+    ZS_CHECK(u64_in("JobSpec.offload.aio_queue_depth", o->has_aio_queue_depth, o->aio_queue_depth,
+                    1, 4096));
+    ZS_CHECK(u64_in("JobSpec.offload.server_memory_bytes", o->has_server_memory_bytes,
+                    o->server_memory_bytes, 0, 1ull << 50));
+    if (o->optimizer_device == ZS_OFFLOAD_NVME && m->checkpoint->replicas > 0)
+        return FAIL("JobSpec.offload: moments on NVMe with checkpoint.replicas 1 (not supported "
+                    "yet)");
     return ZS_OK;
 }
 
@@ -1440,8 +1460,11 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
     Zshard__DataSpec *d = m->data = malloc(sizeof *d);
     Zshard__Elasticity *e = m->elasticity = malloc(sizeof *e);
     Zshard__CheckpointSpec *k = m->checkpoint = malloc(sizeof *k);
+    Zshard__Offload *o = m->offload = malloc(sizeof *o);
     if (k)
         zshard__checkpoint_spec__init(k);
+    if (o)
+        zshard__offload__init(o);
     if (mc)
         zshard__model_config__init(mc);
     if (a)
@@ -1456,8 +1479,17 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
         zshard__data_spec__init(d);
     if (e)
         zshard__elasticity__init(e);
-    if (!mc || !a || !s || !b || !c || !d || !e || !k)
+    if (!mc || !a || !s || !b || !c || !d || !e || !k || !o)
         goto nomem;
+    o->nvme_path = strdup(cfg->zero.optimizer == ZS_OFFLOAD_NVME ? cfg->zero.nvme_path : "");
+    if (!o->nvme_path)
+        goto nomem;
+    o->has_optimizer_device = o->has_aio_block_size = o->has_aio_queue_depth = 1;
+    o->has_server_memory_bytes = 1;
+    o->optimizer_device = (uint32_t)cfg->zero.optimizer;
+    o->aio_block_size = cfg->aio.block_size;
+    o->aio_queue_depth = (uint32_t)cfg->aio.queue_depth;
+    o->server_memory_bytes = cfg->cluster.server_memory_bytes;
 
     *mc = (Zshard__ModelConfig){
         .base = mc->base,
@@ -1660,6 +1692,11 @@ zs_err zs_msg_jobspec_to_config(const Zshard__JobSpec *m, zs_config *cfg, zs_ten
     snprintf(cfg->checkpoint.dir, sizeof cfg->checkpoint.dir, "%s", m->checkpoint->dir);
     cfg->checkpoint.interval_steps = (int)m->checkpoint->interval_steps;
     cfg->checkpoint.replicas = (int)m->checkpoint->replicas;
+    cfg->zero.optimizer = (zs_offload_device)m->offload->optimizer_device;
+    snprintf(cfg->zero.nvme_path, sizeof cfg->zero.nvme_path, "%s", m->offload->nvme_path);
+    cfg->aio.block_size = (size_t)m->offload->aio_block_size;
+    cfg->aio.queue_depth = (int)m->offload->aio_queue_depth;
+    cfg->cluster.server_memory_bytes = m->offload->server_memory_bytes;
 
     /* The table is this build's layout for the model; the message's must be the same. */
     ZS_CHECK(zs_tensors_gpt2(&cfg->model, tt));

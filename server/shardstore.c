@@ -11,6 +11,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/reduce.h"
+#include "server/nvme.h"
 
 typedef struct {
     size_t b, e; /* [b, e) relative to the shard's begin */
@@ -26,8 +27,9 @@ typedef struct {
 typedef struct {
     zs_shard_range r;
     size_t len;
-    float *param, *m, *v, *acc; /* [len] */
+    float *param, *m, *v, *acc; /* [len]; m and v NULL when the moments are on NVMe */
     uint16_t *bf16;             /* [len] */
+    int unit;                   /* its unit in the store's NVMe tier, -1: moments in RAM */
     int next;                   /* the chunk whose pieces go straight into acc */
     chunk_state *chunks;        /* [C] */
 } shard;
@@ -40,6 +42,8 @@ struct zs_store {
     long version;
     int n;
     shard *shards;
+    zs_nvme *nvme; /* the moments of shards [resident, n); NULL when all are in RAM */
+    int resident;  /* shards (from the first) whose moments are in RAM */
 };
 
 static void *zalloc(size_t n)
@@ -60,15 +64,17 @@ static void reset_chunk(chunk_state *cs)
     memset(cs, 0, sizeof *cs);
 }
 
-/* The arrays of one shard, zeroed. */
+/* The arrays of one shard, zeroed; the moments only if they live in RAM. */
 static int alloc_arrays(shard *s)
 {
     s->param = zalloc(s->len * sizeof(float));
-    s->m = zalloc(s->len * sizeof(float));
-    s->v = zalloc(s->len * sizeof(float));
+    if (s->unit < 0) {
+        s->m = zalloc(s->len * sizeof(float));
+        s->v = zalloc(s->len * sizeof(float));
+    }
     s->acc = zalloc(s->len * sizeof(float));
     s->bf16 = zalloc(s->len * sizeof(uint16_t));
-    return s->param && s->m && s->v && s->acc && s->bf16 ? 0 : -1;
+    return s->param && (s->unit >= 0 || (s->m && s->v)) && s->acc && s->bf16 ? 0 : -1;
 }
 
 static void free_arrays(shard *s)
@@ -83,7 +89,8 @@ static void free_arrays(shard *s)
 }
 
 static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *ranges,
-                     int n, int threads, int arrays, zs_store **out)
+                     int n, int threads, int arrays, int resident, const zs_nvme_opts *tier,
+                     zs_store **out)
 {
     *out = NULL;
     for (int i = 0; i < n; i++) {
@@ -102,6 +109,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
     st->C = cfg->chunks;
     st->threads = threads > 0 ? threads : 1;
     st->n = n;
+    st->resident = resident < n ? resident : n;
     st->shards = calloc((size_t)(n ? n : 1), sizeof *st->shards);
     if (!st->shards)
         goto nomem;
@@ -109,9 +117,24 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
         shard *s = &st->shards[i];
         s->r = ranges[i];
         s->len = s->r.end - s->r.begin;
+        s->unit = i < st->resident ? -1 : i - st->resident;
         s->chunks = calloc((size_t)st->C, sizeof *s->chunks);
         if (!s->chunks || (arrays && alloc_arrays(s) != 0))
             goto nomem;
+    }
+    if (st->resident < n) {
+        /* A fresh tier reads as zeros, as fresh moments are. */
+        size_t *floats = malloc((size_t)(n - st->resident) * sizeof *floats);
+        if (!floats)
+            goto nomem;
+        for (int i = st->resident; i < n; i++)
+            floats[i - st->resident] = st->shards[i].len;
+        zs_err e = zs_nvme_open(tier, n - st->resident, 2, floats, &st->nvme);
+        free(floats);
+        if (e != ZS_OK) {
+            zs_store_free(st);
+            return e;
+        }
     }
     *out = st;
     return ZS_OK;
@@ -123,6 +146,9 @@ nomem:
         for (int i = 0; i < n; i++)
             floats += ranges[i].end - ranges[i].begin;
         double gib = arrays ? (double)floats * (4 * 4 + 2) / (double)(1u << 30) : 0.0;
+        if (resident < n) /* the moments of the tiered shards are not in RAM */
+            for (int i = resident; i < n; i++)
+                gib -= (double)(ranges[i].end - ranges[i].begin) * 8 / (double)(1u << 30);
         return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for %d shards (needs %.2f GiB)",
                         n, gib);
     }
@@ -131,13 +157,23 @@ nomem:
 zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
                        const zs_shard_range *ranges, int n, int threads, zs_store **out)
 {
-    return create(tt, cfg, ranges, n, threads, 1, out);
+    return create(tt, cfg, ranges, n, threads, 1, n, NULL, out);
+}
+
+zs_err zs_store_create_tiered(const zs_tensor_table *tt, const zs_config *cfg,
+                              const zs_shard_range *ranges, int n, int threads, int resident,
+                              const zs_nvme_opts *tier, zs_store **out)
+{
+    if (resident < n && !tier)
+        return zs_error(ZS_ERR_INVALID, "shard store: %d shards for NVMe, and no tier given",
+                        n - resident);
+    return create(tt, cfg, ranges, n, threads, 1, resident < 0 ? 0 : resident, tier, out);
 }
 
 zs_err zs_store_create_empty(const zs_tensor_table *tt, const zs_config *cfg,
                              const zs_shard_range *ranges, int n, int threads, zs_store **out)
 {
-    return create(tt, cfg, ranges, n, threads, 0, out);
+    return create(tt, cfg, ranges, n, threads, 0, n, NULL, out);
 }
 
 int zs_store_find(const zs_store *st, int index)
@@ -156,6 +192,10 @@ int zs_store_find(const zs_store *st, int index)
 zs_err zs_store_move(zs_store *dst, int i, zs_store *src, int j)
 {
     shard *d = &dst->shards[i], *s = &src->shards[j];
+    if (s->unit >= 0 || d->unit >= 0)
+        return zs_error(ZS_ERR_INVALID,
+                        "shard store: shard %d has its moments on NVMe and cannot move",
+                        s->r.index);
     if (d->r.begin != s->r.begin || d->r.end != s->r.end || !s->param)
         return zs_error(ZS_ERR_INVALID,
                         "shard store: cannot move shard %d [%zu, %zu) into shard %d [%zu, %zu)%s",
@@ -201,6 +241,7 @@ void zs_store_free(zs_store *st)
         free(s->chunks);
         free_arrays(s);
     }
+    zs_nvme_close(st->nvme);
     free(st->shards);
     free(st);
 }
@@ -430,6 +471,27 @@ void zs_store_partials(const zs_store *st, int *index, double *sumsq)
     }
 }
 
+typedef struct {
+    zs_store *st;
+    double lr;
+    float scale;
+} apply_ctx;
+
+static void adamw_shard(const apply_ctx *c, shard *s, float *m, float *v)
+{
+    const zs_adamw_config *a = &c->st->cfg.adamw;
+    zs_adamw_tensors(c->st->tt, s->r.begin, s->r.end, s->param, m, v, s->acc, s->bf16, c->lr,
+                     a->beta1, a->beta2, a->eps, a->weight_decay, c->st->version + 1, c->scale,
+                     c->st->threads);
+}
+
+static zs_err apply_unit(void *ctx, int unit, float *const *arrays)
+{
+    apply_ctx *c = ctx;
+    adamw_shard(c, &c->st->shards[c->st->resident + unit], arrays[0], arrays[1]);
+    return ZS_OK;
+}
+
 zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
 {
     if (!zs_store_complete(st))
@@ -437,17 +499,18 @@ zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
                         "shard store: apply at version %ld before all %d chunks "
                         "arrived",
                         st->version, st->C);
-    const zs_adamw_config *a = &st->cfg.adamw;
-    float scale = (float)(clip / st->C);
+    apply_ctx ctx = {.st = st, .lr = lr, .scale = (float)(clip / st->C)};
     for (int i = 0; i < st->n; i++) {
         shard *s = &st->shards[i];
         s->next = 0;
-        if (skip)
-            continue;
-        zs_adamw_tensors(st->tt, s->r.begin, s->r.end, s->param, s->m, s->v, s->acc, s->bf16, lr,
-                         a->beta1, a->beta2, a->eps, a->weight_decay, st->version + 1, scale,
-                         st->threads);
+        if (!skip && s->unit < 0)
+            adamw_shard(&ctx, s, s->m, s->v);
     }
+    /* The shards whose moments are on NVMe: read, updated and written back in a pipeline.
+     * A failure there (a block that fails its checksum, EIO) leaves the version where it is,
+     * and the shards not reached yet as they were. */
+    if (!skip && st->nvme)
+        ZS_CHECK(zs_nvme_run(st->nvme, apply_unit, &ctx));
     st->version++;
     return ZS_OK;
 }
@@ -479,6 +542,40 @@ void zs_store_state(zs_store *st, int i, zs_shard_range *range, float **param, f
     *param = s->param;
     *m = s->m;
     *v = s->v;
+}
+
+int zs_store_moments_in_ram(const zs_store *st, int i)
+{
+    return st->shards[i].unit < 0;
+}
+
+zs_nvme *zs_store_nvme(const zs_store *st)
+{
+    return st->nvme;
+}
+
+zs_err zs_store_read_moments(zs_store *st, int i, float *m, float *v)
+{
+    shard *s = &st->shards[i];
+    if (s->unit < 0) {
+        memcpy(m, s->m, s->len * sizeof(float));
+        memcpy(v, s->v, s->len * sizeof(float));
+        return ZS_OK;
+    }
+    ZS_CHECK(zs_nvme_load(st->nvme, s->unit, 0, 0, s->len, m));
+    return zs_nvme_load(st->nvme, s->unit, 1, 0, s->len, v);
+}
+
+zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *v)
+{
+    shard *s = &st->shards[i];
+    if (s->unit < 0) {
+        memcpy(s->m, m, s->len * sizeof(float));
+        memcpy(s->v, v, s->len * sizeof(float));
+        return ZS_OK;
+    }
+    ZS_CHECK(zs_nvme_store(st->nvme, s->unit, 0, m));
+    return zs_nvme_store(st->nvme, s->unit, 1, v);
 }
 
 void zs_store_restored(zs_store *st, long version)

@@ -16,6 +16,10 @@
  *    accumulator.
  *  - zs_store_apply runs AdamW tensor by tensor over each shard with grad_scale = clip / C,
  *    the same arithmetic as the trainer on the same elements, and moves to version s + 1.
+ * With an NVMe tier (zs_store_create_tiered), the AdamW moments of the shards after the first
+ * `resident` ones live in a state file (server/nvme.h) instead of RAM; zs_store_apply streams
+ * them through a pipeline, with the same arithmetic on the same elements, so the bits are
+ * those of the RAM tier.
  * Not thread-safe: one thread drives a store (AdamW itself uses `threads` OpenMP threads).
  */
 #ifndef ZS_SHARDSTORE_H
@@ -27,6 +31,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/tensors.h"
+#include "server/nvme.h"
 
 /* What a push or a lookup came to.  The server turns these into wire statuses; the store
  * knows nothing of the wire. */
@@ -55,6 +60,12 @@ typedef struct zs_store zs_store;
 zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
                        const zs_shard_range *shards, int n, int threads, zs_store **out);
 void zs_store_free(zs_store *st);
+
+/* The same, with the moments of shards [resident, n) in an NVMe tier opened with `tier` (its
+ * errors, such as a disk too small, are this call's).  resident >= n: zs_store_create. */
+zs_err zs_store_create_tiered(const zs_tensor_table *tt, const zs_config *cfg,
+                              const zs_shard_range *shards, int n, int threads, int resident,
+                              const zs_nvme_opts *tier, zs_store **out);
 
 /* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector. */
 void zs_store_init_seed(zs_store *st, uint64_t seed);
@@ -90,7 +101,10 @@ int zs_store_shard_count(const zs_store *st);
 void zs_store_partials(const zs_store *st, int *index, double *sumsq);
 
 /* AdamW on every shard with step s's lr and the coordinator's clip factor; version s + 1.
- * With skip (a non-finite gradient) the weights stay and only the version moves on. */
+ * With skip (a non-finite gradient) the weights stay and only the version moves on.  Fails
+ * only with an NVMe tier (a read that fails its checksum, an I/O error: the error names the
+ * file and offset); the version then stays, and shards the pipeline had not reached are as
+ * they were. */
 zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip);
 
 /*
@@ -106,7 +120,8 @@ const float *zs_store_params(const zs_store *st, int i, zs_shard_range *range);
 
 /*
  * The training state of local shard i: its range, master weights, AdamW m and v (each
- * range->end - range->begin floats).  A checkpoint writer may read them from another thread
+ * range->end - range->begin floats; m and v NULL when they are on NVMe: see
+ * zs_store_read_moments).  A checkpoint writer may read them from another thread
  * between a publish and the next zs_store_apply, which is the only call that changes them; a
  * restore writes them and then calls zs_store_restored.
  */
@@ -128,6 +143,15 @@ zs_err zs_store_create_empty(const zs_tensor_table *tt, const zs_config *cfg,
 int zs_store_find(const zs_store *st, int index);
 zs_err zs_store_move(zs_store *dst, int i, zs_store *src, int j);
 zs_err zs_store_alloc(zs_store *st, int i);
+
+/* Whether shard i's moments are in RAM (else in the NVMe tier). */
+int zs_store_moments_in_ram(const zs_store *st, int i);
+/* Copies shard i's moments out (from RAM, or read from NVMe and checked), and in: the
+ * checkpoint writer and a restore, which must not run beside zs_store_apply. */
+zs_err zs_store_read_moments(zs_store *st, int i, float *m, float *v);
+zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *v);
+/* The NVMe tier, or NULL (benchmarks read its stats). */
+zs_nvme *zs_store_nvme(const zs_store *st);
 
 /* Sets the version without touching the state (a store assembled from ones at that version). */
 void zs_store_set_version(zs_store *st, long version);

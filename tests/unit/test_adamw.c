@@ -3,8 +3,9 @@
  * over sizes around the vector widths and the thread split, misaligned buffers, several
  * consecutive steps, and values that stress IEEE corners (zeros of both signs, denormals,
  * huge magnitudes, overflow to inf, NaNs with various signs and payloads, also meeting each
- * other in one operation); the reference itself agrees with the formula evaluated in double;
- * and zs_f32_to_bf16 rounds as IEEE does.
+ * other in one operation); the SIMD variants also from every offset of bf16 within a cache
+ * line, which moves their aligned head and their streamed part; the reference itself agrees with
+ * the formula evaluated in double; and zs_f32_to_bf16 rounds as IEEE does.
  */
 #include <math.h>
 #include <stdint.h>
@@ -263,6 +264,47 @@ static void test_bitwise(void)
     }
 }
 
+/* The SIMD variants run a head up to the next cache line of bf16, whole lines with streaming
+ * bf16 stores and software prefetch (clamped near the end), and a tail: every start offset
+ * within a line (the float arrays move with it), with sizes that end in the head, just past
+ * it, and past the prefetch distance. */
+static void test_offsets(void)
+{
+    const size_t sizes[] = {5, 40, 100, 2000};
+    int have_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    int have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    enum { MAXN = 2000 + 64 };
+    state base, ref, got;
+    int ok = alloc_state(&base, MAXN) & alloc_state(&ref, MAXN) & alloc_state(&got, MAXN);
+    CHECK(ok);
+    for (size_t si = 0; ok && si < sizeof sizes / sizeof *sizes; si++) {
+        size_t n = sizes[si];
+        for (size_t k = 0; k < 64; k++) {
+            fill(&base, n + k, 1);
+            zs_adamw_hparams hp = zs_adamw_hparams_make(1e-3, 0.9, 0.999, 1e-8, 0.1, 3, 0.5f);
+            state r = offset_state(&ref, k), o = offset_state(&got, k), b = offset_state(&base, k);
+            copy_state(&r, &b, n);
+            zs_adamw_ref(r.p, r.m, r.v, r.g, r.b, n, &hp);
+            for (int isa = 0; isa < 2; isa++) {
+                if (!(isa ? have_avx512 : have_avx2))
+                    continue;
+                copy_state(&o, &b, n);
+                if (isa)
+                    zs_adamw_avx512(o.p, o.m, o.v, o.g, o.b, n, &hp);
+                else
+                    zs_adamw_avx2(o.p, o.m, o.v, o.g, o.b, n, &hp);
+                char what[96];
+                snprintf(what, sizeof what, "%s, offset %zu", isa ? "avx512" : "avx2", k);
+                compare(what, &r, &o, n, 1);
+            }
+        }
+    }
+    free_state(&base);
+    free_state(&ref);
+    free_state(&got);
+}
+
 static double rel_err(double got, double want)
 {
     return fabs(got - want) / fabs(want);
@@ -329,6 +371,7 @@ int main(void)
 {
     test_bitwise();
     test_formula();
+    test_offsets();
     test_bf16();
     return zs_test_result("test_adamw");
 }

@@ -3,8 +3,14 @@
  * 1, 2 or 3 stores (servers) give bitwise the weights `zshard train` computes; stale, foreign
  * and out-of-range pushes change nothing.  A step whose gradient is not finite is skipped alike
  * by the trainer and the stores (weights, moments, and the bias correction of the steps after).
+ * The same with the moments of every shard but each store's first on NVMe (server/nvme.h, a
+ * directory under /tmp), for S = 1 and 2: the same bits, moments included; and a byte flipped
+ * in the state file makes the next apply fail, naming the offset, with the version unchanged.
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "common/data.h"
 #include "common/rng.h"
@@ -16,6 +22,9 @@
 #include "worker/trainer.h"
 
 enum { MAXS = 3, STEPS = 3 };
+
+/* Where the stores put their NVMe tier; NULL: every moment in RAM. */
+static const char *tier_dir;
 
 static uint64_t rnd_state = 12345;
 static uint64_t rnd(void)
@@ -50,7 +59,13 @@ static void cluster_init(cluster *cl, const zs_tensor_table *tt, const zs_config
         for (int i = 0; i < cl->nshards; i++)
             if (cl->owner[i] == s)
                 mine[n++] = cl->all[i];
-        CHECK_OK(zs_store_create(tt, cfg, mine, n, 2, &cl->stores[s]));
+        if (tier_dir) { /* the first shard's moments in RAM, the others' on NVMe */
+            zs_nvme_opts o = {
+                .dir = tier_dir, .block_bytes = 8192, .queue_depth = 3, .owner = "test store"};
+            CHECK_OK(zs_store_create_tiered(tt, cfg, mine, n, 2, 1, &o, &cl->stores[s]));
+        } else {
+            CHECK_OK(zs_store_create(tt, cfg, mine, n, 2, &cl->stores[s]));
+        }
         zs_store_init_seed(cl->stores[s], cfg->seed);
     }
 }
@@ -160,7 +175,7 @@ static void store_set(cluster *cl, size_t k, float x)
         }
 }
 
-/* The stores' moments equal the trainer's, bit for bit. */
+/* The stores' moments equal the trainer's, bit for bit (read from NVMe where they are). */
 static int same_moments(const cluster *cl, const zs_trainer *tr)
 {
     int same = 1;
@@ -170,10 +185,68 @@ static int same_moments(const cluster *cl, const zs_trainer *tr)
             float *p, *m, *v;
             zs_store_state(cl->stores[s], i, &r, &p, &m, &v);
             size_t len = r.end - r.begin;
-            same &= memcmp(m, tr->m + r.begin, len * 4) == 0 &&
-                    memcmp(v, tr->v + r.begin, len * 4) == 0;
+            CHECK((m != NULL) == zs_store_moments_in_ram(cl->stores[s], i));
+            float *mm = malloc(len * 4), *vv = malloc(len * 4);
+            CHECK_OK(zs_store_read_moments(cl->stores[s], i, mm, vv));
+            same &= memcmp(mm, tr->m + r.begin, len * 4) == 0 &&
+                    memcmp(vv, tr->v + r.begin, len * 4) == 0;
+            free(mm);
+            free(vv);
         }
     return same;
+}
+
+/* Flips the byte at `at` in every unnamed state file in tier_dir (each store has one); returns
+ * how many. */
+static int flip_in_state_files(off_t at)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int flipped = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        char link[600], path[300];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", de->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n <= 0)
+            continue;
+        link[n] = 0;
+        if (strncmp(link, tier_dir, strlen(tier_dir)) != 0 || !strstr(link, "(deleted)"))
+            continue;
+        int fd = open(path, O_RDWR);
+        unsigned char c = 0;
+        if (fd >= 0 && pread(fd, &c, 1, at) == 1) {
+            c ^= 1;
+            flipped += pwrite(fd, &c, 1, at) == 1 && fsync(fd) == 0;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    if (d)
+        closedir(d);
+    return flipped;
+}
+
+/* A byte of the tier's file flipped: the store's next apply fails and names the block; the
+ * version stays. */
+static void check_tier_corruption(cluster *cl, long step, int C)
+{
+    zs_store *st = cl->stores[0];
+    if (zs_store_shard_count(st) < 2)
+        return;
+    /* Shards of 5376 bytes take 8192 in the file: byte 12345 is in unit 0's exp_avg_sq. */
+    CHECK(flip_in_state_files(12345) >= 1);
+    float *g = calloc(65536, sizeof *g);
+    for (int s = 0; s < cl->S; s++)
+        for (int i = 0; i < zs_store_shard_count(cl->stores[s]); i++) {
+            zs_shard_range r;
+            zs_store_params(cl->stores[s], i, &r);
+            for (int k = 0; k < C; k++)
+                zs_store_push(cl->stores[s], step, k, r.begin, r.end - r.begin, g, NULL);
+        }
+    free(g);
+    CHECK(zs_store_complete(st));
+    CHECK_FAILS_WITH(zs_store_apply(st, 1e-3, 1.0, 0), "at offset 8192 (unit 0 exp_avg_sq");
+    CHECK_EQ_INT(zs_store_version(st), step);
 }
 
 static void run(int S, int bf16)
@@ -335,8 +408,10 @@ static void run(int S, int bf16)
         same &= ((const uint16_t *)p)[i] == zs_f32_to_bf16(tr.params[r0.begin + i]);
     CHECK(same);
     CHECK_EQ_INT(zs_store_locate(cl.stores[0], N + 5, 1, ZS_STORE_F32, &p), ZS_STORE_BAD_RANGE);
-    if (S >= 2)
+    if (S >= 2 && !tier_dir)
         merge_stores(&cl, &tr, &cfg, grads[0]);
+    if (tier_dir)
+        check_tier_corruption(&cl, zs_store_version(cl.stores[0]), cfg.chunks);
 
     zs_gpt2_free(model);
     for (int c = 0; c < 4; c++)
@@ -353,5 +428,11 @@ int main(void)
     for (int S = 1; S <= 3; S++)
         run(S, 0);
     run(2, 1);
+    char dir[] = "/tmp/zs_test_shardstore_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    tier_dir = dir;
+    for (int S = 1; S <= 2; S++)
+        run(S, 0);
+    rmdir(dir);
     return zs_test_result("test_shardstore");
 }
