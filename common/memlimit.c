@@ -93,6 +93,20 @@ zs_err zs_mem_check(const char *who, const char *what_needs, uint64_t need)
     zs_mem_available(&left, what, sizeof what);
     if (need <= left)
         return ZS_OK;
-    return zs_error(ZS_ERR_NOMEM, "%s: %s need %.2f GiB, but %s leaves %.2f GiB", who, what_needs,
-                    (double)need / (double)(1u << 30), what, (double)left / (double)(1u << 30));
+    char a[32], b[32];
+    return zs_error(ZS_ERR_NOMEM, "%s: %s need %s, but %s leaves %s", who, what_needs,
+                    zs_mem_text(need, a, sizeof a), what, zs_mem_text(left, b, sizeof b));
+}
+
+const char *zs_mem_text(uint64_t bytes, char *buf, size_t n)
+{
+    if (bytes >= (1ull << 30))
+        snprintf(buf, n, "%.2f GiB", (double)bytes / (double)(1ull << 30));
+    else if (bytes >= (1ull << 20))
+        snprintf(buf, n, "%.2f MiB", (double)bytes / (double)(1ull << 20));
+    else if (bytes >= (1ull << 10))
+        snprintf(buf, n, "%.1f KiB", (double)bytes / (double)(1ull << 10));
+    else
+        snprintf(buf, n, "%llu bytes", (unsigned long long)bytes);
+    return buf;
 }

@@ -20,6 +20,9 @@
  * which limit that is into what ("cgroup memory.max", "RLIMIT_AS", "MemAvailable"). */
 void zs_mem_available(uint64_t *bytes, char *what, size_t what_len);
 
+/* bytes as text for messages, in buf: "327.00 GiB", "12.50 MiB", "352.0 KiB", "512 bytes". */
+const char *zs_mem_text(uint64_t bytes, char *buf, size_t n);
+
 /* ZS_ERR_NOMEM if need bytes exceed what this process may still allocate, with a message
  * that names both and what needs them: "server 2: 7 shards need 1.20 GiB, but RLIMIT_AS
  * leaves 0.50 GiB"; ZS_OK otherwise. */

@@ -29,9 +29,13 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/memlimit.h"
 
 #define SLOTS 3
 #define ALIGN 4096
+/* Checksums of a unit smaller than this run on one thread: waking a team costs more than
+ * hashing a few MiB (XXH3 runs at several GB/s on one core). */
+#define PARALLEL_HASH_BYTES (8u << 20)
 
 struct zs_nvme {
     int fd;
@@ -39,11 +43,13 @@ struct zs_nvme {
     char owner[64];
     int units, arrays;
     size_t *floats;  /* [units] elements per array */
+    int *labels;     /* [units] the shard each unit is, for messages; NULL: none */
     uint64_t *base;  /* [units] file offset of the unit's first array */
     uint64_t *span;  /* [units] bytes each array of the unit takes (4096-multiple) */
     uint64_t **sums; /* [units][arrays * blocks(unit)] XXH3 of each block as last written */
     size_t block;    /* request bytes */
     int queue_depth;
+    int threads;
     uint64_t file_bytes;
     struct io_uring ring;
     int fixed_bufs, fixed_file, direct;
@@ -161,10 +167,11 @@ static zs_err allocate_file(zs_nvme *nv, const char *dir)
     int rc = fallocate(nv->fd, 0, 0, (off_t)nv->file_bytes) == 0 ? 0 : errno;
     if (rc == EOPNOTSUPP)
         rc = posix_fallocate(nv->fd, 0, (off_t)nv->file_bytes);
+    char size[32];
     if (rc)
-        return zs_error(ZS_ERR_IO,
-                        "%s: nvme_path %s: cannot allocate %.2f GiB for the state file: %s",
-                        nv->owner, dir, (double)nv->file_bytes / (1u << 30), strerror(rc));
+        return zs_error(ZS_ERR_IO, "%s: nvme_path %s: cannot allocate %s for the state file: %s",
+                        nv->owner, dir, zs_mem_text(nv->file_bytes, size, sizeof size),
+                        strerror(rc));
     return ZS_OK;
 }
 
@@ -212,12 +219,21 @@ zs_err zs_nvme_open(const zs_nvme_opts *o, int units, int arrays, const size_t *
     nv->arrays = arrays;
     nv->block = o->block_bytes;
     nv->queue_depth = o->queue_depth;
+    nv->threads = o->threads > 0 ? o->threads : 1;
     for (int s = 0; s < SLOTS; s++)
         nv->slot_unit[s] = -1;
     const char *hook = getenv("ZS_NVME_INJECT_EIO");
     if (hook && *hook)
         nv->eio_at = strtoull(hook, NULL, 0) + 1;
     zs_err res = ZS_OK;
+    if (o->labels) {
+        nv->labels = malloc(((size_t)units + 1) * sizeof *nv->labels);
+        if (!nv->labels) {
+            res = zs_error(ZS_ERR_NOMEM, "nvme: out of memory for %d units", units);
+            goto fail;
+        }
+        memcpy(nv->labels, o->labels, (size_t)units * sizeof *nv->labels);
+    }
     nv->floats = calloc((size_t)units + 1, sizeof *nv->floats);
     nv->base = calloc((size_t)units + 1, sizeof *nv->base);
     nv->span = calloc((size_t)units + 1, sizeof *nv->span);
@@ -299,6 +315,7 @@ void zs_nvme_close(zs_nvme *nv)
     free(nv->span);
     free(nv->base);
     free(nv->floats);
+    free(nv->labels);
     free(nv->slots);
     free(nv);
 }
@@ -320,6 +337,16 @@ static void record_failure(zs_nvme *nv, const char *fmt, ...)
     vsnprintf(nv->why, sizeof nv->why, fmt, ap);
     va_end(ap);
     nv->failed = ZS_ERR_IO;
+}
+
+/* "shard 12" (the caller's label) or "unit 3", in buf. */
+static const char *unit_name(const zs_nvme *nv, int u, char *buf, size_t n)
+{
+    if (nv->labels && u >= 0 && u < nv->units)
+        snprintf(buf, n, "shard %d", nv->labels[u]);
+    else
+        snprintf(buf, n, "unit %d", u);
+    return buf;
 }
 
 static const char *array_name(int a)
@@ -359,14 +386,15 @@ static void reap_one(zs_nvme *nv)
     size_t len = len_of(nv, u, b);
     if (!write && nv->eio_at && nv->eio_at - 1 >= off && nv->eio_at - 1 < off + len)
         res = -EIO;
+    char name[32];
     if (res < 0)
-        record_failure(nv, "%s: %s of %zu bytes at offset %llu (unit %d %s): %s", nv->path,
-                       write ? "write" : "read", len, (unsigned long long)off, u, array_name(a),
-                       strerror(-res));
+        record_failure(nv, "%s: %s of %zu bytes at offset %llu (%s %s): %s", nv->path,
+                       write ? "write" : "read", len, (unsigned long long)off,
+                       unit_name(nv, u, name, sizeof name), array_name(a), strerror(-res));
     else if ((size_t)res != len)
-        record_failure(nv, "%s: short %s: %d of %zu bytes at offset %llu (unit %d %s)", nv->path,
-                       write ? "write" : "read", res, len, (unsigned long long)off, u,
-                       array_name(a));
+        record_failure(nv, "%s: short %s: %d of %zu bytes at offset %llu (%s %s)", nv->path,
+                       write ? "write" : "read", res, len, (unsigned long long)off,
+                       unit_name(nv, u, name, sizeof name), array_name(a));
     else if (write)
         nv->stats.bytes_written += len;
     else
@@ -445,7 +473,8 @@ static zs_err verify(zs_nvme *nv, int s, size_t b0, size_t b1, int only_a)
     size_t nb = blocks_of(nv, u);
     long long bad = LLONG_MAX; /* a * nb + b of the first bad block; LLONG_MAX: none */
     long long total = (long long)nv->arrays * (long long)nb;
-#pragma omp parallel for schedule(static) reduction(min : bad)
+    int nt = (uint64_t)nv->arrays * nv->span[u] >= PARALLEL_HASH_BYTES ? nv->threads : 1;
+#pragma omp parallel for schedule(static) reduction(min : bad) num_threads(nt)
     for (long long k = 0; k < total; k++) {
         int a = (int)(k / (long long)nb);
         size_t b = (size_t)(k % (long long)nb);
@@ -458,11 +487,13 @@ static zs_err verify(zs_nvme *nv, int s, size_t b0, size_t b1, int only_a)
         return ZS_OK;
     int a = (int)(bad / (long long)nb);
     size_t b = (size_t)(bad % (long long)nb);
+    char name[32];
     return zs_error(ZS_ERR_FORMAT,
-                    "%s: block of %zu bytes at offset %llu (unit %d %s, elements %zu..%zu) "
+                    "%s: block of %zu bytes at offset %llu (%s %s, elements %zu..%zu) "
                     "fails its checksum: the data on disk is not what was written",
-                    nv->path, len_of(nv, u, b), (unsigned long long)offset_of(nv, u, a, b), u,
-                    array_name(a), b * nv->block / sizeof(float),
+                    nv->path, len_of(nv, u, b), (unsigned long long)offset_of(nv, u, a, b),
+                    unit_name(nv, u, name, sizeof name), array_name(a),
+                    b * nv->block / sizeof(float),
                     (b * nv->block + len_of(nv, u, b)) / sizeof(float));
 }
 
@@ -471,7 +502,8 @@ static void checksum(zs_nvme *nv, int s, int u, size_t b0, size_t b1, int only_a
 {
     size_t nb = blocks_of(nv, u);
     long long total = (long long)nv->arrays * (long long)nb;
-#pragma omp parallel for schedule(static)
+    int nt = (uint64_t)nv->arrays * nv->span[u] >= PARALLEL_HASH_BYTES ? nv->threads : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
     for (long long k = 0; k < total; k++) {
         int a = (int)(k / (long long)nb);
         size_t b = (size_t)(k % (long long)nb);

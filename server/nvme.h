@@ -37,6 +37,8 @@ typedef struct {
     size_t block_bytes; /* bytes per read or write request (aio.block_size), 4096-multiple */
     int queue_depth;    /* requests in flight at once (aio.queue_depth) */
     const char *owner;  /* who owns the tier, for messages: "server 2" */
+    int threads;        /* OpenMP threads for the checksums of a large unit (0: 1) */
+    const int *labels;  /* [units]: messages call unit u "shard labels[u]"; NULL: "unit u" */
 } zs_nvme_opts;
 
 typedef struct zs_nvme zs_nvme;

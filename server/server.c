@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -279,6 +280,12 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
                 : !(f->flags & ZS_FRAME_FLAG_STATE) || f->chunk == 0 ? sv->mr_f32[i]
                 : f->chunk == 1                                      ? sv->mr_m[i]
                                                                      : sv->mr_v[i];
+    if (!mr) {
+        reply_error(
+            sv, c, f, ZS_FS_BAD_RANGE,
+            "the moments of this shard are on NVMe: state fetches serve moments in RAM only");
+        return;
+    }
     size_t off = (f->offset - sv->local[i].begin) * esz;
     if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
         sv->store_sends++;
@@ -755,13 +762,33 @@ static void *ckpt_main(void *arg)
     server *sv = arg;
     zs_err res = ZS_OK;
     int i = 0;
+    float *mbuf = NULL, *vbuf = NULL; /* moments read from the NVMe tier, one shard at a time */
     for (; i < sv->n_local && res == ZS_OK; i++) {
         zs_shard_range r;
         float *param, *m, *v;
         zs_store_state(sv->store, i, &r, &param, &m, &v);
+        if (!m) {
+            size_t bytes = (r.end - r.begin) * sizeof(float);
+            free(mbuf);
+            free(vbuf);
+            /* Aligned: the writer uses O_DIRECT. */
+            mbuf = vbuf = NULL;
+            if (posix_memalign((void **)&mbuf, 4096, bytes) != 0 ||
+                posix_memalign((void **)&vbuf, 4096, bytes) != 0) {
+                res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory for shard %d's moments",
+                               sv->id, r.index);
+                break;
+            }
+            if ((res = zs_store_read_moments(sv->store, i, mbuf, vbuf)) != ZS_OK)
+                break;
+            m = mbuf;
+            v = vbuf;
+        }
         res = zs_ckpt_write_shard(sv->ckpt.step_dir, &sv->ckpt.info, r.index, r.begin, r.end, param,
                                   m, v, &sv->ckpt.files[i]);
     }
+    free(mbuf);
+    free(vbuf);
     if (res != ZS_OK) {
         snprintf(sv->ckpt.error, sizeof sv->ckpt.error, "%s", zs_last_error());
         ckpt_unlink_files(sv, i - 1);
@@ -987,8 +1014,22 @@ static zs_err restore_store(server *sv, zs_store *st)
         zs_shard_range r;
         float *a[ZS_CKPT_ARRAYS];
         zs_store_state(st, i, &r, &a[ZS_CKPT_PARAM], &a[ZS_CKPT_EXP_AVG], &a[ZS_CKPT_EXP_AVG_SQ]);
+        float *tmp = NULL; /* the moments on their way to the NVMe tier */
+        if (!a[ZS_CKPT_EXP_AVG]) {
+            tmp = malloc(2 * (r.end - r.begin) * sizeof *tmp);
+            if (!tmp) {
+                res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory for shard %d's moments",
+                               sv->id, r.index);
+                break;
+            }
+            a[ZS_CKPT_EXP_AVG] = tmp;
+            a[ZS_CKPT_EXP_AVG_SQ] = tmp + (r.end - r.begin);
+        }
         for (int k = 0; k < ZS_CKPT_ARRAYS && res == ZS_OK; k++)
             res = zs_ckpt_read(&ck, (zs_ckpt_array)k, r.begin, r.end, a[k]);
+        if (res == ZS_OK && tmp)
+            res = zs_store_write_moments(st, i, a[ZS_CKPT_EXP_AVG], a[ZS_CKPT_EXP_AVG_SQ]);
+        free(tmp);
         heartbeat_if_due(sv);
     }
     if (res == ZS_OK) {
@@ -1204,6 +1245,88 @@ static zs_err setup_replica(server *sv, const float *full)
     return res;
 }
 
+/*
+ * Creates the store of the local shards, saying so before allocating anything if they cannot
+ * fit.  In RAM: fp32 weights, both moments, the accumulator and the bf16 copy (18 bytes a
+ * float), as much again for a replica (shards are balanced), and the --init vector while it is
+ * read.  With offload_optimizer.device "nvme", the weights, accumulator and bf16 copy (10 bytes
+ * a float) and the tier's slots must fit the memory budget (cluster.server_memory_bytes, else
+ * what the limits leave); the moments of the first shards stay in RAM as far as the rest of the
+ * budget goes, and the others' live on NVMe.
+ */
+static zs_err create_store(server *sv, int count)
+{
+    uint64_t floats = 0, biggest = 0;
+    for (int i = 0; i < count; i++) {
+        uint64_t len = sv->local[i].end - sv->local[i].begin;
+        floats += len;
+        biggest = len > biggest ? len : biggest;
+    }
+    uint64_t init = sv->job.resume_step == 0 && sv->opts->init_dir ? sv->tt.total * 4 : 0;
+    uint64_t budget = sv->cfg.cluster.server_memory_bytes;
+    char who[32], what[160], source[64] = "cluster.server_memory_bytes";
+    snprintf(who, sizeof who, "server %u", sv->id);
+    if (!budget)
+        zs_mem_available(&budget, source, sizeof source);
+    char t1[32], t2[32];
+    if (sv->cfg.zero.optimizer != ZS_OFFLOAD_NVME) {
+        uint64_t need = floats * 18 * (sv->cfg.checkpoint.replicas > 0 ? 2 : 1) + init;
+        snprintf(what, sizeof what, "%d shards (weights, moments, gradients%s)", count,
+                 sv->cfg.checkpoint.replicas > 0 ? " and a replica" : "");
+        if (sv->cfg.cluster.server_memory_bytes && need > budget)
+            return zs_error(ZS_ERR_NOMEM,
+                            "%s: %s need %s, more than cluster.server_memory_bytes %s; "
+                            "zero_optimization.offload_optimizer.device \"nvme\" keeps the "
+                            "moments that do not fit on a local disk",
+                            who, what, zs_mem_text(need, t1, sizeof t1),
+                            zs_mem_text(budget, t2, sizeof t2));
+        ZS_CHECK(zs_mem_check(who, what, need));
+        return zs_store_create(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, &sv->store);
+    }
+    /* The directory is checked even when every moment fits in RAM: a mistake in it should not
+     * wait for the first job that needs it. */
+    struct stat dst;
+    if (stat(sv->cfg.zero.nvme_path, &dst) != 0 || !S_ISDIR(dst.st_mode))
+        return zs_error(ZS_ERR_INVALID, "%s: zero_optimization.offload_optimizer.nvme_path %s: %s",
+                        who, sv->cfg.zero.nvme_path,
+                        access(sv->cfg.zero.nvme_path, F_OK) != 0 ? strerror(errno)
+                                                                  : "not a directory");
+    uint64_t slots = 3 * 2 * ((biggest * 4 + 4095) / 4096 * 4096);
+    uint64_t base = floats * 10 + slots + init;
+    if (base > budget)
+        return zs_error(ZS_ERR_NOMEM,
+                        "%s: %d shards need %s of RAM even with their moments on NVMe "
+                        "(weights, gradients, the bf16 copy and the NVMe slots), but %s gives %s",
+                        who, count, zs_mem_text(base, t1, sizeof t1), source,
+                        zs_mem_text(budget, t2, sizeof t2));
+    uint64_t kept = 0;
+    int resident = 0;
+    while (resident < count) {
+        uint64_t m = (sv->local[resident].end - sv->local[resident].begin) * 8;
+        if (kept + m > budget - base)
+            break;
+        kept += m;
+        resident++;
+    }
+    snprintf(what, sizeof what, "%d shards (weights, gradients, the moments of %d of them)", count,
+             resident);
+    ZS_CHECK(zs_mem_check(who, what, base + kept));
+    if (budget == UINT64_MAX)
+        snprintf(source, sizeof source, "no limit known");
+    ZS_INFO("%s: AdamW moments of %d of %d shards on NVMe in %s (%s), %d in RAM; RAM budget %s "
+            "(%s)",
+            who, count - resident, count, sv->cfg.zero.nvme_path,
+            zs_mem_text(floats * 8 - kept, t1, sizeof t1), resident,
+            budget == UINT64_MAX ? "unlimited" : zs_mem_text(budget, t2, sizeof t2), source);
+    zs_nvme_opts o = {.dir = sv->cfg.zero.nvme_path,
+                      .block_bytes = sv->cfg.aio.block_size,
+                      .queue_depth = sv->cfg.aio.queue_depth,
+                      .owner = who,
+                      .threads = sv->opts->threads};
+    return zs_store_create_tiered(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, resident,
+                                  &o, &sv->store);
+}
+
 /* Sets up the shards of this server once both the job spec and the shard map are in. */
 static zs_err setup_shards(server *sv)
 {
@@ -1241,21 +1364,7 @@ static zs_err setup_shards(server *sv)
         sv->old_store = sv->old_replica = NULL;
         ZS_INFO("server %u: restored from memory at version %ld", sv->id, sv->memory_version);
     } else {
-        /* Say so before allocating if it cannot fit: fp32 weights, both moments and the
-         * accumulator, and the bf16 copy (18 bytes a float), as much again for a replica
-         * (shards are balanced), and the --init vector while it is read. */
-        uint64_t floats = 0;
-        for (int i = 0; i < count; i++)
-            floats += sv->local[i].end - sv->local[i].begin;
-        uint64_t need = floats * 18 * (sv->cfg.checkpoint.replicas > 0 ? 2 : 1) +
-                        (sv->job.resume_step == 0 && sv->opts->init_dir ? sv->tt.total * 4 : 0);
-        char who[32], what[96];
-        snprintf(who, sizeof who, "server %u", sv->id);
-        snprintf(what, sizeof what, "%d shards (weights, moments, gradients%s)", count,
-                 sv->cfg.checkpoint.replicas > 0 ? " and a replica" : "");
-        ZS_CHECK(zs_mem_check(who, what, need));
-        ZS_CHECK(
-            zs_store_create(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, &sv->store));
+        ZS_CHECK(create_store(sv, count));
         float *full = NULL;
         if (sv->job.resume_step == 0 && sv->opts->init_dir) {
             full = malloc(sv->tt.total * sizeof *full);
@@ -1286,8 +1395,10 @@ static zs_err setup_shards(server *sv)
         zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_BF16, &bf16);
         ZS_CHECK(sv->ops->reg_mr(sv->net, param, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
         ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)bf16, len * 2, ZS_MR_SEND, &sv->mr_bf16[i]));
-        ZS_CHECK(sv->ops->reg_mr(sv->net, m, len * 4, ZS_MR_SEND, &sv->mr_m[i]));
-        ZS_CHECK(sv->ops->reg_mr(sv->net, v, len * 4, ZS_MR_SEND, &sv->mr_v[i]));
+        if (m) { /* moments on NVMe are not served to peers (replicas need them in RAM) */
+            ZS_CHECK(sv->ops->reg_mr(sv->net, m, len * 4, ZS_MR_SEND, &sv->mr_m[i]));
+            ZS_CHECK(sv->ops->reg_mr(sv->net, v, len * 4, ZS_MR_SEND, &sv->mr_v[i]));
+        }
         biggest = len > biggest ? len : biggest;
     }
     if (sv->replica) {

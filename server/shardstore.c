@@ -125,12 +125,21 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
     if (st->resident < n) {
         /* A fresh tier reads as zeros, as fresh moments are. */
         size_t *floats = malloc((size_t)(n - st->resident) * sizeof *floats);
-        if (!floats)
+        int *labels = malloc((size_t)(n - st->resident) * sizeof *labels);
+        if (!floats || !labels) {
+            free(floats);
+            free(labels);
             goto nomem;
-        for (int i = st->resident; i < n; i++)
+        }
+        for (int i = st->resident; i < n; i++) {
             floats[i - st->resident] = st->shards[i].len;
-        zs_err e = zs_nvme_open(tier, n - st->resident, 2, floats, &st->nvme);
+            labels[i - st->resident] = st->shards[i].r.index;
+        }
+        zs_nvme_opts o = *tier;
+        o.labels = labels;
+        zs_err e = zs_nvme_open(&o, n - st->resident, 2, floats, &st->nvme);
         free(floats);
+        free(labels);
         if (e != ZS_OK) {
             zs_store_free(st);
             return e;

@@ -1,0 +1,180 @@
+# The NVMe tier (docs/nvme.md): partition servers whose AdamW moments do not fit
+# cluster.server_memory_bytes keep them in a state file under
+# zero_optimization.offload_optimizer.nvme_path, and give zshard train's bits.
+#  - 1 server (budget: the moments of 1 of its 9 shards in RAM) and 2 servers (1 of 4 or 5):
+#    model and metrics bitwise train's; each server says how many shards went to NVMe.
+#  - a checkpoint written with the moments on NVMe resumes with them in RAM, and the other
+#    way round: train's bits.
+#  - a budget too small even for the weights and gradients, an nvme_path that is a file, and
+#    (as root, on a tmpfs of 64 KiB in a private mount namespace) a disk too small: the server
+#    says so, naming the numbers or the path.
+#  - an injected read error (ZS_NVME_INJECT_EIO) fails the server's first apply, naming the
+#    file and offset, and the coordinator logs it as the server's reason.
+#  - a byte flipped in a running server's state file (through /proc/PID/fd): its next apply
+#    fails naming the block, nothing is applied from it, the coordinator goes back to the
+#    newest checkpoint on the spare server zshard launch keeps, and the job ends with train's
+#    bits.
+if [ -z "${ZS_NVME_NS:-}" ] && [ "$(id -u)" = 0 ] &&
+  unshare --mount --propagation private true 2>/dev/null; then
+  ZS_NVME_NS=1 exec unshare --mount --propagation private bash "$0" "$@"
+fi
+source "$(dirname "$0")/lib.sh"
+trap kill_started EXIT
+STEPS=12
+LONG=300
+mkdir -p "$WORK/nvme"
+
+# config NAME BUDGET [TIER]: job config NAME.json: tiny.json with a checkpoint every 3 steps, and
+# with TIER=nvme (the default) the moments on NVMe under a budget of BUDGET bytes.
+config() {
+  local tier=${3:-nvme} extra=
+  if [ "$tier" = nvme ]; then
+    extra=", \"server_memory_bytes\": $2}, \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"${NVME_PATH:-$WORK/nvme}\", \"pin_memory\": true}}, \"aio\": {\"block_size\": 8192, \"queue_depth\": 4"
+  fi
+  sed "s|\"cluster\": {\"shard_size\": 16384}|\"cluster\": {\"shard_size\": 16384$extra}, \"checkpoint\": {\"interval_steps\": ${INTERVAL:-3}, \"keep\": 100}|" \
+    "$DATA/tiny.json" >"$WORK/$1.json"
+  grep -q interval_steps "$WORK/$1.json" || fail "the config edit for $1 did not take"
+}
+
+# run_launch NAME CONFIG SERVERS WORKERS [ARGS...]: zshard launch, out in $WORK/NAME.
+run_launch() {
+  local name=$1 cfg=$2 servers=$3 workers=$4
+  shift 4
+  launch_fg "$name" --config "$WORK/$cfg.json" --data "$DATA/tiny.txt" --steps "${NSTEPS:-$STEPS}" \
+    --servers "$servers" --workers "$workers" --threads 1 --out "$WORK/$name" "$@"
+}
+
+# check_same NAME TRAIN: exit 0, and model and metrics equal to the train run TRAIN's.
+check_same() {
+  checks=$((checks + 3))
+  [ "$RC" -eq 0 ] || fail "$1: exit $RC: $(tail -n 5 "$WORK/$1.err")"
+  cmp -s "$WORK/$2/model.safetensors" "$WORK/$1/model.safetensors" ||
+    fail "$1: model.safetensors differs from zshard train's"
+  diff <(metrics_compared "$WORK/$2/metrics.jsonl") <(metrics_compared "$WORK/$1/metrics.jsonl") \
+    >/dev/null || fail "$1: metrics.jsonl differs from zshard train's beyond timings"
+}
+
+config ram 0 ram
+expect_ok "$ZSHARD" train --config "$WORK/ram.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --threads 1 --out "$WORK/train"
+expect_ok "$ZSHARD" train --config "$WORK/ram.json" --data "$DATA/tiny.txt" --steps $LONG \
+  --threads 1 --out "$WORK/train_long"
+
+# ---- the same bits, 1 and 2 servers --------------------------------------------------------
+# tiny.json: 35200 floats in 9 shards of 4096.  One server needs 10 bytes a float in RAM
+# (352000) and 3 slots of two 16384-byte arrays (98304): 500000 leaves room for the moments
+# of 1 shard (32768).  Two servers (4 and 5 shards): 330000 leaves room for 1 or 2.
+config nvme1 500000
+run_launch s1 nvme1 1 1
+check_same s1 train
+expect_log s1 "$WORK/s1/logs/server-1.log" 'AdamW moments of 8 of 9 shards on NVMe in .*, 1 in RAM'
+config nvme2 330000
+run_launch s2 nvme2 2 2
+check_same s2 train
+for f in "$WORK"/s2/logs/server-*.log; do
+  expect_log s2 "$f" 'AdamW moments of [2-4] of [45] shards on NVMe'
+done
+
+# ---- checkpoints cross tiers ----------------------------------------------------------------
+# Written with the moments on NVMe (s2's step 6), resumed with them in RAM; written in RAM,
+# resumed on NVMe.  A resume into a new --out starts from a copy of the metrics.
+mkdir -p "$WORK/to_ram" "$WORK/to_nvme"
+cp "$WORK/s2/metrics.jsonl" "$WORK/to_ram/"
+run_launch to_ram ram 1 1 --resume "$WORK/s2/checkpoints/step-00000006"
+check_same to_ram train
+run_launch ram_full ram 2 1
+check_same ram_full train
+cp "$WORK/ram_full/metrics.jsonl" "$WORK/to_nvme/"
+run_launch to_nvme nvme1 1 1 --resume "$WORK/ram_full/checkpoints/step-00000006"
+check_same to_nvme train
+
+# ---- what does not fit, and where ----------------------------------------------------------
+config small 300000
+run_launch small small 1 1
+checks=$((checks + 1))
+[ "$RC" -ne 0 ] || fail "small: a budget below the weights and gradients was accepted"
+expect_log small "$WORK/small/logs/server-1.log" \
+  'server [0-9]+: 9 shards need [0-9.]+ KiB of RAM even with their moments on NVMe \(weights, gradients, the bf16 copy and the NVMe slots\), but cluster.server_memory_bytes gives 293.0 KiB'
+: >"$WORK/plainfile"
+NVME_PATH=$WORK/plainfile config notdir 500000
+run_launch notdir notdir 1 1
+checks=$((checks + 1))
+[ "$RC" -ne 0 ] || fail "notdir: an nvme_path that is a file was accepted"
+expect_log notdir "$WORK/notdir/logs/server-1.log" \
+  "zero_optimization.offload_optimizer.nvme_path $WORK/plainfile: not a directory"
+if [ -n "${ZS_NVME_NS:-}" ] && mkdir -p "$WORK/tiny_fs" &&
+  mount -t tmpfs -o size=65536 tmpfs "$WORK/tiny_fs"; then
+  NVME_PATH=$WORK/tiny_fs config full 500000
+  run_launch full full 1 1
+  umount -l "$WORK/tiny_fs"
+  checks=$((checks + 1))
+  [ "$RC" -ne 0 ] || fail "full: a state file larger than its disk was accepted"
+  expect_log full "$WORK/full/logs/server-1.log" \
+    "nvme_path $WORK/tiny_fs: cannot allocate [0-9.]+ KiB for the state file: No space left on device"
+else
+  echo "nvme_tier: the full-disk case is skipped (needs root for a private tmpfs)"
+fi
+
+# ---- an I/O error -------------------------------------------------------------------------
+# The state file holds shards 1..8 (shard 0's moments stay in RAM), each as two arrays of 16384
+# bytes read in requests of 8192: byte 20000 is in the first request of shard 1's exp_avg_sq.
+"$ZSHARD" coord --listen 'tcp://127.0.0.1:*' --config "$WORK/nvme1.json" --servers 1 \
+  --data "$DATA/tiny.txt" --steps $STEPS --out "$WORK/eio" 2>"$WORK/eio_coord.log" &
+COORD=$!
+PIDS+=($COORD)
+wait_endpoint "$WORK/eio_coord.log" 15 "$COORD" ||
+  { fail "the coordinator did not say where it listens: $(cat "$WORK/eio_coord.log")"; finish; }
+ZS_NVME_INJECT_EIO=20000 "$ZSHARD" server --coord "$EP" --listen 127.0.0.1:0 --threads 1 \
+  2>"$WORK/eio_server.log" &
+SERVER=$!
+PIDS+=($SERVER)
+"$ZSHARD" worker --coord "$EP" --threads 1 2>"$WORK/eio_worker.log" &
+PIDS+=($!)
+checks=$((checks + 1))
+wait_until 30 gone $SERVER || fail "eio: the server did not stop at its failed read"
+reap $SERVER
+checks=$((checks + 1))
+[ "$RC" = 1 ] || fail "eio: the server exited $RC, expected 1"
+expect_log eio "$WORK/eio_server.log" \
+  'read of 8192 bytes at offset 16384 \(shard 1 exp_avg_sq\): Input/output error'
+checks=$((checks + 1))
+wait_until 15 has_line "$WORK/eio_coord.log" 'server [0-9]+ left: .*offset 16384 .*Input/output error' ||
+  fail "eio: the coordinator did not log the server's reason: $(tail -n 3 "$WORK/eio_coord.log")"
+kill_started
+PIDS=()
+
+# ---- a byte flipped on disk mid-run ---------------------------------------------------------
+INTERVAL=20 config flip 500000
+NSTEPS=$LONG run_launch flip flip 1 1 >/dev/null &
+LAUNCHER=$!
+PIDS+=($LAUNCHER)
+steps_past() { [ "$({ wc -l <"$WORK/flip/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge "$1" ]; }
+checks=$((checks + 1))
+wait_until 60 steps_past 30 || fail "flip: the job did not reach step 30"
+SP=$(pid_of "$WORK/flip.err" "server 1")
+flipped=0
+for f in /proc/"$SP"/fd/*; do
+  case "$(readlink "$f" 2>/dev/null)" in
+  "$WORK/nvme/"*"(deleted)")
+    # Byte 7232 of each shard's exp_avg (shard k's starts at (k - 1) * 32768): a block whose
+    # write-back was in flight as the byte changed is written whole again, the others fail.
+    python3 -c 'import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+for u in range(8):
+    at = u * 32768 + 7232
+    b = bytearray(os.pread(fd, 1, at)); b[0] ^= 1
+    os.pwrite(fd, bytes(b), at)
+os.fsync(fd)' "$f" 2>>"$WORK/flip_py.err" && flipped=1
+    ;;
+  esac
+done
+checks=$((checks + 1))
+echo "nvme_tier: flipped a byte of each shard in server 1's state file after $({ wc -l <"$WORK/flip/metrics.jsonl"; } 2>/dev/null) steps"
+[ $flipped = 1 ] || fail "flip: no state file found among server 1's (pid $SP) descriptors ($(ls -l /proc/"$SP"/fd/ 2>&1 | tail -n +2 | wc -l) of them; $(cat "$WORK/flip_py.err" 2>/dev/null))"
+wait $LAUNCHER
+RC=$?
+check_same flip train_long
+expect_log flip "$WORK/flip/logs/coord.log" \
+  'server [0-9]+ left: .*block of 8192 bytes at offset [0-9]+ \(shard [1-8] exp_avg, elements 0..2048\) fails its checksum'
+expect_log flip "$WORK/flip/logs/coord.log" 'every server goes back to checkpoint'
+finish
