@@ -1,12 +1,27 @@
 /*
- * adamw_avx512: zs_adamw_ref 16 floats at a time.  The tail (n % 16 elements) goes through
- * the same instruction sequence with masked loads and stores; masked-off lanes compute on
- * zeros, which raises nothing and is never stored.  No FMA: the reference rounds after each
+ * adamw_avx512: zs_adamw_ref 16 floats at a time.  No FMA: the reference rounds after each
  * multiply.  Loads and stores are unaligned, as the partition server's buffers may be.
+ *
+ * The update is bound by memory, not by its two divisions and square root (replacing them by
+ * multiplies leaves the time unchanged), so the loop is shaped around the traffic:
+ *   - software prefetch ADAMW_AHEAD elements ahead in p, m, v and g.  With four read streams
+ *     the hardware prefetchers do not keep enough misses in flight; the explicit prefetches
+ *     cut the time per element by ~20% on two threads and ~30% on one (Sapphire Rapids class,
+ *     bench_adamw);
+ *   - the bf16 copy, which is written and never read, goes out with streaming stores of whole
+ *     cache lines (32 elements), which skip the read for ownership of each line; ~5%.
+ *     p, m and v are not streamed: their lines were just read, and streaming them was slower.
+ * A head of up to 31 elements brings bf16 to a line boundary, the tail (what is left of 32)
+ * runs with masked loads and stores; masked-off lanes compute on zeros, which raises nothing
+ * and is never stored.
  */
 #include <immintrin.h>
 
 #include "kernels/cpu/adamw_simd.h"
+
+/* Prefetch distance in elements: 3 KiB ahead in each stream.  512 to 1024 measured alike;
+ * 2048 was slower. */
+#define ADAMW_AHEAD 768
 
 /* zs_f32_to_bf16 on 16 lanes with integer operations: round to nearest even by adding
  * 0x7fff plus the kept part's lowest bit, NaN to quiet NaN by setting bit 6 of the kept
@@ -36,9 +51,9 @@ typedef struct {
     __m512 gs, df, omb1, b2, omb2, bc2, eps, step;
 } consts;
 
-/* One vector of elements [i, i+16), lanes selected by k. */
-static inline void step16(float *param, float *m, float *v, const float *grad, uint16_t *bf16,
-                          size_t i, __mmask16 k, const consts *c)
+/* p, m and v of elements [i, i+16), lanes selected by k; returns the new p. */
+static inline __m512 update16(float *param, float *m, float *v, const float *grad, size_t i,
+                              __mmask16 k, const consts *c)
 {
     __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, grad + i), c->gs);
     __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, param + i), c->df);
@@ -51,6 +66,15 @@ static inline void step16(float *param, float *m, float *v, const float *grad, u
     _mm512_mask_storeu_ps(param + i, k, p);
     _mm512_mask_storeu_ps(m + i, k, canonical_nan(mi));
     _mm512_mask_storeu_ps(v + i, k, canonical_nan(vi));
+    return p;
+}
+
+/* Elements [i, i+len), len <= 16, with ordinary (masked) stores of bf16. */
+static inline void update_part(float *param, float *m, float *v, const float *grad, uint16_t *bf16,
+                               size_t i, size_t len, const consts *c)
+{
+    __mmask16 k = (__mmask16)((1u << len) - 1);
+    __m512 p = update16(param, m, v, grad, i, k, c);
     if (bf16)
         _mm256_mask_storeu_epi16(bf16 + i, k, to_bf16(p));
 }
@@ -68,9 +92,42 @@ void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16
         .eps = _mm512_set1_ps(hp->eps),
         .step = _mm512_set1_ps(hp->step_size),
     };
+    /* bf16 is 2-byte aligned, so a whole number of elements reaches the next line. */
+    size_t head = bf16 ? ((64 - ((uintptr_t)bf16 & 63)) & 63) / 2 : 0;
+    if (head > n)
+        head = n;
     size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        step16(param, m, v, grad, bf16, i, (__mmask16)0xffff, &c);
-    if (i < n)
-        step16(param, m, v, grad, bf16, i, (__mmask16)((1u << (n - i)) - 1), &c);
+    while (i < head) {
+        size_t len = head - i < 16 ? head - i : 16;
+        update_part(param, m, v, grad, bf16, i, len, &c);
+        i += len;
+    }
+    for (; i + 32 <= n; i += 32) {
+        /* Near the end, prefetch the current lines again (already cached) rather than
+         * form pointers past the arrays. */
+        size_t a = i + ADAMW_AHEAD + 32 <= n ? i + ADAMW_AHEAD : i;
+        _mm_prefetch((const char *)(grad + a), _MM_HINT_T0);
+        _mm_prefetch((const char *)(grad + a + 16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(param + a), _MM_HINT_T0);
+        _mm_prefetch((const char *)(param + a + 16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(m + a), _MM_HINT_T0);
+        _mm_prefetch((const char *)(m + a + 16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(v + a), _MM_HINT_T0);
+        _mm_prefetch((const char *)(v + a + 16), _MM_HINT_T0);
+        __m512 p0 = update16(param, m, v, grad, i, (__mmask16)0xffff, &c);
+        __m512 p1 = update16(param, m, v, grad, i + 16, (__mmask16)0xffff, &c);
+        if (bf16)
+            _mm512_stream_si512(
+                (void *)(bf16 + i),
+                _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(p0)), to_bf16(p1), 1));
+    }
+    while (i < n) {
+        size_t len = n - i < 16 ? n - i : 16;
+        update_part(param, m, v, grad, bf16, i, len, &c);
+        i += len;
+    }
+    /* Streaming stores are weakly ordered: make them visible before the caller hands bf16
+     * to another thread. */
+    if (bf16)
+        _mm_sfence();
 }
