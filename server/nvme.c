@@ -404,8 +404,12 @@ static void reap_one(zs_nvme *nv)
 /* Queues one request, first making room (the ring's depth bounds what is in flight). */
 static void queue_one(zs_nvme *nv, int s, int write, int a, size_t b)
 {
-    while (nv->inflight >= nv->queue_depth)
-        reap_one(nv);
+    if (nv->inflight >= nv->queue_depth) {
+        double t0 = zs_now_s();
+        while (nv->inflight >= nv->queue_depth)
+            reap_one(nv);
+        nv->stats.wait_ms += (zs_now_s() - t0) * 1000.0;
+    }
     struct io_uring_sqe *sqe = io_uring_get_sqe(&nv->ring);
     if (!sqe) {
         io_uring_submit(&nv->ring);

@@ -1,0 +1,258 @@
+/*
+ * bench_nvme: a partition server's optimizer step with its AdamW moments on NVMe (the shard
+ * store's NVMe tier, server/nvme.h) against what the disk does with the same bytes, measured in
+ * the same run on the same file system:
+ *   1. raw: a file as large as the tier's, written once (so that no read is served from
+ *      unwritten extents), then read whole, written whole, and each block read and then
+ *      written in one pass (the tier's pattern), each with O_DIRECT through io_uring
+ *      with a registered file and buffers, in requests of the same block size and queue depth
+ *      as the tier's;
+ *   2. the apply: zs_store_apply over a store whose every shard keeps its moments on NVMe. It
+ *      reads and writes both moments of every parameter (16 bytes), so its rate is 16 bytes a
+ *      parameter over its time.  The limit is the faster of "read, then write" and "both at
+ *      once" in (1): an apply that ran at the disk's speed would match it, one that ran at the
+ *      sum of read, compute and write would not;
+ *   3. the server's part of a step (one chunk's pushes into every shard, then the apply) with
+ *      the moments on NVMe against all of it in RAM.
+ * Each figure is the best of `repeats` after a warm-up.  The model is GPT-2 124M's layout
+ * (124,439,808 parameters), or --small (2 layers, n_embd 256, vocab 8192) for a quick look.
+ *
+ * usage: bench_nvme [--small] [dir=/tmp] [repeats=3] [block-KiB=1024] [queue-depth=8]
+ *                   [threads=2]
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/tensors.h"
+#include "server/shardstore.h"
+
+typedef struct {
+    int fd;
+    struct io_uring ring;
+    uint8_t *buf; /* qd blocks */
+    size_t block;
+    int qd;
+    uint64_t bytes;
+} raw_file;
+
+/* One pass over [0, bytes): reads (mode 0), writes (1), or every block read and then written
+ * (2: read block k, write block k, read block k + 1, ..., with qd requests in flight: the
+ * tier's pattern, which moves the file twice).  Seconds, or -1 on an error (printed). */
+static double raw_pass(raw_file *r, int mode)
+{
+    uint64_t nblocks = (r->bytes + r->block - 1) / r->block;
+    uint64_t nreq = mode == 2 ? 2 * nblocks : nblocks, next = 0, done = 0;
+    int inflight = 0;
+    double t0 = zs_now_s();
+    while (done < nreq) {
+        while (inflight < r->qd && next < nreq) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+            uint64_t blk = mode < 2 ? next : next / 2;
+            int write = mode == 1 || (mode == 2 && next % 2 == 1);
+            uint64_t off = blk * r->block;
+            size_t len = off + r->block <= r->bytes ? r->block : (size_t)(r->bytes - off);
+            uint8_t *b = r->buf + (size_t)(next % (uint64_t)r->qd) * r->block;
+            int idx = (int)(next % (uint64_t)r->qd);
+            if (write)
+                io_uring_prep_write_fixed(sqe, 0, b, (unsigned)len, off, idx);
+            else
+                io_uring_prep_read_fixed(sqe, 0, b, (unsigned)len, off, idx);
+            sqe->flags |= IOSQE_FIXED_FILE;
+            io_uring_sqe_set_data64(sqe, len);
+            next++;
+            inflight++;
+        }
+        io_uring_submit(&r->ring);
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&r->ring, &cqe) < 0)
+            return -1;
+        if (cqe->res < 0 || (uint64_t)cqe->res != io_uring_cqe_get_data64(cqe)) {
+            fprintf(stderr, "bench_nvme: raw %s: %s\n", mode == 1 ? "write" : "read",
+                    cqe->res < 0 ? strerror(-cqe->res) : "short");
+            return -1;
+        }
+        io_uring_cqe_seen(&r->ring, cqe);
+        inflight--;
+        done++;
+    }
+    return zs_now_s() - t0;
+}
+
+static int raw_open(raw_file *r, const char *dir, uint64_t bytes, size_t block, int qd)
+{
+    *r = (raw_file){.block = block, .qd = qd, .bytes = bytes};
+    r->fd = open(dir, O_TMPFILE | O_RDWR | O_DIRECT, 0600);
+    if (r->fd < 0) {
+        fprintf(stderr, "bench_nvme: %s: O_TMPFILE | O_DIRECT: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    if (fallocate(r->fd, 0, 0, (off_t)bytes) != 0 ||
+        posix_memalign((void **)&r->buf, 4096, block * (size_t)qd) != 0 ||
+        io_uring_queue_init((unsigned)qd, &r->ring, 0) != 0) {
+        fprintf(stderr, "bench_nvme: cannot set up the raw file of %llu bytes in %s\n",
+                (unsigned long long)bytes, dir);
+        close(r->fd);
+        return -1;
+    }
+    memset(r->buf, 0x5a, block * (size_t)qd);
+    /* Registered file and buffers, as the tier uses where it can: the limit is the disk's,
+     * not the cost of pinning pages per request. */
+    struct iovec iov[4096];
+    for (int i = 0; i < qd; i++)
+        iov[i] = (struct iovec){.iov_base = r->buf + (size_t)i * block, .iov_len = block};
+    if (io_uring_register_files(&r->ring, &r->fd, 1) != 0 ||
+        io_uring_register_buffers(&r->ring, iov, (unsigned)qd) != 0) {
+        fprintf(stderr, "bench_nvme: cannot register the raw file and buffers with io_uring\n");
+        return -1;
+    }
+    return 0;
+}
+
+static void raw_close(raw_file *r)
+{
+    io_uring_queue_exit(&r->ring);
+    close(r->fd);
+    free(r->buf);
+}
+
+/* One chunk's gradient pushed into every shard of st at its version (C = 1). */
+static void push_all(zs_store *st, const float *g)
+{
+    for (int i = 0; i < zs_store_shard_count(st); i++) {
+        zs_shard_range r;
+        zs_store_params(st, i, &r);
+        zs_store_push(st, zs_store_version(st), 0, r.begin, r.end - r.begin, g + r.begin, NULL);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int small = argc > 1 && strcmp(argv[1], "--small") == 0;
+    int a0 = small ? 2 : 1;
+    const char *dir = argc > a0 ? argv[a0] : "/tmp";
+    int repeats = argc > a0 + 1 ? atoi(argv[a0 + 1]) : 3;
+    size_t block = (argc > a0 + 2 ? (size_t)atoi(argv[a0 + 2]) : 1024) << 10;
+    int qd = argc > a0 + 3 ? atoi(argv[a0 + 3]) : 8;
+    int threads = argc > a0 + 4 ? atoi(argv[a0 + 4]) : 2;
+    if (repeats < 1 || block < 4096 || block % 4096 || qd < 1 || qd > 4096 || threads < 1) {
+        fprintf(stderr, "usage: bench_nvme [--small] [dir=/tmp] [repeats=3] [block-KiB=1024] "
+                        "[queue-depth=8] [threads=2]\n");
+        return 2;
+    }
+    zs_config cfg;
+    zs_config_defaults(&cfg);
+    cfg.model = small ? (zs_model_config){.n_layer = 2,
+                                          .n_head = 4,
+                                          .n_embd = 256,
+                                          .vocab_size = 8192,
+                                          .block_size = 256}
+                      : (zs_model_config){.n_layer = 12,
+                                          .n_head = 12,
+                                          .n_embd = 768,
+                                          .vocab_size = 50257,
+                                          .block_size = 1024};
+    cfg.chunks = 1;
+    cfg.micro_batch = cfg.train_batch_size = 1;
+    zs_tensor_table tt;
+    if (zs_tensors_gpt2(&cfg.model, &tt) != ZS_OK) {
+        fprintf(stderr, "bench_nvme: %s\n", zs_last_error());
+        return 1;
+    }
+    size_t N = tt.total, sf = cfg.cluster.shard_bytes / sizeof(float);
+    int n = (int)((N + sf - 1) / sf);
+    zs_shard_range *ranges = calloc((size_t)n, sizeof *ranges);
+    for (int i = 0; i < n; i++)
+        ranges[i] = (zs_shard_range){i, i * sf, (i + 1) * sf < N ? (i + 1) * sf : N};
+    uint64_t state_bytes = 8ull * N;
+    printf("bench_nvme: %zu parameters in %d shards of %zu, moments %.2f GiB, in %s; requests of "
+           "%zu KiB, queue depth %d, %d threads\n",
+           N, n, sf, (double)state_bytes / (1u << 30), dir, block >> 10, qd, threads);
+
+    /* 1. Raw. */
+    raw_file raw;
+    if (raw_open(&raw, dir, state_bytes, block, qd) != 0)
+        return 1;
+    double best[3] = {1e30, 1e30, 1e30};
+    if (raw_pass(&raw, 1) < 0) /* written once: reads come from the disk, not unwritten extents */
+        return 1;
+    for (int r = 0; r < repeats; r++)
+        for (int mode = 0; mode < 3; mode++) {
+            double t = raw_pass(&raw, mode);
+            if (t < 0)
+                return 1;
+            best[mode] = t < best[mode] ? t : best[mode];
+        }
+    raw_close(&raw);
+    double gb = (double)state_bytes / 1e9;
+    printf("1. raw O_DIRECT (io_uring) on %.2f GB: read %.2f GB/s, write %.2f GB/s, each block "
+           "read then written %.2f GB/s (both directions counted)\n",
+           gb, gb / best[0], gb / best[1], 2 * gb / best[2]);
+    /* Moving each byte in and out: a read pass then a write pass, or each block read and then
+     * written, whichever is faster. */
+    double limit_s = best[0] + best[1] < best[2] ? best[0] + best[1] : best[2];
+
+    /* 2 and 3. The apply and the server's step, NVMe and RAM. */
+    float *g = malloc(N * sizeof *g);
+    for (size_t i = 0; i < N; i++)
+        g[i] = (float)((i * 2654435761u) % 2001) * 1e-4f - 0.1f;
+    zs_nvme_opts o = {.dir = dir, .block_bytes = block, .queue_depth = qd, .threads = threads};
+    o.owner = "bench";
+    zs_store *st[2] = {NULL, NULL}; /* 0: moments on NVMe, 1: in RAM */
+    if (zs_store_create_tiered(&tt, &cfg, ranges, n, threads, 0, &o, &st[0]) != ZS_OK ||
+        zs_store_create(&tt, &cfg, ranges, n, threads, &st[1]) != ZS_OK) {
+        fprintf(stderr, "bench_nvme: %s\n", zs_last_error());
+        return 1;
+    }
+    double apply[2] = {1e30, 1e30}, step[2] = {1e30, 1e30};
+    for (int k = 0; k < 2; k++)
+        zs_store_init_seed(st[k], 1);
+    for (int r = 0; r <= repeats; r++)
+        for (int k = 0; k < 2; k++) {
+            double t0 = zs_now_s();
+            push_all(st[k], g);
+            double t1 = zs_now_s();
+            if (zs_store_apply(st[k], 1e-4, 1.0, 0) != ZS_OK) {
+                fprintf(stderr, "bench_nvme: %s\n", zs_last_error());
+                return 1;
+            }
+            double t2 = zs_now_s();
+            if (r == 0)
+                continue; /* warm-up: the first apply reads unwritten extents */
+            apply[k] = t2 - t1 < apply[k] ? t2 - t1 : apply[k];
+            step[k] = t2 - t0 < step[k] ? t2 - t0 : step[k];
+        }
+    zs_nvme_stats ns = zs_nvme_get_stats(zs_store_nvme(st[0]));
+    int same = 1;
+    for (int i = 0; i < n && same; i++) {
+        zs_shard_range r;
+        const float *p0 = zs_store_params(st[0], i, &r), *p1 = zs_store_params(st[1], i, NULL);
+        same = memcmp(p0, p1, (r.end - r.begin) * sizeof(float)) == 0;
+    }
+    double rate = 2.0 * gb / apply[0], limit = 2.0 * gb / limit_s;
+    printf("2. apply with the moments on NVMe: %.1f ms, %.2f GB/s moved (16 B a parameter); the "
+           "disk read then wrote them in %.1f ms, or read and wrote each block in %.1f ms: limit "
+           "%.2f GB/s; "
+           "ratio %.2f (target >= 0.8)\n",
+           apply[0] * 1e3, rate, (best[0] + best[1]) * 1e3, best[2] * 1e3, limit, rate / limit);
+    printf(
+        "   since the tier opened: %.0f ms waiting for the disk, %.0f ms in AdamW, %.2f GB read, "
+        "%.2f GB written; O_DIRECT %d, registered buffers %d\n",
+        ns.wait_ms, ns.work_ms, (double)ns.bytes_read / 1e9, (double)ns.bytes_written / 1e9,
+        zs_nvme_direct(zs_store_nvme(st[0])), zs_nvme_fixed_buffers(zs_store_nvme(st[0])));
+    printf("3. the server's part of a step (pushes of one chunk, then the apply): moments on NVMe "
+           "%.1f ms, in RAM %.1f ms (apply alone %.1f ms); ratio %.2f; weights bitwise equal: %s\n",
+           step[0] * 1e3, step[1] * 1e3, apply[1] * 1e3, step[0] / step[1], same ? "yes" : "NO");
+    printf("bench_nvme: apply %.2f GB/s, limit %.2f GB/s, ratio %.2f\n", rate, limit, rate / limit);
+    zs_store_free(st[0]);
+    zs_store_free(st[1]);
+    free(g);
+    free(ranges);
+    return same ? 0 : 1;
+}
