@@ -205,7 +205,7 @@ int main(int argc, char **argv)
     zs_nvme_opts o = {.dir = dir, .block_bytes = block, .queue_depth = qd, .threads = threads};
     o.owner = "bench";
     zs_store *st[2] = {NULL, NULL}; /* 0: moments on NVMe, 1: in RAM */
-    if (zs_store_create_tiered(&tt, &cfg, ranges, n, threads, 0, &o, &st[0]) != ZS_OK ||
+    if (zs_store_create_tiered(&tt, &cfg, ranges, n, threads, 0, 0, &o, &st[0]) != ZS_OK ||
         zs_store_create(&tt, &cfg, ranges, n, threads, &st[1]) != ZS_OK) {
         fprintf(stderr, "bench_nvme: %s\n", zs_last_error());
         return 1;

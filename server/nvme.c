@@ -351,7 +351,7 @@ static const char *unit_name(const zs_nvme *nv, int u, char *buf, size_t n)
 
 static const char *array_name(int a)
 {
-    static const char *const names[] = {"exp_avg", "exp_avg_sq", "array 2", "array 3"};
+    static const char *const names[] = {"exp_avg", "exp_avg_sq", "weights", "array 3"};
     return names[a];
 }
 

@@ -261,8 +261,13 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
 {
     const void *data;
     zs_store_copy copy = f->dtype == ZS_DTYPE_BF16 ? ZS_STORE_BF16 : ZS_STORE_F32;
-    if (zs_store_locate(sv->store, f->offset, f->count, copy, &data) != ZS_STORE_OK) {
-        reply_error(sv, c, f, ZS_FS_BAD_RANGE, "range is not inside one shard of this server");
+    zs_store_result where = zs_store_locate(sv->store, f->offset, f->count, copy, &data);
+    if (where != ZS_STORE_OK) {
+        reply_error(sv, c, f, ZS_FS_BAD_RANGE,
+                    where == ZS_STORE_ON_NVME
+                        ? "the fp32 weights of this shard are on NVMe: this job's workers fetch "
+                          "the bf16 copy"
+                        : "range is not inside one shard of this server");
         return;
     }
     int i = 0;
@@ -397,11 +402,9 @@ enum { PUSH_TAKE, PUSH_DEFER, PUSH_REFUSED };
 /* The store a push lands in: the server's own, its replica's, or NULL (neither holds it). */
 static zs_store *push_target(const server *sv, const zs_frame *f)
 {
-    const void *data;
-    if (zs_store_locate(sv->store, f->offset, f->count, ZS_STORE_F32, &data) == ZS_STORE_OK)
+    if (zs_store_holds(sv->store, f->offset, f->count))
         return sv->store;
-    if (sv->replica && zs_store_locate(zs_replica_store(sv->replica), f->offset, f->count,
-                                       ZS_STORE_F32, &data) == ZS_STORE_OK)
+    if (sv->replica && zs_store_holds(zs_replica_store(sv->replica), f->offset, f->count))
         return zs_replica_store(sv->replica);
     return NULL;
 }
@@ -552,6 +555,7 @@ static zs_frame_status wire_status(zs_store_result r)
     case ZS_STORE_STALE:
         return ZS_FS_STALE;
     case ZS_STORE_BAD_RANGE:
+    case ZS_STORE_ON_NVME: /* a push never asks where the fp32 weights are */
         return ZS_FS_BAD_RANGE;
     case ZS_STORE_BAD_CHUNK:
         return ZS_FS_NOT_ASSIGNED;
@@ -762,33 +766,41 @@ static void *ckpt_main(void *arg)
     server *sv = arg;
     zs_err res = ZS_OK;
     int i = 0;
-    float *mbuf = NULL, *vbuf = NULL; /* moments read from the NVMe tier, one shard at a time */
+    /* Arrays read back from the NVMe tier, one shard at a time; aligned, as the writer uses
+     * O_DIRECT.  Shards are at most cluster.shard_size bytes, so one size fits all. */
+    float *buf[3] = {NULL, NULL, NULL};
+    size_t cap[3] = {0, 0, 0};
     for (; i < sv->n_local && res == ZS_OK; i++) {
         zs_shard_range r;
-        float *param, *m, *v;
-        zs_store_state(sv->store, i, &r, &param, &m, &v);
-        if (!m) {
-            size_t bytes = (r.end - r.begin) * sizeof(float);
-            free(mbuf);
-            free(vbuf);
-            /* Aligned: the writer uses O_DIRECT. */
-            mbuf = vbuf = NULL;
-            if (posix_memalign((void **)&mbuf, 4096, bytes) != 0 ||
-                posix_memalign((void **)&vbuf, 4096, bytes) != 0) {
-                res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory for shard %d's moments",
-                               sv->id, r.index);
-                break;
+        float *a[3];
+        zs_store_state(sv->store, i, &r, &a[0], &a[1], &a[2]);
+        size_t bytes = (r.end - r.begin) * sizeof(float);
+        for (int k = 0; k < 3 && res == ZS_OK; k++) {
+            if (a[k])
+                continue;
+            if (bytes > cap[k]) {
+                free(buf[k]);
+                cap[k] = 0;
+                if (posix_memalign((void **)&buf[k], 4096, bytes) != 0) {
+                    buf[k] = NULL;
+                    res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory for shard %d's state",
+                                   sv->id, r.index);
+                    break;
+                }
+                cap[k] = bytes;
             }
-            if ((res = zs_store_read_moments(sv->store, i, mbuf, vbuf)) != ZS_OK)
-                break;
-            m = mbuf;
-            v = vbuf;
+            a[k] = buf[k];
         }
-        res = zs_ckpt_write_shard(sv->ckpt.step_dir, &sv->ckpt.info, r.index, r.begin, r.end, param,
-                                  m, v, &sv->ckpt.files[i]);
+        if (res == ZS_OK && a[0] == buf[0])
+            res = zs_store_read_params(sv->store, i, a[0]);
+        if (res == ZS_OK && a[1] == buf[1])
+            res = zs_store_read_moments(sv->store, i, a[1], a[2]);
+        if (res == ZS_OK)
+            res = zs_ckpt_write_shard(sv->ckpt.step_dir, &sv->ckpt.info, r.index, r.begin, r.end,
+                                      a[0], a[1], a[2], &sv->ckpt.files[i]);
     }
-    free(mbuf);
-    free(vbuf);
+    for (int k = 0; k < 3; k++)
+        free(buf[k]);
     if (res != ZS_OK) {
         snprintf(sv->ckpt.error, sizeof sv->ckpt.error, "%s", zs_last_error());
         ckpt_unlink_files(sv, i - 1);
@@ -1014,21 +1026,30 @@ static zs_err restore_store(server *sv, zs_store *st)
         zs_shard_range r;
         float *a[ZS_CKPT_ARRAYS];
         zs_store_state(st, i, &r, &a[ZS_CKPT_PARAM], &a[ZS_CKPT_EXP_AVG], &a[ZS_CKPT_EXP_AVG_SQ]);
-        float *tmp = NULL; /* the moments on their way to the NVMe tier */
-        if (!a[ZS_CKPT_EXP_AVG]) {
-            tmp = malloc(2 * (r.end - r.begin) * sizeof *tmp);
+        /* Arrays on their way to the NVMe tier. */
+        size_t len = r.end - r.begin;
+        float *tmp = NULL;
+        int params_tiered = !a[ZS_CKPT_PARAM], moments_tiered = !a[ZS_CKPT_EXP_AVG];
+        if (params_tiered || moments_tiered) {
+            tmp = malloc(3 * len * sizeof *tmp);
             if (!tmp) {
-                res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory for shard %d's moments",
+                res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory for shard %d's state",
                                sv->id, r.index);
                 break;
             }
-            a[ZS_CKPT_EXP_AVG] = tmp;
-            a[ZS_CKPT_EXP_AVG_SQ] = tmp + (r.end - r.begin);
+            if (params_tiered)
+                a[ZS_CKPT_PARAM] = tmp;
+            if (moments_tiered) {
+                a[ZS_CKPT_EXP_AVG] = tmp + len;
+                a[ZS_CKPT_EXP_AVG_SQ] = tmp + 2 * len;
+            }
         }
         for (int k = 0; k < ZS_CKPT_ARRAYS && res == ZS_OK; k++)
             res = zs_ckpt_read(&ck, (zs_ckpt_array)k, r.begin, r.end, a[k]);
-        if (res == ZS_OK && tmp)
+        if (res == ZS_OK && moments_tiered)
             res = zs_store_write_moments(st, i, a[ZS_CKPT_EXP_AVG], a[ZS_CKPT_EXP_AVG_SQ]);
+        if (res == ZS_OK && params_tiered)
+            res = zs_store_write_params(st, i, a[ZS_CKPT_PARAM]);
         free(tmp);
         heartbeat_if_due(sv);
     }
@@ -1113,12 +1134,10 @@ static zs_err init_store(server *sv, zs_store *st, const float *full)
 {
     if (sv->job.resume_step > 0)
         return restore_store(sv, st);
-    if (full) {
-        zs_store_load(st, full);
-        return ZS_OK;
-    }
+    if (full)
+        return zs_store_load(st, full);
     for (int i = 0; i < zs_store_local_count(st); i++) {
-        zs_store_init_seed_shard(st, i, sv->cfg.seed);
+        ZS_CHECK(zs_store_init_seed_shard(st, i, sv->cfg.seed));
         heartbeat_if_due(sv);
     }
     return ZS_OK;
@@ -1291,18 +1310,24 @@ static zs_err create_store(server *sv, int count)
                         who, sv->cfg.zero.nvme_path,
                         access(sv->cfg.zero.nvme_path, F_OK) != 0 ? strerror(errno)
                                                                   : "not a directory");
-    uint64_t slots = 3 * 2 * ((biggest * 4 + 4095) / 4096 * 4096);
-    uint64_t base = floats * 10 + slots + init;
+    /* Workers that fetch the bf16 copy never read the fp32 master weights, which then go to
+     * NVMe with the moments: 6 bytes a float stay in RAM instead of 10. */
+    int master = sv->cfg.bf16 != 0;
+    uint64_t arrays = master ? 3 : 2;
+    uint64_t slots = 3 * arrays * ((biggest * 4 + 4095) / 4096 * 4096);
+    uint64_t base = floats * (master ? 6 : 10) + slots + init;
     if (base > budget)
         return zs_error(ZS_ERR_NOMEM,
-                        "%s: %d shards need %s of RAM even with their moments on NVMe "
-                        "(weights, gradients, the bf16 copy and the NVMe slots), but %s gives %s",
-                        who, count, zs_mem_text(base, t1, sizeof t1), source,
+                        "%s: %d shards need %s of RAM even with their %s on NVMe (%s, the bf16 "
+                        "copy and the NVMe slots), but %s gives %s",
+                        who, count, zs_mem_text(base, t1, sizeof t1),
+                        master ? "moments and fp32 weights" : "moments",
+                        master ? "gradients" : "weights, gradients", source,
                         zs_mem_text(budget, t2, sizeof t2));
     uint64_t kept = 0;
     int resident = 0;
     while (resident < count) {
-        uint64_t m = (sv->local[resident].end - sv->local[resident].begin) * 8;
+        uint64_t m = (sv->local[resident].end - sv->local[resident].begin) * 4 * arrays;
         if (kept + m > budget - base)
             break;
         kept += m;
@@ -1313,18 +1338,19 @@ static zs_err create_store(server *sv, int count)
     ZS_CHECK(zs_mem_check(who, what, base + kept));
     if (budget == UINT64_MAX)
         snprintf(source, sizeof source, "no limit known");
-    ZS_INFO("%s: AdamW moments of %d of %d shards on NVMe in %s (%s), %d in RAM; RAM budget %s "
+    ZS_INFO("%s: AdamW moments%s of %d of %d shards on NVMe in %s (%s), %d in RAM; RAM budget %s "
             "(%s)",
-            who, count - resident, count, sv->cfg.zero.nvme_path,
-            zs_mem_text(floats * 8 - kept, t1, sizeof t1), resident,
-            budget == UINT64_MAX ? "unlimited" : zs_mem_text(budget, t2, sizeof t2), source);
+            who, master ? " and fp32 master weights" : "", count - resident, count,
+            sv->cfg.zero.nvme_path, zs_mem_text(floats * 4 * arrays - kept, t1, sizeof t1),
+            resident, budget == UINT64_MAX ? "unlimited" : zs_mem_text(budget, t2, sizeof t2),
+            source);
     zs_nvme_opts o = {.dir = sv->cfg.zero.nvme_path,
                       .block_bytes = sv->cfg.aio.block_size,
                       .queue_depth = sv->cfg.aio.queue_depth,
                       .owner = who,
                       .threads = sv->opts->threads};
     return zs_store_create_tiered(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, resident,
-                                  &o, &sv->store);
+                                  master, &o, &sv->store);
 }
 
 /* Sets up the shards of this server once both the job spec and the shard map are in. */
@@ -1393,7 +1419,8 @@ static zs_err setup_shards(server *sv)
         const void *bf16;
         zs_store_state(sv->store, i, &r, &param, &m, &v);
         zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_BF16, &bf16);
-        ZS_CHECK(sv->ops->reg_mr(sv->net, param, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
+        if (param) /* weights on NVMe: workers fetch the bf16 copy */
+            ZS_CHECK(sv->ops->reg_mr(sv->net, param, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
         ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)bf16, len * 2, ZS_MR_SEND, &sv->mr_bf16[i]));
         if (m) { /* moments on NVMe are not served to peers (replicas need them in RAM) */
             ZS_CHECK(sv->ops->reg_mr(sv->net, m, len * 4, ZS_MR_SEND, &sv->mr_m[i]));

@@ -27,7 +27,8 @@ typedef struct {
 typedef struct {
     zs_shard_range r;
     size_t len;
-    float *param, *m, *v, *acc; /* [len]; m and v NULL when the moments are on NVMe */
+    float *param, *m, *v, *acc; /* [len]; m and v NULL when the moments are on NVMe, param
+                                   too when the master weights are */
     uint16_t *bf16;             /* [len] */
     int unit;                   /* its unit in the store's NVMe tier, -1: moments in RAM */
     int next;                   /* the chunk whose pieces go straight into acc */
@@ -44,6 +45,7 @@ struct zs_store {
     shard *shards;
     zs_nvme *nvme; /* the moments of shards [resident, n); NULL when all are in RAM */
     int resident;  /* shards (from the first) whose moments are in RAM */
+    int master;    /* the tier also holds those shards' fp32 master weights (array 2) */
 };
 
 static void *zalloc(size_t n)
@@ -65,16 +67,18 @@ static void reset_chunk(chunk_state *cs)
 }
 
 /* The arrays of one shard, zeroed; the moments only if they live in RAM. */
-static int alloc_arrays(shard *s)
+static int alloc_arrays(shard *s, int master_tiered)
 {
-    s->param = zalloc(s->len * sizeof(float));
+    if (s->unit < 0 || !master_tiered)
+        s->param = zalloc(s->len * sizeof(float));
     if (s->unit < 0) {
         s->m = zalloc(s->len * sizeof(float));
         s->v = zalloc(s->len * sizeof(float));
     }
     s->acc = zalloc(s->len * sizeof(float));
     s->bf16 = zalloc(s->len * sizeof(uint16_t));
-    return s->param && (s->unit >= 0 || (s->m && s->v)) && s->acc && s->bf16 ? 0 : -1;
+    int param_ok = s->param || (s->unit >= 0 && master_tiered);
+    return param_ok && (s->unit >= 0 || (s->m && s->v)) && s->acc && s->bf16 ? 0 : -1;
 }
 
 static void free_arrays(shard *s)
@@ -89,8 +93,8 @@ static void free_arrays(shard *s)
 }
 
 static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *ranges,
-                     int n, int threads, int arrays, int resident, const zs_nvme_opts *tier,
-                     zs_store **out)
+                     int n, int threads, int arrays, int resident, int master,
+                     const zs_nvme_opts *tier, zs_store **out)
 {
     *out = NULL;
     for (int i = 0; i < n; i++) {
@@ -110,6 +114,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
     st->threads = threads > 0 ? threads : 1;
     st->n = n;
     st->resident = resident < n ? resident : n;
+    st->master = master && st->resident < n;
     st->shards = calloc((size_t)(n ? n : 1), sizeof *st->shards);
     if (!st->shards)
         goto nomem;
@@ -119,7 +124,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
         s->len = s->r.end - s->r.begin;
         s->unit = i < st->resident ? -1 : i - st->resident;
         s->chunks = calloc((size_t)st->C, sizeof *s->chunks);
-        if (!s->chunks || (arrays && alloc_arrays(s) != 0))
+        if (!s->chunks || (arrays && alloc_arrays(s, st->master) != 0))
             goto nomem;
     }
     if (st->resident < n) {
@@ -137,7 +142,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
         }
         zs_nvme_opts o = *tier;
         o.labels = labels;
-        zs_err e = zs_nvme_open(&o, n - st->resident, 2, floats, &st->nvme);
+        zs_err e = zs_nvme_open(&o, n - st->resident, st->master ? 3 : 2, floats, &st->nvme);
         free(floats);
         free(labels);
         if (e != ZS_OK) {
@@ -166,23 +171,23 @@ nomem:
 zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
                        const zs_shard_range *ranges, int n, int threads, zs_store **out)
 {
-    return create(tt, cfg, ranges, n, threads, 1, n, NULL, out);
+    return create(tt, cfg, ranges, n, threads, 1, n, 0, NULL, out);
 }
 
 zs_err zs_store_create_tiered(const zs_tensor_table *tt, const zs_config *cfg,
                               const zs_shard_range *ranges, int n, int threads, int resident,
-                              const zs_nvme_opts *tier, zs_store **out)
+                              int master, const zs_nvme_opts *tier, zs_store **out)
 {
     if (resident < n && !tier)
         return zs_error(ZS_ERR_INVALID, "shard store: %d shards for NVMe, and no tier given",
                         n - resident);
-    return create(tt, cfg, ranges, n, threads, 1, resident < 0 ? 0 : resident, tier, out);
+    return create(tt, cfg, ranges, n, threads, 1, resident < 0 ? 0 : resident, master, tier, out);
 }
 
 zs_err zs_store_create_empty(const zs_tensor_table *tt, const zs_config *cfg,
                              const zs_shard_range *ranges, int n, int threads, zs_store **out)
 {
-    return create(tt, cfg, ranges, n, threads, 0, n, NULL, out);
+    return create(tt, cfg, ranges, n, threads, 0, n, 0, NULL, out);
 }
 
 int zs_store_find(const zs_store *st, int index)
@@ -226,7 +231,7 @@ zs_err zs_store_alloc(zs_store *st, int i)
     shard *s = &st->shards[i];
     if (s->param)
         return ZS_OK;
-    if (alloc_arrays(s) != 0) {
+    if (alloc_arrays(s, 0) != 0) {
         free_arrays(s);
         return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for shard %d (%zu floats)",
                         s->r.index, s->len);
@@ -255,23 +260,55 @@ void zs_store_free(zs_store *st)
     free(st);
 }
 
-static void refresh_bf16(shard *s)
+static void bf16_from(shard *s, const float *p)
 {
     for (size_t i = 0; i < s->len; i++)
-        s->bf16[i] = zs_f32_to_bf16(s->param[i]);
+        s->bf16[i] = zs_f32_to_bf16(p[i]);
 }
 
-void zs_store_init_seed_shard(zs_store *st, int i, uint64_t seed)
+static void refresh_bf16(shard *s)
+{
+    if (s->param) /* weights on NVMe: their bf16 copy was made when they were written there */
+        bf16_from(s, s->param);
+}
+
+/* Shard i's master weights from p (len floats): into RAM, or into the NVMe tier; the bf16
+ * copy follows. */
+static zs_err set_params(zs_store *st, int i, const float *p)
 {
     shard *s = &st->shards[i];
-    zs_tensors_init_gpt2(st->tt, seed, s->param, s->r.begin, s->r.end);
-    refresh_bf16(s);
+    bf16_from(s, p);
+    if (s->param) {
+        if (s->param != p)
+            memcpy(s->param, p, s->len * sizeof(float));
+        return ZS_OK;
+    }
+    return zs_nvme_store(st->nvme, s->unit, 2, p);
 }
 
-void zs_store_init_seed(zs_store *st, uint64_t seed)
+zs_err zs_store_init_seed_shard(zs_store *st, int i, uint64_t seed)
+{
+    shard *s = &st->shards[i];
+    if (s->param) {
+        zs_tensors_init_gpt2(st->tt, seed, s->param, s->r.begin, s->r.end);
+        refresh_bf16(s);
+        return ZS_OK;
+    }
+    float *p = malloc(s->len * sizeof *p);
+    if (!p)
+        return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for shard %d's weights",
+                        s->r.index);
+    zs_tensors_init_gpt2(st->tt, seed, p, s->r.begin, s->r.end);
+    zs_err e = set_params(st, i, p);
+    free(p);
+    return e;
+}
+
+zs_err zs_store_init_seed(zs_store *st, uint64_t seed)
 {
     for (int i = 0; i < st->n; i++)
-        zs_store_init_seed_shard(st, i, seed);
+        ZS_CHECK(zs_store_init_seed_shard(st, i, seed));
+    return ZS_OK;
 }
 
 int zs_store_local_count(const zs_store *st)
@@ -279,13 +316,11 @@ int zs_store_local_count(const zs_store *st)
     return st->n;
 }
 
-void zs_store_load(zs_store *st, const float *full)
+zs_err zs_store_load(zs_store *st, const float *full)
 {
-    for (int i = 0; i < st->n; i++) {
-        shard *s = &st->shards[i];
-        memcpy(s->param, full + s->r.begin, s->len * sizeof(float));
-        refresh_bf16(s);
-    }
+    for (int i = 0; i < st->n; i++)
+        ZS_CHECK(set_params(st, i, full + st->shards[i].r.begin));
+    return ZS_OK;
 }
 
 long zs_store_version(const zs_store *st)
@@ -486,18 +521,19 @@ typedef struct {
     float scale;
 } apply_ctx;
 
-static void adamw_shard(const apply_ctx *c, shard *s, float *m, float *v)
+static void adamw_shard(const apply_ctx *c, shard *s, float *p, float *m, float *v)
 {
     const zs_adamw_config *a = &c->st->cfg.adamw;
-    zs_adamw_tensors(c->st->tt, s->r.begin, s->r.end, s->param, m, v, s->acc, s->bf16, c->lr,
-                     a->beta1, a->beta2, a->eps, a->weight_decay, c->st->version + 1, c->scale,
+    zs_adamw_tensors(c->st->tt, s->r.begin, s->r.end, p, m, v, s->acc, s->bf16, c->lr, a->beta1,
+                     a->beta2, a->eps, a->weight_decay, c->st->version + 1, c->scale,
                      c->st->threads);
 }
 
 static zs_err apply_unit(void *ctx, int unit, float *const *arrays)
 {
     apply_ctx *c = ctx;
-    adamw_shard(c, &c->st->shards[c->st->resident + unit], arrays[0], arrays[1]);
+    shard *s = &c->st->shards[c->st->resident + unit];
+    adamw_shard(c, s, s->param ? s->param : arrays[2], arrays[0], arrays[1]);
     return ZS_OK;
 }
 
@@ -513,7 +549,7 @@ zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
         shard *s = &st->shards[i];
         s->next = 0;
         if (!skip && s->unit < 0)
-            adamw_shard(&ctx, s, s->m, s->v);
+            adamw_shard(&ctx, s, s->param, s->m, s->v);
     }
     /* The shards whose moments are on NVMe: read, updated and written back in a pipeline.
      * A failure there (a block that fails its checksum, EIO) leaves the version where it is,
@@ -531,6 +567,8 @@ zs_store_result zs_store_locate(const zs_store *st, size_t offset, size_t count,
     if (!s || (copy != ZS_STORE_F32 && copy != ZS_STORE_BF16))
         return ZS_STORE_BAD_RANGE;
     size_t o = offset - s->r.begin;
+    if (copy == ZS_STORE_F32 && !s->param)
+        return ZS_STORE_ON_NVME;
     *data = copy == ZS_STORE_F32 ? (const void *)(s->param + o) : (const void *)(s->bf16 + o);
     return ZS_STORE_OK;
 }
@@ -556,6 +594,26 @@ void zs_store_state(zs_store *st, int i, zs_shard_range *range, float **param, f
 int zs_store_moments_in_ram(const zs_store *st, int i)
 {
     return st->shards[i].unit < 0;
+}
+
+int zs_store_holds(const zs_store *st, size_t offset, size_t count)
+{
+    return count > 0 && find_shard(st, offset, count) != NULL;
+}
+
+zs_err zs_store_read_params(zs_store *st, int i, float *p)
+{
+    shard *s = &st->shards[i];
+    if (s->param) {
+        memcpy(p, s->param, s->len * sizeof(float));
+        return ZS_OK;
+    }
+    return zs_nvme_load(st->nvme, s->unit, 2, 0, s->len, p);
+}
+
+zs_err zs_store_write_params(zs_store *st, int i, const float *p)
+{
+    return set_params(st, i, p);
 }
 
 zs_nvme *zs_store_nvme(const zs_store *st)

@@ -42,6 +42,7 @@ typedef enum {
     ZS_STORE_BAD_RANGE, /* not inside one of this store's shards */
     ZS_STORE_BAD_CHUNK, /* chunk index out of range */
     ZS_STORE_NOMEM,     /* out of memory for a held chunk or its bookkeeping */
+    ZS_STORE_ON_NVME,   /* zs_store_locate: the fp32 weights of that shard are on NVMe */
 } zs_store_result;
 
 /* Which copy of the weights zs_store_locate finds. */
@@ -62,20 +63,23 @@ zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
 void zs_store_free(zs_store *st);
 
 /* The same, with the moments of shards [resident, n) in an NVMe tier opened with `tier` (its
- * errors, such as a disk too small, are this call's).  resident >= n: zs_store_create. */
+ * errors, such as a disk too small, are this call's), and with `master` their fp32 master
+ * weights too (a job whose workers fetch the bf16 copy, which stays in RAM).  resident >= n:
+ * zs_store_create. */
 zs_err zs_store_create_tiered(const zs_tensor_table *tt, const zs_config *cfg,
                               const zs_shard_range *shards, int n, int threads, int resident,
-                              const zs_nvme_opts *tier, zs_store **out);
+                              int master, const zs_nvme_opts *tier, zs_store **out);
 
-/* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector. */
-void zs_store_init_seed(zs_store *st, uint64_t seed);
+/* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector.
+ * Fails only when weights go to the NVMe tier (out of memory, a write that failed). */
+zs_err zs_store_init_seed(zs_store *st, uint64_t seed);
 /* The same for local shard i only (0..n-1), so that a caller can do other work (heartbeats)
  * between shards of a large store. */
-void zs_store_init_seed_shard(zs_store *st, int i, uint64_t seed);
+zs_err zs_store_init_seed_shard(zs_store *st, int i, uint64_t seed);
 /* Local shards of the store. */
 int zs_store_local_count(const zs_store *st);
 /* Copies the shards' ranges out of a whole flat vector (an --init checkpoint). */
-void zs_store_load(zs_store *st, const float *full);
+zs_err zs_store_load(zs_store *st, const float *full);
 
 /* The version that fetches read now (= the step whose gradients are being accepted). */
 long zs_store_version(const zs_store *st);
@@ -110,20 +114,24 @@ zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip);
 /*
  * Where elements [offset, offset + count) of the current version live, in the fp32 or the bf16
  * copy, inside one shard: *data points into the store (valid until the next apply).
- * ZS_STORE_BAD_RANGE if the range is not inside one of this store's shards.
+ * ZS_STORE_BAD_RANGE if the range is not inside one of this store's shards; ZS_STORE_ON_NVME
+ * for the fp32 copy of a shard whose master weights are on NVMe.
  */
 zs_store_result zs_store_locate(const zs_store *st, size_t offset, size_t count, zs_store_copy copy,
                                 const void **data);
 
-/* The fp32 weights of shard i (tests compare them with the trainer's). */
+/* The fp32 weights of shard i (tests compare them with the trainer's); NULL when they are on
+ * NVMe (zs_store_read_params). */
 const float *zs_store_params(const zs_store *st, int i, zs_shard_range *range);
+/* Whether [offset, offset + count) lies inside one of the store's shards. */
+int zs_store_holds(const zs_store *st, size_t offset, size_t count);
 
 /*
  * The training state of local shard i: its range, master weights, AdamW m and v (each
- * range->end - range->begin floats; m and v NULL when they are on NVMe: see
- * zs_store_read_moments).  A checkpoint writer may read them from another thread
- * between a publish and the next zs_store_apply, which is the only call that changes them; a
- * restore writes them and then calls zs_store_restored.
+ * range->end - range->begin floats; m and v NULL when they are on NVMe, param too when the
+ * master weights are: see zs_store_read_moments and zs_store_read_params).  A checkpoint writer may
+ * read them from another thread between a publish and the next zs_store_apply, which is the only
+ * call that changes them; a restore writes them and then calls zs_store_restored.
  */
 void zs_store_state(zs_store *st, int i, zs_shard_range *range, float **param, float **m,
                     float **v);
@@ -150,6 +158,9 @@ int zs_store_moments_in_ram(const zs_store *st, int i);
  * checkpoint writer and a restore, which must not run beside zs_store_apply. */
 zs_err zs_store_read_moments(zs_store *st, int i, float *m, float *v);
 zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *v);
+/* The same for the fp32 master weights; writing them also makes the bf16 copy. */
+zs_err zs_store_read_params(zs_store *st, int i, float *p);
+zs_err zs_store_write_params(zs_store *st, int i, const float *p);
 /* The NVMe tier, or NULL (benchmarks read its stats). */
 zs_nvme *zs_store_nvme(const zs_store *st);
 

@@ -3,6 +3,8 @@
 # zero_optimization.offload_optimizer.nvme_path, and give zshard train's bits.
 #  - 1 server (budget: the moments of 1 of its 9 shards in RAM) and 2 servers (1 of 4 or 5):
 #    model and metrics bitwise train's; each server says how many shards went to NVMe.
+#  - bf16 workers: the fp32 master weights go to NVMe with the moments, and a budget of 0.39 of
+#    the state (18 bytes a float) trains with train's bits.
 #  - a checkpoint written with the moments on NVMe resumes with them in RAM, and the other
 #    way round: train's bits.
 #  - a budget too small even for the weights and gradients, an nvme_path that is a file, and
@@ -74,6 +76,27 @@ check_same s2 train
 for f in "$WORK"/s2/logs/server-*.log; do
   expect_log s2 "$f" 'AdamW moments of [2-4] of [45] shards on NVMe'
 done
+
+# ---- bf16 workers: the fp32 master weights go to NVMe too -----------------------------------
+# With bf16.enabled the workers fetch the bf16 copy, so a server keeps only the accumulator and
+# that copy in RAM (6 bytes a float).  Shards of 4096 bytes (35 of them); the budget, 250000
+# bytes, is 0.39 of the state's 18 bytes a float (633600): every shard's moments and weights on
+# NVMe, and zshard train's bits.
+sed 's|"cluster": {"shard_size": 16384}|"bf16": {"enabled": true}, "cluster": {"shard_size": 4096, "server_memory_bytes": 250000}, "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "'"$WORK"'/nvme"}}, "aio": {"block_size": 4096, "queue_depth": 4}, "checkpoint": {"interval_steps": 3, "keep": 100}|' \
+  "$DATA/tiny.json" >"$WORK/bf16.json"
+sed 's|"cluster": {"shard_size": 16384}|"bf16": {"enabled": true}, "cluster": {"shard_size": 4096}|' \
+  "$DATA/tiny.json" >"$WORK/bf16_ram.json"
+expect_ok "$ZSHARD" train --config "$WORK/bf16_ram.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --threads 1 --out "$WORK/train_bf16"
+run_launch bf16 bf16 1 2
+check_same bf16 train_bf16
+expect_log bf16 "$WORK/bf16/logs/server-1.log" \
+  'AdamW moments and fp32 master weights of 35 of 35 shards on NVMe in .*, 0 in RAM; RAM budget 244.1 KiB'
+# Its step 6, restored into the tier (weights and moments) by a resume.
+mkdir -p "$WORK/bf16_resumed"
+cp "$WORK/bf16/metrics.jsonl" "$WORK/bf16_resumed/"
+run_launch bf16_resumed bf16 1 1 --resume "$WORK/bf16/checkpoints/step-00000006"
+check_same bf16_resumed train_bf16
 
 # ---- checkpoints cross tiers ----------------------------------------------------------------
 # Written with the moments on NVMe (s2's step 6), resumed with them in RAM; written in RAM,

@@ -118,6 +118,44 @@ static void test_errors(void)
         "cluster.max_members_per_address");
     CHECK_OK(zs_config_parse("{\"cluster\": {\"max_members_per_address\": 8}}", "cfg.json", &c));
     CHECK_EQ_INT(c.cluster.max_members_per_address, 8);
+    /* DeepSpeed's offload blocks, as its users write them. */
+    CHECK_OK(zs_config_parse(
+        "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", "
+        "\"nvme_path\": \"/local_nvme\", \"pin_memory\": true, \"buffer_count\": 4}}, "
+        "\"aio\": {\"block_size\": 262144, \"queue_depth\": 16, \"thread_count\": 1}, "
+        "\"cluster\": {\"server_memory_bytes\": 1000000000}}",
+        "cfg.json", &c));
+    CHECK_EQ_INT(c.zero.optimizer, ZS_OFFLOAD_NVME);
+    CHECK(strcmp(c.zero.nvme_path, "/local_nvme") == 0);
+    CHECK_EQ_INT((int)c.aio.block_size, 262144);
+    CHECK_EQ_INT(c.aio.queue_depth, 16);
+    CHECK(c.cluster.server_memory_bytes == 1000000000ull);
+    CHECK_FAILS_WITH(zs_config_parse("{\"zero_optimization\": {\"offload_optimizer\": "
+                                     "{\"device\": \"disk\"}}}",
+                                     "cfg.json", &c),
+                     "\"disk\"; expected \"none\", \"cpu\" or \"nvme\"");
+    CHECK_FAILS_WITH(zs_config_parse("{\"zero_optimization\": {\"offload_optimizer\": "
+                                     "{\"device\": \"nvme\"}}}",
+                                     "cfg.json", &c),
+                     "device \"nvme\" needs nvme_path");
+    CHECK_FAILS_WITH(zs_config_parse("{\"zero_optimization\": {\"offload_optimizer\": "
+                                     "{\"device\": \"nvme\", \"nvme_path\": \"nvme\"}}}",
+                                     "cfg.json", &c),
+                     "\"nvme\" is not an absolute path");
+    CHECK_FAILS_WITH(zs_config_parse("{\"zero_optimization\": {\"offload_param\": "
+                                     "{\"device\": \"nvme\", \"nvme_path\": \"/n\"}}}",
+                                     "cfg.json", &c),
+                     "offload_param.device\": \"nvme\" is not supported yet");
+    CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"replicas\": 1}, \"zero_optimization\": "
+                                     "{\"offload_optimizer\": {\"device\": \"nvme\", "
+                                     "\"nvme_path\": \"/n\"}}}",
+                                     "cfg.json", &c),
+                     "\"checkpoint.replicas\": 1 with");
+    CHECK_FAILS_WITH(zs_config_parse("{\"aio\": {\"block_size\": 1000}}", "cfg.json", &c),
+                     "aio.block_size");
+    CHECK_FAILS_WITH(
+        zs_config_parse("{\"aio\": {\"block_size\": 8192, \"depth\": 2}}", "cfg.json", &c),
+        "unknown key \"aio.depth\"");
     CHECK_FAILS_WITH(
         zs_config_parse("{\"model\": {\"n_embd\": 10, \"n_head\": 3}}", "cfg.json", &c),
         "not a multiple of model.n_head");

@@ -4,8 +4,9 @@
  * and out-of-range pushes change nothing.  A step whose gradient is not finite is skipped alike
  * by the trainer and the stores (weights, moments, and the bias correction of the steps after).
  * The same with the moments of every shard but each store's first on NVMe (server/nvme.h, a
- * directory under /tmp), for S = 1 and 2: the same bits, moments included; and a byte flipped
- * in the state file makes the next apply fail, naming the offset, with the version unchanged.
+ * directory under /tmp), for S = 1 (the fp32 master weights on NVMe too) and 2: the same bits,
+ * moments included; and a byte flipped in the state file makes the next apply fail, naming the
+ * offset, with the version unchanged.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -62,11 +63,12 @@ static void cluster_init(cluster *cl, const zs_tensor_table *tt, const zs_config
         if (tier_dir) { /* the first shard's moments in RAM, the others' on NVMe */
             zs_nvme_opts o = {
                 .dir = tier_dir, .block_bytes = 8192, .queue_depth = 3, .owner = "test store"};
-            CHECK_OK(zs_store_create_tiered(tt, cfg, mine, n, 2, 1, &o, &cl->stores[s]));
+            /* With one store the fp32 master weights go to NVMe too. */
+            CHECK_OK(zs_store_create_tiered(tt, cfg, mine, n, 2, 1, S == 1, &o, &cl->stores[s]));
         } else {
             CHECK_OK(zs_store_create(tt, cfg, mine, n, 2, &cl->stores[s]));
         }
-        zs_store_init_seed(cl->stores[s], cfg->seed);
+        CHECK_OK(zs_store_init_seed(cl->stores[s], cfg->seed));
     }
 }
 
@@ -85,7 +87,12 @@ static void gather(const cluster *cl, float *full, size_t total)
         for (int i = 0; i < zs_store_shard_count(cl->stores[s]); i++) {
             zs_shard_range r;
             const float *p = zs_store_params(cl->stores[s], i, &r);
-            memcpy(full + r.begin, p, (r.end - r.begin) * sizeof *p);
+            if (p) {
+                memcpy(full + r.begin, p, (r.end - r.begin) * sizeof *p);
+            } else { /* on NVMe: read back, checked */
+                CHECK(tier_dir != NULL);
+                CHECK_OK(zs_store_read_params(cl->stores[s], i, full + r.begin));
+            }
         }
 }
 
@@ -170,8 +177,18 @@ static void store_set(cluster *cl, size_t k, float x)
             zs_store *st = cl->stores[cl->owner[i]];
             zs_shard_range r;
             float *p, *m, *v;
-            zs_store_state(st, zs_store_find(st, i), &r, &p, &m, &v);
-            p[k - r.begin] = x;
+            int local = zs_store_find(st, i);
+            zs_store_state(st, local, &r, &p, &m, &v);
+            if (p) {
+                p[k - r.begin] = x;
+                continue;
+            }
+            /* Weights on NVMe: read, changed, written back. */
+            float *w = malloc((r.end - r.begin) * sizeof *w);
+            CHECK_OK(zs_store_read_params(st, local, w));
+            w[k - r.begin] = x;
+            CHECK_OK(zs_store_write_params(st, local, w));
+            free(w);
         }
 }
 
