@@ -127,6 +127,18 @@ wait_endpoint() {
   done
 }
 
+# start_coord LOG CONFIG STEPS OUT: `zshard coord` on a loopback port of its choosing for
+# SERVERS servers (default 1) and DATAFILE (default tiny.txt), stderr in LOG; sets COORD (in
+# PIDS) and EP, or fails the test and finishes when it does not say where it listens in 15 s.
+start_coord() {
+  "$ZSHARD" coord --listen 'tcp://127.0.0.1:*' --config "$2" --servers "${SERVERS:-1}" \
+    --data "${DATAFILE:-$DATA/tiny.txt}" --steps "$3" --out "$4" 2>"$1" &
+  COORD=$!
+  PIDS+=($COORD)
+  wait_endpoint "$1" 15 "$COORD" ||
+    { fail "the coordinator did not say where it listens: $(cat "$1")"; finish; }
+}
+
 # none_left NAME PID...: a check that within 10 s none of the pids is alive (one whose command
 # line names neither $WORK nor a loopback endpoint is another process that got a reused pid).
 none_left() {

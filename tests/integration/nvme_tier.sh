@@ -141,12 +141,7 @@ fi
 # ---- an I/O error -------------------------------------------------------------------------
 # The state file holds shards 1..8 (shard 0's moments stay in RAM), each as two arrays of 16384
 # bytes read in requests of 8192: byte 20000 is in the first request of shard 1's exp_avg_sq.
-"$ZSHARD" coord --listen 'tcp://127.0.0.1:*' --config "$WORK/nvme1.json" --servers 1 \
-  --data "$DATA/tiny.txt" --steps $STEPS --out "$WORK/eio" 2>"$WORK/eio_coord.log" &
-COORD=$!
-PIDS+=($COORD)
-wait_endpoint "$WORK/eio_coord.log" 15 "$COORD" ||
-  { fail "the coordinator did not say where it listens: $(cat "$WORK/eio_coord.log")"; finish; }
+start_coord "$WORK/eio_coord.log" "$WORK/nvme1.json" $STEPS "$WORK/eio"
 ZS_NVME_INJECT_EIO=20000 "$ZSHARD" server --coord "$EP" --listen 127.0.0.1:0 --threads 1 \
   2>"$WORK/eio_server.log" &
 SERVER=$!

@@ -20,12 +20,7 @@ MIN_FLOOD_MS=2000 # the flood lasts at least this long (20 listener retries, unl
 expect_ok "$ZSHARD" train --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --out "$WORK/train" --threads 1 --log-level warn
 
-"$ZSHARD" coord --listen 'tcp://127.0.0.1:*' --config "$DATA/tiny.json" --servers 1 \
-  --data "$DATA/tiny.txt" --steps $STEPS --out "$WORK/out" 2>"$WORK/coord.log" &
-COORD=$!
-PIDS+=($COORD)
-wait_endpoint "$WORK/coord.log" 15 "$COORD" ||
-  { fail "the coordinator did not say where it listens: $(cat "$WORK/coord.log")"; finish; }
+start_coord "$WORK/coord.log" "$DATA/tiny.json" $STEPS "$WORK/out"
 "$ZSHARD" server --coord "$EP" --listen 127.0.0.1:0 --threads 1 2>"$WORK/server.log" &
 SERVER=$!
 PIDS+=($SERVER)

@@ -9,7 +9,6 @@
  *  - a directory that does not exist, or is a file, is named; a file system too small (a tmpfs
  *    in a private mount namespace, when the test runs as root) fails at open with ENOSPC.
  */
-#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -20,6 +19,7 @@
 
 #include "common/rng.h"
 #include "server/nvme.h"
+#include "tests/unit/fdutil.h"
 #include "tests/unit/test.h"
 
 enum { UNITS = 3, ARRAYS = 2 };
@@ -49,27 +49,6 @@ static zs_err work(void *ctx, int u, float *const *arrays)
         for (size_t i = 0; i < FLOATS[u]; i++)
             arrays[a][i] = updated(arrays[a][i], w->run, u, a, i);
     return ZS_OK;
-}
-
-/* The unnamed state file in dir, opened anew for reading and writing (-1 if not found). */
-static int open_state_file(const char *dir)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int fd = -1;
-    struct dirent *de;
-    while (d && fd < 0 && (de = readdir(d)) != NULL) {
-        char link[600], path[300];
-        snprintf(path, sizeof path, "/proc/self/fd/%s", de->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n <= 0)
-            continue;
-        link[n] = 0;
-        if (strncmp(link, dir, strlen(dir)) == 0 && strstr(link, "(deleted)"))
-            fd = open(path, O_RDWR);
-    }
-    if (d)
-        closedir(d);
-    return fd;
 }
 
 static void flip_byte(int fd, off_t at)
@@ -147,7 +126,7 @@ int main(void)
     /* A flipped byte in unit 1's exp_avg_sq, 100000 bytes in (the file: unit 0's two arrays of
      * 4096 bytes each, then unit 1's exp_avg of 282624): the run stops there, having updated
      * unit 0 only. */
-    int fd = open_state_file(dir);
+    int fd = zs_test_open_unnamed(dir, 0);
     CHECK(fd >= 0);
     off_t at = 2 * 4096 + 282624 + 100000;
     flip_byte(fd, at);

@@ -8,8 +8,6 @@
  * moments included; and a byte flipped in the state file makes the next apply fail, naming the
  * offset, with the version unchanged.
  */
-#include <dirent.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -19,6 +17,7 @@
 #include "kernels/gpt2.h"
 #include "kernels/reduce.h"
 #include "server/shardstore.h"
+#include "tests/unit/fdutil.h"
 #include "tests/unit/test.h"
 #include "worker/trainer.h"
 
@@ -217,29 +216,15 @@ static int same_moments(const cluster *cl, const zs_trainer *tr)
  * how many. */
 static int flip_in_state_files(off_t at)
 {
-    DIR *d = opendir("/proc/self/fd");
-    int flipped = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d)) != NULL) {
-        char link[600], path[300];
-        snprintf(path, sizeof path, "/proc/self/fd/%s", de->d_name);
-        ssize_t n = readlink(path, link, sizeof link - 1);
-        if (n <= 0)
-            continue;
-        link[n] = 0;
-        if (strncmp(link, tier_dir, strlen(tier_dir)) != 0 || !strstr(link, "(deleted)"))
-            continue;
-        int fd = open(path, O_RDWR);
+    int flipped = 0, fd;
+    for (int k = 0; (fd = zs_test_open_unnamed(tier_dir, k)) >= 0; k++) {
         unsigned char c = 0;
-        if (fd >= 0 && pread(fd, &c, 1, at) == 1) {
+        if (pread(fd, &c, 1, at) == 1) {
             c ^= 1;
             flipped += pwrite(fd, &c, 1, at) == 1 && fsync(fd) == 0;
         }
-        if (fd >= 0)
-            close(fd);
+        close(fd);
     }
-    if (d)
-        closedir(d);
     return flipped;
 }
 
