@@ -9,8 +9,13 @@
  * A request's user_data says which slot it belongs to, whether it is a write, its array and
  * its block, so a completion finds its unit (slot_unit) and can name its offset.
  *
- * Test hook: ZS_NVME_INJECT_EIO=OFFSET in the environment makes every read whose range holds
- * that file offset complete with EIO (docs/nvme.md); nothing else reads it.
+ * Without io_uring (a container whose seccomp profile refuses it, a kernel without it), every
+ * request is a pread or pwrite made at once, one at a time, and completes through the same
+ * path; the tier says so once when it opens.
+ *
+ * Test hooks (docs/nvme.md): ZS_NVME_INJECT_EIO=OFFSET in the environment makes every read
+ * whose range holds that file offset complete with EIO; ZS_NVME_NO_URING=1 takes the path
+ * without io_uring.  Nothing else reads them.
  */
 #include "server/nvme.h"
 
@@ -52,6 +57,7 @@ struct zs_nvme {
     int threads;
     uint64_t file_bytes;
     struct io_uring ring;
+    int have_ring; /* 0: requests are preads and pwrites made at once */
     int fixed_bufs, fixed_file, direct;
     uint64_t slot_span;   /* bytes per array per slot: the largest span */
     uint8_t *slots;       /* SLOTS * arrays * slot_span, 4096-aligned */
@@ -119,6 +125,11 @@ int zs_nvme_fixed_buffers(const zs_nvme *nv)
     return nv->fixed_bufs;
 }
 
+int zs_nvme_io_uring(const zs_nvme *nv)
+{
+    return nv->have_ring;
+}
+
 zs_nvme_stats zs_nvme_get_stats(const zs_nvme *nv)
 {
     return nv->stats;
@@ -178,10 +189,18 @@ static zs_err allocate_file(zs_nvme *nv, const char *dir)
 /* The ring, with the file and the slots registered where the kernel and limits allow. */
 static zs_err open_ring(zs_nvme *nv)
 {
-    int rc = io_uring_queue_init((unsigned)nv->queue_depth, &nv->ring, 0);
-    if (rc < 0)
-        return zs_error(ZS_ERR_IO, "%s: io_uring_queue_init(%d): %s (io_uring disabled?)",
-                        nv->owner, nv->queue_depth, strerror(-rc));
+    const char *no = getenv("ZS_NVME_NO_URING");
+    int rc = no && strcmp(no, "1") == 0
+                 ? -ENOSYS
+                 : io_uring_queue_init((unsigned)nv->queue_depth, &nv->ring, 0);
+    if (rc < 0) {
+        ZS_WARN("%s: io_uring is not available (%s: a container's seccomp profile, or "
+                "kernel.io_uring_disabled?); the NVMe tier makes its requests with pread and "
+                "pwrite, one at a time",
+                nv->owner, strerror(-rc));
+        return ZS_OK;
+    }
+    nv->have_ring = 1;
     nv->fixed_file = io_uring_register_files(&nv->ring, &nv->fd, 1) == 0;
     int n = SLOTS * nv->arrays;
     struct iovec iov[SLOTS * ZS_NVME_MAX_ARRAYS];
@@ -305,10 +324,10 @@ void zs_nvme_close(zs_nvme *nv)
 {
     if (!nv)
         return;
-    if (nv->fd >= 0) {
+    if (nv->have_ring)
         io_uring_queue_exit(&nv->ring);
+    if (nv->fd >= 0)
         close(nv->fd);
-    }
     for (int u = 0; nv->sums && u < nv->units; u++)
         free(nv->sums[u]);
     free(nv->sums);
@@ -355,28 +374,10 @@ static const char *array_name(int a)
     return names[a];
 }
 
-/* Takes one completion (waiting for it): its slot has one request fewer, and a failure is
- * recorded with the file, offset, unit and array. */
-static void reap_one(zs_nvme *nv)
+/* A request that completed with res (bytes, or -errno): its slot has one request fewer, and a
+ * failure is recorded with the file, offset, unit and array. */
+static void complete(zs_nvme *nv, uint64_t tag, int res)
 {
-    if (nv->unsubmitted) {
-        io_uring_submit(&nv->ring);
-        nv->unsubmitted = 0;
-    }
-    struct io_uring_cqe *cqe;
-    int rc;
-    while ((rc = io_uring_wait_cqe(&nv->ring, &cqe)) == -EINTR)
-        ;
-    if (rc < 0) {
-        record_failure(nv, "%s: io_uring_wait_cqe: %s", nv->path, strerror(-rc));
-        nv->inflight = 0;
-        for (int s = 0; s < SLOTS; s++)
-            nv->pending[s] = 0;
-        return;
-    }
-    uint64_t tag = io_uring_cqe_get_data64(cqe);
-    int res = cqe->res;
-    io_uring_cqe_seen(&nv->ring, cqe);
     int s = (int)(tag >> 48), write = (int)(tag >> 47 & 1), a = (int)(tag >> 40 & 0x7f);
     size_t b = (size_t)(tag & 0xffffffffffull);
     nv->inflight--;
@@ -401,9 +402,47 @@ static void reap_one(zs_nvme *nv)
         nv->stats.bytes_read += len;
 }
 
+/* Takes one completion from the ring, waiting for it. */
+static void reap_one(zs_nvme *nv)
+{
+    if (nv->unsubmitted) {
+        io_uring_submit(&nv->ring);
+        nv->unsubmitted = 0;
+    }
+    struct io_uring_cqe *cqe;
+    int rc;
+    while ((rc = io_uring_wait_cqe(&nv->ring, &cqe)) == -EINTR)
+        ;
+    if (rc < 0) {
+        record_failure(nv, "%s: io_uring_wait_cqe: %s", nv->path, strerror(-rc));
+        nv->inflight = 0;
+        for (int s = 0; s < SLOTS; s++)
+            nv->pending[s] = 0;
+        return;
+    }
+    uint64_t tag = io_uring_cqe_get_data64(cqe);
+    int res = cqe->res;
+    io_uring_cqe_seen(&nv->ring, cqe);
+    complete(nv, tag, res);
+}
+
 /* Queues one request, first making room (the ring's depth bounds what is in flight). */
 static void queue_one(zs_nvme *nv, int s, int write, int a, size_t b)
 {
+    if (!nv->have_ring) {
+        int u = nv->slot_unit[s];
+        uint8_t *buf = slot_buf(nv, s, a) + b * nv->block;
+        size_t len = len_of(nv, u, b);
+        off_t off = (off_t)offset_of(nv, u, a, b);
+        ssize_t r;
+        do
+            r = write ? pwrite(nv->fd, buf, len, off) : pread(nv->fd, buf, len, off);
+        while (r < 0 && errno == EINTR);
+        nv->inflight++;
+        nv->pending[s]++;
+        complete(nv, tag_of(s, write, a, b), r < 0 ? -errno : (int)r);
+        return;
+    }
     if (nv->inflight >= nv->queue_depth) {
         double t0 = zs_now_s();
         while (nv->inflight >= nv->queue_depth)

@@ -59,6 +59,9 @@ size_t zs_nvme_ram_bytes(const zs_nvme *nv);
  * buffers; each falls back (with a log line) where the file system or limits refuse it. */
 int zs_nvme_direct(const zs_nvme *nv);
 int zs_nvme_fixed_buffers(const zs_nvme *nv);
+/* Whether requests go through io_uring (else preads and pwrites one at a time, where io_uring
+ * is not available: said once, when the tier opens). */
+int zs_nvme_io_uring(const zs_nvme *nv);
 
 /* Writes array a of unit u from src (floats[u] elements) and waits for it. */
 zs_err zs_nvme_store(zs_nvme *nv, int u, int a, const float *src);

@@ -7,7 +7,9 @@
  *    that unit with the offset named, units before it updated and the rest not; a file cut
  *    short gives "short read"; ZS_NVME_INJECT_EIO gives EIO at the offset;
  *  - a directory that does not exist, or is a file, is named; a file system too small (a tmpfs
- *    in a private mount namespace, when the test runs as root) fails at open with ENOSPC.
+ *    in a private mount namespace, when the test runs as root) fails at open with ENOSPC;
+ *  - without io_uring (ZS_NVME_NO_URING=1: preads and pwrites), the same runs give the same
+ *    bits and a flipped byte is caught the same way.
  */
 #include <fcntl.h>
 #include <sched.h>
@@ -168,6 +170,38 @@ int main(void)
     CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w),
                      "read of 65536 bytes at offset 8192 (unit 1 exp_avg): Input/output error");
     CHECK_EQ_INT(w.visited[1], 0);
+    zs_nvme_close(nv);
+
+    /* Without io_uring: the same updates, the same bits, the same check. */
+    setenv("ZS_NVME_NO_URING", "1", 1);
+    CHECK_OK(zs_nvme_open(&o, UNITS, ARRAYS, FLOATS, &nv));
+    unsetenv("ZS_NVME_NO_URING");
+    CHECK(nv && !zs_nvme_io_uring(nv));
+    for (int u = 0; nv && u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++)
+            CHECK_OK(zs_nvme_store(nv, u, a, ram[u][a]));
+    for (int run = 20; nv && run < 22; run++) {
+        w = (work_ctx){.run = run};
+        CHECK_OK(zs_nvme_run(nv, work, &w));
+        CHECK_EQ_INT(w.n, UNITS);
+        for (int u = 0; u < UNITS; u++)
+            for (int a = 0; a < ARRAYS; a++)
+                for (size_t i = 0; i < FLOATS[u]; i++)
+                    ram[u][a][i] = updated(ram[u][a][i], run, u, a, i);
+    }
+    for (int u = 0; nv && u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++) {
+            CHECK_OK(zs_nvme_load(nv, u, a, 0, FLOATS[u], back));
+            CHECK(same(back, ram[u][a], FLOATS[u]));
+        }
+    fd = zs_test_open_unnamed(dir, 0);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        flip_byte(fd, 2 * 4096 + 10);
+        close(fd);
+    }
+    w = (work_ctx){.run = 22};
+    CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w), "at offset 8192 (unit 1 exp_avg, elements 0..");
     zs_nvme_close(nv);
 
     /* Bad places. */
