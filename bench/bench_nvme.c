@@ -17,8 +17,15 @@
  * Each figure is the best of `repeats` after a warm-up.  The model is GPT-2 124M's layout
  * (124,439,808 parameters), or --small (2 layers, n_embd 256, vocab 8192) for a quick look.
  *
+ * With --job ZSHARD, instead: 4. a whole step.  `zshard launch` (1 server, 1 worker, 2 threads
+ * each) trains GPT-2 124M with bf16 weights for `steps` steps twice, alternating, in `dir`: with
+ * all state in RAM, and with the moments and fp32 master weights on NVMe under a budget of 0.36
+ * of the state's 18 bytes a parameter.  The median step_ms of steps 2.. of each, their ratio,
+ * and whether the two models are bitwise equal.
+ *
  * usage: bench_nvme [--small] [dir=/tmp] [repeats=3] [block-KiB=1024] [queue-depth=8]
  *                   [threads=2]
+ *        bench_nvme --job ZSHARD [dir=/tmp] [steps=4]
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,8 +33,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/benchutil.h"
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/tensors.h"
@@ -132,8 +142,121 @@ static void push_all(zs_store *st, const float *g)
     }
 }
 
+/* ---- 4. a whole step ---- */
+
+/* GPT-2 124M with bf16 weights, one sequence of 1024 a step; with budget > 0, its moments and
+ * master weights on NVMe in dir/nvme under that RAM budget. */
+static int write_job_config(const char *path, const char *dir, uint64_t budget)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "{\"seed\": 7, \"train_batch_size\": 1, \"train_micro_batch_size_per_gpu\": 1, "
+               "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.0006}}, "
+               "\"bf16\": {\"enabled\": true}, \"model\": {\"n_layer\": 12, \"n_head\": 12, "
+               "\"n_embd\": 768, \"vocab_size\": 50257, \"block_size\": 1024}");
+    if (budget)
+        fprintf(f,
+                ", \"cluster\": {\"server_memory_bytes\": %llu}, \"zero_optimization\": "
+                "{\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s/nvme\"}}",
+                (unsigned long long)budget, dir);
+    fprintf(f, "}\n");
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* `zshard launch` of config for steps steps into out; appends step_ms of steps 2.. to ms[*n]. */
+static int launch_job(const char *zshard, const char *config, const char *data, const char *out,
+                      int steps, double *ms, int *n)
+{
+    char steps_s[16], log[4200];
+    snprintf(steps_s, sizeof steps_s, "%d", steps);
+    snprintf(log, sizeof log, "%s.log", out);
+    char *argv[] = {
+        (char *)zshard, "launch",    "--config", (char *)config, "--data", (char *)data, "--steps",
+        steps_s,        "--servers", "1",        "--workers",    "1",      "--threads",  "2",
+        "--out",        (char *)out, NULL};
+    pid_t p = zs_bench_spawn(argv, log);
+    int status = 0;
+    waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "bench_nvme: zshard launch failed; see %s\n", log);
+        return -1;
+    }
+    char path[4200], line[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        long step = 0;
+        const char *s = strstr(line, "\"step\": "), *m = strstr(line, "\"step_ms\": ");
+        if (s && m && sscanf(s + 8, "%ld", &step) == 1 && step >= 2)
+            ms[(*n)++] = atof(m + 11);
+    }
+    if (f)
+        fclose(f);
+    return 0;
+}
+
+static int whole_step(const char *zshard, const char *dir, int steps)
+{
+    char work[256], cfg[2][400], data[400], out[2][400], cmd[1000];
+    snprintf(work, sizeof work, "%s/bench_nvme_job_XXXXXX", dir);
+    if (!mkdtemp(work) || zs_bench_job_secret(work, NULL) != 0) {
+        fprintf(stderr, "bench_nvme: cannot make a directory in %s\n", dir);
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "%s/nvme", work);
+    mkdir(cmd, 0700);
+    /* Text to train on: 64 KiB of pseudo-random lowercase letters and spaces. */
+    snprintf(data, sizeof data, "%s/data.txt", work);
+    FILE *f = fopen(data, "w");
+    for (uint64_t i = 0, x = 1; f && i < 65536; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        fputc((int)(x >> 59) < 26 ? 'a' + (int)(x >> 59) : ' ', f);
+    }
+    if (f)
+        fclose(f);
+    /* The state in RAM: fp32 weights, moments, accumulator (16 bytes) and the bf16 copy (2). */
+    zs_config c;
+    zs_config_defaults(&c);
+    c.model = (zs_model_config){
+        .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024};
+    zs_tensor_table tt;
+    if (zs_tensors_gpt2(&c.model, &tt) != ZS_OK)
+        return 1;
+    uint64_t budget = (uint64_t)(0.36 * 18.0 * (double)tt.total);
+    for (int k = 0; k < 2; k++) {
+        snprintf(cfg[k], sizeof cfg[k], "%s/%s.json", work, k ? "nvme" : "ram");
+        if (write_job_config(cfg[k], work, k ? budget : 0) != 0)
+            return 1;
+    }
+    double ms[2][256];
+    int n[2] = {0, 0};
+    for (int round = 0; round < 2; round++)
+        for (int k = 0; k < 2; k++) {
+            int kk = round % 2 ? 1 - k : k; /* which tier goes first alternates */
+            snprintf(out[kk], sizeof out[kk], "%s/%s%d", work, kk ? "nvme" : "ram", round);
+            if (launch_job(zshard, cfg[kk], data, out[kk], steps, ms[kk], &n[kk]) != 0)
+                return 1;
+        }
+    snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", out[0], out[1]);
+    int same = system(cmd) == 0;
+    double m0 = zs_bench_median(ms[0], n[0]), m1 = zs_bench_median(ms[1], n[1]);
+    printf("4. a whole step (zshard launch, GPT-2 124M, bf16, 1 server, 1 worker, %d steps x 2 "
+           "rounds each, alternating): median step_ms %.0f with all state in RAM, %.0f with the "
+           "moments and master weights on NVMe under a budget of %.0f MiB (0.36 of the state); "
+           "ratio %.2f; models bitwise equal: %s\n",
+           steps, m0, m1, (double)budget / (1 << 20), m1 / m0, same ? "yes" : "NO");
+    printf("bench_nvme: step on NVMe %.0f ms, in RAM %.0f ms, ratio %.2f\n", m1, m0, m1 / m0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", work);
+    if (system(cmd) != 0)
+        fprintf(stderr, "bench_nvme: could not remove %s\n", work);
+    return same ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && strcmp(argv[1], "--job") == 0)
+        return whole_step(argv[2], argc > 3 ? argv[3] : "/tmp", argc > 4 ? atoi(argv[4]) : 4);
     int small = argc > 1 && strcmp(argv[1], "--small") == 0;
     int a0 = small ? 2 : 1;
     const char *dir = argc > a0 ? argv[a0] : "/tmp";
