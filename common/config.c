@@ -47,7 +47,7 @@ void zs_config_defaults(zs_config *cfg)
                                        .chunk_timeout_min_ms = 2000,
                                        .max_members_per_address = 1024,
                                        .server_memory_bytes = 0};
-    cfg->zero = (zs_zero_config){.stage = 3, .optimizer = ZS_OFFLOAD_NONE};
+    cfg->zero = (zs_zero_config){.stage = 3, .optimizer = ZS_OFFLOAD_NONE, .param_buffers = 5};
     cfg->aio = (zs_aio_config){.block_size = 1u << 20, .queue_depth = 8};
     cfg->elasticity = (zs_elastic_config){.enabled = 0, .min_workers = 1, .max_workers = 0};
     cfg->checkpoint =
@@ -445,12 +445,13 @@ static zs_err parse_zero(const parser *p, json_t *z, zs_zero_config *zc)
     if (o) {
         ZS_CHECK(check_keys(p, "zero_optimization.offload_param", o, param_keys));
         ZS_CHECK(get_device(p, o, "zero_optimization.offload_param", &zc->param));
-        if (zc->param == ZS_OFFLOAD_NVME)
+        ZS_CHECK(get_int32(p, o, "zero_optimization.offload_param", "buffer_count", 2, 1024,
+                           &zc->param_buffers, NULL));
+        if (zc->param == ZS_OFFLOAD_NVME && zc->optimizer != ZS_OFFLOAD_NVME)
             return zs_error(ZS_ERR_INVALID,
-                            "%s: key \"zero_optimization.offload_param.device\": \"nvme\" is not "
-                            "supported yet: the copy of the weights that workers fetch stays in "
-                            "a partition server's RAM (offload_optimizer.device \"nvme\" moves "
-                            "the AdamW moments)",
+                            "%s: key \"zero_optimization.offload_param.device\": \"nvme\" needs "
+                            "offload_optimizer.device \"nvme\" too (the weights are written where "
+                            "the optimizer's state is)",
                             p->source);
     }
     return ZS_OK;

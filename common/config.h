@@ -68,7 +68,10 @@ typedef struct {
     zs_offload_device optimizer; /* offload_optimizer.device: "nvme" keeps the AdamW moments
                                     that do not fit cluster.server_memory_bytes on NVMe */
     char nvme_path[4096];        /* offload_optimizer.nvme_path: a directory on a local disk */
-    zs_offload_device param;     /* offload_param.device; "nvme" is not built yet */
+    zs_offload_device param;     /* offload_param.device: "nvme" also keeps the copy of the
+                                    weights that workers fetch on NVMe (needs the optimizer's) */
+    int param_buffers;           /* offload_param.buffer_count: shards of that copy a server
+                                    holds in RAM at once (its window) */
 } zs_zero_config;
 
 /* DeepSpeed's "aio" block, for the NVMe tier's io_uring requests. */

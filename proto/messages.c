@@ -621,6 +621,11 @@ zs_err zs_msg_check_job_spec(const Zshard__JobSpec *m, const zs_msg_ctx *ctx)
                     1, 4096));
     ZS_CHECK(u64_in("JobSpec.offload.server_memory_bytes", o->has_server_memory_bytes,
                     o->server_memory_bytes, 0, 1ull << 50));
+    ZS_CHECK(need(o->has_param_on_nvme, "JobSpec.offload.param_on_nvme"));
+    ZS_CHECK(
+        u64_in("JobSpec.offload.param_buffers", o->has_param_buffers, o->param_buffers, 2, 1024));
+    if (o->param_on_nvme && o->optimizer_device != ZS_OFFLOAD_NVME)
+        return FAIL("JobSpec.offload.param_on_nvme: set without optimizer_device 2 (nvme)");
     if (o->optimizer_device == ZS_OFFLOAD_NVME && m->checkpoint->replicas > 0)
         return FAIL("JobSpec.offload: moments on NVMe with checkpoint.replicas 1 (not supported "
                     "yet)");
@@ -1485,7 +1490,9 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
     if (!o->nvme_path)
         goto nomem;
     o->has_optimizer_device = o->has_aio_block_size = o->has_aio_queue_depth = 1;
-    o->has_server_memory_bytes = 1;
+    o->has_server_memory_bytes = o->has_param_on_nvme = o->has_param_buffers = 1;
+    o->param_on_nvme = cfg->zero.param == ZS_OFFLOAD_NVME;
+    o->param_buffers = (uint32_t)cfg->zero.param_buffers;
     o->optimizer_device = (uint32_t)cfg->zero.optimizer;
     o->aio_block_size = cfg->aio.block_size;
     o->aio_queue_depth = (uint32_t)cfg->aio.queue_depth;
@@ -1697,6 +1704,8 @@ zs_err zs_msg_jobspec_to_config(const Zshard__JobSpec *m, zs_config *cfg, zs_ten
     cfg->aio.block_size = (size_t)m->offload->aio_block_size;
     cfg->aio.queue_depth = (int)m->offload->aio_queue_depth;
     cfg->cluster.server_memory_bytes = m->offload->server_memory_bytes;
+    cfg->zero.param = m->offload->param_on_nvme ? ZS_OFFLOAD_NVME : ZS_OFFLOAD_NONE;
+    cfg->zero.param_buffers = (int)m->offload->param_buffers;
 
     /* The table is this build's layout for the model; the message's must be the same. */
     ZS_CHECK(zs_tensors_gpt2(&cfg->model, tt));

@@ -33,7 +33,7 @@
 #include "proto/zshard.pb-c.h"
 
 /* The control-plane protocol version: peers must speak exactly this one. */
-#define ZS_PROTOCOL_VERSION 6
+#define ZS_PROTOCOL_VERSION 7
 
 /*
  * Size limits, checked before protobuf-c allocates anything.  JobSpec, ShardMap and

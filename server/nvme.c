@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,9 +48,11 @@ struct zs_nvme {
     char path[PATH_MAX + 64];
     char owner[64];
     int units, arrays;
-    size_t *floats;  /* [units] elements per array */
-    int *labels;     /* [units] the shard each unit is, for messages; NULL: none */
-    uint64_t *base;  /* [units] file offset of the unit's first array */
+    size_t *floats; /* [units] elements per array */
+    int *labels;    /* [units] the shard each unit is, for messages; NULL: none */
+    char names[ZS_NVME_MAX_ARRAYS][32]; /* each array's name in messages */
+    int elem[ZS_NVME_MAX_ARRAYS];       /* bytes of its element, in messages */
+    uint64_t *base;                     /* [units] file offset of the unit's first array */
     uint64_t *span;  /* [units] bytes each array of the unit takes (4096-multiple) */
     uint64_t **sums; /* [units][arrays * blocks(unit)] XXH3 of each block as last written */
     size_t block;    /* request bytes */
@@ -69,6 +72,7 @@ struct zs_nvme {
     char why[512];
     uint64_t eio_at; /* test hook: file offset + 1 whose reads fail; 0: none */
     zs_nvme_stats stats;
+    pthread_mutex_t lock; /* one caller at a time: the server thread or its checkpoint writer */
 };
 
 static uint64_t round_up(uint64_t x, uint64_t m)
@@ -231,6 +235,7 @@ zs_err zs_nvme_open(const zs_nvme_opts *o, int units, int arrays, const size_t *
     zs_nvme *nv = calloc(1, sizeof *nv);
     if (!nv)
         return zs_error(ZS_ERR_NOMEM, "nvme: out of memory");
+    pthread_mutex_init(&nv->lock, NULL);
     nv->fd = -1;
     snprintf(nv->owner, sizeof nv->owner, "%s", o->owner ? o->owner : "nvme");
     snprintf(nv->path, sizeof nv->path, "%s/(state file of %s)", o->dir, nv->owner);
@@ -239,6 +244,12 @@ zs_err zs_nvme_open(const zs_nvme_opts *o, int units, int arrays, const size_t *
     nv->block = o->block_bytes;
     nv->queue_depth = o->queue_depth;
     nv->threads = o->threads > 0 ? o->threads : 1;
+    static const char *const dflt[ZS_NVME_MAX_ARRAYS] = {"exp_avg", "exp_avg_sq", "weights",
+                                                         "array 3"};
+    for (int a = 0; a < ZS_NVME_MAX_ARRAYS; a++) {
+        snprintf(nv->names[a], sizeof nv->names[a], "%s", o->names[a] ? o->names[a] : dflt[a]);
+        nv->elem[a] = o->elem_bytes[a] > 0 ? o->elem_bytes[a] : 4;
+    }
     for (int s = 0; s < SLOTS; s++)
         nv->slot_unit[s] = -1;
     const char *hook = getenv("ZS_NVME_INJECT_EIO");
@@ -336,6 +347,7 @@ void zs_nvme_close(zs_nvme *nv)
     free(nv->floats);
     free(nv->labels);
     free(nv->slots);
+    pthread_mutex_destroy(&nv->lock);
     free(nv);
 }
 
@@ -368,10 +380,9 @@ static const char *unit_name(const zs_nvme *nv, int u, char *buf, size_t n)
     return buf;
 }
 
-static const char *array_name(int a)
+static const char *array_name(const zs_nvme *nv, int a)
 {
-    static const char *const names[] = {"exp_avg", "exp_avg_sq", "weights", "array 3"};
-    return names[a];
+    return nv->names[a];
 }
 
 /* A request that completed with res (bytes, or -errno): its slot has one request fewer, and a
@@ -391,11 +402,11 @@ static void complete(zs_nvme *nv, uint64_t tag, int res)
     if (res < 0)
         record_failure(nv, "%s: %s of %zu bytes at offset %llu (%s %s): %s", nv->path,
                        write ? "write" : "read", len, (unsigned long long)off,
-                       unit_name(nv, u, name, sizeof name), array_name(a), strerror(-res));
+                       unit_name(nv, u, name, sizeof name), array_name(nv, a), strerror(-res));
     else if ((size_t)res != len)
         record_failure(nv, "%s: short %s: %d of %zu bytes at offset %llu (%s %s)", nv->path,
                        write ? "write" : "read", res, len, (unsigned long long)off,
-                       unit_name(nv, u, name, sizeof name), array_name(a));
+                       unit_name(nv, u, name, sizeof name), array_name(nv, a));
     else if (write)
         nv->stats.bytes_written += len;
     else
@@ -535,9 +546,9 @@ static zs_err verify(zs_nvme *nv, int s, size_t b0, size_t b1, int only_a)
                     "%s: block of %zu bytes at offset %llu (%s %s, elements %zu..%zu) "
                     "fails its checksum: the data on disk is not what was written",
                     nv->path, len_of(nv, u, b), (unsigned long long)offset_of(nv, u, a, b),
-                    unit_name(nv, u, name, sizeof name), array_name(a),
-                    b * nv->block / sizeof(float),
-                    (b * nv->block + len_of(nv, u, b)) / sizeof(float));
+                    unit_name(nv, u, name, sizeof name), array_name(nv, a),
+                    b * nv->block / (size_t)nv->elem[a],
+                    (b * nv->block + len_of(nv, u, b)) / (size_t)nv->elem[a]);
 }
 
 /* New checksums for what slot s is about to write for unit u. */
@@ -574,7 +585,7 @@ static zs_err check_unit(const zs_nvme *nv, int u, int a)
     return ZS_OK;
 }
 
-zs_err zs_nvme_store(zs_nvme *nv, int u, int a, const float *src)
+static zs_err store_locked(zs_nvme *nv, int u, int a, const float *src)
 {
     ZS_CHECK(check_unit(nv, u, a));
     size_t bytes = nv->floats[u] * sizeof(float);
@@ -588,7 +599,7 @@ zs_err zs_nvme_store(zs_nvme *nv, int u, int a, const float *src)
     return take_failure(nv);
 }
 
-zs_err zs_nvme_load(zs_nvme *nv, int u, int a, size_t off, size_t count, float *dst)
+static zs_err load_locked(zs_nvme *nv, int u, int a, size_t off, size_t count, float *dst)
 {
     ZS_CHECK(check_unit(nv, u, a));
     if (off > nv->floats[u] || count > nv->floats[u] - off)
@@ -606,7 +617,7 @@ zs_err zs_nvme_load(zs_nvme *nv, int u, int a, size_t off, size_t count, float *
     return ZS_OK;
 }
 
-zs_err zs_nvme_run(zs_nvme *nv, zs_nvme_work_fn work, void *ctx)
+static zs_err run_locked(zs_nvme *nv, zs_nvme_work_fn work, void *ctx)
 {
     if (nv->units == 0)
         return ZS_OK;
@@ -640,4 +651,28 @@ zs_err zs_nvme_run(zs_nvme *nv, zs_nvme_work_fn work, void *ctx)
     drain_all(nv);
     zs_err late = take_failure(nv);
     return res != ZS_OK ? res : late;
+}
+
+zs_err zs_nvme_store(zs_nvme *nv, int u, int a, const float *src)
+{
+    pthread_mutex_lock(&nv->lock);
+    zs_err e = store_locked(nv, u, a, src);
+    pthread_mutex_unlock(&nv->lock);
+    return e;
+}
+
+zs_err zs_nvme_load(zs_nvme *nv, int u, int a, size_t off, size_t count, float *dst)
+{
+    pthread_mutex_lock(&nv->lock);
+    zs_err e = load_locked(nv, u, a, off, count, dst);
+    pthread_mutex_unlock(&nv->lock);
+    return e;
+}
+
+zs_err zs_nvme_run(zs_nvme *nv, zs_nvme_work_fn work, void *ctx)
+{
+    pthread_mutex_lock(&nv->lock);
+    zs_err e = run_locked(nv, work, ctx);
+    pthread_mutex_unlock(&nv->lock);
+    return e;
 }

@@ -20,7 +20,9 @@
  *    caller, unit i+1 is being read and unit i-1 written back (three slots).  The caller's
  *    work on a unit is the same whatever is in flight, so the results are those of the same
  *    work on arrays in RAM, bit for bit.
- * Not thread-safe: one thread drives a tier (the work function may use OpenMP inside).
+ * zs_nvme_store, zs_nvme_load and zs_nvme_run take the tier in turn (a mutex: the server's
+ * thread and its checkpoint writer may both read); the work function must not call back into
+ * the same tier, and may use OpenMP inside.
  */
 #ifndef ZS_NVME_H
 #define ZS_NVME_H
@@ -39,6 +41,11 @@ typedef struct {
     const char *owner;  /* who owns the tier, for messages: "server 2" */
     int threads;        /* OpenMP threads for the checksums of a large unit (0: 1) */
     const int *labels;  /* [units]: messages call unit u "shard labels[u]"; NULL: "unit u" */
+    const char *names[ZS_NVME_MAX_ARRAYS]; /* what messages call each array (NULL: exp_avg,
+                                              exp_avg_sq, weights) */
+    int elem_bytes[ZS_NVME_MAX_ARRAYS];    /* bytes of an element of each array, for the element
+                                              numbers in messages (0: 4; 2 for a bf16 copy held
+                                              in pairs) */
 } zs_nvme_opts;
 
 typedef struct zs_nvme zs_nvme;

@@ -75,6 +75,16 @@ typedef struct {
     zs_frame frame;
 } held_fetch;
 
+/* A window slot: one shard's published copy at one version, read from NVMe. */
+typedef struct {
+    int shard;     /* local index; -1: empty */
+    long version;  /* the version it holds */
+    void *buf;     /* the largest shard in the job's fetch dtype (+1 bf16 pad), 4096-aligned */
+    zs_mr *mr;     /* buf, registered for sends */
+    long sends;    /* sends from it not completed: it is not reused before they are */
+    uint64_t used; /* win_clock when last served from (least recently used goes first) */
+} window_slot;
+
 typedef struct {
     zs_conn *conn;
     zs_frame frame;
@@ -132,6 +142,15 @@ struct zs_server {
     double verdict_clip, verdict_lr;
     int verdict_skip;
     long store_sends; /* sends from shard memory not completed */
+    /* offload_param.device "nvme": the shards of the copy workers fetch that are on NVMe come
+     * to RAM through this window of offload_param.buffer_count slots, least recently used out
+     * first, the next shard read ahead with each miss; a fetch that finds every slot sending
+     * waits in wwait for one to finish. */
+    window_slot *win;
+    int n_win;
+    uint64_t win_clock;
+    held_fetch *wwait;
+    int n_wwait, cap_wwait;
 
     held_fetch *held;
     int n_held, cap_held;
@@ -255,6 +274,114 @@ static void skip_payload(server *sv, zs_conn *c, const zs_frame *f)
         doom(sv, c);
 }
 
+/* The copy workers fetch in this job. */
+static zs_store_copy fetched_copy(const server *sv)
+{
+    return sv->cfg.bf16 ? ZS_STORE_BF16 : ZS_STORE_F32;
+}
+
+/* Reads local shard i's published copy at the current version into window slot k.  A read that
+ * fails (a block that fails its checksum, EIO) stops the server with the reason: the copy it
+ * publishes is damaged, and the coordinator goes back to the newest checkpoint. */
+static zs_err window_load(server *sv, int k, int i)
+{
+    window_slot *w = &sv->win[k];
+    w->shard = -1;
+    zs_err e = zs_store_read_published(sv->store, i, fetched_copy(sv), w->buf);
+    if (e != ZS_OK) {
+        ZS_ERROR("server %u: %s", sv->id, zs_last_error());
+        sv->result = e;
+        sv->done = 1;
+        return e;
+    }
+    w->shard = i;
+    w->version = zs_store_version(sv->store);
+    w->used = ++sv->win_clock;
+    return ZS_OK;
+}
+
+/* The idle slot (no send from it in flight) used least recently, other than `not`; -1: none. */
+static int window_victim(const server *sv, int not )
+{
+    int victim = -1;
+    for (int k = 0; k < sv->n_win; k++)
+        if (k != not &&sv->win[k].sends == 0 &&
+            (victim < 0 || sv->win[k].used < sv->win[victim].used))
+            victim = k;
+    return victim;
+}
+
+static int window_find(const server *sv, int i)
+{
+    for (int k = 0; k < sv->n_win; k++)
+        if (sv->win[k].shard == i && sv->win[k].version == zs_store_version(sv->store))
+            return k;
+    return -1;
+}
+
+/* The window slot that holds local shard i's published copy at the current version, read from
+ * NVMe if none does, with shard i+1 read ahead (workers fetch in layer order, which is shard
+ * order).  -1: every slot is sending; -2: a read failed and the server stops. */
+static int window_get(server *sv, int i)
+{
+    int k = window_find(sv, i);
+    if (k >= 0) {
+        sv->win[k].used = ++sv->win_clock;
+        return k;
+    }
+    if ((k = window_victim(sv, -1)) < 0)
+        return -1;
+    if (window_load(sv, k, i) != ZS_OK)
+        return -2;
+    const void *d;
+    if (i + 1 < sv->n_local && window_find(sv, i + 1) < 0 &&
+        zs_store_locate(sv->store, sv->local[i + 1].begin, 1, fetched_copy(sv), &d) ==
+            ZS_STORE_ON_NVME) {
+        int ahead = window_victim(sv, k);
+        if (ahead >= 0 && window_load(sv, ahead, i + 1) != ZS_OK)
+            return -2;
+    }
+    return k;
+}
+
+/* A fetch that found every window slot sending waits for one (bounded as held fetches are). */
+static void window_wait(server *sv, zs_conn *c, const zs_frame *f)
+{
+    if (sv->n_wwait >= MAX_HELD) {
+        reply_error(sv, c, f, ZS_FS_STALE, "too many fetches wait for this server's NVMe window");
+        return;
+    }
+    if (sv->n_wwait == sv->cap_wwait) {
+        int cap = sv->cap_wwait ? 2 * sv->cap_wwait : 64;
+        held_fetch *h = realloc(sv->wwait, (size_t)cap * sizeof *h);
+        if (!h) {
+            reply_error(sv, c, f, ZS_FS_SHUTDOWN, "out of memory for waiting fetches");
+            return;
+        }
+        sv->wwait = h;
+        sv->cap_wwait = cap;
+    }
+    sv->wwait[sv->n_wwait++] = (held_fetch){c, *f};
+}
+
+static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f);
+
+/* A window slot finished sending: the fetches that waited for one are tried again, in order. */
+static void window_retry(server *sv)
+{
+    int n = sv->n_wwait;
+    if (n == 0)
+        return;
+    held_fetch *w = malloc((size_t)n * sizeof *w);
+    if (!w)
+        return; /* tried again at the next completion */
+    memcpy(w, sv->wwait, (size_t)n * sizeof *w);
+    sv->n_wwait = 0;
+    for (int k = 0; k < n; k++)
+        serve_fetch(sv, w[k].conn, &w[k].frame);
+    free(w);
+}
+
 /* Serves a fetch of the current version: of the published weights in the frame's dtype, or
  * (state flag) of the fp32 weights or a moment. */
 static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
@@ -262,17 +389,32 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
     const void *data;
     zs_store_copy copy = f->dtype == ZS_DTYPE_BF16 ? ZS_STORE_BF16 : ZS_STORE_F32;
     zs_store_result where = zs_store_locate(sv->store, f->offset, f->count, copy, &data);
-    if (where != ZS_STORE_OK) {
-        reply_error(sv, c, f, ZS_FS_BAD_RANGE,
-                    where == ZS_STORE_ON_NVME
-                        ? "the fp32 weights of this shard are on NVMe: this job's workers fetch "
-                          "the bf16 copy"
-                        : "range is not inside one shard of this server");
-        return;
-    }
     int i = 0;
     while (i < sv->n_local && !(f->offset >= sv->local[i].begin && f->offset < sv->local[i].end))
         i++;
+    int slot = -1;
+    if (where == ZS_STORE_ON_NVME && sv->n_win > 0 && copy == fetched_copy(sv) &&
+        !(f->flags & ZS_FRAME_FLAG_STATE)) {
+        slot = window_get(sv, i);
+        if (slot == -1) {
+            window_wait(sv, c, f);
+            return;
+        }
+        if (slot == -2) {
+            reply_error(sv, c, f, ZS_FS_SHUTDOWN,
+                        "this server's copy of the weights on NVMe failed a read; it stops");
+            return;
+        }
+        where = ZS_STORE_OK;
+    }
+    if (where != ZS_STORE_OK) {
+        reply_error(sv, c, f, ZS_FS_BAD_RANGE,
+                    where == ZS_STORE_ON_NVME
+                        ? "that copy of this shard is on NVMe, and this server serves only the "
+                          "copy this job's workers fetch from there"
+                        : "range is not inside one shard of this server");
+        return;
+    }
     size_t esz = zs_frame_dtype_size((zs_frame_dtype)f->dtype);
     zs_frame r = {.op = ZS_OP_FETCH_REPLY,
                   .dtype = f->dtype,
@@ -281,7 +423,8 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
                   .offset = f->offset,
                   .count = f->count,
                   .length = f->count * esz};
-    zs_mr *mr = f->dtype == ZS_DTYPE_BF16                            ? sv->mr_bf16[i]
+    zs_mr *mr = slot >= 0                                            ? sv->win[slot].mr
+                : f->dtype == ZS_DTYPE_BF16                          ? sv->mr_bf16[i]
                 : !(f->flags & ZS_FRAME_FLAG_STATE) || f->chunk == 0 ? sv->mr_f32[i]
                 : f->chunk == 1                                      ? sv->mr_m[i]
                                                                      : sv->mr_v[i];
@@ -292,7 +435,13 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
         return;
     }
     size_t off = (f->offset - sv->local[i].begin) * esz;
-    if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
+    if (slot >= 0) {
+        if (sv->ops->isend(c, &r, mr, off, &sv->win[slot], NULL) == ZS_OK)
+            sv->win[slot].sends++;
+        else
+            ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
+                    zs_last_error());
+    } else if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
         sv->store_sends++;
     else
         ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
@@ -713,6 +862,11 @@ static void forget_conn(server *sv, zs_conn *c)
             sv->held[j++] = sv->held[i];
     sv->n_held = j;
     j = 0;
+    for (int i = 0; i < sv->n_wwait; i++)
+        if (sv->wwait[i].conn != c)
+            sv->wwait[j++] = sv->wwait[i];
+    sv->n_wwait = j;
+    j = 0;
     for (int i = 0; i < sv->n_waiting; i++)
         if (sv->waiting[i].conn != c)
             sv->waiting[j++] = sv->waiting[i];
@@ -911,7 +1065,8 @@ static void ckpt_reap(server *sv, int wait)
 /* Applies a pending verdict once no send reads the weights any more, then publishes. */
 static void maybe_apply(server *sv)
 {
-    if (!sv->verdict_pending || sv->store_sends > 0 || sv->ckpt.running)
+    /* Fetches waiting for the NVMe window are for this version: served first. */
+    if (!sv->verdict_pending || sv->store_sends > 0 || sv->ckpt.running || sv->n_wwait > 0)
         return;
     zs_err e = zs_store_apply(sv->store, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip);
     if (e != ZS_OK) {
@@ -984,6 +1139,13 @@ static void on_data_event(server *sv, const zs_event *ev)
     case ZS_EV_SEND:
         if (ev->user == COOKIE_STORE && sv->store_sends > 0) {
             sv->store_sends--;
+            maybe_apply(sv);
+        } else if (sv->n_win > 0 && (window_slot *)ev->user >= sv->win &&
+                   (window_slot *)ev->user < sv->win + sv->n_win) {
+            window_slot *w = ev->user;
+            if (w->sends > 0)
+                w->sends--;
+            window_retry(sv);
             maybe_apply(sv);
         }
         break;
@@ -1105,6 +1267,15 @@ static void teardown_shards(server *sv, int keep)
         free(sv->pool[i].buf);
         sv->pool[i] = (scratch){0};
     }
+    for (int k = 0; k < sv->n_win; k++) {
+        if (sv->win[k].mr)
+            sv->ops->dereg_mr(sv->win[k].mr);
+        free(sv->win[k].buf);
+    }
+    free(sv->win);
+    sv->win = NULL;
+    sv->n_win = 0;
+    sv->n_wwait = 0;
     zs_mr **mrs[] = {sv->mr_f32, sv->mr_bf16, sv->mr_m, sv->mr_v};
     for (int k = 0; k < 4; k++) {
         for (int i = 0; mrs[k] && i < sv->n_local; i++)
@@ -1311,23 +1482,37 @@ static zs_err create_store(server *sv, int count)
                         access(sv->cfg.zero.nvme_path, F_OK) != 0 ? strerror(errno)
                                                                   : "not a directory");
     /* Workers that fetch the bf16 copy never read the fp32 master weights, which then go to
-     * NVMe with the moments: 6 bytes a float stay in RAM instead of 10. */
-    int master = sv->cfg.bf16 != 0;
+     * NVMe with the moments: 6 bytes a float stay in RAM instead of 10.  With offload_param the
+     * copy workers fetch goes there too (the weights themselves in an fp32 job), and 4 bytes a
+     * float stay: the gradients. */
+    int published = sv->cfg.zero.param == ZS_OFFLOAD_NVME;
+    int master = sv->cfg.bf16 != 0 || published;
     uint64_t arrays = master ? 3 : 2;
     uint64_t slots = 3 * arrays * ((biggest * 4 + 4095) / 4096 * 4096);
-    uint64_t base = floats * (master ? 6 : 10) + slots + init;
+    if (published) {
+        slots += (uint64_t)sv->cfg.zero.param_buffers * (biggest + 1) * (sv->cfg.bf16 ? 2 : 4);
+        if (sv->cfg.bf16) /* the bf16 copy's own file: its slots, and the scratch it is made in */
+            slots += 3 * ((biggest * 2 + 4095) / 4096 * 4096) + (biggest + 1) * 2;
+    }
+    uint64_t fixed = 4 + (master ? 0 : 4) + (published ? 0 : 2); /* bytes a float, every shard */
+    uint64_t per_resident = 8 + (master ? 4 : 0) + (published ? 2 : 0);
+    uint64_t base = floats * fixed + slots + init;
+    const char *on_nvme = published ? "moments, fp32 weights and published copy"
+                          : master  ? "moments and fp32 weights"
+                                    : "moments";
     if (base > budget)
         return zs_error(ZS_ERR_NOMEM,
-                        "%s: %d shards need %s of RAM even with their %s on NVMe (%s, the bf16 "
-                        "copy and the NVMe slots), but %s gives %s",
-                        who, count, zs_mem_text(base, t1, sizeof t1),
-                        master ? "moments and fp32 weights" : "moments",
-                        master ? "gradients" : "weights, gradients", source,
-                        zs_mem_text(budget, t2, sizeof t2));
+                        "%s: %d shards need %s of RAM even with their %s on NVMe (%s and the "
+                        "NVMe slots), but %s gives %s",
+                        who, count, zs_mem_text(base, t1, sizeof t1), on_nvme,
+                        published ? "gradients"
+                        : master  ? "gradients, the bf16 copy"
+                                  : "weights, gradients, the bf16 copy",
+                        source, zs_mem_text(budget, t2, sizeof t2));
     uint64_t kept = 0;
     int resident = 0;
     while (resident < count) {
-        uint64_t m = (sv->local[resident].end - sv->local[resident].begin) * 4 * arrays;
+        uint64_t m = (sv->local[resident].end - sv->local[resident].begin) * per_resident;
         if (kept + m > budget - base)
             break;
         kept += m;
@@ -1340,17 +1525,23 @@ static zs_err create_store(server *sv, int count)
         snprintf(source, sizeof source, "no limit known");
     ZS_INFO("%s: AdamW moments%s of %d of %d shards on NVMe in %s (%s), %d in RAM; RAM budget %s "
             "(%s)",
-            who, master ? " and fp32 master weights" : "", count - resident, count,
-            sv->cfg.zero.nvme_path, zs_mem_text(floats * 4 * arrays - kept, t1, sizeof t1),
-            resident, budget == UINT64_MAX ? "unlimited" : zs_mem_text(budget, t2, sizeof t2),
-            source);
+            who,
+            published ? ", fp32 master weights and the copy workers fetch"
+            : master  ? " and fp32 master weights"
+                      : "",
+            count - resident, count, sv->cfg.zero.nvme_path,
+            zs_mem_text(floats * per_resident - kept, t1, sizeof t1), resident,
+            budget == UINT64_MAX ? "unlimited" : zs_mem_text(budget, t2, sizeof t2), source);
     zs_nvme_opts o = {.dir = sv->cfg.zero.nvme_path,
                       .block_bytes = sv->cfg.aio.block_size,
                       .queue_depth = sv->cfg.aio.queue_depth,
                       .owner = who,
                       .threads = sv->opts->threads};
     return zs_store_create_tiered(&sv->tt, &sv->cfg, sv->local, count, sv->opts->threads, resident,
-                                  master, &o, &sv->store);
+                                  published ? ZS_STORE_TIER_PUBLISHED
+                                  : master  ? ZS_STORE_TIER_MASTER
+                                            : 0,
+                                  &o, &sv->store);
 }
 
 /* Sets up the shards of this server once both the job spec and the shard map are in. */
@@ -1418,10 +1609,11 @@ static zs_err setup_shards(server *sv)
         float *param, *m, *v;
         const void *bf16;
         zs_store_state(sv->store, i, &r, &param, &m, &v);
-        zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_BF16, &bf16);
-        if (param) /* weights on NVMe: workers fetch the bf16 copy */
+        if (param) /* weights on NVMe: fetches are served from the window, or refused */
             ZS_CHECK(sv->ops->reg_mr(sv->net, param, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
-        ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)bf16, len * 2, ZS_MR_SEND, &sv->mr_bf16[i]));
+        if (zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_BF16, &bf16) ==
+            ZS_STORE_OK)
+            ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)bf16, len * 2, ZS_MR_SEND, &sv->mr_bf16[i]));
         if (m) { /* moments on NVMe are not served to peers (replicas need them in RAM) */
             ZS_CHECK(sv->ops->reg_mr(sv->net, m, len * 4, ZS_MR_SEND, &sv->mr_m[i]));
             ZS_CHECK(sv->ops->reg_mr(sv->net, v, len * 4, ZS_MR_SEND, &sv->mr_v[i]));
@@ -1434,6 +1626,24 @@ static zs_err setup_shards(server *sv)
             zs_shard_range r;
             zs_store_params(rs, i, &r);
             biggest = r.end - r.begin > biggest ? r.end - r.begin : biggest;
+        }
+    }
+    if (sv->cfg.zero.param == ZS_OFFLOAD_NVME) {
+        /* The window: slots of the largest shard in the fetched dtype (a bf16 copy is read in
+         * whole pairs, so one element more). */
+        size_t bytes = (biggest + 1) * (sv->cfg.bf16 ? 2 : 4);
+        sv->win = calloc((size_t)sv->cfg.zero.param_buffers, sizeof *sv->win);
+        if (!sv->win)
+            return zs_error(ZS_ERR_NOMEM, "server %u: out of memory for the NVMe window", sv->id);
+        sv->n_win = sv->cfg.zero.param_buffers;
+        for (int k = 0; k < sv->n_win; k++) {
+            sv->win[k].shard = -1;
+            if (posix_memalign(&sv->win[k].buf, 4096, bytes) != 0) {
+                sv->win[k].buf = NULL;
+                return zs_error(ZS_ERR_NOMEM, "server %u: out of memory for the NVMe window",
+                                sv->id);
+            }
+            ZS_CHECK(sv->ops->reg_mr(sv->net, sv->win[k].buf, bytes, ZS_MR_SEND, &sv->win[k].mr));
         }
     }
     for (int i = 0; i < SCRATCH_BUFFERS; i++) {
@@ -1687,6 +1897,7 @@ void zs_server_close(zs_server *sv)
     free(sv->endpoint_list);
     free(sv->owner);
     free(sv->held);
+    free(sv->wwait);
     free(sv->waiting);
     free(sv->doomed);
     free(sv->conns);

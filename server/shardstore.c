@@ -6,6 +6,7 @@
 #include "server/shardstore.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,9 +44,13 @@ struct zs_store {
     long version;
     int n;
     shard *shards;
-    zs_nvme *nvme; /* the moments of shards [resident, n); NULL when all are in RAM */
-    int resident;  /* shards (from the first) whose moments are in RAM */
-    int master;    /* the tier also holds those shards' fp32 master weights (array 2) */
+    zs_nvme *nvme;     /* the moments of shards [resident, n); NULL when all are in RAM */
+    int resident;      /* shards (from the first) whose moments are in RAM */
+    int master;        /* the tier also holds those shards' fp32 master weights (array 2) */
+    int published;     /* and the copy workers fetch: the weights (fp32 jobs) or, in ptier, bf16 */
+    zs_nvme *ptier;    /* bf16 jobs with the published copy on NVMe: that copy, one array a
+                          shard of len / 2 floats (bf16 pairs) */
+    uint16_t *scratch; /* [largest shard] the bf16 copy of a shard on its way to ptier */
 };
 
 static void *zalloc(size_t n)
@@ -67,7 +72,7 @@ static void reset_chunk(chunk_state *cs)
 }
 
 /* The arrays of one shard, zeroed; the moments only if they live in RAM. */
-static int alloc_arrays(shard *s, int master_tiered)
+static int alloc_arrays(shard *s, int master_tiered, int published_tiered)
 {
     if (s->unit < 0 || !master_tiered)
         s->param = zalloc(s->len * sizeof(float));
@@ -76,9 +81,11 @@ static int alloc_arrays(shard *s, int master_tiered)
         s->v = zalloc(s->len * sizeof(float));
     }
     s->acc = zalloc(s->len * sizeof(float));
-    s->bf16 = zalloc(s->len * sizeof(uint16_t));
+    if (s->unit < 0 || !published_tiered)
+        s->bf16 = zalloc(s->len * sizeof(uint16_t));
     int param_ok = s->param || (s->unit >= 0 && master_tiered);
-    return param_ok && (s->unit >= 0 || (s->m && s->v)) && s->acc && s->bf16 ? 0 : -1;
+    int bf16_ok = s->bf16 || (s->unit >= 0 && published_tiered);
+    return param_ok && bf16_ok && (s->unit >= 0 || (s->m && s->v)) && s->acc ? 0 : -1;
 }
 
 static void free_arrays(shard *s)
@@ -93,7 +100,7 @@ static void free_arrays(shard *s)
 }
 
 static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *ranges,
-                     int n, int threads, int arrays, int resident, int master,
+                     int n, int threads, int arrays, int resident, int what,
                      const zs_nvme_opts *tier, zs_store **out)
 {
     *out = NULL;
@@ -114,7 +121,8 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
     st->threads = threads > 0 ? threads : 1;
     st->n = n;
     st->resident = resident < n ? resident : n;
-    st->master = master && st->resident < n;
+    st->published = (what & ZS_STORE_TIER_PUBLISHED) && st->resident < n;
+    st->master = ((what & ZS_STORE_TIER_MASTER) || st->published) && st->resident < n;
     st->shards = calloc((size_t)(n ? n : 1), sizeof *st->shards);
     if (!st->shards)
         goto nomem;
@@ -124,7 +132,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
         s->len = s->r.end - s->r.begin;
         s->unit = i < st->resident ? -1 : i - st->resident;
         s->chunks = calloc((size_t)st->C, sizeof *s->chunks);
-        if (!s->chunks || (arrays && alloc_arrays(s, st->master) != 0))
+        if (!s->chunks || (arrays && alloc_arrays(s, st->master, st->published) != 0))
             goto nomem;
     }
     if (st->resident < n) {
@@ -143,6 +151,24 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
         zs_nvme_opts o = *tier;
         o.labels = labels;
         zs_err e = zs_nvme_open(&o, n - st->resident, st->master ? 3 : 2, floats, &st->nvme);
+        if (e == ZS_OK && st->published && cfg->bf16) {
+            /* The bf16 copy in a file of its own: fetches read it while a checkpoint reads the
+             * other, and each file has one reader at a time. */
+            char owner[96];
+            snprintf(owner, sizeof owner, "%s (bf16 copy)", tier->owner ? tier->owner : "nvme");
+            size_t largest = 0;
+            for (int i = st->resident; i < n; i++) {
+                largest = st->shards[i].len > largest ? st->shards[i].len : largest;
+                floats[i - st->resident] = (st->shards[i].len + 1) / 2;
+            }
+            o.owner = owner;
+            o.names[0] = "bf16 copy";
+            o.elem_bytes[0] = 2;
+            e = zs_nvme_open(&o, n - st->resident, 1, floats, &st->ptier);
+            st->scratch = e == ZS_OK ? zalloc((largest + 1) * sizeof(uint16_t)) : NULL;
+            if (e == ZS_OK && !st->scratch)
+                e = zs_error(ZS_ERR_NOMEM, "shard store: out of memory");
+        }
         free(floats);
         free(labels);
         if (e != ZS_OK) {
@@ -176,12 +202,12 @@ zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
 
 zs_err zs_store_create_tiered(const zs_tensor_table *tt, const zs_config *cfg,
                               const zs_shard_range *ranges, int n, int threads, int resident,
-                              int master, const zs_nvme_opts *tier, zs_store **out)
+                              int what, const zs_nvme_opts *tier, zs_store **out)
 {
     if (resident < n && !tier)
         return zs_error(ZS_ERR_INVALID, "shard store: %d shards for NVMe, and no tier given",
                         n - resident);
-    return create(tt, cfg, ranges, n, threads, 1, resident < 0 ? 0 : resident, master, tier, out);
+    return create(tt, cfg, ranges, n, threads, 1, resident < 0 ? 0 : resident, what, tier, out);
 }
 
 zs_err zs_store_create_empty(const zs_tensor_table *tt, const zs_config *cfg,
@@ -231,7 +257,7 @@ zs_err zs_store_alloc(zs_store *st, int i)
     shard *s = &st->shards[i];
     if (s->param)
         return ZS_OK;
-    if (alloc_arrays(s, 0) != 0) {
+    if (alloc_arrays(s, 0, 0) != 0) {
         free_arrays(s);
         return zs_error(ZS_ERR_NOMEM, "shard store: out of memory for shard %d (%zu floats)",
                         s->r.index, s->len);
@@ -256,20 +282,43 @@ void zs_store_free(zs_store *st)
         free_arrays(s);
     }
     zs_nvme_close(st->nvme);
+    zs_nvme_close(st->ptier);
+    free(st->scratch);
     free(st->shards);
     free(st);
 }
 
-static void bf16_from(shard *s, const float *p)
+/* Where shard s's bf16 copy is made: in RAM, in the scratch on its way to ptier, or nowhere (an
+ * fp32 job whose published copy, the weights, is on NVMe). */
+static uint16_t *bf16_out(const zs_store *st, const shard *s)
 {
-    for (size_t i = 0; i < s->len; i++)
-        s->bf16[i] = zs_f32_to_bf16(p[i]);
+    return s->bf16 ? s->bf16 : st->ptier ? st->scratch : NULL;
 }
 
-static void refresh_bf16(shard *s)
+/* After bf16_out(st, s) was written: a copy bound for ptier goes there. */
+static zs_err bf16_done(zs_store *st, const shard *s)
+{
+    if (s->bf16 || !st->ptier)
+        return ZS_OK;
+    return zs_nvme_store(st->ptier, s->unit, 0, (const float *)st->scratch);
+}
+
+static zs_err bf16_from(zs_store *st, shard *s, const float *p)
+{
+    uint16_t *out = bf16_out(st, s);
+    if (!out)
+        return ZS_OK;
+    for (size_t i = 0; i < s->len; i++)
+        out[i] = zs_f32_to_bf16(p[i]);
+    if (s->len % 2)
+        out[s->len] = 0; /* the pad of the last bf16 pair */
+    return bf16_done(st, s);
+}
+
+static void refresh_bf16(zs_store *st, shard *s)
 {
     if (s->param) /* weights on NVMe: their bf16 copy was made when they were written there */
-        bf16_from(s, s->param);
+        bf16_from(st, s, s->param);
 }
 
 /* Shard i's master weights from p (len floats): into RAM, or into the NVMe tier; the bf16
@@ -277,7 +326,7 @@ static void refresh_bf16(shard *s)
 static zs_err set_params(zs_store *st, int i, const float *p)
 {
     shard *s = &st->shards[i];
-    bf16_from(s, p);
+    ZS_CHECK(bf16_from(st, s, p));
     if (s->param) {
         if (s->param != p)
             memcpy(s->param, p, s->len * sizeof(float));
@@ -291,7 +340,7 @@ zs_err zs_store_init_seed_shard(zs_store *st, int i, uint64_t seed)
     shard *s = &st->shards[i];
     if (s->param) {
         zs_tensors_init_gpt2(st->tt, seed, s->param, s->r.begin, s->r.end);
-        refresh_bf16(s);
+        refresh_bf16(st, s);
         return ZS_OK;
     }
     float *p = malloc(s->len * sizeof *p);
@@ -524,8 +573,8 @@ typedef struct {
 static void adamw_shard(const apply_ctx *c, shard *s, float *p, float *m, float *v)
 {
     const zs_adamw_config *a = &c->st->cfg.adamw;
-    zs_adamw_tensors(c->st->tt, s->r.begin, s->r.end, p, m, v, s->acc, s->bf16, c->lr, a->beta1,
-                     a->beta2, a->eps, a->weight_decay, c->st->version + 1, c->scale,
+    zs_adamw_tensors(c->st->tt, s->r.begin, s->r.end, p, m, v, s->acc, bf16_out(c->st, s), c->lr,
+                     a->beta1, a->beta2, a->eps, a->weight_decay, c->st->version + 1, c->scale,
                      c->st->threads);
 }
 
@@ -533,8 +582,14 @@ static zs_err apply_unit(void *ctx, int unit, float *const *arrays)
 {
     apply_ctx *c = ctx;
     shard *s = &c->st->shards[c->st->resident + unit];
+    /* AdamW leaves the padding between tensors alone: in the scratch that holds the previous
+     * shard's copy, it must be zeros again, as it is in a shard's own bf16 array. */
+    if (!s->bf16 && c->st->ptier)
+        memset(c->st->scratch, 0, (s->len + 1) * sizeof *c->st->scratch);
     adamw_shard(c, s, s->param ? s->param : arrays[2], arrays[0], arrays[1]);
-    return ZS_OK;
+    /* The bf16 copy of a shard whose published copy is on NVMe goes there now (its own file,
+     * not the one the pipeline is moving). */
+    return bf16_done(c->st, s);
 }
 
 zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
@@ -567,7 +622,7 @@ zs_store_result zs_store_locate(const zs_store *st, size_t offset, size_t count,
     if (!s || (copy != ZS_STORE_F32 && copy != ZS_STORE_BF16))
         return ZS_STORE_BAD_RANGE;
     size_t o = offset - s->r.begin;
-    if (copy == ZS_STORE_F32 && !s->param)
+    if ((copy == ZS_STORE_F32 && !s->param) || (copy == ZS_STORE_BF16 && !s->bf16))
         return ZS_STORE_ON_NVME;
     *data = copy == ZS_STORE_F32 ? (const void *)(s->param + o) : (const void *)(s->bf16 + o);
     return ZS_STORE_OK;
@@ -616,6 +671,24 @@ zs_err zs_store_write_params(zs_store *st, int i, const float *p)
     return set_params(st, i, p);
 }
 
+zs_err zs_store_read_published(zs_store *st, int i, zs_store_copy copy, void *dst)
+{
+    shard *s = &st->shards[i];
+    if (copy == ZS_STORE_F32)
+        return zs_store_read_params(st, i, dst);
+    if (s->bf16) {
+        memcpy(dst, s->bf16, s->len * sizeof(uint16_t));
+        return ZS_OK;
+    }
+    if (!st->ptier)
+        return zs_error(ZS_ERR_INVALID,
+                        "shard store: shard %d has no bf16 copy (its fp32 weights are what this "
+                        "job's workers fetch)",
+                        s->r.index);
+    /* Whole bf16 pairs: dst must hold len rounded up to even. */
+    return zs_nvme_load(st->ptier, s->unit, 0, 0, (s->len + 1) / 2, dst);
+}
+
 zs_nvme *zs_store_nvme(const zs_store *st)
 {
     return st->nvme;
@@ -648,6 +721,6 @@ zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *
 void zs_store_restored(zs_store *st, long version)
 {
     for (int i = 0; i < st->n; i++)
-        refresh_bf16(&st->shards[i]);
+        refresh_bf16(st, &st->shards[i]);
     st->version = version;
 }

@@ -62,13 +62,19 @@ zs_err zs_store_create(const zs_tensor_table *tt, const zs_config *cfg,
                        const zs_shard_range *shards, int n, int threads, zs_store **out);
 void zs_store_free(zs_store *st);
 
+/* What an NVMe tier holds beside the moments (zs_store_create_tiered's `what`). */
+enum {
+    ZS_STORE_TIER_MASTER = 1,    /* the fp32 master weights */
+    ZS_STORE_TIER_PUBLISHED = 2, /* and the copy workers fetch (the weights, or the bf16 copy in
+                                    a file of its own); implies MASTER */
+};
+
 /* The same, with the moments of shards [resident, n) in an NVMe tier opened with `tier` (its
- * errors, such as a disk too small, are this call's), and with `master` their fp32 master
- * weights too (a job whose workers fetch the bf16 copy, which stays in RAM).  resident >= n:
+ * errors, such as a disk too small, are this call's), and what `what` adds.  resident >= n:
  * zs_store_create. */
 zs_err zs_store_create_tiered(const zs_tensor_table *tt, const zs_config *cfg,
                               const zs_shard_range *shards, int n, int threads, int resident,
-                              int master, const zs_nvme_opts *tier, zs_store **out);
+                              int what, const zs_nvme_opts *tier, zs_store **out);
 
 /* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector.
  * Fails only when weights go to the NVMe tier (out of memory, a write that failed). */
@@ -115,7 +121,7 @@ zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip);
  * Where elements [offset, offset + count) of the current version live, in the fp32 or the bf16
  * copy, inside one shard: *data points into the store (valid until the next apply).
  * ZS_STORE_BAD_RANGE if the range is not inside one of this store's shards; ZS_STORE_ON_NVME
- * for the fp32 copy of a shard whose master weights are on NVMe.
+ * for a copy that is on NVMe (zs_store_read_published).
  */
 zs_store_result zs_store_locate(const zs_store *st, size_t offset, size_t count, zs_store_copy copy,
                                 const void **data);
@@ -161,6 +167,10 @@ zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *
 /* The same for the fp32 master weights; writing them also makes the bf16 copy. */
 zs_err zs_store_read_params(zs_store *st, int i, float *p);
 zs_err zs_store_write_params(zs_store *st, int i, const float *p);
+/* Shard i's copy of the current version in that dtype, read into dst (from NVMe, checked, or
+ * RAM); a bf16 dst holds the length rounded up to even.  Fetches of copies on NVMe are served
+ * from there. */
+zs_err zs_store_read_published(zs_store *st, int i, zs_store_copy copy, void *dst);
 /* The NVMe tier, or NULL (benchmarks read its stats). */
 zs_nvme *zs_store_nvme(const zs_store *st);
 

@@ -5,6 +5,8 @@
 #    model and metrics bitwise train's; each server says how many shards went to NVMe.
 #  - bf16 workers: the fp32 master weights go to NVMe with the moments, and a budget of 0.39 of
 #    the state (18 bytes a float) trains with train's bits.
+#  - offload_param: the copy workers fetch goes to NVMe too and is served through a window of 2
+#    shards: bf16 jobs on 1 and 2 servers, an fp32 job, each with train's bits.
 #  - a checkpoint written with the moments on NVMe resumes with them in RAM, and the other
 #    way round: train's bits.
 #  - a budget too small even for the weights and gradients, an nvme_path that is a file, and
@@ -12,10 +14,10 @@
 #    says so, naming the numbers or the path.
 #  - an injected read error (ZS_NVME_INJECT_EIO) fails the server's first apply, naming the
 #    file and offset, and the coordinator logs it as the server's reason.
-#  - a byte flipped in a running server's state file (through /proc/PID/fd): its next apply
-#    fails naming the block, nothing is applied from it, the coordinator goes back to the
-#    newest checkpoint on the spare server zshard launch keeps, and the job ends with train's
-#    bits.
+#  - bytes flipped in a running server's state files (through /proc/PID/fd): its next apply
+#    or fetch read fails naming the block, nothing is applied or served from it, the
+#    coordinator goes back to the newest checkpoint on the spare server zshard launch keeps,
+#    and the job ends with train's bits; with and without offload_param.
 if [ -z "${ZS_NVME_NS:-}" ] && [ "$(id -u)" = 0 ] &&
   unshare --mount --propagation private true 2>/dev/null; then
   ZS_NVME_NS=1 exec unshare --mount --propagation private bash "$0" "$@"
@@ -98,6 +100,28 @@ cp "$WORK/bf16/metrics.jsonl" "$WORK/bf16_resumed/"
 run_launch bf16_resumed bf16 1 1 --resume "$WORK/bf16/checkpoints/step-00000006"
 check_same bf16_resumed train_bf16
 
+# ---- the copy workers fetch on NVMe too (offload_param) ------------------------------------
+# Then a server keeps only the gradients of its NVMe shards in RAM (4 bytes a float), and
+# serves fetches through a window of offload_param.buffer_count shards read from the disk.
+# A bf16 job (the bf16 copy in a file of its own) on 1 and 2 servers with 2 workers, and an
+# fp32 job (the weights are the copy); a window of 2 shards, so that fetches wait for slots.
+sed 's|"offload_optimizer": {"device": "nvme", "nvme_path": "'"$WORK"'/nvme"}}|"offload_optimizer": {"device": "nvme", "nvme_path": "'"$WORK"'/nvme"}, "offload_param": {"device": "nvme", "buffer_count": 2}}|; s|"server_memory_bytes": 250000|"server_memory_bytes": 220000|' \
+  "$WORK/bf16.json" >"$WORK/bf16_param.json"
+grep -q offload_param "$WORK/bf16_param.json" || fail "the config edit for bf16_param did not take"
+run_launch bf16_param1 bf16_param 1 2
+check_same bf16_param1 train_bf16
+expect_log bf16_param1 "$WORK/bf16_param1/logs/server-1.log" \
+  'AdamW moments, fp32 master weights and the copy workers fetch of 3[0-9] of 35 shards on NVMe'
+run_launch bf16_param2 bf16_param 2 2
+check_same bf16_param2 train_bf16
+sed 's|"pin_memory": true}}|"pin_memory": true}, "offload_param": {"device": "nvme", "buffer_count": 2}}|; s|"server_memory_bytes": 500000|"server_memory_bytes": 400000|' \
+  "$WORK/nvme1.json" >"$WORK/fp32_param.json"
+grep -q offload_param "$WORK/fp32_param.json" || fail "the config edit for fp32_param did not take"
+run_launch fp32_param fp32_param 1 2
+check_same fp32_param train
+expect_log fp32_param "$WORK/fp32_param/logs/server-1.log" \
+  'AdamW moments, fp32 master weights and the copy workers fetch of 8 of 9 shards on NVMe'
+
 # ---- checkpoints cross tiers ----------------------------------------------------------------
 # Written with the moments on NVMe (s2's step 6), resumed with them in RAM; written in RAM,
 # resumed on NVMe.  A resume into a new --out starts from a copy of the metrics.
@@ -161,38 +185,59 @@ wait_until 15 has_line "$WORK/eio_coord.log" 'server [0-9]+ left: .*offset 16384
 kill_started
 PIDS=()
 
-# ---- a byte flipped on disk mid-run ---------------------------------------------------------
-INTERVAL=20 config flip 500000
-NSTEPS=$LONG run_launch flip flip 1 1 >/dev/null &
-LAUNCHER=$!
-PIDS+=($LAUNCHER)
-steps_past() { [ "$({ wc -l <"$WORK/flip/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge "$1" ]; }
-checks=$((checks + 1))
-wait_until 60 steps_past 30 || fail "flip: the job did not reach step 30"
-SP=$(pid_of "$WORK/flip.err" "server 1")
-flipped=0
-for f in /proc/"$SP"/fd/*; do
-  case "$(readlink "$f" 2>/dev/null)" in
-  "$WORK/nvme/"*"(deleted)")
-    # Byte 7232 of each shard's exp_avg (shard k's starts at (k - 1) * 32768): a block whose
-    # write-back was in flight as the byte changed is written whole again, the others fail.
-    python3 -c 'import os, sys
+# ---- bytes flipped on disk mid-run ----------------------------------------------------------
+# flip_run NAME CONFIG TRAIN: zshard launch of CONFIG for LONG steps (1 server, 2 workers); once
+# 30 steps are done, one byte in every 32 KiB (at 7232 past each multiple, which lands in the
+# first request of an array) of each of server 1's state files is flipped through
+# /proc/PID/fd.  A block whose write-back was in flight then is written whole again; the others
+# fail their checksum at their next read.  The server stops naming the block, the spare that
+# zshard launch starts takes over from the newest checkpoint, and the job ends with TRAIN's
+# bits.
+flip_run() {
+  local name=$1 cfg=$2 train=$3 which=${4:-all} launcher sp f files flipped=0
+  NSTEPS=$LONG run_launch "$name" "$cfg" 1 2 >/dev/null &
+  launcher=$!
+  PIDS+=($launcher)
+  steps_past() { [ "$({ wc -l <"$WORK/$name/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge "$1" ]; }
+  checks=$((checks + 1))
+  wait_until 60 steps_past 30 || fail "$name: the job did not reach step 30"
+  sp=$(pid_of "$WORK/$name.err" "server 1")
+  # The state files, in the order the server opened them (descriptor numbers grow).
+  files=$(for f in /proc/"$sp"/fd/*; do
+    case "$(readlink "$f" 2>/dev/null)" in "$WORK/nvme/"*"(deleted)") echo "${f##*/}" ;; esac
+  done | sort -n)
+  [ "$which" = all ] || files=$(echo "$files" | tail -n 1)
+  for f in $files; do
+    f=/proc/$sp/fd/$f
+    case "$(readlink "$f" 2>/dev/null)" in
+    "$WORK/nvme/"*"(deleted)")
+      python3 -c 'import os, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
-for u in range(8):
-    at = u * 32768 + 7232
+for at in range(7232, os.fstat(fd).st_size, 32768):
     b = bytearray(os.pread(fd, 1, at)); b[0] ^= 1
     os.pwrite(fd, bytes(b), at)
-os.fsync(fd)' "$f" 2>>"$WORK/flip_py.err" && flipped=1
-    ;;
-  esac
-done
-checks=$((checks + 1))
-echo "nvme_tier: flipped a byte of each shard in server 1's state file after $({ wc -l <"$WORK/flip/metrics.jsonl"; } 2>/dev/null) steps"
-[ $flipped = 1 ] || fail "flip: no state file found among server 1's (pid $SP) descriptors ($(ls -l /proc/"$SP"/fd/ 2>&1 | tail -n +2 | wc -l) of them; $(cat "$WORK/flip_py.err" 2>/dev/null))"
-wait $LAUNCHER
-RC=$?
-check_same flip train_long
-expect_log flip "$WORK/flip/logs/coord.log" \
-  'server [0-9]+ left: .*block of 8192 bytes at offset [0-9]+ \(shard [1-8] exp_avg, elements 0..2048\) fails its checksum'
-expect_log flip "$WORK/flip/logs/coord.log" 'every server goes back to checkpoint'
+os.fsync(fd)' "$f" 2>>"$WORK/flip_py.err" && flipped=$((flipped + 1))
+      ;;
+    esac
+  done
+  echo "nvme_tier: $name: flipped bytes in $flipped state files of server 1 after $({ wc -l <"$WORK/$name/metrics.jsonl"; } 2>/dev/null) steps"
+  checks=$((checks + 1))
+  [ $flipped -ge 1 ] || fail "$name: no state file among server 1's (pid $sp) descriptors: $(cat "$WORK/flip_py.err" 2>/dev/null)"
+  wait $launcher
+  RC=$?
+  check_same "$name" "$train"
+  expect_log "$name" "$WORK/$name/logs/coord.log" \
+    "server [0-9]+ left: .*block of [0-9]+ bytes at offset [0-9]+ \\(shard [0-9]+ ${ARRAY:-[a-z_]+}, elements [0-9.]+\\) fails its checksum"
+  expect_log "$name" "$WORK/$name/logs/coord.log" 'every server goes back to checkpoint'
+}
+
+INTERVAL=20 config flip 500000
+flip_run flip flip train_long
+# The same with the copy workers fetch on NVMe too (a bf16 job), the bytes flipped in the bf16
+# copy's file only (opened last): a fetch's read through the window finds the damage, and no
+# worker is served from it.
+sed 's|"interval_steps": 3,|"interval_steps": 20,|' "$WORK/bf16_param.json" >"$WORK/flip_param.json"
+expect_ok "$ZSHARD" train --config "$WORK/bf16_ram.json" --data "$DATA/tiny.txt" --steps $LONG \
+  --threads 1 --out "$WORK/train_long_bf16"
+ARRAY="bf16 copy" flip_run flip_param flip_param train_long_bf16 last
 finish

@@ -145,7 +145,7 @@ static void test_errors(void)
     CHECK_FAILS_WITH(zs_config_parse("{\"zero_optimization\": {\"offload_param\": "
                                      "{\"device\": \"nvme\", \"nvme_path\": \"/n\"}}}",
                                      "cfg.json", &c),
-                     "offload_param.device\": \"nvme\" is not supported yet");
+                     "needs offload_optimizer.device \"nvme\" too");
     CHECK_FAILS_WITH(zs_config_parse("{\"checkpoint\": {\"replicas\": 1}, \"zero_optimization\": "
                                      "{\"offload_optimizer\": {\"device\": \"nvme\", "
                                      "\"nvme_path\": \"/n\"}}}",

@@ -170,8 +170,8 @@ static void test_register(void)
     make_register(&m);
     m.reg.protocol_version = ZS_PROTOCOL_VERSION + 1;
     REFUSED(&m.env, &COORD,
-            "Register.protocol_version: protocol version 7, this coordinator "
-            "speaks 6");
+            "Register.protocol_version: protocol version 8, this coordinator "
+            "speaks 7");
     m.reg.has_protocol_version = 0;
     REFUSED(&m.env, &COORD, "Register.protocol_version: missing");
 
@@ -294,7 +294,7 @@ static void test_register_reply(void)
     make_reply(&m, 0);
     m.rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
     m.rr.has_data_token = 0; /* a refusal carries no keys */
-    m.rr.refusal = "protocol version 7, this coordinator speaks 6";
+    m.rr.refusal = "protocol version 8, this coordinator speaks 7";
     m.rr.has_code = 1;
     m.rr.code = ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION;
     CHECK_OK(roundtrip(&m.env, &SERVER, &out));
@@ -1460,11 +1460,11 @@ static void test_envelope(void)
     /* Another protocol version, refused with a message that says both. */
     m.env.protocol_version = ZS_PROTOCOL_VERSION + 1;
     REFUSED(&m.env, &COORD,
-            "Envelope.protocol_version: protocol version 7, this coordinator "
-            "speaks 6");
-    REFUSED(&m.env, &WORKER, "protocol version 7, this worker speaks 6");
-    REFUSED(&m.env, &SERVER, "protocol version 7, this server speaks 6");
-    REFUSED(&m.env, NULL, "protocol version 7, this peer speaks 6");
+            "Envelope.protocol_version: protocol version 8, this coordinator "
+            "speaks 7");
+    REFUSED(&m.env, &WORKER, "protocol version 8, this worker speaks 7");
+    REFUSED(&m.env, &SERVER, "protocol version 8, this server speaks 7");
+    REFUSED(&m.env, NULL, "protocol version 8, this peer speaks 7");
     write_seed(&m.env, "other_version", 0);
     size_t len;
     uint8_t *buf = raw_pack(&m.env, &len);
@@ -1475,14 +1475,14 @@ static void test_envelope(void)
     uint8_t garbled[64];
     size_t n = 0;
     garbled[n++] = 0x08; /* field 1, varint */
-    put_varint(garbled, &n, 8);
+    put_varint(garbled, &n, 9);
     garbled[n++] = 0x52; /* field 10, length 40, but only 3 bytes follow */
     garbled[n++] = 40;
     garbled[n++] = 1;
     garbled[n++] = 2;
     garbled[n++] = 3;
-    CHECK_FAILS_WITH(decode_bytes(garbled, n, &COORD), "protocol version 8, this coordinator "
-                                                       "speaks 6");
+    CHECK_FAILS_WITH(decode_bytes(garbled, n, &COORD), "protocol version 9, this coordinator "
+                                                       "speaks 7");
     free(buf);
     m.env.protocol_version = ZS_PROTOCOL_VERSION;
     m.env.has_protocol_version = 0;
@@ -1614,8 +1614,8 @@ static void test_refusal(void)
     size_t len;
     uint8_t *buf = raw_pack(&m.env, &len);
     Zshard__Envelope *env = NULL;
-    CHECK_FAILS_WITH(zs_msg_decode(buf, len, &COORD, &env), "protocol version 7, this "
-                                                            "coordinator speaks 6");
+    CHECK_FAILS_WITH(zs_msg_decode(buf, len, &COORD, &env), "protocol version 8, this "
+                                                            "coordinator speaks 7");
     Zshard__ErrorCode code = zs_msg_refusal_code(buf, len);
     CHECK_EQ_INT(code, ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION);
     free(buf);
@@ -1623,7 +1623,7 @@ static void test_refusal(void)
     snprintf(why, sizeof why, "%s", zs_last_error());
     uint8_t *reply;
     CHECK_OK(zs_msg_encode_error(0, code, why, &reply, &len));
-    /* The peer of version 7 reads our version and the text from the frozen fields. */
+    /* The peer of version 8 reads our version and the text from the frozen fields. */
     uint32_t v = 0;
     CHECK_EQ_INT(zs_msg_peek_version(reply, len, &v), 1);
     CHECK_EQ_INT(v, ZS_PROTOCOL_VERSION);
@@ -1631,7 +1631,7 @@ static void test_refusal(void)
     CHECK(got && got->body_case == ZSHARD__ENVELOPE__BODY_ERROR);
     if (got && got->error) {
         CHECK_EQ_INT(got->error->code, ZSHARD__ERROR_CODE__ERROR_PROTOCOL_VERSION);
-        CHECK(strstr(got->error->text, "protocol version 7, this coordinator speaks 6") != NULL);
+        CHECK(strstr(got->error->text, "protocol version 8, this coordinator speaks 7") != NULL);
     }
     zs_msg_free(got);
     CHECK_OK(decode_bytes(reply, len, &WORKER));

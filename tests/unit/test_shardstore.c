@@ -4,9 +4,10 @@
  * and out-of-range pushes change nothing.  A step whose gradient is not finite is skipped alike
  * by the trainer and the stores (weights, moments, and the bias correction of the steps after).
  * The same with the moments of every shard but each store's first on NVMe (server/nvme.h, a
- * directory under /tmp), for S = 1 (the fp32 master weights on NVMe too) and 2: the same bits,
- * moments included; and a byte flipped in the state file makes the next apply fail, naming the
- * offset, with the version unchanged.
+ * directory under /tmp), for S = 1 (the fp32 master weights on NVMe too) and 2, and with the
+ * published copy on NVMe too (S = 2 fp32, S = 1 bf16, whose bf16 copy has a file of its own):
+ * the same bits, moments included; and a byte flipped in the state file makes the next apply
+ * fail, naming the offset, with the version unchanged.
  */
 #include <stdlib.h>
 #include <unistd.h>
@@ -23,8 +24,10 @@
 
 enum { MAXS = 3, STEPS = 3 };
 
-/* Where the stores put their NVMe tier; NULL: every moment in RAM. */
+/* Where the stores put their NVMe tier (NULL: every moment in RAM), and what else it holds
+ * (ZS_STORE_TIER_*). */
 static const char *tier_dir;
+static int tier_what;
 
 static uint64_t rnd_state = 12345;
 static uint64_t rnd(void)
@@ -62,8 +65,7 @@ static void cluster_init(cluster *cl, const zs_tensor_table *tt, const zs_config
         if (tier_dir) { /* the first shard's moments in RAM, the others' on NVMe */
             zs_nvme_opts o = {
                 .dir = tier_dir, .block_bytes = 8192, .queue_depth = 3, .owner = "test store"};
-            /* With one store the fp32 master weights go to NVMe too. */
-            CHECK_OK(zs_store_create_tiered(tt, cfg, mine, n, 2, 1, S == 1, &o, &cl->stores[s]));
+            CHECK_OK(zs_store_create_tiered(tt, cfg, mine, n, 2, 1, tier_what, &o, &cl->stores[s]));
         } else {
             CHECK_OK(zs_store_create(tt, cfg, mine, n, 2, &cl->stores[s]));
         }
@@ -403,16 +405,31 @@ static void run(int S, int bf16)
             tr.compute[poison] = bf16 ? zs_bf16_to_f32(tr.bf16[poison]) : kept;
         }
     }
-    /* Fetch side: the published bf16 and fp32 of a range. */
+    /* Fetch side: the published bf16 and fp32 of a range (read from NVMe where they are). */
     const void *p = NULL;
     zs_shard_range r0 = cl.all[cl.nshards - 1];
-    CHECK_EQ_INT(zs_store_locate(cl.stores[cl.owner[cl.nshards - 1]], r0.begin, r0.end - r0.begin,
-                                 ZS_STORE_BF16, &p),
-                 ZS_STORE_OK);
+    zs_store *last = cl.stores[cl.owner[cl.nshards - 1]];
+    int where = zs_store_locate(last, r0.begin, r0.end - r0.begin, ZS_STORE_BF16, &p);
+    uint16_t *copy = malloc((r0.end - r0.begin + 1) * sizeof *copy);
+    if (where == ZS_STORE_ON_NVME) {
+        CHECK(tier_what & ZS_STORE_TIER_PUBLISHED);
+        zs_err e =
+            zs_store_read_published(last, zs_store_find(last, r0.index), ZS_STORE_BF16, copy);
+        if (bf16) {
+            CHECK_OK(e);
+            p = copy;
+        } else { /* an fp32 job on NVMe keeps no bf16 copy */
+            CHECK(e != ZS_OK && strstr(zs_last_error(), "has no bf16 copy"));
+            p = NULL;
+        }
+    } else {
+        CHECK_EQ_INT(where, ZS_STORE_OK);
+    }
     int same = 1;
     for (size_t i = 0; p && i < r0.end - r0.begin; i++)
         same &= ((const uint16_t *)p)[i] == zs_f32_to_bf16(tr.params[r0.begin + i]);
     CHECK(same);
+    free(copy);
     CHECK_EQ_INT(zs_store_locate(cl.stores[0], N + 5, 1, ZS_STORE_F32, &p), ZS_STORE_BAD_RANGE);
     if (S >= 2 && !tier_dir)
         merge_stores(&cl, &tr, &cfg, grads[0]);
@@ -437,8 +454,13 @@ int main(void)
     char dir[] = "/tmp/zs_test_shardstore_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     tier_dir = dir;
-    for (int S = 1; S <= 2; S++)
-        run(S, 0);
+    tier_what = ZS_STORE_TIER_MASTER;
+    run(1, 0);
+    tier_what = 0;
+    run(2, 0);
+    tier_what = ZS_STORE_TIER_PUBLISHED; /* fp32: the weights are the published copy */
+    run(2, 0);
+    run(1, 1); /* bf16: the bf16 copy in a file of its own */
     rmdir(dir);
     return zs_test_result("test_shardstore");
 }
