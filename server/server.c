@@ -1882,6 +1882,9 @@ void zs_server_close(zs_server *sv)
         sv->ops->close(sv->net); /* frees listener, connections and registrations */
     for (int i = 0; i < SCRATCH_BUFFERS; i++)
         free(sv->pool[i].buf);
+    for (int k = 0; k < sv->n_win; k++) /* their registrations went with the net */
+        free(sv->win[k].buf);
+    free(sv->win);
     zs_store_free(sv->store);
     if (sv->have_map)
         zs_shardmap_free(&sv->map);

@@ -232,7 +232,7 @@ static int flip_in_state_files(off_t at)
 
 /* A byte of the tier's file flipped: the store's next apply fails and names the block; the
  * version stays. */
-static void check_tier_corruption(cluster *cl, long step, int C)
+static void check_tier_corruption(cluster *cl, long step, int C, int bf16)
 {
     zs_store *st = cl->stores[0];
     if (zs_store_shard_count(st) < 2)
@@ -248,6 +248,18 @@ static void check_tier_corruption(cluster *cl, long step, int C)
                 zs_store_push(cl->stores[s], step, k, r.begin, r.end - r.begin, g, NULL);
         }
     free(g);
+    if (bf16 && (tier_what & ZS_STORE_TIER_PUBLISHED) && zs_store_shard_count(st) > 4) {
+        /* The bf16 copy's own file (4096 bytes a shard): byte 12345 is in the 4th tiered
+         * shard's, and a fetch's read of it fails, naming it. */
+        zs_shard_range r;
+        zs_store_params(st, 4, &r);
+        uint16_t *copy = malloc((r.end - r.begin + 1) * sizeof *copy);
+        char want[96];
+        snprintf(want, sizeof want, "at offset 12288 (shard %d bf16 copy, elements 0..2048)",
+                 r.index);
+        CHECK_FAILS_WITH(zs_store_read_published(st, 4, ZS_STORE_BF16, copy), want);
+        free(copy);
+    }
     CHECK(zs_store_complete(st));
     zs_shard_range first_tiered;
     zs_store_params(st, 1, &first_tiered);
@@ -434,7 +446,7 @@ static void run(int S, int bf16)
     if (S >= 2 && !tier_dir)
         merge_stores(&cl, &tr, &cfg, grads[0]);
     if (tier_dir)
-        check_tier_corruption(&cl, zs_store_version(cl.stores[0]), cfg.chunks);
+        check_tier_corruption(&cl, zs_store_version(cl.stores[0]), cfg.chunks, bf16);
 
     zs_gpt2_free(model);
     for (int c = 0; c < 4; c++)
