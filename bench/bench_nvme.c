@@ -18,10 +18,11 @@
  * (124,439,808 parameters), or --small (2 layers, n_embd 256, vocab 8192) for a quick look.
  *
  * With --job ZSHARD, instead: 4. a whole step.  `zshard launch` (1 server, 1 worker, 2 threads
- * each) trains GPT-2 124M with bf16 weights for `steps` steps twice, alternating, in `dir`: with
- * all state in RAM, and with the moments and fp32 master weights on NVMe under a budget of 0.36
- * of the state's 18 bytes a parameter.  The median step_ms of steps 2.. of each, their ratio,
- * and whether the two models are bitwise equal.
+ * each) trains GPT-2 124M with bf16 weights for `steps` steps, twice in each of three ways,
+ * alternating, in `dir`: with all state in RAM; with the moments and fp32 master weights on
+ * NVMe under a budget of 0.36 of the state's 18 bytes a parameter; and with the bf16 copy
+ * workers fetch there too (offload_param) under a budget of a third.  The median step_ms of
+ * steps 2.. of each, their ratios to RAM's, and whether the models are bitwise equal.
  *
  * usage: bench_nvme [--small] [dir=/tmp] [repeats=3] [block-KiB=1024] [queue-depth=8]
  *                   [threads=2]
@@ -145,8 +146,8 @@ static void push_all(zs_store *st, const float *g)
 /* ---- 4. a whole step ---- */
 
 /* GPT-2 124M with bf16 weights, one sequence of 1024 a step; with budget > 0, its moments and
- * master weights on NVMe in dir/nvme under that RAM budget. */
-static int write_job_config(const char *path, const char *dir, uint64_t budget)
+ * master weights on NVMe in dir/nvme under that RAM budget, and with param the bf16 copy too. */
+static int write_job_config(const char *path, const char *dir, uint64_t budget, int param)
 {
     FILE *f = fopen(path, "w");
     if (!f)
@@ -158,8 +159,9 @@ static int write_job_config(const char *path, const char *dir, uint64_t budget)
     if (budget)
         fprintf(f,
                 ", \"cluster\": {\"server_memory_bytes\": %llu}, \"zero_optimization\": "
-                "{\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s/nvme\"}}",
-                (unsigned long long)budget, dir);
+                "{\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s/nvme\"}%s}",
+                (unsigned long long)budget, dir,
+                param ? ", \"offload_param\": {\"device\": \"nvme\"}" : "");
     fprintf(f, "}\n");
     return fclose(f) == 0 ? 0 : -1;
 }
@@ -198,7 +200,7 @@ static int launch_job(const char *zshard, const char *config, const char *data, 
 
 static int whole_step(const char *zshard, const char *dir, int steps)
 {
-    char work[256], cfg[2][400], data[400], out[2][400], cmd[1000];
+    char work[256], cfg[3][400], data[400], out[3][400], cmd[1000];
     snprintf(work, sizeof work, "%s/bench_nvme_job_XXXXXX", dir);
     if (!mkdtemp(work) || zs_bench_job_secret(work, NULL) != 0) {
         fprintf(stderr, "bench_nvme: cannot make a directory in %s\n", dir);
@@ -223,30 +225,42 @@ static int whole_step(const char *zshard, const char *dir, int steps)
     zs_tensor_table tt;
     if (zs_tensors_gpt2(&c.model, &tt) != ZS_OK)
         return 1;
-    uint64_t budget = (uint64_t)(0.36 * 18.0 * (double)tt.total);
-    for (int k = 0; k < 2; k++) {
-        snprintf(cfg[k], sizeof cfg[k], "%s/%s.json", work, k ? "nvme" : "ram");
-        if (write_job_config(cfg[k], work, k ? budget : 0) != 0)
+    static const char *const name[3] = {"ram", "nvme", "nvme_param"};
+    uint64_t budget[3] = {0, (uint64_t)(0.36 * 18.0 * (double)tt.total),
+                          (uint64_t)(18.0 * (double)tt.total / 3.0)};
+    for (int k = 0; k < 3; k++) {
+        snprintf(cfg[k], sizeof cfg[k], "%s/%s.json", work, name[k]);
+        if (write_job_config(cfg[k], work, budget[k], k == 2) != 0)
             return 1;
     }
-    double ms[2][256];
-    int n[2] = {0, 0};
+    double ms[3][256];
+    int n[3] = {0, 0, 0};
     for (int round = 0; round < 2; round++)
-        for (int k = 0; k < 2; k++) {
-            int kk = round % 2 ? 1 - k : k; /* which tier goes first alternates */
-            snprintf(out[kk], sizeof out[kk], "%s/%s%d", work, kk ? "nvme" : "ram", round);
-            if (launch_job(zshard, cfg[kk], data, out[kk], steps, ms[kk], &n[kk]) != 0)
+        for (int j = 0; j < 3; j++) {
+            int k = round % 2 ? 2 - j : j; /* the order alternates */
+            snprintf(out[k], sizeof out[k], "%s/%s%d", work, name[k], round);
+            if (launch_job(zshard, cfg[k], data, out[k], steps, ms[k], &n[k]) != 0)
                 return 1;
         }
-    snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", out[0], out[1]);
-    int same = system(cmd) == 0;
-    double m0 = zs_bench_median(ms[0], n[0]), m1 = zs_bench_median(ms[1], n[1]);
+    int same = 1;
+    for (int k = 1; k < 3; k++) {
+        snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", out[0],
+                 out[k]);
+        same &= system(cmd) == 0;
+    }
+    double m[3];
+    for (int k = 0; k < 3; k++)
+        m[k] = zs_bench_median(ms[k], n[k]);
     printf("4. a whole step (zshard launch, GPT-2 124M, bf16, 1 server, 1 worker, %d steps x 2 "
-           "rounds each, alternating): median step_ms %.0f with all state in RAM, %.0f with the "
-           "moments and master weights on NVMe under a budget of %.0f MiB (0.36 of the state); "
-           "ratio %.2f; models bitwise equal: %s\n",
-           steps, m0, m1, (double)budget / (1 << 20), m1 / m0, same ? "yes" : "NO");
-    printf("bench_nvme: step on NVMe %.0f ms, in RAM %.0f ms, ratio %.2f\n", m1, m0, m1 / m0);
+           "rounds each, alternating), median step_ms: %.0f with all state in RAM; %.0f with the "
+           "moments and master weights on NVMe under a budget of %.0f MiB (0.36 of the state), "
+           "ratio %.2f; %.0f with the bf16 copy there too under %.0f MiB (a third), ratio %.2f; "
+           "models bitwise equal: %s\n",
+           steps, m[0], m[1], (double)budget[1] / (1 << 20), m[1] / m[0], m[2],
+           (double)budget[2] / (1 << 20), m[2] / m[0], same ? "yes" : "NO");
+    printf("bench_nvme: step on NVMe %.0f ms (with offload_param %.0f ms), in RAM %.0f ms, ratios "
+           "%.2f and %.2f\n",
+           m[1], m[2], m[0], m[1] / m[0], m[2] / m[0]);
     snprintf(cmd, sizeof cmd, "rm -rf %s", work);
     if (system(cmd) != 0)
         fprintf(stderr, "bench_nvme: could not remove %s\n", work);
