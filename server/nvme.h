@@ -1,12 +1,14 @@
 /*
- * nvme: the NVMe tier of a partition server's training state (ZeRO-Infinity's optimizer
- * offload): arrays that do not stay in RAM live in one state file on a local disk and pass
- * through a few RAM slots, read and written with io_uring (liburing).
+ * nvme: the NVMe tier of a partition server's training state (ZeRO-Infinity's optimizer and
+ * parameter offload): arrays that do not stay in RAM live in one state file on a local disk and
+ * pass through a few RAM slots, read and written with io_uring (liburing), or with pread and
+ * pwrite where io_uring is not available.
  *
- * The file holds `units` units (a server's shards) of `arrays` arrays each (exp_avg and
- * exp_avg_sq); unit i's arrays have floats[i] elements.  Each array starts on a block
- * boundary and is padded to whole blocks (block_bytes, a multiple of 4096), so every request
- * is aligned as O_DIRECT needs.  The file is made with O_TMPFILE: it has no name, is
+ * The file holds `units` units (a server's shards) of `arrays` arrays each (exp_avg,
+ * exp_avg_sq and perhaps the fp32 weights; or one bf16 copy); unit i's arrays have floats[i]
+ * elements.  Each array starts on a 4096-byte boundary and is padded to one; requests are
+ * block_bytes from an array's start (the last one shorter), so every one is aligned as
+ * O_DIRECT needs.  The file is made with O_TMPFILE: it has no name, is
  * allocated in full when the tier opens (a disk too small says so then), and disappears
  * with the process, so nothing is left behind by a crash.  It is scratch, never durable:
  * checkpoints are what survive (docs/nvme.md).
@@ -56,7 +58,7 @@ zs_err zs_nvme_open(const zs_nvme_opts *o, int units, int arrays, const size_t *
                     zs_nvme **out);
 void zs_nvme_close(zs_nvme *nv);
 
-/* The state file, as messages name it: "DIR/<state file of server 2>" (it has no name). */
+/* The state file, as messages name it: "DIR/(state file of server 2)" (it has no name). */
 const char *zs_nvme_path(const zs_nvme *nv);
 /* Bytes the file takes on disk. */
 uint64_t zs_nvme_file_bytes(const zs_nvme *nv);
