@@ -412,7 +412,25 @@ static zs_err get_device(const parser *p, json_t *o, const char *path, zs_offloa
  * pipeline has three slots; ...) are accepted and have no effect (docs/configuration.md). */
 static zs_err parse_zero(const parser *p, json_t *z, zs_zero_config *zc)
 {
-    static const char *const keys[] = {"stage", "offload_optimizer", "offload_param", NULL};
+    /* DeepSpeed's ZeRO tuning keys beside the offload blocks are accepted so that its users'
+     * configs load; they tune GPU collectives that zshard does not have (docs/configuration.md). */
+    static const char *const keys[] = {"stage",
+                                       "offload_optimizer",
+                                       "offload_param",
+                                       "overlap_comm",
+                                       "contiguous_gradients",
+                                       "reduce_scatter",
+                                       "reduce_bucket_size",
+                                       "allgather_partitions",
+                                       "allgather_bucket_size",
+                                       "sub_group_size",
+                                       "round_robin_gradients",
+                                       "stage3_prefetch_bucket_size",
+                                       "stage3_param_persistence_threshold",
+                                       "stage3_max_live_parameters",
+                                       "stage3_max_reuse_distance",
+                                       "stage3_gather_16bit_weights_on_model_save",
+                                       NULL};
     static const char *const opt_keys[] = {"device",    "nvme_path", "pin_memory", "buffer_count",
                                            "fast_init", "ratio",     NULL};
     static const char *const param_keys[] = {

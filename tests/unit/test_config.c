@@ -120,7 +120,8 @@ static void test_errors(void)
     CHECK_EQ_INT(c.cluster.max_members_per_address, 8);
     /* DeepSpeed's offload blocks, as its users write them. */
     CHECK_OK(zs_config_parse(
-        "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", "
+        "{\"zero_optimization\": {\"stage\": 3, \"overlap_comm\": true, "
+        "\"stage3_max_live_parameters\": 1e9, \"offload_optimizer\": {\"device\": \"nvme\", "
         "\"nvme_path\": \"/local_nvme\", \"pin_memory\": true, \"buffer_count\": 4}}, "
         "\"aio\": {\"block_size\": 262144, \"queue_depth\": 16, \"thread_count\": 1}, "
         "\"cluster\": {\"server_memory_bytes\": 1000000000}}",
