@@ -326,9 +326,8 @@ static double ctrl_round_trip(const zs_secret *secret, int n)
 static int launch_job(const char *zshard, const char *out, const char *secret_path, int steps,
                       double *ms, int *n)
 {
-    char steps_s[16], log[4200];
+    char steps_s[16];
     snprintf(steps_s, sizeof steps_s, "%d", steps);
-    snprintf(log, sizeof log, "%s.log", out);
     char *argv[] = {(char *)zshard,
                     "launch",
                     "--config",
@@ -348,26 +347,7 @@ static int launch_job(const char *zshard, const char *out, const char *secret_pa
                     secret_path ? "--secret" : "--insecure",
                     (char *)secret_path,
                     NULL};
-    pid_t p = zs_bench_spawn(argv, log);
-    int status = 0;
-    waitpid(p, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "bench_auth: zshard launch failed; see %s\n", log);
-        return -1;
-    }
-    char path[4200];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    FILE *f = fopen(path, "r");
-    char line[4096];
-    while (f && fgets(line, sizeof line, f)) {
-        long step = 0;
-        const char *s = strstr(line, "\"step\": "), *m = strstr(line, "\"step_ms\": ");
-        if (s && m && sscanf(s + 8, "%ld", &step) == 1 && step >= 3)
-            ms[(*n)++] = atof(m + 11);
-    }
-    if (f)
-        fclose(f);
-    return 0;
+    return zs_bench_launch(argv, out, 3, ms, n);
 }
 
 int main(int argc, char **argv)

@@ -170,32 +170,13 @@ static int write_job_config(const char *path, const char *dir, uint64_t budget, 
 static int launch_job(const char *zshard, const char *config, const char *data, const char *out,
                       int steps, double *ms, int *n)
 {
-    char steps_s[16], log[4200];
+    char steps_s[16];
     snprintf(steps_s, sizeof steps_s, "%d", steps);
-    snprintf(log, sizeof log, "%s.log", out);
     char *argv[] = {
         (char *)zshard, "launch",    "--config", (char *)config, "--data", (char *)data, "--steps",
         steps_s,        "--servers", "1",        "--workers",    "1",      "--threads",  "2",
         "--out",        (char *)out, NULL};
-    pid_t p = zs_bench_spawn(argv, log);
-    int status = 0;
-    waitpid(p, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "bench_nvme: zshard launch failed; see %s\n", log);
-        return -1;
-    }
-    char path[4200], line[4096];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    FILE *f = fopen(path, "r");
-    while (f && fgets(line, sizeof line, f)) {
-        long step = 0;
-        const char *s = strstr(line, "\"step\": "), *m = strstr(line, "\"step_ms\": ");
-        if (s && m && sscanf(s + 8, "%ld", &step) == 1 && step >= 2)
-            ms[(*n)++] = atof(m + 11);
-    }
-    if (f)
-        fclose(f);
-    return 0;
+    return zs_bench_launch(argv, out, 2, ms, n);
 }
 
 static int whole_step(const char *zshard, const char *dir, int steps)

@@ -1,6 +1,7 @@
 /*
  * benchutil: what the benchmarks that run zshard processes share: starting a child with its
- * stderr in a log, a job secret for the children, a free loopback port, and medians.  Header-only
+ * stderr in a log, a job run to its end and its steps' times, a job secret for the children, a
+ * free loopback port, and medians.  Header-only
  * (each benchmark is one program); not part of any library.
  */
 #ifndef ZS_BENCHUTIL_H
@@ -10,8 +11,10 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/secret.h"
@@ -46,6 +49,34 @@ static inline pid_t zs_bench_spawn(char *const argv[], const char *log)
         _exit(127);
     }
     return p;
+}
+
+/* Runs `zshard launch ...` (argv) to its end, its stderr in out.log, and appends the step_ms
+ * of each step from `first` on in out/metrics.jsonl (--out out) to ms[*n] (room for all
+ * of them).  Returns 0, or -1 after saying where the log is. */
+static inline int zs_bench_launch(char *const argv[], const char *out, long first, double *ms,
+                                  int *n)
+{
+    char log[4200], line[4096];
+    snprintf(log, sizeof log, "%s.log", out);
+    pid_t p = zs_bench_spawn(argv, log);
+    int status = 0;
+    waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "bench: zshard launch failed; see %s\n", log);
+        return -1;
+    }
+    snprintf(log, sizeof log, "%s/metrics.jsonl", out);
+    FILE *f = fopen(log, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        long step = 0;
+        const char *s = strstr(line, "\"step\": "), *m = strstr(line, "\"step_ms\": ");
+        if (s && m && sscanf(s + 8, "%ld", &step) == 1 && step >= first)
+            ms[(*n)++] = atof(m + 11);
+    }
+    if (f)
+        fclose(f);
+    return 0;
 }
 
 /* A port on 127.0.0.1 that was free a moment ago (-1 on failure). */

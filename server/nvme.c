@@ -111,12 +111,22 @@ uint64_t zs_nvme_file_bytes(const zs_nvme *nv)
     return nv->file_bytes;
 }
 
-size_t zs_nvme_ram_bytes(const zs_nvme *nv)
+/* An array's bytes in the file and in a slot: its floats, rounded up to a whole page. */
+static uint64_t span_of(size_t floats)
 {
-    size_t sums = 0;
-    for (int u = 0; u < nv->units; u++)
-        sums += (size_t)nv->arrays * blocks_of(nv, u) * sizeof(uint64_t);
-    return (size_t)(SLOTS * (uint64_t)nv->arrays * nv->slot_span) + sums;
+    uint64_t s = round_up((uint64_t)floats * sizeof(float), ALIGN);
+    return s ? s : ALIGN;
+}
+
+uint64_t zs_nvme_slot_bytes(int arrays, size_t largest)
+{
+    return SLOTS * (uint64_t)arrays * span_of(largest);
+}
+
+/* Threads for the checksums of unit u: one unless the unit is large. */
+static int hash_threads(const zs_nvme *nv, int u)
+{
+    return (uint64_t)nv->arrays * nv->span[u] >= PARALLEL_HASH_BYTES ? nv->threads : 1;
 }
 
 int zs_nvme_direct(const zs_nvme *nv)
@@ -276,9 +286,7 @@ zs_err zs_nvme_open(const zs_nvme_opts *o, int units, int arrays, const size_t *
     for (int u = 0; u < units; u++) {
         nv->floats[u] = floats[u];
         nv->base[u] = at;
-        nv->span[u] = round_up((uint64_t)floats[u] * sizeof(float), ALIGN);
-        if (nv->span[u] == 0)
-            nv->span[u] = ALIGN;
+        nv->span[u] = span_of(floats[u]);
         at += (uint64_t)arrays * nv->span[u];
         nv->slot_span = nv->span[u] > nv->slot_span ? nv->span[u] : nv->slot_span;
     }
@@ -527,7 +535,7 @@ static zs_err verify(zs_nvme *nv, int s, size_t b0, size_t b1, int only_a)
     size_t nb = blocks_of(nv, u);
     long long bad = LLONG_MAX; /* a * nb + b of the first bad block; LLONG_MAX: none */
     long long total = (long long)nv->arrays * (long long)nb;
-    int nt = (uint64_t)nv->arrays * nv->span[u] >= PARALLEL_HASH_BYTES ? nv->threads : 1;
+    int nt = hash_threads(nv, u);
 #pragma omp parallel for schedule(static) reduction(min : bad) num_threads(nt)
     for (long long k = 0; k < total; k++) {
         int a = (int)(k / (long long)nb);
@@ -556,7 +564,7 @@ static void checksum(zs_nvme *nv, int s, int u, size_t b0, size_t b1, int only_a
 {
     size_t nb = blocks_of(nv, u);
     long long total = (long long)nv->arrays * (long long)nb;
-    int nt = (uint64_t)nv->arrays * nv->span[u] >= PARALLEL_HASH_BYTES ? nv->threads : 1;
+    int nt = hash_threads(nv, u);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long long k = 0; k < total; k++) {
         int a = (int)(k / (long long)nb);

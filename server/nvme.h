@@ -62,8 +62,10 @@ void zs_nvme_close(zs_nvme *nv);
 const char *zs_nvme_path(const zs_nvme *nv);
 /* Bytes the file takes on disk. */
 uint64_t zs_nvme_file_bytes(const zs_nvme *nv);
-/* Bytes of RAM the tier holds (its slots and checksums). */
-size_t zs_nvme_ram_bytes(const zs_nvme *nv);
+/* Bytes of RAM the slots of a tier of `arrays` arrays take when its largest unit has `largest`
+ * floats (the checksums add 8 bytes a block), so that a memory budget can be checked before the
+ * tier opens. */
+uint64_t zs_nvme_slot_bytes(int arrays, size_t largest);
 /* Whether requests bypass the page cache (O_DIRECT), and whether the slots are registered
  * buffers; each falls back (with a log line) where the file system or limits refuse it. */
 int zs_nvme_direct(const zs_nvme *nv);

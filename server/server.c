@@ -1488,11 +1488,11 @@ static zs_err create_store(server *sv, int count)
     int published = sv->cfg.zero.param == ZS_OFFLOAD_NVME;
     int master = sv->cfg.bf16 != 0 || published;
     uint64_t arrays = master ? 3 : 2;
-    uint64_t slots = 3 * arrays * ((biggest * 4 + 4095) / 4096 * 4096);
+    uint64_t slots = zs_nvme_slot_bytes((int)arrays, biggest);
     if (published) {
         slots += (uint64_t)sv->cfg.zero.param_buffers * (biggest + 1) * (sv->cfg.bf16 ? 2 : 4);
-        if (sv->cfg.bf16) /* the bf16 copy's own file: its slots, and the scratch it is made in */
-            slots += 3 * ((biggest * 2 + 4095) / 4096 * 4096) + (biggest + 1) * 2;
+        if (sv->cfg.bf16) /* the bf16 copy's own file (bf16 pairs): its slots, and its scratch */
+            slots += zs_nvme_slot_bytes(1, (biggest + 1) / 2) + (biggest + 1) * 2;
     }
     uint64_t fixed = 4 + (master ? 0 : 4) + (published ? 0 : 2); /* bytes a float, every shard */
     uint64_t per_resident = 8 + (master ? 4 : 0) + (published ? 2 : 0);

@@ -127,6 +127,16 @@ wait_endpoint() {
   done
 }
 
+# same_bits NAME OUT REF: checks that OUT's model.safetensors is REF's, bitwise, and its
+# metrics.jsonl too, less timings, checkpoint outcomes and worker counts.
+same_bits() {
+  checks=$((checks + 2))
+  cmp -s "$3/model.safetensors" "$2/model.safetensors" ||
+    fail "$1: model.safetensors differs from $3's"
+  diff <(metrics_compared "$3/metrics.jsonl") <(metrics_compared "$2/metrics.jsonl") >/dev/null ||
+    fail "$1: metrics.jsonl differs from $3's beyond timings"
+}
+
 # start_coord LOG CONFIG STEPS OUT: `zshard coord` on a loopback port of its choosing for
 # SERVERS servers (default 1) and DATAFILE (default tiny.txt), stderr in LOG; sets COORD (in
 # PIDS) and EP, or fails the test and finishes when it does not say where it listens in 15 s.
