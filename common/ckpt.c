@@ -42,7 +42,7 @@
 #error "ckpt.c writes little-endian fp32 as is and needs a little-endian host"
 #endif
 
-#define CKPT_ALIGN 4096                /* bytes: a shard file's data section starts here */
+#define CKPT_ALIGN ZS_CKPT_DATA_OFFSET /* bytes: a shard file's data section starts here */
 #define CKPT_CHUNK (1u << 20)          /* bytes per read while streaming an array */
 #define CKPT_MANIFEST_MAX (256u << 20) /* bytes; a larger manifest.json is refused */
 #define CKPT_PATH 4096                 /* bytes for a path */
@@ -219,31 +219,45 @@ static void *hash_arrays(void *arg)
     return NULL;
 }
 
-zs_err zs_ckpt_write_shard(const char *step_dir, const zs_ckpt_info *info, int index, size_t begin,
-                           size_t end, const float *param, const float *exp_avg,
-                           const float *exp_avg_sq, zs_ckpt_shard *out)
+/* The checks both shard writers make, the shard's record so far, and its file's path. */
+static zs_err shard_start(const char *step_dir, const zs_ckpt_info *info, int index, size_t begin,
+                          size_t end, zs_ckpt_shard *sh, char *path, size_t n)
 {
-    if (!step_dir || !info || !out)
+    if (!step_dir || !info || !sh)
         return zs_error(ZS_ERR_INVALID, "checkpoint shard %d: NULL argument", index);
     if (index < 0 || begin >= end || end > info->total_floats)
         return zs_error(ZS_ERR_INVALID,
                         "%s: shard %d: range [%zu, %zu) is empty or outside the vector of %zu "
                         "floats",
                         step_dir, index, begin, end, info->total_floats);
-    if (!param || !exp_avg || !exp_avg_sq)
-        return zs_error(ZS_ERR_INVALID, "%s: shard %d: an array is NULL", step_dir, index);
     if (info->step < 0)
         return zs_error(ZS_ERR_INVALID, "%s: shard %d: step %ld is negative", step_dir, index,
                         info->step);
-    size_t len = end - begin;
-    if (len > (size_t)INT64_MAX / 16)
+    if (end - begin > (size_t)INT64_MAX / 16)
         return zs_error(ZS_ERR_INVALID, "%s: shard %d: %zu floats is too many", step_dir, index,
-                        len);
+                        end - begin);
+    *sh = (zs_ckpt_shard){.index = index, .begin = begin, .end = end};
+    snprintf(sh->file, sizeof sh->file, "shard-%06d.safetensors", index);
+    return join(path, n, step_dir, sh->file);
+}
 
-    zs_ckpt_shard sh = {.index = index, .begin = begin, .end = end};
-    snprintf(sh.file, sizeof sh.file, "shard-%06d.safetensors", index);
+zs_err zs_ckpt_shard_path(const char *step_dir, int index, char *out, size_t n)
+{
+    char name[64];
+    snprintf(name, sizeof name, "shard-%06d.safetensors", index);
+    return join(out, n, step_dir, name);
+}
+
+zs_err zs_ckpt_write_shard(const char *step_dir, const zs_ckpt_info *info, int index, size_t begin,
+                           size_t end, const float *param, const float *exp_avg,
+                           const float *exp_avg_sq, zs_ckpt_shard *out)
+{
+    if (!param || !exp_avg || !exp_avg_sq)
+        return zs_error(ZS_ERR_INVALID, "%s: shard %d: an array is NULL", step_dir, index);
+    zs_ckpt_shard sh;
     char path[CKPT_PATH], tmp[CKPT_PATH + 8];
-    ZS_CHECK(join(path, sizeof path, step_dir, sh.file));
+    ZS_CHECK(shard_start(step_dir, info, index, begin, end, &sh, path, sizeof path));
+    size_t len = end - begin;
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
 
     zs_err res = ZS_OK;
@@ -301,6 +315,58 @@ zs_err zs_ckpt_write_shard(const char *step_dir, const zs_ckpt_info *info, int i
 fail_fd:
     close(fd);
     unlink(tmp);
+out_mem:
+    free(header);
+    return res;
+}
+
+zs_err zs_ckpt_finish_shard(const char *step_dir, const zs_ckpt_info *info, int index, size_t begin,
+                            size_t end, const float *param, const uint64_t xxh3[ZS_CKPT_ARRAYS],
+                            zs_ckpt_shard *out)
+{
+    zs_ckpt_shard sh;
+    char path[CKPT_PATH];
+    ZS_CHECK(shard_start(step_dir, info, index, begin, end, &sh, path, sizeof path));
+    if (!xxh3 || !out)
+        return zs_error(ZS_ERR_INVALID, "%s: NULL argument", path);
+    size_t len = end - begin;
+    char *header = NULL;
+    size_t data_start = 0;
+    ZS_CHECK(shard_header(path, info, index, begin, end, &header, &data_start));
+    zs_err res = ZS_OK;
+    if (data_start != ZS_CKPT_DATA_OFFSET) {
+        res = zs_error(ZS_ERR_INTERNAL,
+                       "%s: a header of %zu bytes does not fit before the "
+                       "arrays written at %d",
+                       path, data_start, ZS_CKPT_DATA_OFFSET);
+        goto out_mem;
+    }
+    sh.header_xxh3 = XXH3_64bits(header, data_start);
+    memcpy(sh.xxh3, xxh3, sizeof sh.xxh3);
+    sh.bytes = (uint64_t)data_start + (uint64_t)len * 12;
+    /* Buffered writes: the header and the weights need not be aligned, and the fsync below
+     * takes them to the disk with the arrays the tier wrote around them. */
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        res = zs_error(errno == ENOENT ? ZS_ERR_NOTFOUND : ZS_ERR_IO, "%s: %s", path,
+                       strerror(errno));
+        goto out_mem;
+    }
+    res = zs_file_pwrite_all(fd, path, header, data_start, 0);
+    if (res == ZS_OK && param) {
+        sh.xxh3[ZS_CKPT_PARAM] = XXH3_64bits(param, len * 4);
+        res = zs_file_pwrite_all(fd, path, param, len * 4, data_start);
+    }
+    if (res == ZS_OK && ftruncate(fd, (off_t)sh.bytes) != 0)
+        res = zs_error(ZS_ERR_IO, "%s: cannot cut it to %llu bytes: %s", path,
+                       (unsigned long long)sh.bytes, strerror(errno));
+    if (res == ZS_OK && fsync(fd) != 0)
+        res = zs_error(ZS_ERR_IO, "%s: fsync: %s", path, strerror(errno));
+    close(fd);
+    if (res == ZS_OK)
+        res = zs_file_sync_parent(path);
+    if (res == ZS_OK)
+        *out = sh;
 out_mem:
     free(header);
     return res;

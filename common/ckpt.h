@@ -20,7 +20,9 @@
  * Invariants:
  *  - Every file is written under a temporary name, fsynced, renamed, and its directory
  *    fsynced: a name that exists holds a complete file.  A failure (a full disk) removes the
- *    temporary file and names the path and the OS's reason.
+ *    temporary file and names the path and the OS's reason.  The exception is a shard file
+ *    the NVMe tier wrote in place (zs_ckpt_finish_shard): it is under its name from the start,
+ *    and only the manifest's checksums, written after it is durable, make it trusted.
  *  - A checkpoint is valid only when its manifest is: the manifest is the last file written
  *    and carries a checksum of itself; it lists every shard with its file, range, file size
  *    and the XXH3-64 checksums of the file's header and of each of its three tensors.
@@ -41,6 +43,9 @@
 #include "common/tensors.h"
 
 #define ZS_CKPT_FORMAT_VERSION 1
+/* Where a shard file's data starts (its header, padded): array k (zs_ckpt_array order) of a
+ * shard of len floats is at ZS_CKPT_DATA_OFFSET + k * 4 * len. */
+#define ZS_CKPT_DATA_OFFSET 4096
 
 /* The three arrays of a shard file, in file order. */
 typedef enum { ZS_CKPT_PARAM = 0, ZS_CKPT_EXP_AVG = 1, ZS_CKPT_EXP_AVG_SQ = 2 } zs_ckpt_array;
@@ -85,6 +90,22 @@ zs_err zs_ckpt_step_dir(const char *dir, long step, int create, char *out, size_
 zs_err zs_ckpt_write_shard(const char *step_dir, const zs_ckpt_info *info, int index, size_t begin,
                            size_t end, const float *param, const float *exp_avg,
                            const float *exp_avg_sq, zs_ckpt_shard *out);
+
+/* step_dir/shard-%06d.safetensors: where shard index's file goes. */
+zs_err zs_ckpt_shard_path(const char *step_dir, int index, char *out, size_t n);
+
+/*
+ * Completes shard file zs_ckpt_shard_path(step_dir, index) whose arrays another writer (the
+ * NVMe tier, which writes a step's output there instead of writing it twice) put in place at
+ * their offsets under that name: writes the header, and the weights from param unless param is
+ * NULL (then they are in the file already), cuts the file to its size, and makes it and its
+ * directory durable; fills *out with xxh3 (the checksums of the arrays in the file; the
+ * weights' is computed here when param is given).  The file is trusted by nobody until the
+ * manifest that lists it is written, so writing it under its final name keeps the invariants.
+ */
+zs_err zs_ckpt_finish_shard(const char *step_dir, const zs_ckpt_info *info, int index, size_t begin,
+                            size_t end, const float *param, const uint64_t xxh3[ZS_CKPT_ARRAYS],
+                            zs_ckpt_shard *out);
 
 /*
  * Writes step_dir/manifest.json for info, the tensor table tt and shards[0..n) (in vector

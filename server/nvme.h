@@ -4,14 +4,18 @@
  * pass through a few RAM slots, read and written with io_uring (liburing), or with pread and
  * pwrite where io_uring is not available.
  *
- * The file holds `units` units (a server's shards) of `arrays` arrays each (exp_avg,
+ * The tier holds `units` units (a server's shards) of `arrays` arrays each (exp_avg,
  * exp_avg_sq and perhaps the fp32 weights; or one bf16 copy); unit i's arrays have floats[i]
- * elements.  Each array starts on a 4096-byte boundary and is padded to one; requests are
- * block_bytes from an array's start (the last one shorter), so every one is aligned as
- * O_DIRECT needs.  The file is made with O_TMPFILE: it has no name, is
- * allocated in full when the tier opens (a disk too small says so then), and disappears
- * with the process, so nothing is left behind by a crash.  It is scratch, never durable:
- * checkpoints are what survive (docs/nvme.md).
+ * elements and lie one after the other, in the order the options' file_pos gives, as they do in
+ * a checkpoint's shard file.  A unit is in the state file or in a file of its own: zs_nvme_run_to
+ * writes the units it is given paths for to those files, laid out as the options say (a header,
+ * the arrays before the tier's, then the tier's), which is how a step's output becomes a
+ * checkpoint's shard files without being written twice; the next run reads them from there and
+ * writes them back to the state file (or to other files of their own).  Requests are
+ * block_bytes long and aligned as O_DIRECT needs in either file.  The state file is made with
+ * O_TMPFILE: it has no name, is allocated in full when the tier opens (a disk too small says so
+ * then), and disappears with the process, so nothing is left behind by a crash.  It is scratch,
+ * never durable: checkpoints are what survive (docs/nvme.md).
  *
  * Invariants:
  *  - Every block written carries an XXH3-64 checksum, kept in RAM; every block read is
@@ -22,6 +26,8 @@
  *    caller, unit i+1 is being read and unit i-1 written back (three slots).  The caller's
  *    work on a unit is the same whatever is in flight, so the results are those of the same
  *    work on arrays in RAM, bit for bit.
+ *  - A unit's own file is never written again once its run has written it: a later run or
+ *    store writes the unit elsewhere.  Whoever asked for it (the checkpoint writer) owns it.
  * zs_nvme_store, zs_nvme_load and zs_nvme_run take the tier in turn (a mutex: the server's
  * thread and its checkpoint writer may both read); the work function must not call back into
  * the same tier, and may use OpenMP inside.
@@ -48,6 +54,13 @@ typedef struct {
     int elem_bytes[ZS_NVME_MAX_ARRAYS];    /* bytes of an element of each array, for the element
                                               numbers in messages (0: 4; 2 for a bf16 copy held
                                               in pairs) */
+    /* The layout of a unit's own file (zs_nvme_run_to): file_header bytes, then file_lead
+     * arrays of the unit's length that are not the tier's, then the tier's, array a at place
+     * file_pos[a] (all 0: in their order).  A checkpoint's shard file is 4096, 1, {1, 2} for
+     * the moments, or 4096, 0, {1, 2, 0} for the moments and weights. */
+    uint64_t file_header;
+    int file_lead;
+    int file_pos[ZS_NVME_MAX_ARRAYS];
 } zs_nvme_opts;
 
 typedef struct zs_nvme zs_nvme;
@@ -62,10 +75,10 @@ void zs_nvme_close(zs_nvme *nv);
 const char *zs_nvme_path(const zs_nvme *nv);
 /* Bytes the file takes on disk. */
 uint64_t zs_nvme_file_bytes(const zs_nvme *nv);
-/* Bytes of RAM the slots of a tier of `arrays` arrays take when its largest unit has `largest`
- * floats (the checksums add 8 bytes a block), so that a memory budget can be checked before the
- * tier opens. */
-uint64_t zs_nvme_slot_bytes(int arrays, size_t largest);
+/* Bytes of RAM the slots of a tier of `arrays` arrays laid out as o says (its file_header and
+ * file_lead) take for units of floats[0..units) elements (the checksums add 8 bytes a block),
+ * so that a memory budget can be checked before the tier opens. */
+uint64_t zs_nvme_slot_bytes(const zs_nvme_opts *o, int arrays, const size_t *floats, int units);
 /* Whether requests bypass the page cache (O_DIRECT), and whether the slots are registered
  * buffers; each falls back (with a log line) where the file system or limits refuse it. */
 int zs_nvme_direct(const zs_nvme *nv);
@@ -74,7 +87,8 @@ int zs_nvme_fixed_buffers(const zs_nvme *nv);
  * is not available: said once, when the tier opens). */
 int zs_nvme_io_uring(const zs_nvme *nv);
 
-/* Writes array a of unit u from src (floats[u] elements) and waits for it. */
+/* Writes array a of unit u from src (floats[u] elements) and waits for it: the unit is read
+ * (its other arrays share blocks with this one) and written to the state file. */
 zs_err zs_nvme_store(zs_nvme *nv, int u, int a, const float *src);
 /* Reads elements [off, off + count) of array a of unit u into dst, checked, and waits. */
 zs_err zs_nvme_load(zs_nvme *nv, int u, int a, size_t off, size_t count, float *dst);
@@ -88,6 +102,17 @@ zs_err zs_nvme_load(zs_nvme *nv, int u, int a, size_t off, size_t count, float *
  */
 typedef zs_err (*zs_nvme_work_fn)(void *ctx, int unit, float *const *arrays);
 zs_err zs_nvme_run(zs_nvme *nv, zs_nvme_work_fn work, void *ctx);
+
+/*
+ * The same, with each unit u that to[u] names (to may be NULL) written to that file (created,
+ * or emptied, and allocated; in the layout of the options) instead of the state file, and the
+ * XXH3-64 of each of its arrays' bytes in sums[u][a].  written[u] (units of them) says where
+ * unit u went: 1 its file, 0 the state file (no path, or one that could not be made: said in
+ * the log at a bounded rate; the run goes on).  The caller makes such a file durable and owns
+ * it; the tier reads the unit from there until the unit is written again.
+ */
+zs_err zs_nvme_run_to(zs_nvme *nv, zs_nvme_work_fn work, void *ctx, char *const *to,
+                      uint64_t (*sums)[ZS_NVME_MAX_ARRAYS], int *written);
 
 /* Time spent in zs_nvme_run since the tier opened: waiting for the disk, and in work. */
 typedef struct {

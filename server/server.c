@@ -171,7 +171,10 @@ struct zs_server {
         char step_dir[4096];
         zs_ckpt_shard *files; /* [n_local] */
         zs_err result;
-        char error[1024]; /* the thread's error message */
+        char error[1024];         /* the thread's error message */
+        int other_fs_said;        /* the checkpoint directory is not on the NVMe tier's file system:
+                                     logged once */
+        atomic_int in_place_said; /* shard files completed in place: logged once (the thread) */
     } ckpt;
 
     zs_conn **conns; /* every open data-plane connection, to drop them all at a Restore */
@@ -903,23 +906,33 @@ static void on_header(server *sv, zs_conn *c, const zs_frame *f)
 static void maybe_apply(server *sv);
 
 /* Removes the files this server wrote for a checkpoint that failed: the coordinator abandons
- * it, and a half-written checkpoint must not take the disk space the next one needs. */
+ * it, and a half-written checkpoint must not take the disk space the next one needs.  Not the
+ * shard files the NVMe tier wrote the step into: the tier reads those shards from there until
+ * the next apply (the step directory goes when a later checkpoint prunes it). */
 static void ckpt_unlink_files(server *sv, int n)
 {
     char path[4096 + 80];
+    uint64_t sums[ZS_CKPT_ARRAYS];
+    int in_file;
     for (int i = 0; i < n; i++) {
+        if (zs_store_in_ckpt(sv->store, i, sv->ckpt.step_dir, sums, &in_file))
+            continue;
         snprintf(path, sizeof path, "%s/%s", sv->ckpt.step_dir, sv->ckpt.files[i].file);
         if (unlink(path) != 0)
             ZS_DEBUG("server %u: %s: %s", sv->id, path, strerror(errno));
     }
 }
 
-/* The writer thread: every local shard's weights and moments, one file each. */
+/* The writer thread: every local shard's weights and moments, one file each.  A shard whose
+ * state the NVMe tier wrote into its file of this checkpoint already (zs_store_apply_into) is
+ * only completed: its header, its weights if they are in RAM, an fsync. */
 static void *ckpt_main(void *arg)
 {
     server *sv = arg;
     zs_err res = ZS_OK;
     int i = 0;
+    uint64_t sums[ZS_CKPT_ARRAYS];
+    int param_in_file = 0, in_place = 0;
     /* Arrays read back from the NVMe tier, one shard at a time; aligned, as the writer uses
      * O_DIRECT.  Shards are at most cluster.shard_size bytes, so one size fits all. */
     float *buf[3] = {NULL, NULL, NULL};
@@ -928,6 +941,12 @@ static void *ckpt_main(void *arg)
         zs_shard_range r;
         float *a[3];
         zs_store_state(sv->store, i, &r, &a[0], &a[1], &a[2]);
+        if (zs_store_in_ckpt(sv->store, i, sv->ckpt.step_dir, sums, &param_in_file)) {
+            res = zs_ckpt_finish_shard(sv->ckpt.step_dir, &sv->ckpt.info, r.index, r.begin, r.end,
+                                       param_in_file ? NULL : a[0], sums, &sv->ckpt.files[i]);
+            in_place++;
+            continue;
+        }
         size_t bytes = (r.end - r.begin) * sizeof(float);
         for (int k = 0; k < 3 && res == ZS_OK; k++) {
             if (a[k])
@@ -955,6 +974,14 @@ static void *ckpt_main(void *arg)
     }
     for (int k = 0; k < 3; k++)
         free(buf[k]);
+    if (res == ZS_OK && in_place)
+        ZS_DEBUG("server %u: checkpoint %ld: %d of %d shard files completed where the NVMe tier "
+                 "wrote their state",
+                 sv->id, sv->ckpt.info.step, in_place, sv->n_local);
+    if (res == ZS_OK && in_place && !atomic_exchange(&sv->ckpt.in_place_said, 1))
+        ZS_INFO("server %u: checkpoint %ld: the NVMe tier writes the state of its shards straight "
+                "into their checkpoint files (%d of %d here): it is not written twice",
+                sv->id, sv->ckpt.info.step, in_place, sv->n_local);
     if (res != ZS_OK) {
         snprintf(sv->ckpt.error, sizeof sv->ckpt.error, "%s", zs_last_error());
         ckpt_unlink_files(sv, i - 1);
@@ -1062,13 +1089,42 @@ static void ckpt_reap(server *sv, int wait)
     maybe_apply(sv);
 }
 
+/*
+ * Where the NVMe tier writes the state of version v, if v is checkpointed: straight into its
+ * step directory (made here) when that is on the tier's file system, so that the checkpoint
+ * does not write those bytes again; NULL otherwise (no tier, not due, another file system --
+ * said once -- or a directory that cannot be made: the checkpoint then writes the usual way,
+ * and reports what failed).
+ */
+static const char *ckpt_in_place(server *sv, long v, char *dir, size_t n)
+{
+    if (!zs_store_nvme(sv->store) || !ckpt_due(sv, v) || sv->verdict_skip)
+        return NULL;
+    struct stat a, b;
+    if (zs_ckpt_step_dir(sv->cfg.checkpoint.dir, v, 1, dir, n) != ZS_OK ||
+        stat(sv->cfg.zero.nvme_path, &a) != 0 || stat(dir, &b) != 0)
+        return NULL;
+    if (a.st_dev != b.st_dev) {
+        if (!sv->ckpt.other_fs_said)
+            ZS_INFO("server %u: checkpoint.dir %s is not on the file system of nvme_path %s: "
+                    "a checkpoint reads the state back from NVMe and writes it again",
+                    sv->id, sv->cfg.checkpoint.dir, sv->cfg.zero.nvme_path);
+        sv->ckpt.other_fs_said = 1;
+        return NULL;
+    }
+    return dir;
+}
+
 /* Applies a pending verdict once no send reads the weights any more, then publishes. */
 static void maybe_apply(server *sv)
 {
     /* Fetches waiting for the NVMe window are for this version: served first. */
     if (!sv->verdict_pending || sv->store_sends > 0 || sv->ckpt.running || sv->n_wwait > 0)
         return;
-    zs_err e = zs_store_apply(sv->store, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip);
+    char into[4096];
+    zs_err e =
+        zs_store_apply_into(sv->store, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip,
+                            ckpt_in_place(sv, zs_store_version(sv->store) + 1, into, sizeof into));
     if (e != ZS_OK) {
         ZS_ERROR("server %u: %s", sv->id, zs_last_error());
         sv->result = e;
@@ -1487,13 +1543,11 @@ static zs_err create_store(server *sv, int count)
      * float stay: the gradients. */
     int published = sv->cfg.zero.param == ZS_OFFLOAD_NVME;
     int master = sv->cfg.bf16 != 0 || published;
-    uint64_t arrays = master ? 3 : 2;
-    uint64_t slots = zs_nvme_slot_bytes((int)arrays, biggest);
-    if (published) {
+    uint64_t slots = zs_store_tier_ram(
+        sv->local, count, ZS_STORE_TIER_MASTER * master | ZS_STORE_TIER_PUBLISHED * published,
+        sv->cfg.bf16);
+    if (published) /* the window's slots */
         slots += (uint64_t)sv->cfg.zero.param_buffers * (biggest + 1) * (sv->cfg.bf16 ? 2 : 4);
-        if (sv->cfg.bf16) /* the bf16 copy's own file (bf16 pairs): its slots, and its scratch */
-            slots += zs_nvme_slot_bytes(1, (biggest + 1) / 2) + (biggest + 1) * 2;
-    }
     uint64_t fixed = 4 + (master ? 0 : 4) + (published ? 0 : 2); /* bytes a float, every shard */
     uint64_t per_resident = 8 + (master ? 4 : 0) + (published ? 2 : 0);
     uint64_t base = floats * fixed + slots + init;

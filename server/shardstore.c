@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/ckpt.h"
 #include "kernels/adamw.h"
 #include "kernels/reduce.h"
 #include "server/nvme.h"
@@ -33,6 +34,9 @@ typedef struct {
     uint16_t *bf16;             /* [len] */
     int unit;                   /* its unit in the store's NVMe tier, -1: moments in RAM */
     int next;                   /* the chunk whose pieces go straight into acc */
+    int in_ckpt;                /* its arrays on NVMe are in ck_dir's shard file (version
+                                   ck_version), with their checksums ck_sums */
+    uint64_t ck_sums[3];        /* zs_ckpt_array order */
     chunk_state *chunks;        /* [C] */
 } shard;
 
@@ -51,6 +55,8 @@ struct zs_store {
     zs_nvme *ptier;    /* bf16 jobs with the published copy on NVMe: that copy, one array a
                           shard of len / 2 floats (bf16 pairs) */
     uint16_t *scratch; /* [largest shard] the bf16 copy of a shard on its way to ptier */
+    char *ck_dir;      /* the checkpoint step directory zs_store_apply_into wrote to */
+    long ck_version;   /* the version it holds */
 };
 
 static void *zalloc(size_t n)
@@ -97,6 +103,42 @@ static void free_arrays(shard *s)
     free(s->bf16);
     s->param = s->m = s->v = s->acc = NULL;
     s->bf16 = NULL;
+}
+
+/* A tier unit's own file is its shard file in a checkpoint (common/ckpt.h): the header, then
+ * the weights, exp_avg and exp_avg_sq; the tier's arrays are exp_avg, exp_avg_sq and, with
+ * master, the weights. */
+static void ckpt_layout(zs_nvme_opts *o, int master)
+{
+    o->file_header = ZS_CKPT_DATA_OFFSET;
+    o->file_lead = master ? 0 : 1;
+    o->file_pos[0] = master ? ZS_CKPT_EXP_AVG : ZS_CKPT_EXP_AVG - 1;
+    o->file_pos[1] = master ? ZS_CKPT_EXP_AVG_SQ : ZS_CKPT_EXP_AVG_SQ - 1;
+    o->file_pos[2] = ZS_CKPT_PARAM;
+}
+
+uint64_t zs_store_tier_ram(const zs_shard_range *shards, int n, int what, int bf16)
+{
+    int published = (what & ZS_STORE_TIER_PUBLISHED) != 0;
+    int master = (what & ZS_STORE_TIER_MASTER) || published;
+    size_t *floats = malloc(((size_t)n + 1) * sizeof *floats), largest = 0;
+    if (!floats)
+        return UINT64_MAX;
+    for (int i = 0; i < n; i++) {
+        floats[i] = shards[i].end - shards[i].begin;
+        largest = floats[i] > largest ? floats[i] : largest;
+    }
+    zs_nvme_opts o = {0};
+    ckpt_layout(&o, master);
+    uint64_t bytes = zs_nvme_slot_bytes(&o, master ? 3 : 2, floats, n);
+    if (published && bf16) { /* the bf16 copy's own tier (bf16 pairs), and its scratch */
+        for (int i = 0; i < n; i++)
+            floats[i] = (floats[i] + 1) / 2;
+        zs_nvme_opts p = {0};
+        bytes += zs_nvme_slot_bytes(&p, 1, floats, n) + ((uint64_t)largest + 1) * 2;
+    }
+    free(floats);
+    return bytes;
 }
 
 static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_shard_range *ranges,
@@ -150,6 +192,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
         }
         zs_nvme_opts o = *tier;
         o.labels = labels;
+        ckpt_layout(&o, st->master);
         zs_err e = zs_nvme_open(&o, n - st->resident, st->master ? 3 : 2, floats, &st->nvme);
         if (e == ZS_OK && st->published && cfg->bf16) {
             /* The bf16 copy in a file of its own: fetches read it while a checkpoint reads the
@@ -162,6 +205,9 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
                 floats[i - st->resident] = (st->shards[i].len + 1) / 2;
             }
             o.owner = owner;
+            o.file_header = 0; /* never in a checkpoint */
+            o.file_lead = 0;
+            memset(o.file_pos, 0, sizeof o.file_pos);
             o.names[0] = "bf16 copy";
             o.elem_bytes[0] = 2;
             e = zs_nvme_open(&o, n - st->resident, 1, floats, &st->ptier);
@@ -284,6 +330,7 @@ void zs_store_free(zs_store *st)
     zs_nvme_close(st->nvme);
     zs_nvme_close(st->ptier);
     free(st->scratch);
+    free(st->ck_dir);
     free(st->shards);
     free(st);
 }
@@ -326,6 +373,7 @@ static void refresh_bf16(zs_store *st, shard *s)
 static zs_err set_params(zs_store *st, int i, const float *p)
 {
     shard *s = &st->shards[i];
+    s->in_ckpt = 0;
     ZS_CHECK(bf16_from(st, s, p));
     if (s->param) {
         if (s->param != p)
@@ -592,7 +640,39 @@ static zs_err apply_unit(void *ctx, int unit, float *const *arrays)
     return bf16_done(c->st, s);
 }
 
+/* The shard files of step_dir for the tier's units: to[u], or NULL when out of memory (then
+ * the units go to the state file, and a checkpoint writes them the usual way). */
+static char **ckpt_paths(const zs_store *st, const char *step_dir)
+{
+    int units = st->n - st->resident;
+    char **to = calloc((size_t)units + 1, sizeof *to);
+    char path[4096 + 64];
+    for (int u = 0; to && u < units; u++) {
+        if (zs_ckpt_shard_path(step_dir, st->shards[st->resident + u].r.index, path, sizeof path) !=
+                ZS_OK ||
+            !(to[u] = strdup(path))) {
+            for (int k = 0; k < u; k++)
+                free(to[k]);
+            free(to);
+            return NULL;
+        }
+    }
+    return to;
+}
+
+static void free_paths(char **to, int n)
+{
+    for (int u = 0; to && u < n; u++)
+        free(to[u]);
+    free(to);
+}
+
 zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
+{
+    return zs_store_apply_into(st, lr, clip, skip, NULL);
+}
+
+zs_err zs_store_apply_into(zs_store *st, double lr, double clip, int skip, const char *step_dir)
 {
     if (!zs_store_complete(st))
         return zs_error(ZS_ERR_INVALID,
@@ -609,8 +689,38 @@ zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip)
     /* The shards whose moments are on NVMe: read, updated and written back in a pipeline.
      * A failure there (a block that fails its checksum, EIO) leaves the version where it is,
      * and the shards not reached yet as they were. */
-    if (!skip && st->nvme)
-        ZS_CHECK(zs_nvme_run(st->nvme, apply_unit, &ctx));
+    for (int i = 0; i < st->n; i++)
+        st->shards[i].in_ckpt = 0;
+    if (!skip && st->nvme) {
+        int units = st->n - st->resident;
+        char **to = step_dir ? ckpt_paths(st, step_dir) : NULL;
+        uint64_t(*sums)[ZS_NVME_MAX_ARRAYS] = to ? calloc((size_t)units, sizeof *sums) : NULL;
+        int *written = to ? calloc((size_t)units, sizeof *written) : NULL;
+        char *dir = to ? strdup(step_dir) : NULL;
+        if (to && (!sums || !written || !dir)) {
+            free_paths(to, units);
+            to = NULL;
+        }
+        zs_err e = zs_nvme_run_to(st->nvme, apply_unit, &ctx, to, sums, written);
+        for (int u = 0; e == ZS_OK && to && u < units; u++) {
+            shard *s = &st->shards[st->resident + u];
+            s->in_ckpt = written[u];
+            s->ck_sums[ZS_CKPT_EXP_AVG] = sums[u][0];
+            s->ck_sums[ZS_CKPT_EXP_AVG_SQ] = sums[u][1];
+            s->ck_sums[ZS_CKPT_PARAM] = st->master ? sums[u][2] : 0;
+        }
+        if (e == ZS_OK && to) {
+            free(st->ck_dir);
+            st->ck_dir = dir;
+            dir = NULL;
+            st->ck_version = st->version + 1;
+        }
+        free(dir);
+        free(written);
+        free(sums);
+        free_paths(to, units);
+        ZS_CHECK(e);
+    }
     st->version++;
     return ZS_OK;
 }
@@ -644,6 +754,18 @@ void zs_store_state(zs_store *st, int i, zs_shard_range *range, float **param, f
     *param = s->param;
     *m = s->m;
     *v = s->v;
+}
+
+int zs_store_in_ckpt(const zs_store *st, int i, const char *step_dir, uint64_t xxh3[3],
+                     int *param_in_file)
+{
+    const shard *s = &st->shards[i];
+    if (!s->in_ckpt || !st->ck_dir || st->ck_version != st->version ||
+        strcmp(st->ck_dir, step_dir) != 0)
+        return 0;
+    memcpy(xxh3, s->ck_sums, sizeof s->ck_sums);
+    *param_in_file = st->master;
+    return 1;
 }
 
 int zs_store_moments_in_ram(const zs_store *st, int i)
@@ -709,6 +831,7 @@ zs_err zs_store_read_moments(zs_store *st, int i, float *m, float *v)
 zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *v)
 {
     shard *s = &st->shards[i];
+    s->in_ckpt = 0;
     if (s->unit < 0) {
         memcpy(s->m, m, s->len * sizeof(float));
         memcpy(s->v, v, s->len * sizeof(float));
@@ -720,6 +843,7 @@ zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *
 
 void zs_store_restored(zs_store *st, long version)
 {
+    st->ck_version = -1;
     for (int i = 0; i < st->n; i++)
         refresh_bf16(st, &st->shards[i]);
     st->version = version;

@@ -76,6 +76,11 @@ zs_err zs_store_create_tiered(const zs_tensor_table *tt, const zs_config *cfg,
                               const zs_shard_range *shards, int n, int threads, int resident,
                               int what, const zs_nvme_opts *tier, zs_store **out);
 
+/* Bytes of RAM the NVMe tier of a store of shards[0..n) with `what` takes when any of them is
+ * on NVMe (its slots; with the published copy of a bf16 job, that copy's slots and scratch), so
+ * that a budget can be checked before the store is made. */
+uint64_t zs_store_tier_ram(const zs_shard_range *shards, int n, int what, int bf16);
+
 /* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector.
  * Fails only when weights go to the NVMe tier (out of memory, a write that failed). */
 zs_err zs_store_init_seed(zs_store *st, uint64_t seed);
@@ -116,6 +121,26 @@ void zs_store_partials(const zs_store *st, int *index, double *sumsq);
  * file and offset); the version then stays, and shards the pipeline had not reached are as
  * they were. */
 zs_err zs_store_apply(zs_store *st, double lr, double clip, int skip);
+
+/*
+ * The same, where version s + 1 is to be checkpointed in step_dir (a step directory, made; on
+ * the NVMe tier's file system): the shards whose state is on NVMe are written straight into
+ * their shard files there (common/ckpt.h's layout) instead of the tier's state file, so that
+ * the checkpoint completes them (zs_store_in_ckpt, zs_ckpt_finish_shard) instead of writing
+ * their bytes again.  The tier reads them from there at the next apply.  step_dir NULL:
+ * zs_store_apply.
+ */
+zs_err zs_store_apply_into(zs_store *st, double lr, double clip, int skip, const char *step_dir);
+
+/*
+ * Whether shard i's arrays that are on NVMe are, at the current version, in its shard file in
+ * step_dir (zs_store_apply_into put them there and nothing wrote them since): then xxh3 gets
+ * their checksums (zs_ckpt_array order) and *param_in_file whether the weights are among them
+ * (else they are in RAM, and the checkpoint writes them).  The file must then stay: the tier
+ * reads the shard from it until the next apply.
+ */
+int zs_store_in_ckpt(const zs_store *st, int i, const char *step_dir, uint64_t xxh3[3],
+                     int *param_in_file);
 
 /*
  * Where elements [offset, offset + count) of the current version live, in the fp32 or the bf16

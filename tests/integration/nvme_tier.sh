@@ -7,8 +7,11 @@
 #    the state (18 bytes a float) trains with train's bits.
 #  - offload_param: the copy workers fetch goes to NVMe too and is served through a window of 2
 #    shards: bf16 jobs on 1 and 2 servers, an fp32 job, each with train's bits.
-#  - a checkpoint written with the moments on NVMe resumes with them in RAM, and the other
-#    way round: train's bits.
+#  - checkpoints on the tier's file system get the tier's output of their step written
+#    straight into their shard files (each server says so); one written that way resumes with
+#    the moments in RAM, and one written in RAM resumes on NVMe: train's bits.  With the
+#    checkpoint directory on another file system (a tmpfs, as root) they are written the usual
+#    way, said once, and resume.
 #  - a budget too small even for the weights and gradients, an nvme_path that is a file, and
 #    (as root, on a tmpfs of 64 KiB in a private mount namespace) a disk too small: the server
 #    says so, naming the numbers or the path.
@@ -69,6 +72,11 @@ config nvme1 500000
 run_launch s1 nvme1 1 1
 check_same s1 train
 expect_log s1 "$WORK/s1/logs/server-1.log" 'AdamW moments of 8 of 9 shards on NVMe in .*, 1 in RAM'
+# Its checkpoints are on the tier's file system: the steps they hold were written by the tier
+# straight into their shard files, which the checkpoint completed (and which the resumes below
+# read, checked against the manifests).
+expect_log s1 "$WORK/s1/logs/server-1.log" \
+  'the NVMe tier writes the state of its shards straight into their checkpoint files \(8 of 9 here\): it is not written twice'
 config nvme2 330000
 run_launch s2 nvme2 2 2
 check_same s2 train
@@ -91,6 +99,7 @@ run_launch bf16 bf16 1 2
 check_same bf16 train_bf16
 expect_log bf16 "$WORK/bf16/logs/server-1.log" \
   'AdamW moments and fp32 master weights of 35 of 35 shards on NVMe in .*, 0 in RAM; RAM budget 244.1 KiB'
+expect_log bf16 "$WORK/bf16/logs/server-1.log" 'straight into their checkpoint files \(35 of 35 here\)'
 # Its step 6, restored into the tier (weights and moments) by a resume.
 mkdir -p "$WORK/bf16_resumed"
 cp "$WORK/bf16/metrics.jsonl" "$WORK/bf16_resumed/"
@@ -158,6 +167,24 @@ if [ -n "${ZS_NVME_NS:-}" ] && mkdir -p "$WORK/tiny_fs" &&
 else
   echo "nvme_tier: the full-disk case is skipped (needs root for a private tmpfs)"
 fi
+# Checkpoints on another file system than the tier's (a tmpfs): the state is read back from
+# NVMe and written the usual way, said once; the same bits, and a checkpoint that resumes.
+if [ -n "${ZS_NVME_NS:-}" ] && mkdir -p "$WORK/other_fs" &&
+  mount -t tmpfs -o size=64m tmpfs "$WORK/other_fs"; then
+  sed 's|"keep": 100}|"keep": 100, "dir": "'"$WORK"'/other_fs/ck"}|' "$WORK/nvme1.json" >"$WORK/other.json"
+  grep -q other_fs "$WORK/other.json" || fail "the config edit for other did not take"
+  run_launch other other 1 1
+  check_same other train
+  expect_log other "$WORK/other/logs/server-1.log" \
+    "checkpoint.dir $WORK/other_fs/ck is not on the file system of nvme_path $WORK/nvme: a checkpoint reads the state back from NVMe and writes it again"
+  mkdir -p "$WORK/other_resumed"
+  cp "$WORK/other/metrics.jsonl" "$WORK/other_resumed/"
+  run_launch other_resumed ram 1 1 --resume "$WORK/other_fs/ck/step-00000009"
+  check_same other_resumed train
+  umount -l "$WORK/other_fs"
+else
+  echo "nvme_tier: the checkpoint on another file system is skipped (needs root for a tmpfs)"
+fi
 
 # ---- an I/O error -------------------------------------------------------------------------
 # The state file holds shards 1..8 (shard 0's moments stay in RAM), each as two arrays of 16384
@@ -184,9 +211,8 @@ PIDS=()
 
 # ---- bytes flipped on disk mid-run ----------------------------------------------------------
 # flip_run NAME CONFIG TRAIN: zshard launch of CONFIG for LONG steps (1 server, 2 workers); once
-# 30 steps are done, one byte in every 32 KiB (at 7232 past each multiple, which lands in the
-# first request of an array) of each of server 1's state files is flipped through
-# /proc/PID/fd.  A block whose write-back was in flight then is written whole again; the others
+# 30 steps are done, one byte in every 32 KiB (at 7232 past each multiple) of each of server 1's
+# state files is flipped through /proc/PID/fd, until the server stops.  A block whose write-back was in flight then is written whole again; the others
 # fail their checksum at their next read.  The server stops naming the block, the spare that
 # zshard launch starts takes over from the newest checkpoint, and the job ends with TRAIN's
 # bits.
@@ -199,24 +225,34 @@ flip_run() {
   checks=$((checks + 1))
   wait_until 60 steps_past 30 || fail "$name: the job did not reach step 30"
   sp=$(pid_of "$WORK/$name.err" "server 1")
-  # The state files, in the order the server opened them (descriptor numbers grow).
-  files=$(for f in /proc/"$sp"/fd/*; do
-    case "$(readlink "$f" 2>/dev/null)" in "$WORK/nvme/"*"(deleted)") echo "${f##*/}" ;; esac
-  done | sort -n)
-  for f in $files; do
-    f=/proc/$sp/fd/$f
-    case "$(readlink "$f" 2>/dev/null)" in
-    "$WORK/nvme/"*"(deleted)")
-      python3 -c 'import os, sys
+  # A pass flips the bytes of every state file the server holds (descriptor order).  A step
+  # whose output went straight into a checkpoint's files leaves the state file stale until the
+  # next apply writes it again without reading it, so bytes flipped then are never read: the
+  # passes go on, 0.5 s apart, until the server stops (or 10 passes).
+  for pass in 1 2 3 4 5 6 7 8 9 10; do
+    files=$(for f in /proc/"$sp"/fd/*; do
+      case "$(readlink "$f" 2>/dev/null)" in "$WORK/nvme/"*"(deleted)") echo "${f##*/}" ;; esac
+    done | sort -n)
+    for f in $files; do
+      f=/proc/$sp/fd/$f
+      case "$(readlink "$f" 2>/dev/null)" in
+      "$WORK/nvme/"*"(deleted)")
+        python3 -c 'import os, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
 for at in range(7232, os.fstat(fd).st_size, 32768):
     b = bytearray(os.pread(fd, 1, at)); b[0] ^= 1
     os.pwrite(fd, bytes(b), at)
-os.fsync(fd)' "$f" 2>>"$WORK/flip_py.err" && flipped=$((flipped + 1))
-      ;;
-    esac
+try:
+    os.fsync(fd)
+except OSError:
+    pass  # EIO: the kernel saw the server write the same page directly; the byte was flipped
+' "$f" 2>>"$WORK/flip_py.err" && flipped=$((flipped + 1))
+        ;;
+      esac
+    done
+    until_ms $(($(now_ms) + 500)) gone "$sp" && break
   done
-  echo "nvme_tier: $name: flipped bytes in $flipped state files of server 1 after $({ wc -l <"$WORK/$name/metrics.jsonl"; } 2>/dev/null) steps"
+  echo "nvme_tier: $name: flipped bytes $flipped times in state files of server 1 ($pass passes) by $({ wc -l <"$WORK/$name/metrics.jsonl"; } 2>/dev/null) steps"
   checks=$((checks + 1))
   [ $flipped -ge 1 ] || fail "$name: no state file among server 1's (pid $sp) descriptors: $(cat "$WORK/flip_py.err" 2>/dev/null)"
   wait $launcher

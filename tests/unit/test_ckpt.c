@@ -5,7 +5,8 @@
  * truncated or missing shard file, a flipped byte in the manifest, a manifest of another run)
  * is refused with a message naming the file; resolve falls back to an older valid checkpoint
  * and says so; prune keeps what it must; and a full disk (a 1 MiB tmpfs in a private mount
- * namespace, when running as root) fails with the OS's reason and leaves no file behind.
+ * namespace, when running as root) fails with the OS's reason and leaves no file behind; shard
+ * files whose arrays were written in place (zs_ckpt_finish_shard) complete to the same bytes.
  *
  * Set ZS_TEST_KEEP=1 to keep the temporary directory (its path is printed), e.g. to try
  * `zshard export` on the checkpoint it holds.
@@ -22,6 +23,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common/ckpt.h"
 #include "common/modelfile.h"
@@ -454,6 +456,71 @@ static void test_writer_refusals(state *st)
     CHECK(strstr(zs_last_error(), "No such file or directory") != NULL);
 }
 
+/* Shard files whose arrays another writer put in place (as the NVMe tier does): two shards,
+ * the first with its weights there too, the second with them given to zs_ckpt_finish_shard;
+ * each file a page longer than its data (the tier's last write rounds up) and with garbage
+ * where the header goes.  The manifest then lists them, and the checkpoint verifies and reads
+ * back bit for bit, the same files zs_ckpt_write_shard writes.  A file that is not there is
+ * ZS_ERR_NOTFOUND, named. */
+static void test_finish_in_place(state *st)
+{
+    char dir[PATH_BUF], step_dir[PATH_BUF], path[PATH_BUF + 64], ref[PATH_BUF + 64];
+    snprintf(dir, sizeof dir, "%s/in_place", root);
+    CHECK_OK(zs_ckpt_step_dir(dir, st->info.step, 1, step_dir, sizeof step_dir));
+    size_t cuts[3] = {0, 100000, st->tt.total};
+    zs_ckpt_shard sh[2];
+    for (int i = 0; i < 2; i++) {
+        size_t len = cuts[i + 1] - cuts[i];
+        CHECK_OK(zs_ckpt_shard_path(step_dir, i, path, sizeof path));
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+        CHECK(fd >= 0);
+        char junk[ZS_CKPT_DATA_OFFSET];
+        memset(junk, 'x', sizeof junk);
+        CHECK(pwrite(fd, junk, sizeof junk, 0) == (ssize_t)sizeof junk);
+        uint64_t sums[ZS_CKPT_ARRAYS] = {0};
+        for (int a = i; a < ZS_CKPT_ARRAYS; a++) { /* shard 1: the weights are not there */
+            off_t at = ZS_CKPT_DATA_OFFSET + (off_t)(a * len * 4);
+            CHECK(pwrite(fd, st->a[a] + cuts[i], len * 4, at) == (ssize_t)(len * 4));
+            sums[a] = XXH3_64bits(st->a[a] + cuts[i], len * 4);
+        }
+        CHECK(pwrite(fd, junk, sizeof junk, ZS_CKPT_DATA_OFFSET + (off_t)(12 * len)) ==
+              (ssize_t)sizeof junk);
+        close(fd);
+        CHECK_OK(zs_ckpt_finish_shard(step_dir, &st->info, i, cuts[i], cuts[i + 1],
+                                      i ? st->a[0] + cuts[i] : NULL, sums, &sh[i]));
+    }
+    st->info.shard_floats = cuts[1];
+    CHECK_OK(zs_ckpt_write_manifest(step_dir, &st->info, &st->tt, sh, 2));
+    zs_ckpt ck;
+    CHECK_OK(zs_ckpt_open(step_dir, &ck));
+    CHECK_OK(zs_ckpt_verify(&ck));
+    float *back = malloc(st->tt.total * sizeof(float));
+    for (int a = 0; a < ZS_CKPT_ARRAYS; a++) {
+        CHECK_OK(zs_ckpt_read(&ck, (zs_ckpt_array)a, 0, st->tt.total, back));
+        CHECK(memcmp(back, st->a[a], st->tt.total * sizeof(float)) == 0);
+    }
+    zs_ckpt_close(&ck);
+    free(back);
+    /* The same bytes as the usual writer's. */
+    char other[PATH_BUF];
+    snprintf(other, sizeof other, "%s/usual", root);
+    CHECK_OK(zs_ckpt_step_dir(other, st->info.step, 1, ref, PATH_BUF));
+    zs_ckpt_shard u;
+    CHECK_OK(zs_ckpt_write_shard(ref, &st->info, 1, cuts[1], cuts[2], st->a[0] + cuts[1],
+                                 st->a[1] + cuts[1], st->a[2] + cuts[1], &u));
+    CHECK(u.bytes == sh[1].bytes && u.header_xxh3 == sh[1].header_xxh3 &&
+          memcmp(u.xxh3, sh[1].xxh3, sizeof u.xxh3) == 0);
+    char ref_file[PATH_BUF + 64];
+    CHECK_OK(zs_ckpt_shard_path(ref, 1, ref_file, sizeof ref_file));
+    CHECK_OK(zs_ckpt_shard_path(step_dir, 1, path, sizeof path));
+    CHECK(files_equal(path, ref_file));
+    uint64_t none[ZS_CKPT_ARRAYS] = {0};
+    CHECK_OK(zs_ckpt_shard_path(step_dir, 5, path, sizeof path));
+    zs_err res = zs_ckpt_finish_shard(step_dir, &st->info, 5, 0, 64, NULL, none, &u);
+    CHECK_EQ_INT(res, ZS_ERR_NOTFOUND);
+    CHECK(strstr(zs_last_error(), path) != NULL);
+}
+
 /* Writes a tiny checkpoint at step under dir with three shards. */
 static void tiny_ckpt(const char *dir, long step, int latest, char *step_dir)
 {
@@ -680,6 +747,7 @@ int main(void)
     test_roundtrip(&st, step_dir);
     test_refusals(&st, step_dir, cuts);
     test_writer_refusals(&st);
+    test_finish_in_place(&st);
     test_resolve();
     test_prune();
     test_disk_full(step_dir);

@@ -9,7 +9,10 @@
  *  - a directory that does not exist, or is a file, is named; a file system too small (a tmpfs
  *    in a private mount namespace, when the test runs as root) fails at open with ENOSPC;
  *  - without io_uring (ZS_NVME_NO_URING=1: preads and pwrites), the same runs give the same
- *    bits and a flipped byte is caught the same way.
+ *    bits and a flipped byte is caught the same way;
+ *  - zs_nvme_run_to puts units in files of their own in a checkpoint's layout, with their
+ *    arrays' checksums; the next run reads them from there (a file cut to its size included,
+ *    a flipped byte named with the file) and leaves those files as they were.
  */
 #include <fcntl.h>
 #include <sched.h>
@@ -18,6 +21,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common/rng.h"
 #include "server/nvme.h"
@@ -126,15 +130,16 @@ int main(void)
     zs_nvme_stats st = zs_nvme_get_stats(nv);
     CHECK(st.bytes_read > 0 && st.bytes_written > 0);
     /* A flipped byte in unit 1's exp_avg_sq, 100000 bytes in (the file: unit 0's two arrays of
-     * 4096 bytes each, then unit 1's exp_avg of 282624): the run stops there, having updated
-     * unit 0 only. */
+     * 4000 bytes, padded to 8192, then unit 1's exp_avg of 280000 bytes and its exp_avg_sq):
+     * the run stops at the block that holds it (the sixth of unit 1), having updated unit 0
+     * only. */
     int fd = zs_test_open_unnamed(dir, 0);
     CHECK(fd >= 0);
-    off_t at = 2 * 4096 + 282624 + 100000;
+    off_t at = 8192 + 280000 + 100000;
     flip_byte(fd, at);
     work_ctx w = {.run = 7};
-    CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w), "block of 65536 bytes at offset 356352 (unit 1 "
-                                                "exp_avg_sq, elements 16384..32768) fails its "
+    CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w), "block of 65536 bytes at offset 335872 (unit 1 "
+                                                "exp_avg_sq, elements 11920..28304) fails its "
                                                 "checksum");
     CHECK_EQ_INT(w.visited[0], 1);
     CHECK_EQ_INT(w.visited[1], 0);
@@ -156,7 +161,7 @@ int main(void)
     CHECK(fd >= 0 && ftruncate(fd, (off_t)zs_nvme_file_bytes(nv) - 4096) == 0);
     w = (work_ctx){.run = 9};
     CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w),
-                     "short read: 0 of 4096 bytes at offset 577536 (unit 2 exp_avg_sq)");
+                     "short read: 0 of 4096 bytes at offset 569344 (unit 2 exp_avg)");
     CHECK_EQ_INT(w.visited[2], 0);
     if (fd >= 0)
         close(fd);
@@ -204,6 +209,96 @@ int main(void)
     CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w), "at offset 8192 (unit 1 exp_avg, elements 0..");
     zs_nvme_close(nv);
 
+    /* Units written to files of their own, laid out as a shard file of a checkpoint (4096
+     * bytes of header, one array that is not the tier's, then the tier's two, swapped): each
+     * array lies at its offset there, with the checksum given; a path that cannot be made sends
+     * its unit to the state file.  The next run reads the units from their files (one cut to
+     * its size, the tail of its last block gone; a byte flipped in the other is named with its
+     * path) and writes them back to the state file, leaving the files as they were. */
+    zs_nvme_opts lay = o;
+    lay.file_header = 4096;
+    lay.file_lead = 1;
+    lay.file_pos[0] = 1;
+    lay.file_pos[1] = 0;
+    CHECK_OK(zs_nvme_open(&lay, UNITS, ARRAYS, FLOATS, &nv));
+    char own[UNITS][320];
+    char *to[UNITS];
+    for (int u = 0; u < UNITS; u++) {
+        snprintf(own[u], sizeof own[u], u < 2 ? "%s/own-%d" : "%s/missing/own-%d", dir, u);
+        to[u] = own[u];
+    }
+    for (int u = 0; nv && u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++)
+            CHECK_OK(zs_nvme_store(nv, u, a, ram[u][a]));
+    uint64_t sums[UNITS][ZS_NVME_MAX_ARRAYS];
+    int written[UNITS] = {-1, -1, -1};
+    w = (work_ctx){.run = 30};
+    CHECK_OK(nv ? zs_nvme_run_to(nv, work, &w, to, sums, written) : ZS_ERR_INVALID);
+    CHECK(written[0] == 1 && written[1] == 1 && written[2] == 0);
+    char *kept[2] = {NULL, NULL};
+    size_t kept_len[2] = {0, 0};
+    for (int u = 0; u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++) {
+            for (size_t i = 0; i < FLOATS[u]; i++)
+                ram[u][a][i] = updated(ram[u][a][i], 30, u, a, i);
+            if (u == 2)
+                continue;
+            CHECK(sums[u][a] == XXH3_64bits(ram[u][a], FLOATS[u] * sizeof(float)));
+            int f = open(own[u], O_RDONLY);
+            off_t at_a = 4096 + (off_t)(FLOATS[u] * 4) * (1 + lay.file_pos[a]);
+            CHECK(f >= 0 && pread(f, back, FLOATS[u] * 4, at_a) == (ssize_t)(FLOATS[u] * 4));
+            CHECK(same(back, ram[u][a], FLOATS[u]));
+            if (f >= 0)
+                close(f);
+        }
+    CHECK(truncate(own[1], 4096 + 3 * 4 * 70000) == 0);
+    for (int u = 0; u < 2; u++) {
+        FILE *kf = fopen(own[u], "rb");
+        kept[u] = malloc(4096 + 3 * 4 * 70000 + 65536);
+        if (kf && kept[u])
+            kept_len[u] = fread(kept[u], 1, 4096 + 3 * 4 * 70000 + 65536, kf);
+        if (kf)
+            fclose(kf);
+    }
+    CHECK_OK(zs_nvme_load(nv, 1, 1, 69990, 10, back));
+    CHECK(same(back, ram[1][1] + 69990, 10));
+    fd = open(own[0], O_RDWR);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        flip_byte(fd, 4096 + 4000 + 10); /* the first place: exp_avg_sq */
+        w = (work_ctx){.run = 31};
+        char want[700];
+        snprintf(want, sizeof want,
+                 "%s: block of 12288 bytes at offset 4096 (unit 0 exp_avg_sq, "
+                 "elements 0..1000) fails its checksum",
+                 own[0]);
+        CHECK_FAILS_WITH(zs_nvme_run(nv, work, &w), want);
+        CHECK_EQ_INT(w.n, 0);
+        flip_byte(fd, 4096 + 4000 + 10);
+        close(fd);
+    }
+    w = (work_ctx){.run = 32};
+    CHECK_OK(nv ? zs_nvme_run(nv, work, &w) : ZS_ERR_INVALID);
+    for (int u = 0; u < UNITS; u++)
+        for (int a = 0; a < ARRAYS; a++) {
+            for (size_t i = 0; i < FLOATS[u]; i++)
+                ram[u][a][i] = updated(ram[u][a][i], 32, u, a, i);
+            CHECK_OK(zs_nvme_load(nv, u, a, 0, FLOATS[u], back));
+            CHECK(same(back, ram[u][a], FLOATS[u]));
+        }
+    for (int u = 0; u < 2; u++) {
+        FILE *kf = fopen(own[u], "rb");
+        char *now = malloc(kept_len[u] + 1);
+        CHECK(kf && now && kept_len[u] > 0 && fread(now, 1, kept_len[u] + 1, kf) == kept_len[u] &&
+              memcmp(now, kept[u], kept_len[u]) == 0);
+        if (kf)
+            fclose(kf);
+        free(now);
+        free(kept[u]);
+        unlink(own[u]);
+    }
+    zs_nvme_close(nv);
+
     /* Bad places. */
     zs_nvme_opts bad = o;
     bad.dir = "/nonexistent/zs";
@@ -228,7 +323,7 @@ int main(void)
         bad = o;
         bad.dir = small;
         CHECK_FAILS_WITH(zs_nvme_open(&bad, UNITS, ARRAYS, FLOATS, &nv),
-                         "cannot allocate 568.0 KiB for the state file: No space left on device");
+                         "cannot allocate 560.0 KiB for the state file: No space left on device");
         umount(small);
     } else {
         printf("test_nvme: no private tmpfs (not root?): the full-disk case is not run\n");
