@@ -22,7 +22,8 @@
  * alternating, in `dir`: with all state in RAM; with the moments and fp32 master weights on
  * NVMe under a budget of 0.36 of the state's 18 bytes a parameter; and with the bf16 copy
  * workers fetch there too (offload_param) under a budget of a third.  The median step_ms of
- * steps 2.. of each, their ratios to RAM's, and whether the models are bitwise equal.
+ * steps 2.. of each, their ratios to RAM's, and whether the models are bitwise equal.  Then
+ * 5. the bytes a checkpoint every step writes to the disk (ckpt_every_step).
  *
  * usage: bench_nvme [--small] [dir=/tmp] [repeats=3] [block-KiB=1024] [queue-depth=8]
  *                   [threads=2]
@@ -35,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,7 +149,8 @@ static void push_all(zs_store *st, const float *g)
 
 /* GPT-2 124M with bf16 weights, one sequence of 1024 a step; with budget > 0, its moments and
  * master weights on NVMe in dir/nvme under that RAM budget, and with param the bf16 copy too. */
-static int write_job_config(const char *path, const char *dir, uint64_t budget, int param)
+static int write_job_config(const char *path, const char *dir, uint64_t budget, int param,
+                            const char *ckpt_dir)
 {
     FILE *f = fopen(path, "w");
     if (!f)
@@ -162,6 +165,9 @@ static int write_job_config(const char *path, const char *dir, uint64_t budget, 
                 "{\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s/nvme\"}%s}",
                 (unsigned long long)budget, dir,
                 param ? ", \"offload_param\": {\"device\": \"nvme\"}" : "");
+    if (ckpt_dir)
+        fprintf(f, ", \"checkpoint\": {\"dir\": \"%s\", \"interval_steps\": 1, \"keep\": 2}",
+                ckpt_dir);
     fprintf(f, "}\n");
     return fclose(f) == 0 ? 0 : -1;
 }
@@ -177,6 +183,101 @@ static int launch_job(const char *zshard, const char *config, const char *data, 
         steps_s,        "--servers", "1",        "--workers",    "1",      "--threads",  "2",
         "--out",        (char *)out, NULL};
     return zs_bench_launch(argv, out, 2, ms, n);
+}
+
+/* Bytes written to the block device that holds path since boot (/sys/dev/block/M:m/stat,
+ * sectors of 512 bytes); -1 where path is not on one (a tmpfs, an overlay). */
+static long long disk_written(const char *path)
+{
+    struct stat st;
+    char p[96];
+    if (stat(path, &st) != 0)
+        return -1;
+    snprintf(p, sizeof p, "/sys/dev/block/%u:%u/stat", major(st.st_dev), minor(st.st_dev));
+    FILE *f = fopen(p, "r");
+    unsigned long long v[7];
+    int got = f ? fscanf(f, "%llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                         &v[5], &v[6])
+                : 0;
+    if (f)
+        fclose(f);
+    return got == 7 ? (long long)(v[6] * 512) : -1;
+}
+
+/* Bytes of the files in directory dir (one checkpoint's step directory). */
+static long long dir_bytes(const char *dir)
+{
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "du -sb '%s' 2>/dev/null", dir);
+    FILE *p = popen(cmd, "r");
+    long long b = -1;
+    if (!p || fscanf(p, "%lld", &b) != 1)
+        b = -1;
+    if (p)
+        pclose(p);
+    return b;
+}
+
+/*
+ * 5. A checkpoint every step with the state on NVMe (budget as in 4): with the checkpoint
+ * directory on the tier's file system, where the step's output goes straight into the
+ * checkpoint's files, and on a tmpfs (/dev/shm), where the checkpoint reads the state back and
+ * writes it again.  The bytes each run wrote to the disk, per step; the tmpfs run's plus the
+ * checkpoint bytes it wrote to the tmpfs is what that usual path writes to a disk.  Also the
+ * step times, and that both models equal the RAM run's (ram_out).
+ */
+static int ckpt_every_step(const char *zshard, const char *work, const char *data, uint64_t budget,
+                           int steps, const char *ram_out)
+{
+    char cfg[2][400], out[2][400], ck[2][400], last[600], cmd[1000];
+    snprintf(ck[0], sizeof ck[0], "%s/ck_same_fs", work);
+    snprintf(ck[1], sizeof ck[1], "/dev/shm/zs_bench_nvme_ck_%d", (int)getpid());
+    struct stat a, b;
+    if (stat("/dev/shm", &b) != 0 || stat(work, &a) != 0 || a.st_dev == b.st_dev ||
+        disk_written(work) < 0) {
+        printf("5. checkpoints every step: not measured (needs %s on a block device and a tmpfs "
+               "at /dev/shm)\n",
+               work);
+        return 0;
+    }
+    double ms[2][256];
+    int n[2] = {0, 0}, same = 1;
+    long long disk[2], ckpt = 0;
+    for (int k = 0; k < 2; k++) {
+        snprintf(cfg[k], sizeof cfg[k], "%s/ckpt%d.json", work, k);
+        snprintf(out[k], sizeof out[k], "%s/ckpt%d", work, k);
+        if (write_job_config(cfg[k], work, budget, 0, ck[k]) != 0)
+            return 1;
+        sync();
+        long long before = disk_written(work);
+        if (launch_job(zshard, cfg[k], data, out[k], steps, ms[k], &n[k]) != 0)
+            return 1;
+        sync();
+        disk[k] = disk_written(work) - before;
+        snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", ram_out,
+                 out[k]);
+        same &= system(cmd) == 0;
+    }
+    snprintf(last, sizeof last, "%s/step-%08d", ck[1], steps);
+    ckpt = dir_bytes(last);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ck[1]);
+    if (system(cmd) != 0)
+        fprintf(stderr, "bench_nvme: could not remove %s\n", ck[1]);
+    if (ckpt < 0)
+        return 1;
+    double per[2] = {(double)disk[0] / steps, (double)(disk[1] + ckpt * steps) / steps};
+    double m0 = zs_bench_median(ms[0], n[0]), m1 = zs_bench_median(ms[1], n[1]);
+    printf("5. a checkpoint every step, state on NVMe (%d steps): written to the disk per step "
+           "%.0f MiB with the checkpoint on the tier's file system (the step's output goes "
+           "straight into its files); %.0f MiB to the disk + %.0f MiB of checkpoint with it on a "
+           "tmpfs, %.0f MiB a step that the usual path writes; ratio %.2f.  Median step_ms %.0f "
+           "and %.0f (the tmpfs takes its checkpoint at RAM's speed); models equal RAM's: %s\n",
+           steps, per[0] / (1 << 20), (double)disk[1] / steps / (1 << 20), (double)ckpt / (1 << 20),
+           per[1] / (1 << 20), per[0] / per[1], m0, m1, same ? "yes" : "NO");
+    printf("bench_nvme: checkpoint every step: %.0f MiB written a step in place, %.0f MiB the "
+           "usual way, ratio %.2f\n",
+           per[0] / (1 << 20), per[1] / (1 << 20), per[0] / per[1]);
+    return same ? 0 : 1;
 }
 
 static int whole_step(const char *zshard, const char *dir, int steps)
@@ -211,7 +312,7 @@ static int whole_step(const char *zshard, const char *dir, int steps)
                           (uint64_t)(18.0 * (double)tt.total / 3.0)};
     for (int k = 0; k < 3; k++) {
         snprintf(cfg[k], sizeof cfg[k], "%s/%s.json", work, name[k]);
-        if (write_job_config(cfg[k], work, budget[k], k == 2) != 0)
+        if (write_job_config(cfg[k], work, budget[k], k == 2, NULL) != 0)
             return 1;
     }
     double ms[3][256];
@@ -242,6 +343,7 @@ static int whole_step(const char *zshard, const char *dir, int steps)
     printf("bench_nvme: step on NVMe %.0f ms (with offload_param %.0f ms), in RAM %.0f ms, ratios "
            "%.2f and %.2f\n",
            m[1], m[2], m[0], m[1] / m[0], m[2] / m[0]);
+    same &= ckpt_every_step(zshard, work, data, budget[1], steps, out[0]) == 0;
     snprintf(cmd, sizeof cmd, "rm -rf %s", work);
     if (system(cmd) != 0)
         fprintf(stderr, "bench_nvme: could not remove %s\n", work);

@@ -804,18 +804,22 @@ static zs_err write_unit(zs_nvme *nv, int s, const char *to)
     return take_failure(nv);
 }
 
-/* One array of a unit: its neighbours share blocks with it, so the unit is read (where it is
- * now; unless it is the only array), the array replaced and the unit written back to the state
- * file. */
-static zs_err store_locked(zs_nvme *nv, int u, int a, const float *src)
+/* Arrays of a unit from src[a] (NULL: kept as they are): the others share blocks with them, so
+ * the unit is read first (where it is now) unless every array is given; then it is written to
+ * the state file. */
+static zs_err store_locked(zs_nvme *nv, int u, const float *const *src)
 {
-    ZS_CHECK(check_unit(nv, u, a));
-    if (nv->arrays > 1)
+    ZS_CHECK(check_unit(nv, u, 0));
+    int all = 1;
+    for (int a = 0; a < nv->arrays; a++)
+        all &= src[a] != NULL;
+    if (!all)
         ZS_CHECK(read_unit(nv, 0, u));
-    else /* nothing else in its blocks is the tier's: no need to read them */
-        nv->slot_unit[0] = u;
-    memcpy(slot_buf(nv, 0) + nv->delta[u] + (uint64_t)nv->pos[a] * array_bytes(nv, u), src,
-           (size_t)array_bytes(nv, u));
+    nv->slot_unit[0] = u;
+    for (int a = 0; a < nv->arrays; a++)
+        if (src[a])
+            memcpy(slot_buf(nv, 0) + nv->delta[u] + (uint64_t)nv->pos[a] * array_bytes(nv, u),
+                   src[a], (size_t)array_bytes(nv, u));
     return write_unit(nv, 0, NULL);
 }
 
@@ -920,8 +924,16 @@ static zs_err run_locked(zs_nvme *nv, zs_nvme_work_fn work, void *ctx, char *con
 
 zs_err zs_nvme_store(zs_nvme *nv, int u, int a, const float *src)
 {
+    ZS_CHECK(check_unit(nv, u, a));
+    const float *one[ZS_NVME_MAX_ARRAYS] = {NULL};
+    one[a] = src;
+    return zs_nvme_store_arrays(nv, u, one);
+}
+
+zs_err zs_nvme_store_arrays(zs_nvme *nv, int u, const float *const *src)
+{
     pthread_mutex_lock(&nv->lock);
-    zs_err e = store_locked(nv, u, a, src);
+    zs_err e = store_locked(nv, u, src);
     pthread_mutex_unlock(&nv->lock);
     return e;
 }

@@ -90,6 +90,9 @@ int zs_nvme_io_uring(const zs_nvme *nv);
 /* Writes array a of unit u from src (floats[u] elements) and waits for it: the unit is read
  * (its other arrays share blocks with this one) and written to the state file. */
 zs_err zs_nvme_store(zs_nvme *nv, int u, int a, const float *src);
+/* The same for the arrays src[a] that are not NULL (the others kept); with every array given,
+ * nothing is read. */
+zs_err zs_nvme_store_arrays(zs_nvme *nv, int u, const float *const *src);
 /* Reads elements [off, off + count) of array a of unit u into dst, checked, and waits. */
 zs_err zs_nvme_load(zs_nvme *nv, int u, int a, size_t off, size_t count, float *dst);
 

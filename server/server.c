@@ -323,10 +323,11 @@ static int window_find(const server *sv, int i)
 }
 
 /* The window slot that holds local shard i's published copy at the current version, read from
- * NVMe if none does, with shard i+1 read ahead (workers fetch in layer order, which is shard
- * order).  -1: every slot is sending; -2: a read failed and the server stops. */
-static int window_get(server *sv, int i)
+ * NVMe if none does (*missed set).  -1: every slot is sending; -2: a read failed and the server
+ * stops. */
+static int window_get(server *sv, int i, int *missed)
 {
+    *missed = 0;
     int k = window_find(sv, i);
     if (k >= 0) {
         sv->win[k].used = ++sv->win_clock;
@@ -336,15 +337,24 @@ static int window_get(server *sv, int i)
         return -1;
     if (window_load(sv, k, i) != ZS_OK)
         return -2;
-    const void *d;
-    if (i + 1 < sv->n_local && window_find(sv, i + 1) < 0 &&
-        zs_store_locate(sv->store, sv->local[i + 1].begin, 1, fetched_copy(sv), &d) ==
-            ZS_STORE_ON_NVME) {
-        int ahead = window_victim(sv, k);
-        if (ahead >= 0 && window_load(sv, ahead, i + 1) != ZS_OK)
-            return -2;
-    }
+    *missed = 1;
     return k;
+}
+
+/* After a miss on shard i, whose reply from slot `keep` is queued (so that it does not wait for
+ * this read), reads shard i + 1 ahead into another idle slot: workers fetch in layer order,
+ * which is shard order.  Nothing to do when it is there already, not on NVMe, or every other
+ * slot is sending.  A read that fails stops the server (window_load). */
+static void window_read_ahead(server *sv, int i, int keep)
+{
+    const void *d;
+    if (i + 1 >= sv->n_local || window_find(sv, i + 1) >= 0 ||
+        zs_store_locate(sv->store, sv->local[i + 1].begin, 1, fetched_copy(sv), &d) !=
+            ZS_STORE_ON_NVME)
+        return;
+    int ahead = window_victim(sv, keep);
+    if (ahead >= 0)
+        window_load(sv, ahead, i + 1);
 }
 
 /* A fetch that found every window slot sending waits for one (bounded as held fetches are). */
@@ -395,10 +405,10 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
     int i = 0;
     while (i < sv->n_local && !(f->offset >= sv->local[i].begin && f->offset < sv->local[i].end))
         i++;
-    int slot = -1;
+    int slot = -1, missed = 0;
     if (where == ZS_STORE_ON_NVME && sv->n_win > 0 && copy == fetched_copy(sv) &&
         !(f->flags & ZS_FRAME_FLAG_STATE)) {
-        slot = window_get(sv, i);
+        slot = window_get(sv, i, &missed);
         if (slot == -1) {
             window_wait(sv, c, f);
             return;
@@ -444,6 +454,8 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
         else
             ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
                     zs_last_error());
+        if (missed)
+            window_read_ahead(sv, i, slot);
     } else if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
         sv->store_sends++;
     else
@@ -1264,10 +1276,9 @@ static zs_err restore_store(server *sv, zs_store *st)
         }
         for (int k = 0; k < ZS_CKPT_ARRAYS && res == ZS_OK; k++)
             res = zs_ckpt_read(&ck, (zs_ckpt_array)k, r.begin, r.end, a[k]);
-        if (res == ZS_OK && moments_tiered)
-            res = zs_store_write_moments(st, i, a[ZS_CKPT_EXP_AVG], a[ZS_CKPT_EXP_AVG_SQ]);
-        if (res == ZS_OK && params_tiered)
-            res = zs_store_write_params(st, i, a[ZS_CKPT_PARAM]);
+        if (res == ZS_OK && moments_tiered) /* the weights too, in RAM or not */
+            res = zs_store_write_state(st, i, a[ZS_CKPT_PARAM], a[ZS_CKPT_EXP_AVG],
+                                       a[ZS_CKPT_EXP_AVG_SQ]);
         free(tmp);
         heartbeat_if_due(sv);
     }

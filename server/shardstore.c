@@ -828,6 +828,21 @@ zs_err zs_store_read_moments(zs_store *st, int i, float *m, float *v)
     return zs_nvme_load(st->nvme, s->unit, 1, 0, s->len, v);
 }
 
+zs_err zs_store_write_state(zs_store *st, int i, const float *p, const float *m, const float *v)
+{
+    shard *s = &st->shards[i];
+    if (s->unit < 0) {
+        ZS_CHECK(zs_store_write_moments(st, i, m, v));
+        return set_params(st, i, p);
+    }
+    s->in_ckpt = 0;
+    ZS_CHECK(bf16_from(st, s, p));
+    if (s->param && s->param != p)
+        memcpy(s->param, p, s->len * sizeof(float));
+    const float *arrays[ZS_NVME_MAX_ARRAYS] = {m, v, s->param ? NULL : p};
+    return zs_nvme_store_arrays(st->nvme, s->unit, arrays);
+}
+
 zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *v)
 {
     shard *s = &st->shards[i];

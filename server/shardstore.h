@@ -192,6 +192,9 @@ zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *
 /* The same for the fp32 master weights; writing them also makes the bf16 copy. */
 zs_err zs_store_read_params(zs_store *st, int i, float *p);
 zs_err zs_store_write_params(zs_store *st, int i, const float *p);
+/* Shard i's weights and moments at once (a restore): on NVMe, one write of the shard and no
+ * read; the bf16 copy follows the weights. */
+zs_err zs_store_write_state(zs_store *st, int i, const float *p, const float *m, const float *v);
 /* Shard i's copy of the current version in that dtype, read into dst (from NVMe, checked, or
  * RAM); a bf16 dst holds the length rounded up to even.  Fetches of copies on NVMe are served
  * from there. */

@@ -297,6 +297,22 @@ int main(void)
         free(kept[u]);
         unlink(own[u]);
     }
+    /* One array of a damaged unit needs the unit read, and fails; all its arrays at once read
+     * nothing, and replace it (a restore). */
+    fd = zs_test_open_unnamed(dir, 0);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        flip_byte(fd, 4000 + 10); /* unit 0's first place starts at 4000 (4096 + 4000 mod 4096) */
+        close(fd);
+    }
+    CHECK_FAILS_WITH(nv ? zs_nvme_store(nv, 0, 0, ram[0][0]) : ZS_ERR_INVALID,
+                     "fails its checksum");
+    const float *both[ZS_NVME_MAX_ARRAYS] = {ram[0][0], ram[0][1]};
+    CHECK_OK(nv ? zs_nvme_store_arrays(nv, 0, both) : ZS_ERR_INVALID);
+    for (int a = 0; nv && a < ARRAYS; a++) {
+        CHECK_OK(zs_nvme_load(nv, 0, a, 0, FLOATS[0], back));
+        CHECK(same(back, ram[0][a], FLOATS[0]));
+    }
     zs_nvme_close(nv);
 
     /* Bad places. */
