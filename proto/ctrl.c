@@ -327,12 +327,9 @@ void zs_ctrl_close(zs_ctrl *c)
     free(c);
 }
 
-int zs_ctrl_fd(const zs_ctrl *c)
+void *zs_ctrl_socket(const zs_ctrl *c)
 {
-    int fd = -1;
-    size_t len = sizeof fd;
-    zmq_getsockopt(c->sock, ZMQ_FD, &fd, &len);
-    return fd;
+    return c->sock;
 }
 
 zs_err zs_ctrl_send(zs_ctrl *c, const zs_ctrl_peer *to, const Zshard__Envelope *env)

@@ -72,9 +72,10 @@ zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint);
 zs_err zs_ctrl_recv(zs_ctrl *c, int timeout_ms, const zs_msg_ctx *ctx, zs_ctrl_peer *from,
                     Zshard__Envelope **env);
 
-/* The file descriptor to poll(2) for readability together with other descriptors; after it
- * polls readable, call zs_ctrl_recv with timeout 0 until it times out (ZeroMQ's descriptor is
- * edge-triggered). */
-int zs_ctrl_fd(const zs_ctrl *c);
+/* The ZeroMQ socket, for a zmq_poll item (ZMQ_POLLIN) beside other descriptors: a loop waits
+ * on it together with its data plane, then calls zs_ctrl_recv with timeout 0 until it times
+ * out.  (Not its ZMQ_FD: that descriptor is edge-triggered and misses messages already
+ * queued; zmq_poll on the socket does not.) */
+void *zs_ctrl_socket(const zs_ctrl *c);
 
 #endif

@@ -5,12 +5,14 @@
  */
 #include "server/replica.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -42,6 +44,7 @@ struct zs_replica {
     int n_todo;
     int timeout_ms;
     atomic_int cancel; /* the server gives up on a load (zs_replica_release) */
+    int wake_fd;       /* written when a thread finishes; -1: none */
 };
 
 zs_err zs_replica_new(zs_store *st, zs_replica **out)
@@ -50,6 +53,7 @@ zs_err zs_replica_new(zs_store *st, zs_replica **out)
     if (!*out)
         return zs_error(ZS_ERR_NOMEM, "replica: out of memory");
     (*out)->st = st;
+    (*out)->wake_fd = -1;
     return ZS_OK;
 }
 
@@ -109,13 +113,27 @@ zs_store *zs_replica_store(const zs_replica *r)
     return r->st;
 }
 
+void zs_replica_set_wake(zs_replica *r, int fd)
+{
+    r->wake_fd = fd;
+}
+
+/* A thread's last act: it is done, and the server's loop wakes to reap it. */
+static void finished(zs_replica *r)
+{
+    atomic_store(&r->finished, 1);
+    uint64_t one = 1;
+    if (r->wake_fd >= 0 && write(r->wake_fd, &one, sizeof one) < 0)
+        ZS_DEBUG("replica: waking the server: %s", strerror(errno));
+}
+
 static void *apply_main(void *arg)
 {
     zs_replica *r = arg;
     r->result = zs_store_apply(r->st, r->lr, r->clip, r->skip);
     if (r->result != ZS_OK)
         snprintf(r->job_error, sizeof r->job_error, "%s", zs_last_error());
-    atomic_store(&r->finished, 1);
+    finished(r);
     return NULL;
 }
 
@@ -220,7 +238,7 @@ static void *load_main(void *arg)
                  r->timeout_ms, zs_last_error());
         r->result = res;
     }
-    atomic_store(&r->finished, 1);
+    finished(r);
     return NULL;
 }
 

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +43,8 @@
 #include "transport/tcp.h"
 #include "transport/transport.h"
 
+#include <zmq.h>
+
 #define SCRATCH_BUFFERS 8
 /* Heartbeats list the chunks received in full for jobs of at most this many chunks a step
  * (the list fits a small message); beyond it they list none and the coordinator takes the
@@ -55,8 +58,8 @@
 #define PAYLOAD_BASE_MS 10000
 #define PAYLOAD_MIN_RATE 10000
 #define MAX_EVENTS 64
-#define POLL_MS 2              /* data-plane wait per turn; bounds control-plane latency */
-#define MAX_HELD 65536         /* fetches of the next version held at once */
+#define IDLE_MS 50     /* the longest the loop waits with nothing to do (heartbeats, deadlines) */
+#define MAX_HELD 65536 /* fetches of the next version held at once */
 #define MAX_HELD_PER_CONN 4096 /* of them from one connection (stream): no client can take all */
 /* Streams one member may have open to a server at once (a worker uses ZS_TCP_CONNS of them,
  * at most 16, per client): one that opens stream after stream, each left waiting for a
@@ -190,6 +193,10 @@ struct zs_server {
     int from_memory, rewrite_ckpt;
     long memory_version;
     zs_store *old_store, *old_replica;
+
+    uint64_t waits; /* zs_server_wait calls that waited (tests count them) */
+    int wake_fd;    /* an eventfd the checkpoint writer and the replica's threads write to when
+                    they finish, so that the loop, waiting on it, reaps them at once */
 
     uint64_t last_heartbeat_ms;
     uint64_t last_coord_ms; /* when anything last came from the coordinator */
@@ -1000,6 +1007,9 @@ static void *ckpt_main(void *arg)
     }
     sv->ckpt.result = res;
     atomic_store(&sv->ckpt.finished, 1);
+    uint64_t one = 1;
+    if (write(sv->wake_fd, &one, sizeof one) < 0)
+        ZS_DEBUG("server %u: waking the loop: %s", sv->id, strerror(errno));
     return NULL;
 }
 
@@ -1482,6 +1492,8 @@ static zs_err setup_replica(server *sv, const float *full)
     }
     if (res == ZS_OK)
         res = zs_replica_new(st, &sv->replica);
+    if (res == ZS_OK)
+        zs_replica_set_wake(sv->replica, sv->wake_fd);
     if (res != ZS_OK) {
         zs_store_free(st);
     } else if (n_todo > 0) {
@@ -1956,6 +1968,8 @@ void zs_server_close(zs_server *sv)
     if (sv->have_job)
         zs_tensors_free(&sv->tt);
     zs_ctrl_close(sv->ctrl);
+    if (sv->wake_fd >= 0)
+        close(sv->wake_fd);
     free(sv->local);
     free(sv->mr_f32);
     free(sv->mr_bf16);
@@ -2011,6 +2025,12 @@ zs_err zs_server_open(const zs_server_opts *opts, zs_server **out)
         return zs_error(ZS_ERR_NOMEM, "server: out of memory");
     sv->opts = opts;
     sv->ops = &zs_tcp_ops;
+    sv->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (sv->wake_fd < 0) {
+        zs_err e = zs_error(ZS_ERR_IO, "server: eventfd: %s", strerror(errno));
+        free(sv);
+        return e;
+    }
     zs_err res = server_setup(sv);
     if (res != ZS_OK) {
         zs_server_close(sv);
@@ -2106,6 +2126,27 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
     return ZS_OK;
 }
 
+zs_err zs_server_wait(zs_server *sv, int max_ms)
+{
+    int net_ms;
+    int fd = sv->ops->wait_fd(sv->net, &net_ms);
+    int t = net_ms >= 0 && (max_ms < 0 || net_ms < max_ms) ? net_ms : max_ms;
+    if (t == 0)
+        return ZS_OK;
+    zmq_pollitem_t it[3] = {{.fd = fd, .events = ZMQ_POLLIN},
+                            {.fd = sv->wake_fd, .events = ZMQ_POLLIN}};
+    int n = 2;
+    if (sv->ctrl)
+        it[n++] = (zmq_pollitem_t){.socket = zs_ctrl_socket(sv->ctrl), .events = ZMQ_POLLIN};
+    if (zmq_poll(it, n, t) < 0 && zmq_errno() != EINTR)
+        return zs_error(ZS_ERR_IO, "server %u: zmq_poll: %s", sv->id, zmq_strerror(zmq_errno()));
+    uint64_t count;
+    if (it[1].revents && read(sv->wake_fd, &count, sizeof count) < 0)
+        ZS_DEBUG("server %u: reading its wake-up: %s", sv->id, strerror(errno));
+    sv->waits++;
+    return ZS_OK;
+}
+
 void zs_server_feed(zs_server *sv, const void *bytes, size_t len)
 {
     /* ZeroMQ drops a message over ZS_MSG_MAX_BYTES (ZMQ_MAXMSGSIZE) before a turn sees it. */
@@ -2165,8 +2206,10 @@ zs_err zs_server_run(const zs_server_opts *opts, volatile int *stop_flag)
     server *sv = NULL;
     zs_err res;
     ZS_CHECK(zs_server_open(opts, &sv));
-    while (!sv->done && !(stop_flag && *stop_flag))
-        ZS_CHECK_GOTO(zs_server_turn(sv, POLL_MS), res, out);
+    while (!sv->done && !(stop_flag && *stop_flag)) {
+        ZS_CHECK_GOTO(zs_server_wait(sv, IDLE_MS), res, out);
+        ZS_CHECK_GOTO(zs_server_turn(sv, 0), res, out);
+    }
     res = sv->result;
     if (stop_flag && *stop_flag && sv->id)
         send_leaving(sv, "stopped by a signal");

@@ -56,6 +56,14 @@ zs_err zs_server_open(const zs_server_opts *opts, zs_server **out);
  */
 zs_err zs_server_turn(zs_server *sv, int timeout_ms);
 
+/*
+ * Waits until there is something for a turn -- data-plane I/O, a control message, one of the
+ * server's threads (checkpoint writer, replica) finishing -- or max_ms (-1: no limit) passes,
+ * without turning: zs_server_run waits, then turns with timeout 0, so its loop sleeps until
+ * something happens rather than waking on a timer.  Fails only if the wait itself fails.
+ */
+zs_err zs_server_wait(zs_server *sv, int max_ms);
+
 /* 1 once the coordinator ended the job or the server gave up; *result (may be NULL) is ZS_OK,
  * or why (the message is in zs_last_error() when it happened). */
 int zs_server_done(const zs_server *sv, zs_err *result);

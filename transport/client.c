@@ -336,6 +336,11 @@ zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done
     return res;
 }
 
+int zs_client_wait_fd(zs_client *cl, int *timeout_ms)
+{
+    return cl->ops->wait_fd(cl->net, timeout_ms);
+}
+
 void zs_client_cancel(zs_client *cl, zs_client_op *op, int timeout_ms)
 {
     if (!op)

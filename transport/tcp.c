@@ -1565,6 +1565,20 @@ static void hs_start(tcp_listener *l, int fd, const char *peer)
 
 /* Handshakes past their deadline fail; listeners whose rest is over accept again.  Returns
  * the ms until the next of these is due (-1: none). */
+/* Milliseconds from now to the next of the net's timers (handshake deadlines, listeners that
+ * rest), 0 if one is due, -1 if there is none; nothing is run. */
+static int next_timer_ms(const tcp_net *n)
+{
+    int64_t next = -1;
+    for (const tcp_hs *hs = n->handshakes; hs; hs = hs->next)
+        if (next < 0 || hs->deadline < next)
+            next = hs->deadline;
+    for (const tcp_listener *l = n->listeners; l; l = l->next)
+        if (l->resume_at && (next < 0 || l->resume_at < next))
+            next = l->resume_at;
+    return remaining_ms(next);
+}
+
 static int run_timers(tcp_net *n)
 {
     int64_t now = now_ms(), next = -1;
@@ -2323,6 +2337,15 @@ zs_err zs_tcp_poll(zs_net *nn, zs_event *ev, int max, int timeout_ms, int *n_out
     return ZS_OK;
 }
 
+int zs_tcp_wait_fd(zs_net *nn, int *timeout_ms)
+{
+    tcp_net *n = (tcp_net *)nn;
+    /* Sockets registered edge-triggered: what an epoll_wait already reported and the net did
+     * not finish is on the dirty list, so the descriptor polls readable only for new I/O. */
+    *timeout_ms = n->evq_live || n->dirty_head ? 0 : next_timer_ms(n);
+    return n->epfd;
+}
+
 const zs_transport_ops zs_tcp_ops = {
     .version = ZS_TRANSPORT_OPS_VERSION,
     .name = "tcp",
@@ -2352,4 +2375,5 @@ const zs_transport_ops zs_tcp_ops = {
     .cancel = zs_tcp_cancel,
     .flush = zs_tcp_flush,
     .poll = zs_tcp_poll,
+    .wait_fd = zs_tcp_wait_fd,
 };

@@ -78,6 +78,7 @@ zs_err zs_tcp_wait(zs_req *req, int timeout_ms, int *done, zs_frame *f);
 zs_err zs_tcp_cancel(zs_req *req);
 zs_err zs_tcp_flush(zs_net *net);
 zs_err zs_tcp_poll(zs_net *net, zs_event *ev, int max, int timeout_ms, int *n);
+int zs_tcp_wait_fd(zs_net *net, int *timeout_ms);
 
 /* Makes a connection of an already connected stream socket fd (TCP, or one end of an
  * AF_UNIX socketpair in tests and the fuzzer), with peer name `peer` for messages, without a

@@ -46,13 +46,14 @@
  * buffer may be reused (for TCP: handed to the kernel), not when the peer has it.
  *
  * What may block: connect() (up to its timeout), wait() and poll() and accept() (up to the
- * timeout they are given), close(); nothing else.  All progress -- reading, writing,
- * accepting -- happens inside test(), wait(), poll(), accept() and flush(), and sends also
- * write immediately unless the net batches them (zs_net_opts); events produced while a thread is in
- * test()/wait() are queued for its next poll().  A connection fails (ZS_EV_CLOSED, reason in the
- * event) on a peer closing, an I/O error, or a malformed header; a backend then tells the peer why
- * if it can (ZS_FS_BAD_FRAME) and closes only that connection.  A closed connection still needs
- * conn_close() to free it.
+ * timeout they are given), close(); nothing else.  A loop that also waits for other things
+ * (a control socket, another thread) waits on wait_fd() together with them.  All progress --
+ * reading, writing, accepting -- happens inside test(), wait(), poll(), accept() and flush(), and
+ * sends also write immediately unless the net batches them (zs_net_opts); events produced while a
+ * thread is in test()/wait() are queued for its next poll().  A connection fails (ZS_EV_CLOSED,
+ * reason in the event) on a peer closing, an I/O error, or a malformed header; a backend then tells
+ * the peer why if it can (ZS_FS_BAD_FRAME) and closes only that connection.  A closed connection
+ * still needs conn_close() to free it.
  *
  * Authentication.  With zs_conn_opts.auth, every stream opens with a mutual challenge-response
  * before any frame (docs/security.md): the connecting side names its member id and both sides
@@ -75,7 +76,7 @@
 #include "common/secret.h"
 #include "transport/frame.h"
 
-#define ZS_TRANSPORT_OPS_VERSION 2
+#define ZS_TRANSPORT_OPS_VERSION 3
 
 /* The longest payload isend_inline() copies (an error text, a small reply). */
 #define ZS_NET_INLINE_MAX ZS_FRAME_MAX_ERROR_TEXT
@@ -245,6 +246,13 @@ typedef struct zs_transport_ops {
      * up to timeout_ms (-1: forever, 0: not at all) until at least one event is ready.
      * Fails only if the event loop itself fails (then the net should be closed). */
     zs_err (*poll)(zs_net *net, zs_event *ev, int max, int timeout_ms, int *n);
+    /* Waiting for the net together with other things.  Returns a file descriptor that polls
+     * readable (poll(2), zmq_poll) when the net has I/O to make progress on, and sets
+     * *timeout_ms to how long such a wait may last before the net needs a turn anyway: 0 when
+     * it has work now (queued events, sockets to resume), its next timer otherwise, -1 when it
+     * has none.  After the wait, drive the net (poll with timeout 0, test, wait).  So a loop
+     * blocks until something happens instead of waking on a timer.  Does not block. */
+    int (*wait_fd)(zs_net *net, int *timeout_ms);
 } zs_transport_ops;
 
 /* The TCP backend (transport/tcp.h). */

@@ -15,11 +15,14 @@
 #include "worker/worker.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -33,7 +36,7 @@
 #define SLOT_EMBED 0
 #define SLOT_FINAL 1
 #define SLOT_BLOCK 2      /* block l (layer l, 1..L) uses SLOT_BLOCK + l % 2 */
-#define COMM_POLL_MS 1    /* the communication thread's wait per turn while transfers run */
+#define COMM_WAIT_MS 100  /* the longest the communication thread sleeps between turns */
 #define AWAIT_TICK_MS 100 /* the compute thread wakes this often while waiting, to heartbeat */
 
 typedef enum { XF_IDLE = 0, XF_QUEUED, XF_RUNNING, XF_DONE } xfer_state;
@@ -80,6 +83,8 @@ typedef struct {
     int comm_started;
     pthread_mutex_t mu;
     pthread_cond_t wake_comm, wake_compute;
+    int wake_fd; /* an eventfd: the compute thread wakes the communication thread, which sleeps
+                    on it and the net while transfers run (wake_comm when none do) */
     int quit;
     uint64_t seq;
 
@@ -129,6 +134,31 @@ static xfer *all_xfers(wk *w, int i)
     return i < SLOTS ? &w->param[i].x : &w->grad[i - SLOTS].x;
 }
 
+/* Tells the communication thread there is something new (a transfer queued, quit), whether
+ * it sleeps on wake_comm or on the net; called with w->mu held. */
+static void wake_comm(wk *w)
+{
+    pthread_cond_signal(&w->wake_comm);
+    uint64_t one = 1;
+    if (write(w->wake_fd, &one, sizeof one) < 0)
+        ZS_DEBUG("worker: waking the communication thread: %s", strerror(errno));
+}
+
+/* The communication thread, transfers running: sleeps until the net has I/O or a timer due,
+ * or the compute thread wakes it, at most COMM_WAIT_MS. */
+static void comm_sleep(wk *w)
+{
+    int t;
+    struct pollfd p[2] = {{.fd = zs_client_wait_fd(w->cl, &t), .events = POLLIN},
+                          {.fd = w->wake_fd, .events = POLLIN}};
+    if (t < 0 || t > COMM_WAIT_MS)
+        t = COMM_WAIT_MS;
+    uint64_t count;
+    if (t > 0 && poll(p, 2, t) > 0 && (p[1].revents & POLLIN) &&
+        read(w->wake_fd, &count, sizeof count) < 0)
+        ZS_DEBUG("worker: reading a wake-up: %s", strerror(errno));
+}
+
 static void *comm_main(void *arg)
 {
     wk *w = arg;
@@ -150,7 +180,9 @@ static void *comm_main(void *arg)
          * complete in order behind it (the servers answer a connection's frames in order). */
         pthread_mutex_unlock(&w->mu);
         int done = 0;
-        zs_err e = zs_client_wait(w->cl, oldest->op, COMM_POLL_MS, &done);
+        zs_err e = zs_client_wait(w->cl, oldest->op, 0, &done);
+        if (!done && e == ZS_OK)
+            comm_sleep(w);
         if (done && e == ZS_OK && !oldest->is_push && oldest->dtype == ZS_DTYPE_BF16)
             widen_bf16(oldest->buf, oldest->end - oldest->begin);
         pthread_mutex_lock(&w->mu);
@@ -187,7 +219,7 @@ static void submit(wk *w, xfer *x)
     x->state = XF_QUEUED;
     x->seq = ++w->seq;
     x->err = ZS_OK;
-    pthread_cond_signal(&w->wake_comm);
+    wake_comm(w);
     pthread_mutex_unlock(&w->mu);
     size_t n = x->end - x->begin;
     if (x->is_push)
@@ -467,6 +499,7 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
                           zs_worker_stats *stats, int *rejoin)
 {
     wk w = {0};
+    w.wake_fd = -1;
     zs_gpt2 *model = NULL;
     int32_t *in = NULL, *tg = NULL;
     zs_err res;
@@ -500,6 +533,11 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
                       out);
     }
     ZS_CHECK_GOTO(zs_gpt2_create(&w.cfg->model, w.tt, b, T, opts->threads, &model), res, out);
+    w.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w.wake_fd < 0) {
+        res = zs_error(ZS_ERR_IO, "worker: eventfd: %s", strerror(errno));
+        goto out;
+    }
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.wake_comm, NULL);
     pthread_cond_init(&w.wake_compute, NULL);
@@ -560,7 +598,7 @@ out:
     if (w.comm_started) {
         pthread_mutex_lock(&w.mu);
         w.quit = 1;
-        pthread_cond_signal(&w.wake_comm);
+        wake_comm(&w);
         pthread_mutex_unlock(&w.mu);
         pthread_join(w.comm, NULL);
     }
@@ -569,6 +607,8 @@ out:
         pthread_cond_destroy(&w.wake_comm);
         pthread_mutex_destroy(&w.mu);
     }
+    if (w.wake_fd >= 0)
+        close(w.wake_fd);
     if (w.s)
         log_stats(&w);
     if (stats) {

@@ -3,7 +3,7 @@
 # and any spare, and the steps since run again.  Each run must end with zshard train's bits,
 # metrics.jsonl must hold each step exactly once, and no process may be left.  The steps at
 # which servers die are drawn from a seed (printed; ZS_TEST_SEED=N repeats it).
-#  - a SIGKILL at a random step, of a random server (3 servers, checkpoints every 3 steps);
+#  - a SIGKILL at a random step, of a random server (3 servers, 80 steps, checkpoints every 3);
 #    zshard launch starts a replacement server, which the recovery takes in (3 servers again);
 #  - a SIGKILL before the first checkpoint (back to the seed's initial weights);
 #  - two servers killed at two steps (3 -> 1 server; --replacements 0 here and below, where the
@@ -20,7 +20,7 @@
 #  - two servers killed at two steps (the second failover uses a replica built after the first);
 #  - a server stopped past the heartbeat timeout, then continued: dropped, it exits.
 source "$(dirname "$0")/lib.sh"
-STEPS=30
+STEPS=80
 SEED=${ZS_TEST_SEED:-$(( ($(date +%s%N) / 1000) % 1000000 ))}
 echo "server_failures: seed $SEED (ZS_TEST_SEED=$SEED repeats it)"
 RANDOM=$SEED
@@ -28,8 +28,10 @@ RANDOM=$SEED
 sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 1000}, "checkpoint": {"interval_steps": 3}/' \
   "$DATA/tiny.json" >"$WORK/job.json"
 grep -q interval_steps "$WORK/job.json" || { fail "the config edit did not take"; finish; }
-# The first checkpoint late, for a loss that surely comes before it (a step takes milliseconds).
-sed 's/"interval_steps": 3/"interval_steps": 25/' "$WORK/job.json" >"$WORK/late.json"
+# The first checkpoint late, for a loss that surely comes before it (a step takes milliseconds,
+# and a kill lands some 10 to 25 steps after the step it waited for: the step lines reach the
+# launcher's log late, and the test polls for them).
+sed 's/"interval_steps": 3/"interval_steps": 60/' "$WORK/job.json" >"$WORK/late.json"
 sed 's/"interval_steps": 3/"interval_steps": 10, "replicas": 1/' "$WORK/job.json" >"$WORK/rep.json"
 expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 1 --out "$WORK/train"
@@ -81,8 +83,9 @@ finish_run() {
 }
 
 # kill_at NAME K SIG SERVER: sends SIG to server SERVER once step K is reported.  A step of the
-# tiny model takes milliseconds, so K stays at least 10 steps before the end (STEPS): the kill
-# must land while the job runs, also on a loaded machine.
+# tiny model takes milliseconds and the kill lands some 10 to 25 steps after K, so K stays at
+# least 40 steps before the end (STEPS): the kill must land while the job runs, also on a
+# loaded machine.
 kill_at() {
   if ! wait_step "$WORK/$1.err" "$2"; then
     fail "$1: step $2 never came: $(tail -n 5 "$WORK/$1.err")"
