@@ -1,7 +1,9 @@
 /*
  * server: the partition server's event loop.  One thread drives everything: the data plane
- * (transport poll) and the control plane (ZeroMQ, polled between data-plane turns), and AdamW
- * runs on `threads` OpenMP threads inside the same thread when a step completes.
+ * (transport poll) and the control plane (ZeroMQ, read between data-plane turns), and AdamW
+ * runs on `threads` OpenMP threads inside the same thread when a step completes.  Between
+ * turns the thread sleeps (zs_server_wait) on the data plane's descriptor, the control socket
+ * and an eventfd its checkpoint and replica threads write when they finish.
  *
  * Buffers: each shard's fp32 and bf16 arrays are registered once and fetch replies are sent
  * straight from them; pushes are received into a pool of registered scratch buffers (one
@@ -194,9 +196,8 @@ struct zs_server {
     long memory_version;
     zs_store *old_store, *old_replica;
 
-    uint64_t waits; /* zs_server_wait calls that waited (tests count them) */
-    int wake_fd;    /* an eventfd the checkpoint writer and the replica's threads write to when
-                    they finish, so that the loop, waiting on it, reaps them at once */
+    int wake_fd; /* an eventfd the checkpoint writer and the replica's threads write to when
+                 they finish, so that the loop, waiting on it, reaps them at once */
 
     uint64_t last_heartbeat_ms;
     uint64_t last_coord_ms; /* when anything last came from the coordinator */
@@ -2143,7 +2144,6 @@ zs_err zs_server_wait(zs_server *sv, int max_ms)
     uint64_t count;
     if (it[1].revents && read(sv->wake_fd, &count, sizeof count) < 0)
         ZS_DEBUG("server %u: reading its wake-up: %s", sv->id, strerror(errno));
-    sv->waits++;
     return ZS_OK;
 }
 
