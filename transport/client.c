@@ -16,6 +16,18 @@ typedef struct {
     zs_mr *mr;
 } region;
 
+/* Room for the replies of a push's sends, registered once and reused: an operation takes an
+ * area with room for its sends from the client's free list (or makes one, of at least
+ * MIN_REPLIES) and gives it back when it ends, so that no push registers memory. */
+typedef struct reply_area {
+    char *buf;
+    int cap; /* replies it holds */
+    zs_mr *mr;
+    struct reply_area *next; /* free list; all areas: `all` */
+    struct reply_area *all;
+} reply_area;
+#define MIN_REPLIES 64
+
 struct zs_client {
     const zs_transport_ops *ops;
     zs_net *net;
@@ -28,6 +40,9 @@ struct zs_client {
     region *regions;
     int n_regions, cap_regions;
     uint64_t next_id;
+    reply_area *free_areas; /* reply areas no operation holds */
+    reply_area *areas;      /* every reply area, for close */
+    int n_areas;
 };
 
 typedef struct {
@@ -41,8 +56,7 @@ struct zs_client_op {
     int is_push;
     int n;
     op_piece *pieces;
-    char *replies; /* push: n * REPLY_BYTES */
-    zs_mr *replies_mr;
+    reply_area *area; /* push: room for its replies */
     long version;
 };
 
@@ -87,7 +101,12 @@ void zs_client_close(zs_client *cl)
     if (!cl)
         return;
     if (cl->net)
-        cl->ops->close(cl->net);
+        cl->ops->close(cl->net); /* deregisters the reply areas too */
+    for (reply_area *a = cl->areas, *nx; a; a = nx) {
+        nx = a->all;
+        free(a->buf);
+        free(a);
+    }
     free(cl->conn);
     free(cl->endpoint);
     free(cl->regions);
@@ -144,11 +163,48 @@ static void op_free(zs_client *cl, zs_client_op *op)
         if (op->pieces[i].send && !op->pieces[i].send_done)
             cl->ops->cancel(op->pieces[i].send);
     }
-    if (op->replies_mr)
-        cl->ops->dereg_mr(op->replies_mr);
-    free(op->replies);
+    if (op->area) { /* its requests are done or cancelled: nothing writes to it any more */
+        op->area->next = cl->free_areas;
+        cl->free_areas = op->area;
+    }
     free(op->pieces);
     free(op);
+}
+
+/* A reply area with room for n replies: a free one, or a new one registered now. */
+static zs_err take_area(zs_client *cl, int n, reply_area **out)
+{
+    for (reply_area **p = &cl->free_areas; *p; p = &(*p)->next)
+        if ((*p)->cap >= n) {
+            *out = *p;
+            *p = (*p)->next;
+            return ZS_OK;
+        }
+    reply_area *a = calloc(1, sizeof *a);
+    int cap = n > MIN_REPLIES ? n : MIN_REPLIES;
+    if (a)
+        a->buf = malloc((size_t)cap * REPLY_BYTES);
+    if (!a || !a->buf) {
+        free(a);
+        return zs_error(ZS_ERR_NOMEM, "client: out of memory for push replies");
+    }
+    zs_err e = cl->ops->reg_mr(cl->net, a->buf, (size_t)cap * REPLY_BYTES, ZS_MR_RECV, &a->mr);
+    if (e != ZS_OK) {
+        free(a->buf);
+        free(a);
+        return e;
+    }
+    a->cap = cap;
+    a->all = cl->areas;
+    cl->areas = a;
+    cl->n_areas++;
+    *out = a;
+    return ZS_OK;
+}
+
+int zs_client_reply_areas(const zs_client *cl)
+{
+    return cl->n_areas;
 }
 
 /* Splits [begin, end) and allocates the operation. */
@@ -173,12 +229,8 @@ static zs_err op_new(zs_client *cl, size_t begin, size_t end, int is_push, zs_cl
     int got = 0;
     zs_err res = op->pieces ? zs_shardmap_split(cl->map, begin, end, pieces, n, &got)
                             : zs_error(ZS_ERR_NOMEM, "client: out of memory");
-    if (res == ZS_OK && is_push) {
-        op->replies = malloc((size_t)sends * REPLY_BYTES);
-        res = op->replies ? cl->ops->reg_mr(cl->net, op->replies, (size_t)sends * REPLY_BYTES,
-                                            ZS_MR_RECV, &op->replies_mr)
-                          : zs_error(ZS_ERR_NOMEM, "client: out of memory");
-    }
+    if (res == ZS_OK && is_push)
+        res = take_area(cl, sends, &op->area);
     if (res != ZS_OK) {
         free(pieces);
         op_free(cl, op);
@@ -277,9 +329,9 @@ zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int ch
                       .count = count,
                       .length = count * 4};
         zs_conn *c = cl->conn[p->piece.server];
-        p->reply_at = op->replies + (size_t)i * REPLY_BYTES;
-        zs_err e = cl->ops->irecv(c, f.id, op->replies_mr, (size_t)i * REPLY_BYTES, REPLY_BYTES,
-                                  NULL, &p->recv);
+        p->reply_at = op->area->buf + (size_t)i * REPLY_BYTES;
+        zs_err e = cl->ops->irecv(c, f.id, op->area->mr, (size_t)i * REPLY_BYTES, REPLY_BYTES, NULL,
+                                  &p->recv);
         if (e == ZS_OK)
             e = cl->ops->isend(c, &f, mr, base_off + (p->piece.begin - begin) * 4, NULL, &p->send);
         if (e != ZS_OK) {

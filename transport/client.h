@@ -6,7 +6,8 @@
  * operation done when every piece is.
  *
  * Buffers: destinations of fetches and sources of pushes must lie in memory registered with
- * zs_client_register (once; RDMA pins it).  Push replies land in a small per-operation area.
+ * zs_client_register (once; RDMA pins it).  Push replies land in areas registered once and
+ * reused (zs_client_reply_areas).
  * Not thread-safe: one thread drives a client.
  */
 #ifndef ZS_CLIENT_H
@@ -72,5 +73,9 @@ void zs_client_cancel(zs_client *cl, zs_client_op *op, int timeout_ms);
 
 /* Pieces a range splits into: what one operation sends. */
 int zs_client_pieces(const zs_client *cl, size_t begin, size_t end);
+
+/* Memory areas registered for push replies so far: as many as pushes were ever in flight at
+ * once (an area is reused once its push ends), never one per push. */
+int zs_client_reply_areas(const zs_client *cl);
 
 #endif

@@ -1077,6 +1077,10 @@ static void run(const char *zshard, int S, int replicas)
             CHECK_OK(ops->test(held, &done, NULL));
             CHECK(!done); /* not published yet */
         }
+        /* Push replies land in areas registered once and reused: as many as pushes were in
+         * flight at once (at most 16 here), however many steps and chunks went by. */
+        if (mode != MODE_CONCURRENT)
+            CHECK(zs_client_reply_areas(cl) >= 1 && zs_client_reply_areas(cl) <= 16);
         /* A push of a chunk assigned to someone else: refused, with the server's reason. */
         {
             zs_client *other;
