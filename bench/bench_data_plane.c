@@ -13,8 +13,11 @@
  * The limit is a plain loopback TCP copy (one thread writes, the main thread reads) of the
  * same number of bytes in the same message sizes, from and into buffers as large as the
  * vector, as the transport's are: a copy that reuses one 4 MiB buffer runs from the cache and
- * would measure the cache rather than the loopback path.  The runs alternate (transport 1
- * stream, 2 streams, plain copy), and each figure is the best of `reps`.
+ * would measure the cache rather than the loopback path.  The wire's speed as iperf3 measures
+ * it is also printed, and the 4 MiB figures' ratios to it (target >= 0.9): iperf3 -l 1M where
+ * it is installed, else the same loop with 1 MiB writes from one buffer and reads into one,
+ * which is what iperf3 does.  The runs alternate (transport 1 stream, 2 streams, plain
+ * copies, iperf3), and each figure is the best of `reps`.
  *
  * usage: bench_data_plane ZSHARD [reps=5]
  */
@@ -41,6 +44,7 @@ typedef struct {
     int fd;
     const char *src; /* total bytes, written msg at a time */
     size_t msg, total;
+    int reuse; /* every write from src's first msg bytes (as iperf3 does) */
 } writer_args;
 
 static void *writer(void *p)
@@ -49,8 +53,9 @@ static void *writer(void *p)
     for (size_t done = 0; done < w->total; done += w->msg) {
         size_t len = w->total - done < w->msg ? w->total - done : w->msg;
         size_t off = 0;
+        const char *from = w->src + (w->reuse ? 0 : done);
         while (off < len) {
-            ssize_t n = write(w->fd, w->src + done + off, len - off);
+            ssize_t n = write(w->fd, from + off, len - off);
             if (n <= 0)
                 return NULL;
             off += (size_t)n;
@@ -61,8 +66,10 @@ static void *writer(void *p)
 
 /* GB/s of a plain loopback TCP copy of `total` bytes from src into dst, msg bytes per
  * write() and read(): the same bytes between buffers as large as the transport's (a copy
- * that reuses one small buffer stays in the cache and measures something else). */
-static double plain_copy(const char *src, char *dst, size_t msg, size_t total)
+ * that reuses one small buffer stays in the cache and measures something else).  With reuse,
+ * every write is from src's first msg bytes and every read into dst's, as iperf3 does: the
+ * limit the issue names (iperf3 with 1 MiB writes). */
+static double plain_copy(const char *src, char *dst, size_t msg, size_t total, int reuse)
 {
     int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -75,13 +82,13 @@ static double plain_copy(const char *src, char *dst, size_t msg, size_t total)
     int ss = accept(ls, NULL, NULL);
     setsockopt(cs, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(ss, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    writer_args w = {.fd = ss, .src = src, .msg = msg, .total = total};
+    writer_args w = {.fd = ss, .src = src, .msg = msg, .total = total, .reuse = reuse};
     double t0 = zs_now_s();
     pthread_t th;
     pthread_create(&th, NULL, writer, &w);
     for (size_t got = 0; got < total;) {
         size_t want = total - got < msg ? total - got : msg;
-        ssize_t n = read(cs, dst + got, want);
+        ssize_t n = read(cs, dst + (reuse ? got % msg : got), reuse ? msg - got % msg : want);
         if (n <= 0)
             break;
         got += (size_t)n;
@@ -92,6 +99,37 @@ static double plain_copy(const char *src, char *dst, size_t msg, size_t total)
     close(ss);
     close(ls);
     return (double)total / dt / 1e9;
+}
+
+/* GB/s of iperf3 itself over loopback (1 MiB writes, 2 s), where it is installed; 0 where not.
+ * Its JSON's end.sum_received.bits_per_second. */
+static double iperf3(void)
+{
+    if (system("command -v iperf3 >/dev/null 2>&1") != 0)
+        return 0;
+    int port = zs_bench_free_port();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "iperf3 -s -1 -p %d >/dev/null 2>&1 &", port);
+    if (port < 0 || system(cmd) != 0)
+        return 0;
+    double bps = 0;
+    for (int tries = 0; tries < 50 && bps == 0; tries++) {
+        snprintf(cmd, sizeof cmd, "iperf3 -c 127.0.0.1 -p %d -l 1M -t 2 -J 2>/dev/null", port);
+        FILE *p = popen(cmd, "r");
+        char line[512];
+        int in_received = 0;
+        while (p && fgets(line, sizeof line, p)) {
+            in_received |= strstr(line, "\"sum_received\"") != NULL;
+            const char *b = strstr(line, "\"bits_per_second\":");
+            if (in_received && b && bps == 0)
+                bps = atof(b + 18);
+        }
+        if (p)
+            pclose(p);
+        if (bps == 0)
+            usleep(20000); /* the server is not listening yet: try again */
+    }
+    return bps / 8 / 1e9;
 }
 
 typedef struct {
@@ -198,14 +236,17 @@ int main(int argc, char **argv)
     /* The runs alternate (1 stream, 2 streams, plain copy) so that a slow spell of the
      * machine hits all three alike. */
     figures one = {0}, two = {0};
-    double plain4 = 0, plain64 = 0;
+    double plain4 = 0, plain64 = 0, reused1 = 0, ip3 = 0;
     for (int r = 0; r < reps; r++) {
         measure(cl, N, as.chunks[0], buf, &one);
         zs_session_heartbeat(s);
         measure(cl2, N, as.chunks[0], buf, &two);
         zs_session_heartbeat(s);
-        keep_best(&plain4, plain_copy(src, dst, 4u << 20, N * 4));
-        keep_best(&plain64, plain_copy(src, dst, 64u << 10, N * 4));
+        keep_best(&plain4, plain_copy(src, dst, 4u << 20, N * 4, 0));
+        keep_best(&plain64, plain_copy(src, dst, 64u << 10, N * 4, 0));
+        keep_best(&reused1, plain_copy(src, dst, 1u << 20, N * 4, 1));
+        zs_session_heartbeat(s);
+        keep_best(&ip3, iperf3());
         zs_session_heartbeat(s);
     }
     enum { LAT = 2000 };
@@ -232,13 +273,22 @@ int main(int argc, char **argv)
                fig[k]->push4 / plain4, fig[k]->fetch64, fig[k]->fetch64 / plain64, fig[k]->push64,
                fig[k]->push64 / plain64);
     }
-    printf("plain socket: 4 MiB writes %.2f GB/s, 64 KiB writes %.2f GB/s\n", plain4, plain64);
+    printf("plain socket: 4 MiB writes %.2f GB/s, 64 KiB writes %.2f GB/s; 1 MiB writes from "
+           "and into one buffer (as iperf3 does) %.2f GB/s; iperf3 -l 1M %s\n",
+           plain4, plain64, reused1, ip3 > 0 ? "" : "not installed");
+    if (ip3 > 0)
+        printf("iperf3 -l 1M: %.2f GB/s\n", ip3);
+    double wire = ip3 > 0 ? ip3 : reused1;
+    const char *wire_name = ip3 > 0 ? "iperf3 -l 1M" : "1 MiB writes from one buffer";
+    printf("against %s: fetch 4 MiB %.2f, push 4 MiB %.2f (1 stream); %.2f, %.2f (2 streams); "
+           "target >= 0.9\n",
+           wire_name, one.fetch4 / wire, one.push4 / wire, two.fetch4 / wire, two.push4 / wire);
     printf("4 KiB fetch latency over %d: p50 %.1f us, p99 %.1f us\n", LAT, lat[LAT / 2],
            lat[LAT * 99 / 100]);
     double worst4 = one.fetch4 < one.push4 ? one.fetch4 : one.push4;
     printf("bench_data_plane: %.2f GB/s (4 MiB, 1 stream, the slower of fetch and push), plain "
-           "socket %.2f GB/s, ratio %.2f\n",
-           worst4, plain4, worst4 / plain4);
+           "socket %.2f GB/s, ratio %.2f; %s %.2f GB/s, ratio %.2f\n",
+           worst4, plain4, worst4 / plain4, wire_name, wire, worst4 / wire);
     free(lat);
     free(buf);
     free(src);
