@@ -379,8 +379,11 @@ static zs_err resolve_opts(const zs_conn_opts *o, tcp_opts *t)
     if (!o)
         o = &z;
     ZS_CHECK(tunable(o->conns, "ZS_TCP_CONNS", TCP_DEFAULT_CONNS, 1, ZS_NET_MAX_CONNS, &t->conns));
-    ZS_CHECK(tunable(o->sndbuf_bytes, "ZS_TCP_SNDBUF", 0, -1, INT_MAX, &t->sndbuf));
-    ZS_CHECK(tunable(o->rcvbuf_bytes, "ZS_TCP_RCVBUF", 0, -1, INT_MAX, &t->rcvbuf));
+    zs_tcp_conn_opts own = {0};
+    if (o->backend && o->backend_name && strcmp(o->backend_name, "tcp") == 0)
+        own = *(const zs_tcp_conn_opts *)o->backend;
+    ZS_CHECK(tunable(own.sndbuf_bytes, "ZS_TCP_SNDBUF", 0, -1, INT_MAX, &t->sndbuf));
+    ZS_CHECK(tunable(own.rcvbuf_bytes, "ZS_TCP_RCVBUF", 0, -1, INT_MAX, &t->rcvbuf));
     ZS_CHECK(tunable(o->connect_timeout_ms, "ZS_TCP_CONNECT_TIMEOUT_MS",
                      TCP_DEFAULT_CONNECT_TIMEOUT_MS, 1, INT_MAX, &t->timeout_ms));
     ZS_CHECK(

@@ -10,9 +10,9 @@
  *     closed at once) and each within ZS_TCP_HANDSHAKE_MS, before the socket becomes a
  *     connection.  A listener out of descriptors (EMFILE) rests 100 ms instead of spinning,
  *     and its log lines are rate-limited.
- *   - Every socket has TCP_NODELAY; SO_SNDBUF/SO_RCVBUF are set only when asked (options, or
- *     ZS_TCP_SNDBUF / ZS_TCP_RCVBUF), before connect() or listen() so that the window scale
- *     is negotiated for them; otherwise the kernel autotunes.
+ *   - Every socket has TCP_NODELAY; SO_SNDBUF/SO_RCVBUF are set only when asked (zs_tcp_conn_opts,
+ * or ZS_TCP_SNDBUF / ZS_TCP_RCVBUF), before connect() or listen() so that the window scale is
+ * negotiated for them; otherwise the kernel autotunes.
  *   - Sends are sendmsg(MSG_NOSIGNAL) of an iovec list: header and payload straight from the
  *     registered buffer, and several queued frames in one call.  No SIGPIPE, no copy.
  *   - Receives read the 64 header bytes into the stream's own header buffer, and the payload
@@ -49,6 +49,13 @@
 #define ZS_TCP_H
 
 #include "transport/transport.h"
+
+/* TCP's own options of connect() and listen(): zs_conn_opts.backend, with backend_name "tcp"
+ * (options meant for another backend are ignored).  Zero: the tunable, or the default. */
+typedef struct {
+    int sndbuf_bytes; /* per socket SO_SNDBUF; -1 = kernel default (autotuning) */
+    int rcvbuf_bytes; /* per socket SO_RCVBUF; -1 = kernel default (autotuning) */
+} zs_tcp_conn_opts;
 
 zs_err zs_tcp_open(zs_net **out);
 zs_err zs_tcp_set_opts(zs_net *net, const zs_net_opts *opts);

@@ -123,10 +123,11 @@ typedef struct {
  * environment variable, see the backend's header) or its default. */
 typedef struct {
     int conns;              /* connect: streams per connection, 1..ZS_NET_MAX_CONNS */
-    int sndbuf_bytes;       /* per stream send buffer (TCP SO_SNDBUF); -1 = kernel default */
-    int rcvbuf_bytes;       /* per stream receive buffer (TCP SO_RCVBUF); -1 = kernel default */
     int connect_timeout_ms; /* connect: give up after this long (handshake included) */
     const zs_auth *auth;    /* NULL: no handshake; else it must outlive the listener */
+    const void *backend;    /* the backend's own options (tcp: zs_tcp_conn_opts in tcp.h), for
+                               the backend named in backend_name; NULL: its tunables */
+    const char *backend_name;
 } zs_conn_opts;
 
 typedef enum {

@@ -482,7 +482,8 @@ static void test_concurrent(server *s1, server *s2)
     client cl;
     client_open(&cl, 1);
     zs_conn *c[2];
-    zs_conn_opts o = {.conns = 2, .sndbuf_bytes = 1 << 20, .rcvbuf_bytes = 1 << 20};
+    zs_tcp_conn_opts bufs = {.sndbuf_bytes = 1 << 20, .rcvbuf_bytes = 1 << 20};
+    zs_conn_opts o = {.conns = 2, .backend = &bufs, .backend_name = "tcp"};
     CHECK_OK(T->connect(cl.net, addr_of(s1), &o, &c[0]));
     CHECK_OK(T->connect(cl.net, addr_of(s2), &o, &c[1]));
     server *srv[2] = {s1, s2};
@@ -833,7 +834,8 @@ static void test_local_pair(void)
     zs_listener *l;
     zs_conn *cli, *srv;
     CHECK_OK(T->open(&net));
-    zs_conn_opts small = {.sndbuf_bytes = 64 * 1024, .rcvbuf_bytes = 64 * 1024};
+    zs_tcp_conn_opts small_bufs = {.sndbuf_bytes = 64 * 1024, .rcvbuf_bytes = 64 * 1024};
+    zs_conn_opts small = {.backend = &small_bufs, .backend_name = "tcp"};
     CHECK_OK(T->listen(net, "127.0.0.1:0", &small, &l));
     int port = T->listener_port(l);
     CHECK(port > 0);
