@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
+
 #define REPLY_BYTES (ZS_FRAME_MAX_ERROR_TEXT + 64) /* a push reply, or an error's text */
 
 typedef struct {
@@ -390,6 +392,19 @@ zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done
 
 int zs_client_wait_fd(zs_client *cl, int *timeout_ms)
 {
+    /* The client learns every outcome from its requests' handles, and nothing else reads its
+     * net's events: a connection's failure (ZS_EV_CLOSED, its requests already failed) or a
+     * frame no request expects would stay queued, and a net with events queued asks for a
+     * turn now (timeout 0), so the caller would never sleep.  They are dropped here; an
+     * unexpected frame's payload is skipped, so that its stream goes on. */
+    zs_event ev[16];
+    int n = 0;
+    while (cl->ops->poll(cl->net, ev, 16, 0, &n) == ZS_OK && n > 0)
+        for (int i = 0; i < n; i++)
+            if (ev[i].type == ZS_EV_HEADER && ev[i].frame.length > 0 &&
+                cl->ops->discard(ev[i].conn) != ZS_OK)
+                ZS_DEBUG("client: skipping an unexpected frame from %s: %s",
+                         cl->ops->conn_peer(ev[i].conn), zs_last_error());
     return cl->ops->wait_fd(cl->net, timeout_ms);
 }
 

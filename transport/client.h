@@ -63,7 +63,10 @@ zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int ch
 zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done);
 
 /* The client's net's wait descriptor and timeout (transport.h, wait_fd): a thread that also
- * waits for other things polls it with them, then calls zs_client_wait with timeout 0. */
+ * waits for other things polls it with them, then calls zs_client_wait with timeout 0.  It
+ * drops the events queued in the net first (a failed connection's, an unexpected frame's,
+ * whose payload it skips): the client learns outcomes from its requests, and queued events
+ * would keep the timeout at 0. */
 int zs_client_wait_fd(zs_client *cl, int *timeout_ms);
 
 /* Gives up on op (not yet done) and frees it: its destination or source is no longer
