@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1237,6 +1238,68 @@ static void test_handshake(void)
     pthread_mutex_destroy(&a.mu);
 }
 
+static int refuse_all(void *ctx, uint32_t member, uint8_t token[ZS_TOKEN_BYTES], char *why)
+{
+    (void)ctx;
+    (void)member;
+    (void)token;
+    snprintf(why, ZS_NET_REASON_MAX / 2, "nobody is a member here");
+    return -1;
+}
+
+/* wait_fd: an idle net has no timer (-1) and its descriptor does not poll readable; streams
+ * arriving make it readable; events left queued by a poll() make the timeout 0 until they are
+ * handed out; a stream in its handshake gives a timer no longer than the handshake's limit. */
+static void test_wait_fd(void)
+{
+    zs_net *net;
+    zs_listener *l, *la;
+    CHECK_OK(T->open(&net));
+    CHECK_OK(T->listen(net, "127.0.0.1:0", NULL, &l));
+    int t = 7;
+    int fd = T->wait_fd(net, &t);
+    CHECK(fd >= 0);
+    CHECK_EQ_INT(t, -1);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    CHECK_EQ_INT(poll(&p, 1, 0), 0);
+    int r1 = raw_connect(T->listener_port(l)), r2 = raw_connect(T->listener_port(l));
+    CHECK(r1 >= 0 && r2 >= 0);
+    CHECK_EQ_INT(poll(&p, 1, DEADLINE_MS), 1);
+    zs_event ev[4];
+    int n = 0;
+    CHECK_OK(T->poll(net, ev, 1, DEADLINE_MS, &n)); /* both accepted, one handed out */
+    CHECK(n == 1 && ev[0].type == ZS_EV_ACCEPT);
+    zs_conn *c1 = n == 1 ? ev[0].conn : NULL;
+    T->wait_fd(net, &t);
+    CHECK_EQ_INT(t, 0);
+    CHECK_OK(T->poll(net, ev, 4, DEADLINE_MS, &n));
+    CHECK(n == 1 && ev[0].type == ZS_EV_ACCEPT);
+    zs_conn *c2 = n == 1 ? ev[0].conn : NULL;
+    T->wait_fd(net, &t);
+    CHECK_EQ_INT(t, -1);
+    /* A listener with authentication: a stream that never speaks waits in its handshake. */
+    zs_auth auth = {.token_of = refuse_all};
+    zs_conn_opts ao = {.auth = &auth};
+    setenv("ZS_TCP_HANDSHAKE_MS", "3000", 1);
+    CHECK_OK(T->listen(net, "127.0.0.1:0", &ao, &la));
+    unsetenv("ZS_TCP_HANDSHAKE_MS");
+    int r3 = raw_connect(T->listener_port(la));
+    CHECK(r3 >= 0);
+    CHECK_EQ_INT(poll(&p, 1, DEADLINE_MS), 1);
+    CHECK_OK(T->poll(net, ev, 4, 0, &n)); /* the turn that takes it into its handshake */
+    CHECK_EQ_INT(n, 0);
+    T->wait_fd(net, &t);
+    CHECK(t > 0 && t <= 3000);
+    close(r1);
+    close(r2);
+    close(r3);
+    if (c1)
+        T->conn_close(c1);
+    if (c2)
+        T->conn_close(c2);
+    T->close(net);
+}
+
 int main(void)
 {
     server s1, s2;
@@ -1249,6 +1312,7 @@ int main(void)
     test_handshake();
     test_batch_flush();
     test_local_pair();
+    test_wait_fd();
     test_round_trips(&s1);
     test_concurrent(&s1, &s2);
     test_header_first_client(&s2);
