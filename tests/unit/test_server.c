@@ -571,6 +571,9 @@ static void failover(rig *r, const zs_trainer *tr, size_t N, const char *const *
 {
     int S = r->S, x = S - 1, h = zs_shardmap_replica(&r->map, x);
     CHECK(h >= 0 && h != x);
+    zs_client *old = NULL; /* connected to every server of the old map, x included */
+    zs_auth oa = auth_of(WORKER);
+    CHECK_OK(zs_client_open(&r->map, eps, &oa, NULL, &old));
     for (int k = 0; k < S; k++)
         if (r->pid[k] == r->reg_pid[x]) {
             kill(r->pid[k], SIGKILL);
@@ -578,6 +581,25 @@ static void failover(rig *r, const zs_trainer *tr, size_t N, const char *const *
             r->pid[k] = 0;
         }
     r->lost = x;
+    /* x's connection fails in old's net (the stream ended when x died) at the first turn a
+     * fetch from another server drives, which leaves its event queued.  zs_client_wait_fd
+     * takes that event out, which nothing else reads, so the timeout it gives is the net's
+     * own (-1: no timer), not 0 for ever: a thread waiting on it sleeps. */
+    float probe[16];
+    int live = 0;
+    while (live < r->map.n_shards && r->map.shards[live].server == x)
+        live++;
+    if (old && live < r->map.n_shards && zs_client_register(old, probe, sizeof probe) == ZS_OK) {
+        zs_client_op *op;
+        size_t b = r->map.shards[live].begin;
+        CHECK_OK(zs_client_fetch(old, b, b + 16, STEPS, ZS_DTYPE_F32, probe, &op));
+        int done = 0, t = 0;
+        CHECK_OK(zs_client_wait(old, op, 20000, &done));
+        CHECK(done);
+        CHECK(zs_client_wait_fd(old, &t) >= 0);
+        CHECK_EQ_INT(t, -1);
+    }
+    zs_client_close(old);
     int *assign = malloc((size_t)r->map.n_shards * sizeof *assign);
     for (int i = 0; i < r->map.n_shards; i++)
         assign[i] = r->map.shards[i].server == x ? h : r->map.shards[i].server;
