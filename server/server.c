@@ -80,14 +80,23 @@ typedef struct {
     zs_frame frame;
 } held_fetch;
 
+/* Where a window slot's read is (the window's reader thread makes them; see window_reader). */
+enum { LOAD_NONE = 0, LOAD_QUEUED, LOAD_READING, LOAD_DONE };
+
 /* A window slot: one shard's published copy at one version, read from NVMe. */
 typedef struct {
     int shard;     /* local index; -1: empty */
-    long version;  /* the version it holds */
+    long version;  /* the version it holds (or is being read at) */
     void *buf;     /* the largest shard in the job's fetch dtype (+1 bf16 pad), 4096-aligned */
     zs_mr *mr;     /* buf, registered for sends */
     long sends;    /* sends from it not completed: it is not reused before they are */
     uint64_t used; /* win_clock when last served from (least recently used goes first) */
+    /* Its read: load (LOAD_*), under win_mu while not LOAD_NONE; the slot serves fetches only
+     * at LOAD_NONE.  load_seq orders the reads; load_err and load_why are the outcome. */
+    atomic_int load; /* the loop reads it without the lock (its own writes are under it) */
+    uint64_t load_seq;
+    zs_err load_err;
+    char load_why[512];
 } window_slot;
 
 typedef struct {
@@ -149,11 +158,20 @@ struct zs_server {
     long store_sends; /* sends from shard memory not completed */
     /* offload_param.device "nvme": the shards of the copy workers fetch that are on NVMe come
      * to RAM through this window of offload_param.buffer_count slots, least recently used out
-     * first, the next shard read ahead with each miss; a fetch that finds every slot sending
-     * waits in wwait for one to finish. */
+     * first, read by a thread of their own (window_reader) with the next shard read ahead on
+     * each miss; a fetch that finds its shard not ready waits in wwait for a read or a send to
+     * finish. */
     window_slot *win;
     int n_win;
     uint64_t win_clock;
+    /* The window's reader thread: reads queued slots in order, off the loop's thread, and
+     * writes wake_fd when one is done.  win_loading: slots not at LOAD_NONE (an apply waits
+     * for them: a read started at version v must finish at v). */
+    pthread_t win_thread;
+    int win_thread_started, win_quit, win_loading;
+    pthread_mutex_t win_mu;
+    pthread_cond_t win_cv;
+    uint64_t win_seq;
     held_fetch *wwait;
     int n_wwait, cap_wwait;
 
@@ -291,81 +309,202 @@ static zs_store_copy fetched_copy(const server *sv)
     return sv->cfg.bf16 ? ZS_STORE_BF16 : ZS_STORE_F32;
 }
 
-/* Reads local shard i's published copy at the current version into window slot k.  A read that
- * fails (a block that fails its checksum, EIO) stops the server with the reason: the copy it
- * publishes is damaged, and the coordinator goes back to the newest checkpoint. */
-static zs_err window_load(server *sv, int k, int i)
+/* The window's reader thread: takes the queued slot read first, reads the shard's published
+ * copy into it through the store (the NVMe tier serializes its callers), records the outcome
+ * and wakes the loop, until told to quit with nothing queued. */
+static void *window_reader(void *arg)
 {
-    window_slot *w = &sv->win[k];
-    w->shard = -1;
-    zs_err e = zs_store_read_published(sv->store, i, fetched_copy(sv), w->buf);
-    if (e != ZS_OK) {
-        ZS_ERROR("server %u: %s", sv->id, zs_last_error());
-        sv->result = e;
-        sv->done = 1;
-        return e;
+    server *sv = arg;
+    pthread_mutex_lock(&sv->win_mu);
+    for (;;) {
+        int k = -1;
+        for (int j = 0; j < sv->n_win; j++)
+            if (sv->win[j].load == LOAD_QUEUED &&
+                (k < 0 || sv->win[j].load_seq < sv->win[k].load_seq))
+                k = j;
+        if (k < 0) {
+            if (sv->win_quit)
+                break;
+            pthread_cond_wait(&sv->win_cv, &sv->win_mu);
+            continue;
+        }
+        window_slot *w = &sv->win[k];
+        w->load = LOAD_READING;
+        int shard = w->shard;
+        pthread_mutex_unlock(&sv->win_mu);
+        zs_err e = zs_store_read_published(sv->store, shard, fetched_copy(sv), w->buf);
+        pthread_mutex_lock(&sv->win_mu);
+        w->load_err = e;
+        snprintf(w->load_why, sizeof w->load_why, "%s", e != ZS_OK ? zs_last_error() : "");
+        w->load = LOAD_DONE;
+        uint64_t one = 1;
+        if (write(sv->wake_fd, &one, sizeof one) < 0)
+            ZS_DEBUG("server %u: waking the loop: %s", sv->id, strerror(errno));
     }
-    w->shard = i;
-    w->version = zs_store_version(sv->store);
-    w->used = ++sv->win_clock;
+    pthread_mutex_unlock(&sv->win_mu);
+    return NULL;
+}
+
+/* Starts the reader thread (the window exists). */
+static zs_err window_reader_start(server *sv)
+{
+    pthread_mutex_init(&sv->win_mu, NULL);
+    pthread_cond_init(&sv->win_cv, NULL);
+    sv->win_quit = 0;
+    if (pthread_create(&sv->win_thread, NULL, window_reader, sv) != 0) {
+        pthread_cond_destroy(&sv->win_cv);
+        pthread_mutex_destroy(&sv->win_mu);
+        return zs_error(ZS_ERR_IO, "server %u: cannot start the NVMe window's reader", sv->id);
+    }
+    sv->win_thread_started = 1;
     return ZS_OK;
 }
 
-/* The idle slot (no send from it in flight) used least recently, other than `not`; -1: none. */
+/* Stops it, after the read it is making (before the window or the store goes). */
+static void window_reader_stop(server *sv)
+{
+    if (!sv->win_thread_started)
+        return;
+    pthread_mutex_lock(&sv->win_mu);
+    sv->win_quit = 1;
+    for (int k = 0; k < sv->n_win; k++)
+        if (sv->win[k].load == LOAD_QUEUED) /* never started: dropped */
+            sv->win[k].load = LOAD_NONE;
+    pthread_cond_signal(&sv->win_cv);
+    pthread_mutex_unlock(&sv->win_mu);
+    pthread_join(sv->win_thread, NULL);
+    pthread_cond_destroy(&sv->win_cv);
+    pthread_mutex_destroy(&sv->win_mu);
+    sv->win_thread_started = 0;
+    sv->win_loading = 0;
+}
+
+/* Queues the read of local shard i's published copy at the current version into slot k. */
+static void window_queue(server *sv, int k, int i)
+{
+    window_slot *w = &sv->win[k];
+    pthread_mutex_lock(&sv->win_mu);
+    w->shard = i;
+    w->version = zs_store_version(sv->store);
+    w->load = LOAD_QUEUED;
+    w->load_seq = ++sv->win_seq;
+    pthread_cond_signal(&sv->win_cv);
+    pthread_mutex_unlock(&sv->win_mu);
+    sv->win_loading++;
+}
+
+/* The idle slot (no send from it in flight, no read) used least recently, other than `not`;
+ * -1: none. */
 static int window_victim(const server *sv, int not )
 {
     int victim = -1;
     for (int k = 0; k < sv->n_win; k++)
-        if (k != not &&sv->win[k].sends == 0 &&
+        if (k != not &&sv->win[k].sends == 0 && sv->win[k].load == LOAD_NONE &&
             (victim < 0 || sv->win[k].used < sv->win[victim].used))
             victim = k;
     return victim;
 }
 
-static int window_find(const server *sv, int i)
+/* The slot that holds shard i at the current version (ready), or is reading it (*loading);
+ * -1: none. */
+static int window_find(const server *sv, int i, int *loading)
 {
     for (int k = 0; k < sv->n_win; k++)
-        if (sv->win[k].shard == i && sv->win[k].version == zs_store_version(sv->store))
+        if (sv->win[k].shard == i && sv->win[k].version == zs_store_version(sv->store)) {
+            if (loading)
+                *loading = sv->win[k].load != LOAD_NONE;
             return k;
+        }
     return -1;
 }
 
-/* The window slot that holds local shard i's published copy at the current version, read from
- * NVMe if none does (*missed set).  -1: every slot is sending; -2: a read failed and the server
- * stops. */
-static int window_get(server *sv, int i, int *missed)
+/* Queues the read of shard i into an idle slot other than `not`, unless it is in the window or
+ * being read already, or it is not on NVMe (then there is nothing to read), or no slot is idle.
+ * Returns whether shard i is in the window or on its way. */
+static int window_fill(server *sv, int i, int not )
 {
-    *missed = 0;
-    int k = window_find(sv, i);
-    if (k >= 0) {
+    const void *d;
+    if (i < 0 || i >= sv->n_local || window_find(sv, i, NULL) >= 0)
+        return i >= 0 && i < sv->n_local;
+    if (zs_store_locate(sv->store, sv->local[i].begin, 1, fetched_copy(sv), &d) != ZS_STORE_ON_NVME)
+        return 0;
+    int k = window_victim(sv, not );
+    if (k < 0)
+        return 0;
+    window_queue(sv, k, i);
+    return 1;
+}
+
+/* The window slot that holds local shard i's published copy at the current version, ready to
+ * send from; -1: not yet (its read was queued now, or runs, or every slot is busy: the fetch
+ * waits in wwait and is tried again when a read or a send finishes).  A miss also queues the
+ * read of shard i + 1: workers fetch in layer order, which is shard order. */
+static int window_get(server *sv, int i)
+{
+    int loading = 0, k = window_find(sv, i, &loading);
+    if (k >= 0 && !loading) {
         sv->win[k].used = ++sv->win_clock;
         return k;
     }
-    if ((k = window_victim(sv, -1)) < 0)
-        return -1;
-    if (window_load(sv, k, i) != ZS_OK)
-        return -2;
-    *missed = 1;
-    return k;
+    if (k < 0 && window_fill(sv, i, -1)) {
+        int next = window_find(sv, i, NULL);
+        window_fill(sv, i + 1, next);
+    }
+    return -1;
 }
 
-/* After a miss on shard i, whose reply from slot `keep` is queued (so that it does not wait for
- * this read), reads shard i + 1 ahead into another idle slot: workers fetch in layer order,
- * which is shard order.  Nothing to do when it is there already, not on NVMe, or every other
- * slot is sending.  A read that fails stops the server (window_load). */
-static void window_read_ahead(server *sv, int i, int keep)
+static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f);
+static void window_retry(server *sv);
+static void maybe_apply(server *sv);
+
+/* Takes the reads the reader finished: a slot read is ready (the fetches that waited are tried
+ * again); one that failed (a block that fails its checksum, EIO) stops the server with the
+ * reason -- the copy it publishes is damaged, and the coordinator goes back to the newest
+ * checkpoint -- and the fetches that waited are told so. */
+static void window_reap(server *sv)
 {
-    const void *d;
-    if (i + 1 >= sv->n_local || window_find(sv, i + 1) >= 0 ||
-        zs_store_locate(sv->store, sv->local[i + 1].begin, 1, fetched_copy(sv), &d) !=
-            ZS_STORE_ON_NVME)
+    if (sv->win_loading == 0)
         return;
-    int ahead = window_victim(sv, keep);
-    if (ahead >= 0)
-        window_load(sv, ahead, i + 1);
+    int finished = 0;
+    zs_err failed = ZS_OK;
+    char why[512] = "";
+    pthread_mutex_lock(&sv->win_mu);
+    for (int k = 0; k < sv->n_win; k++) {
+        window_slot *w = &sv->win[k];
+        if (w->load != LOAD_DONE)
+            continue;
+        w->load = LOAD_NONE;
+        sv->win_loading--;
+        finished++;
+        if (w->load_err != ZS_OK) {
+            if (failed == ZS_OK) {
+                failed = w->load_err;
+                snprintf(why, sizeof why, "%s", w->load_why);
+            }
+            w->shard = -1;
+        } else {
+            w->used = ++sv->win_clock;
+        }
+    }
+    pthread_mutex_unlock(&sv->win_mu);
+    if (failed != ZS_OK) {
+        sv->result = zs_error(failed, "%s", why);
+        ZS_ERROR("server %u: %s", sv->id, why);
+        sv->done = 1;
+        for (int j = 0; j < sv->n_wwait; j++)
+            reply_error(sv, sv->wwait[j].conn, &sv->wwait[j].frame, ZS_FS_SHUTDOWN,
+                        "this server's copy of the weights on NVMe failed a read; it stops");
+        sv->n_wwait = 0;
+        return;
+    }
+    if (finished) {
+        window_retry(sv);
+        maybe_apply(sv);
+    }
 }
 
-/* A fetch that found every window slot sending waits for one (bounded as held fetches are). */
+/* A fetch whose shard is not ready in the window (being read, or every slot busy) waits for a
+ * read or a send to finish (bounded as held fetches are). */
 static void window_wait(server *sv, zs_conn *c, const zs_frame *f)
 {
     if (sv->n_wwait >= MAX_HELD) {
@@ -385,9 +524,8 @@ static void window_wait(server *sv, zs_conn *c, const zs_frame *f)
     sv->wwait[sv->n_wwait++] = (held_fetch){c, *f};
 }
 
-static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f);
-
-/* A window slot finished sending: the fetches that waited for one are tried again, in order. */
+/* A window slot finished sending or reading: the fetches that waited are tried again, in
+ * order. */
 static void window_retry(server *sv)
 {
     int n = sv->n_wwait;
@@ -413,17 +551,15 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
     int i = 0;
     while (i < sv->n_local && !(f->offset >= sv->local[i].begin && f->offset < sv->local[i].end))
         i++;
-    int slot = -1, missed = 0;
+    int slot = -1;
     if (where == ZS_STORE_ON_NVME && sv->n_win > 0 && copy == fetched_copy(sv) &&
         !(f->flags & ZS_FRAME_FLAG_STATE)) {
-        slot = window_get(sv, i, &missed);
-        if (slot == -1) {
-            window_wait(sv, c, f);
+        if (sv->done) {
+            reply_error(sv, c, f, ZS_FS_SHUTDOWN, "this server is stopping");
             return;
         }
-        if (slot == -2) {
-            reply_error(sv, c, f, ZS_FS_SHUTDOWN,
-                        "this server's copy of the weights on NVMe failed a read; it stops");
+        if ((slot = window_get(sv, i)) < 0) {
+            window_wait(sv, c, f);
             return;
         }
         where = ZS_STORE_OK;
@@ -462,8 +598,6 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
         else
             ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
                     zs_last_error());
-        if (missed)
-            window_read_ahead(sv, i, slot);
     } else if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
         sv->store_sends++;
     else
@@ -1142,7 +1276,8 @@ static const char *ckpt_in_place(server *sv, long v, char *dir, size_t n)
 static void maybe_apply(server *sv)
 {
     /* Fetches waiting for the NVMe window are for this version: served first. */
-    if (!sv->verdict_pending || sv->store_sends > 0 || sv->ckpt.running || sv->n_wwait > 0)
+    if (!sv->verdict_pending || sv->store_sends > 0 || sv->ckpt.running || sv->n_wwait > 0 ||
+        sv->win_loading > 0)
         return;
     char into[4096];
     zs_err e =
@@ -1345,6 +1480,7 @@ static void teardown_shards(server *sv, int keep)
         free(sv->pool[i].buf);
         sv->pool[i] = (scratch){0};
     }
+    window_reader_stop(sv);
     for (int k = 0; k < sv->n_win; k++) {
         if (sv->win[k].mr)
             sv->ops->dereg_mr(sv->win[k].mr);
@@ -1723,6 +1859,7 @@ static zs_err setup_shards(server *sv)
             }
             ZS_CHECK(sv->ops->reg_mr(sv->net, sv->win[k].buf, bytes, ZS_MR_SEND, &sv->win[k].mr));
         }
+        ZS_CHECK(window_reader_start(sv));
     }
     for (int i = 0; i < SCRATCH_BUFFERS; i++) {
         if (!(sv->pool[i].buf = malloc(biggest * sizeof(float))))
@@ -1953,6 +2090,7 @@ void zs_server_close(zs_server *sv)
         sv->ckpt.running = 0;
     }
     free(sv->ckpt.files);
+    window_reader_stop(sv);       /* before the window and the store go */
     zs_replica_free(sv->replica); /* waits for its thread */
     zs_store_free(sv->old_store);
     zs_store_free(sv->old_replica);
@@ -2116,6 +2254,7 @@ zs_err zs_server_turn(zs_server *sv, int timeout_ms)
     if (sv->n_waiting > 0 && sv->store)
         drain_waiting(sv);
     ckpt_reap(sv, 0);
+    window_reap(sv);
     if (sv->replica && zs_replica_poll(sv->replica)) {
         /* An apply finished (pushes for the replica deferred meanwhile may go) or a load did
          * (the step's partial sums may be due). */
