@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -68,6 +69,11 @@ struct zs_nvme {
     uint64_t *span;                     /* [units] bytes of the span (4096-multiple) */
     uint64_t *delta;                    /* [units] where the extent starts in the span */
     char **loc;      /* [units] the unit's own file that holds it now; NULL: the state file */
+    int *loc_fd;     /* [units] that file, open from its write until the unit moves: its name may
+                        go meanwhile (a checkpoint discarded or removed) without the data */
+    int own_open;    /* files held open so */
+    int own_max;     /* at most a quarter of RLIMIT_NOFILE's soft limit: the rest is the
+                        server's (connections); more units go to the state file */
     uint64_t **sums; /* [units][blocks(unit)] XXH3 of each block's extent bytes as last written */
     size_t block;    /* request bytes */
     int queue_depth;
@@ -80,7 +86,6 @@ struct zs_nvme {
     uint8_t *slots;               /* SLOTS * slot_span, 4096-aligned */
     int slot_unit[SLOTS];         /* the unit a slot holds or is moving, -1: none */
     int slot_fd[SLOTS];           /* the file its requests go to */
-    int slot_own[SLOTS];          /* slot_fd is a unit's own file, opened for them: closed after */
     uint64_t slot_off[SLOTS];     /* that file's offset of the span */
     const char *slot_path[SLOTS]; /* that file's name, for messages */
     int pending[SLOTS];           /* its requests not completed */
@@ -369,12 +374,21 @@ zs_err zs_nvme_open(const zs_nvme_opts *o, int units, int arrays, const size_t *
     nv->span = calloc((size_t)units + 1, sizeof *nv->span);
     nv->delta = calloc((size_t)units + 1, sizeof *nv->delta);
     nv->loc = calloc((size_t)units + 1, sizeof *nv->loc);
+    nv->loc_fd = malloc(((size_t)units + 1) * sizeof *nv->loc_fd);
+    for (int u = 0; nv->loc_fd && u < units; u++)
+        nv->loc_fd[u] = -1;
     nv->sums = calloc((size_t)units + 1, sizeof *nv->sums);
-    if (!nv->floats || !nv->base || !nv->span || !nv->delta || !nv->loc || !nv->sums) {
+    if (!nv->floats || !nv->base || !nv->span || !nv->delta || !nv->loc || !nv->loc_fd ||
+        !nv->sums) {
         res = zs_error(ZS_ERR_NOMEM, "nvme: out of memory for %d units", units);
         goto fail;
     }
     uint64_t at = 0;
+    struct rlimit nofile;
+    nv->own_max = getrlimit(RLIMIT_NOFILE, &nofile) != 0  ? 0
+                  : nofile.rlim_cur == RLIM_INFINITY      ? INT_MAX
+                  : nofile.rlim_cur / 4 > (rlim_t)INT_MAX ? INT_MAX
+                                                          : (int)(nofile.rlim_cur / 4);
     for (int u = 0; u < units; u++) {
         nv->floats[u] = floats[u];
         nv->delta[u] = delta_of(nv->header, nv->lead, floats[u]);
@@ -419,14 +433,11 @@ zs_err zs_nvme_open(const zs_nvme_opts *o, int units, int arrays, const size_t *
     }
     memset(nv->slots, 0, slot_bytes);
     ZS_CHECK_GOTO(open_file(nv, o->dir), res, fail);
-    ZS_CHECK_GOTO(allocate_file(nv, o->dir), res, fail_fd);
-    ZS_CHECK_GOTO(open_ring(nv), res, fail_fd);
+    ZS_CHECK_GOTO(allocate_file(nv, o->dir), res, fail);
+    ZS_CHECK_GOTO(open_ring(nv), res, fail);
     *out = nv;
     return ZS_OK;
-fail_fd:
-    close(nv->fd);
-    nv->fd = -1;
-fail:
+fail: /* zs_nvme_close closes the state file if it was opened */
     zs_nvme_close(nv);
     return res;
 }
@@ -437,9 +448,9 @@ void zs_nvme_close(zs_nvme *nv)
         return;
     if (nv->have_ring)
         io_uring_queue_exit(&nv->ring);
-    for (int s = 0; s < SLOTS; s++)
-        if (nv->slot_own[s])
-            close(nv->slot_fd[s]);
+    for (int u = 0; nv->loc_fd && u < nv->units; u++)
+        if (nv->loc_fd[u] >= 0)
+            close(nv->loc_fd[u]);
     if (nv->fd >= 0)
         close(nv->fd);
     for (int u = 0; nv->sums && u < nv->units; u++)
@@ -448,6 +459,7 @@ void zs_nvme_close(zs_nvme *nv)
         free(nv->loc[u]);
     free(nv->sums);
     free(nv->loc);
+    free(nv->loc_fd);
     free(nv->delta);
     free(nv->span);
     free(nv->base);
@@ -630,12 +642,9 @@ static void queue_blocks(zs_nvme *nv, int s, int write, size_t b0, size_t b1)
     }
 }
 
-/* Closes the unit's own file slot s had open for its requests (all completed). */
+/* Slot s has no requests any more. */
 static void slot_release(zs_nvme *nv, int s)
 {
-    if (nv->slot_own[s])
-        close(nv->slot_fd[s]);
-    nv->slot_own[s] = 0;
     nv->slot_fd[s] = -1;
 }
 
@@ -664,8 +673,9 @@ static int open_own(const zs_nvme *nv, const char *path, int flags)
     return fd;
 }
 
-/* Points slot s (drained) at unit u's place: for a read, where the unit is now; for a write,
- * the file `to` (created, or emptied, and allocated) or, with to NULL, the state file. */
+/* Points slot s (drained) at unit u's place: for a read, where the unit is now (its file's
+ * descriptor, held); for a write, the file `to` (created, or emptied, and allocated: its
+ * descriptor goes to set_location, which holds it) or, with to NULL, the state file. */
 static zs_err slot_target(zs_nvme *nv, int s, int u, int write, const char *to)
 {
     slot_release(nv, s);
@@ -677,12 +687,23 @@ static zs_err slot_target(zs_nvme *nv, int s, int u, int write, const char *to)
         nv->slot_path[s] = nv->path;
         return ZS_OK;
     }
+    if (!write) {
+        nv->slot_fd[s] = nv->loc_fd[u];
+        nv->slot_off[s] = own_span(nv, u);
+        nv->slot_path[s] = own;
+        return ZS_OK;
+    }
     char name[32];
-    int fd = open_own(nv, own, write ? O_RDWR | O_CREAT | O_TRUNC : O_RDONLY);
+    if (nv->own_open >= nv->own_max)
+        return zs_error(ZS_ERR_IO,
+                        "%s: %s: the tier holds %d files open already (a quarter of "
+                        "RLIMIT_NOFILE)",
+                        own, unit_name(nv, u, name, sizeof name), nv->own_open);
+    int fd = open_own(nv, own, O_RDWR | O_CREAT | O_TRUNC);
     if (fd < 0)
         return zs_error(ZS_ERR_IO, "%s: cannot open %s's file: %s", own,
                         unit_name(nv, u, name, sizeof name), strerror(errno));
-    int rc = write ? allocate(fd, own_span(nv, u), nv->span[u]) : 0;
+    int rc = allocate(fd, own_span(nv, u), nv->span[u]);
     if (rc) {
         close(fd);
         unlink(own);
@@ -692,18 +713,28 @@ static zs_err slot_target(zs_nvme *nv, int s, int u, int write, const char *to)
                         unit_name(nv, u, name, sizeof name), strerror(rc));
     }
     nv->slot_fd[s] = fd;
-    nv->slot_own[s] = 1;
     nv->slot_off[s] = own_span(nv, u);
     nv->slot_path[s] = own;
     return ZS_OK;
 }
 
-/* Slot s's unit is where its last write went: its own file `to`, or the state file. */
-static zs_err set_location(zs_nvme *nv, int u, const char *to)
+/* Unit u is where its write now goes (slot s): its own file `to`, whose descriptor slot_target
+ * opened and the tier now holds, or the state file.  The file it was in before is let go (its
+ * reads are done). */
+static zs_err set_location(zs_nvme *nv, int s, int u, const char *to)
 {
     char *p = NULL;
-    if (to && !(p = strdup(to)))
+    if (to && !(p = strdup(to))) {
+        close(nv->slot_fd[s]);
+        nv->slot_fd[s] = -1;
         return zs_error(ZS_ERR_NOMEM, "nvme: out of memory");
+    }
+    if (nv->loc_fd[u] >= 0) {
+        close(nv->loc_fd[u]);
+        nv->own_open--;
+    }
+    nv->loc_fd[u] = to ? nv->slot_fd[s] : -1;
+    nv->own_open += to != NULL;
     free(nv->loc[u]);
     nv->loc[u] = p;
     return ZS_OK;
@@ -758,7 +789,8 @@ static void array_sums(const zs_nvme *nv, int s, uint64_t *out)
     int u = nv->slot_unit[s];
     uint64_t ab = array_bytes(nv, u);
     const uint8_t *x = slot_buf(nv, s) + nv->delta[u];
-    int nt = hash_threads(nv, u) > nv->arrays ? nv->arrays : hash_threads(nv, u);
+    int nt = hash_threads(nv, u);
+    nt = nt > nv->arrays ? nv->arrays : nt; /* one array a thread */
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int a = 0; a < nv->arrays; a++)
         out[a] = XXH3_64bits(x + (uint64_t)nv->pos[a] * ab, ab);
@@ -798,7 +830,7 @@ static zs_err write_unit(zs_nvme *nv, int s, const char *to)
     int u = nv->slot_unit[s];
     checksum(nv, s);
     ZS_CHECK(slot_target(nv, s, u, 1, to));
-    ZS_CHECK(set_location(nv, u, to));
+    ZS_CHECK(set_location(nv, s, u, to));
     queue_blocks(nv, s, 1, 0, blocks_of(nv, u));
     drain_slot(nv, s);
     return take_failure(nv);
@@ -875,7 +907,7 @@ static zs_err start_write(zs_nvme *nv, int s, int u, char *const *to, int *own)
         ZS_CHECK(slot_target(nv, s, u, 1, NULL));
         path = NULL;
     }
-    ZS_CHECK(set_location(nv, u, path));
+    ZS_CHECK(set_location(nv, s, u, path));
     queue_blocks(nv, s, 1, 0, blocks_of(nv, u));
     return ZS_OK;
 }

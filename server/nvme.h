@@ -27,7 +27,10 @@
  *    work on a unit is the same whatever is in flight, so the results are those of the same
  *    work on arrays in RAM, bit for bit.
  *  - A unit's own file is never written again once its run has written it: a later run or
- *    store writes the unit elsewhere.  Whoever asked for it (the checkpoint writer) owns it.
+ *    store writes the unit elsewhere.  Whoever asked for it (the checkpoint writer) owns its
+ *    name; the tier holds the file open until the unit is written elsewhere, so the name may
+ *    go meanwhile (a failed checkpoint discarded) without the data.  At most a quarter of
+ *    RLIMIT_NOFILE's soft limit of units are held so; the others go to the state file.
  * zs_nvme_store, zs_nvme_load and zs_nvme_run take the tier in turn (a mutex: the server's
  * thread and its checkpoint writer may both read); the work function must not call back into
  * the same tier, and may use OpenMP inside.

@@ -424,8 +424,10 @@ static int window_find(const server *sv, int i, int *loading)
 static int window_fill(server *sv, int i, int not )
 {
     const void *d;
-    if (i < 0 || i >= sv->n_local || window_find(sv, i, NULL) >= 0)
-        return i >= 0 && i < sv->n_local;
+    if (i < 0 || i >= sv->n_local)
+        return 0;
+    if (window_find(sv, i, NULL) >= 0)
+        return 1;
     if (zs_store_locate(sv->store, sv->local[i].begin, 1, fetched_copy(sv), &d) != ZS_STORE_ON_NVME)
         return 0;
     int k = window_victim(sv, not );
@@ -503,25 +505,30 @@ static void window_reap(server *sv)
     }
 }
 
+/* Appends (c, f) to a list of fetches that wait (held, wwait), growing it; 0, or -1 out of
+ * memory (nothing changed). */
+static int held_append(held_fetch **list, int *n, int *cap, zs_conn *c, const zs_frame *f)
+{
+    if (*n == *cap) {
+        int grown = *cap ? 2 * *cap : 64;
+        held_fetch *h = realloc(*list, (size_t)grown * sizeof *h);
+        if (!h)
+            return -1;
+        *list = h;
+        *cap = grown;
+    }
+    (*list)[(*n)++] = (held_fetch){c, *f};
+    return 0;
+}
+
 /* A fetch whose shard is not ready in the window (being read, or every slot busy) waits for a
  * read or a send to finish (bounded as held fetches are). */
 static void window_wait(server *sv, zs_conn *c, const zs_frame *f)
 {
-    if (sv->n_wwait >= MAX_HELD) {
+    if (sv->n_wwait >= MAX_HELD)
         reply_error(sv, c, f, ZS_FS_STALE, "too many fetches wait for this server's NVMe window");
-        return;
-    }
-    if (sv->n_wwait == sv->cap_wwait) {
-        int cap = sv->cap_wwait ? 2 * sv->cap_wwait : 64;
-        held_fetch *h = realloc(sv->wwait, (size_t)cap * sizeof *h);
-        if (!h) {
-            reply_error(sv, c, f, ZS_FS_SHUTDOWN, "out of memory for waiting fetches");
-            return;
-        }
-        sv->wwait = h;
-        sv->cap_wwait = cap;
-    }
-    sv->wwait[sv->n_wwait++] = (held_fetch){c, *f};
+    else if (held_append(&sv->wwait, &sv->n_wwait, &sv->cap_wwait, c, f) != 0)
+        reply_error(sv, c, f, ZS_FS_SHUTDOWN, "out of memory for waiting fetches");
 }
 
 /* A window slot finished sending or reading: the fetches that waited are tried again, in
@@ -644,17 +651,10 @@ static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
                                              "the next version");
     } else if ((long)f->step > v) {
         /* The next version: hold the request until it is published. */
-        if (sv->n_held == sv->cap_held) {
-            int cap = sv->cap_held ? 2 * sv->cap_held : 64;
-            held_fetch *h = realloc(sv->held, (size_t)cap * sizeof *h);
-            if (!h) {
-                reply_error(sv, c, f, ZS_FS_SHUTDOWN, "out of memory for held fetches");
-                return;
-            }
-            sv->held = h;
-            sv->cap_held = cap;
+        if (held_append(&sv->held, &sv->n_held, &sv->cap_held, c, f) != 0) {
+            reply_error(sv, c, f, ZS_FS_SHUTDOWN, "out of memory for held fetches");
+            return;
         }
-        sv->held[sv->n_held++] = (held_fetch){c, *f};
         conn_held_add(sv, c, 1);
     } else {
         serve_fetch(sv, c, f);
@@ -1060,17 +1060,13 @@ static void on_header(server *sv, zs_conn *c, const zs_frame *f)
 static void maybe_apply(server *sv);
 
 /* Removes the files this server wrote for a checkpoint that failed: the coordinator abandons
- * it, and a half-written checkpoint must not take the disk space the next one needs.  Not the
- * shard files the NVMe tier wrote the step into: the tier reads those shards from there until
- * the next apply (the step directory goes when a later checkpoint prunes it). */
+ * it, and a half-written checkpoint must not take the disk space the next one needs.  Shard
+ * files the NVMe tier wrote the step into go too: the tier holds them open until the next
+ * apply has read them (server/nvme.h). */
 static void ckpt_unlink_files(server *sv, int n)
 {
     char path[4096 + 80];
-    uint64_t sums[ZS_CKPT_ARRAYS];
-    int in_file;
     for (int i = 0; i < n; i++) {
-        if (zs_store_in_ckpt(sv->store, i, sv->ckpt.step_dir, sums, &in_file))
-            continue;
         snprintf(path, sizeof path, "%s/%s", sv->ckpt.step_dir, sv->ckpt.files[i].file);
         if (unlink(path) != 0)
             ZS_DEBUG("server %u: %s: %s", sv->id, path, strerror(errno));
@@ -1402,27 +1398,22 @@ static zs_err restore_store(server *sv, zs_store *st)
         zs_shard_range r;
         float *a[ZS_CKPT_ARRAYS];
         zs_store_state(st, i, &r, &a[ZS_CKPT_PARAM], &a[ZS_CKPT_EXP_AVG], &a[ZS_CKPT_EXP_AVG_SQ]);
-        /* Arrays on their way to the NVMe tier. */
+        /* A shard on NVMe (its moments there, and perhaps its weights) is read into RAM here and
+         * written to the tier at once. */
         size_t len = r.end - r.begin;
-        float *tmp = NULL;
-        int params_tiered = !a[ZS_CKPT_PARAM], moments_tiered = !a[ZS_CKPT_EXP_AVG];
-        if (params_tiered || moments_tiered) {
-            tmp = malloc(3 * len * sizeof *tmp);
-            if (!tmp) {
-                res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory for shard %d's state",
-                               sv->id, r.index);
-                break;
-            }
-            if (params_tiered)
-                a[ZS_CKPT_PARAM] = tmp;
-            if (moments_tiered) {
-                a[ZS_CKPT_EXP_AVG] = tmp + len;
-                a[ZS_CKPT_EXP_AVG_SQ] = tmp + 2 * len;
-            }
+        int tiered = !a[ZS_CKPT_EXP_AVG];
+        float *tmp = tiered ? malloc(3 * len * sizeof *tmp) : NULL;
+        if (tiered && !tmp) {
+            res = zs_error(ZS_ERR_NOMEM, "server %u: out of memory for shard %d's state", sv->id,
+                           r.index);
+            break;
         }
+        for (int k = 0; tiered && k < ZS_CKPT_ARRAYS; k++)
+            if (!a[k])
+                a[k] = tmp + (size_t)k * len;
         for (int k = 0; k < ZS_CKPT_ARRAYS && res == ZS_OK; k++)
             res = zs_ckpt_read(&ck, (zs_ckpt_array)k, r.begin, r.end, a[k]);
-        if (res == ZS_OK && moments_tiered) /* the weights too, in RAM or not */
+        if (res == ZS_OK && tiered)
             res = zs_store_write_state(st, i, a[ZS_CKPT_PARAM], a[ZS_CKPT_EXP_AVG],
                                        a[ZS_CKPT_EXP_AVG_SQ]);
         free(tmp);

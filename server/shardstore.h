@@ -136,7 +136,7 @@ zs_err zs_store_apply_into(zs_store *st, double lr, double clip, int skip, const
  * Whether shard i's arrays that are on NVMe are, at the current version, in its shard file in
  * step_dir (zs_store_apply_into put them there and nothing wrote them since): then xxh3 gets
  * their checksums (zs_ckpt_array order) and *param_in_file whether the weights are among them
- * (else they are in RAM, and the checkpoint writes them).  The file must then stay: the tier
+ * (else they are in RAM, and the checkpoint writes them).  The tier holds the file open and
  * reads the shard from it until the next apply.
  */
 int zs_store_in_ckpt(const zs_store *st, int i, const char *step_dir, uint64_t xxh3[3],
