@@ -302,8 +302,7 @@ static int whole_step(const char *zshard, const char *dir, int steps)
     /* The state in RAM: fp32 weights, moments, accumulator (16 bytes) and the bf16 copy (2). */
     zs_config c;
     zs_config_defaults(&c);
-    c.model = (zs_model_config){
-        .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024};
+    c.model = ZS_BENCH_GPT2_124M;
     zs_tensor_table tt;
     if (zs_tensors_gpt2(&c.model, &tt) != ZS_OK)
         return 1;
@@ -373,11 +372,7 @@ int main(int argc, char **argv)
                                           .n_embd = 256,
                                           .vocab_size = 8192,
                                           .block_size = 256}
-                      : (zs_model_config){.n_layer = 12,
-                                          .n_head = 12,
-                                          .n_embd = 768,
-                                          .vocab_size = 50257,
-                                          .block_size = 1024};
+                      : ZS_BENCH_GPT2_124M;
     cfg.chunks = 1;
     cfg.micro_batch = cfg.train_batch_size = 1;
     zs_tensor_table tt;
@@ -385,15 +380,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_nvme: %s\n", zs_last_error());
         return 1;
     }
-    size_t N = tt.total, sf = cfg.cluster.shard_bytes / sizeof(float);
-    int n = (int)((N + sf - 1) / sf);
-    zs_shard_range *ranges = calloc((size_t)n, sizeof *ranges);
-    for (int i = 0; i < n; i++)
-        ranges[i] = (zs_shard_range){i, i * sf, (i + 1) * sf < N ? (i + 1) * sf : N};
+    size_t N = tt.total;
+    int n;
+    zs_shard_range *ranges = zs_bench_shards(N, cfg.cluster.shard_bytes / sizeof(float), &n);
     uint64_t state_bytes = 8ull * N;
     printf("bench_nvme: %zu parameters in %d shards of %zu, moments %.2f GiB, in %s; requests of "
            "%zu KiB, queue depth %d, %d threads\n",
-           N, n, sf, (double)state_bytes / (1u << 30), dir, block >> 10, qd, threads);
+           N, n, cfg.cluster.shard_bytes / sizeof(float), (double)state_bytes / (1u << 30), dir,
+           block >> 10, qd, threads);
 
     /* 1. Raw. */
     raw_file raw;

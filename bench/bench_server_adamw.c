@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/benchutil.h"
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/tensors.h"
@@ -27,8 +28,7 @@ int main(int argc, char **argv)
     }
     zs_config cfg;
     zs_config_defaults(&cfg);
-    cfg.model = (zs_model_config){
-        .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024};
+    cfg.model = ZS_BENCH_GPT2_124M;
     cfg.chunks = 1;
     cfg.micro_batch = cfg.train_batch_size = 1;
     zs_tensor_table tt;
@@ -37,10 +37,8 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t sf = cfg.cluster.shard_bytes / 4;
-    int n = (int)((tt.total + sf - 1) / sf);
-    zs_shard_range *r = calloc((size_t)n, sizeof *r);
-    for (int i = 0; i < n; i++)
-        r[i] = (zs_shard_range){i, i * sf, (i + 1) * sf < tt.total ? (i + 1) * sf : tt.total};
+    int n;
+    zs_shard_range *r = zs_bench_shards(tt.total, sf, &n);
     zs_store *st;
     if (zs_store_create(&tt, &cfg, r, n, threads, &st) != ZS_OK) {
         fprintf(stderr, "bench_server_adamw: %s\n", zs_last_error());

@@ -17,7 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/secret.h"
+#include "server/shardstore.h"
 
 /* Starts argv[0] with argv; its stderr goes to log (NULL: inherited).  Returns the pid. */
 /* A job secret for a benchmark that starts zshard roles by hand: written to dir/secret, loaded
@@ -107,6 +109,25 @@ static inline double zs_bench_median(double *v, int n)
         return 0.0 / 0.0;
     qsort(v, (size_t)n, sizeof *v, zs_bench_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* GPT-2 124M's shape (124,439,808 parameters). */
+#define ZS_BENCH_GPT2_124M                                                                         \
+    ((zs_model_config){                                                                            \
+        .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024})
+
+/* A flat vector of `total` floats cut into shards of shard_floats (the last shorter), as one
+ * server holding them all sees them: *n ranges, calloc'ed (NULL out of memory). */
+static inline zs_shard_range *zs_bench_shards(size_t total, size_t shard_floats, int *n)
+{
+    *n = (int)((total + shard_floats - 1) / shard_floats);
+    zs_shard_range *r = calloc((size_t)*n, sizeof *r);
+    for (int i = 0; r && i < *n; i++) {
+        size_t b = (size_t)i * shard_floats,
+               e = b + shard_floats < total ? b + shard_floats : total;
+        r[i] = (zs_shard_range){i, b, e};
+    }
+    return r;
 }
 
 #endif

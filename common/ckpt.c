@@ -219,6 +219,12 @@ static void *hash_arrays(void *arg)
     return NULL;
 }
 
+/* The name of shard index's file in a step directory. */
+static void shard_name(int index, char *out, size_t n)
+{
+    snprintf(out, n, "shard-%06d.safetensors", index);
+}
+
 /* The checks both shard writers make, the shard's record so far, and its file's path. */
 static zs_err shard_start(const char *step_dir, const zs_ckpt_info *info, int index, size_t begin,
                           size_t end, zs_ckpt_shard *sh, char *path, size_t n)
@@ -237,14 +243,14 @@ static zs_err shard_start(const char *step_dir, const zs_ckpt_info *info, int in
         return zs_error(ZS_ERR_INVALID, "%s: shard %d: %zu floats is too many", step_dir, index,
                         end - begin);
     *sh = (zs_ckpt_shard){.index = index, .begin = begin, .end = end};
-    snprintf(sh->file, sizeof sh->file, "shard-%06d.safetensors", index);
+    shard_name(index, sh->file, sizeof sh->file);
     return join(path, n, step_dir, sh->file);
 }
 
 zs_err zs_ckpt_shard_path(const char *step_dir, int index, char *out, size_t n)
 {
     char name[64];
-    snprintf(name, sizeof name, "shard-%06d.safetensors", index);
+    shard_name(index, name, sizeof name);
     return join(out, n, step_dir, name);
 }
 

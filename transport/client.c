@@ -44,7 +44,6 @@ struct zs_client {
     uint64_t next_id;
     reply_area *free_areas; /* reply areas no operation holds */
     reply_area *areas;      /* every reply area, for close */
-    int n_areas;
 };
 
 typedef struct {
@@ -199,14 +198,16 @@ static zs_err take_area(zs_client *cl, int n, reply_area **out)
     a->cap = cap;
     a->all = cl->areas;
     cl->areas = a;
-    cl->n_areas++;
     *out = a;
     return ZS_OK;
 }
 
 int zs_client_reply_areas(const zs_client *cl)
 {
-    return cl->n_areas;
+    int n = 0;
+    for (const reply_area *a = cl->areas; a; a = a->all)
+        n++;
+    return n;
 }
 
 /* Splits [begin, end) and allocates the operation. */
@@ -397,6 +398,9 @@ int zs_client_wait_fd(zs_client *cl, int *timeout_ms)
      * frame no request expects would stay queued, and a net with events queued asks for a
      * turn now (timeout 0), so the caller would never sleep.  They are dropped here; an
      * unexpected frame's payload is skipped, so that its stream goes on. */
+    int fd = cl->ops->wait_fd(cl->net, timeout_ms);
+    if (*timeout_ms != 0)
+        return fd; /* nothing queued: the usual case, no turn spent */
     zs_event ev[16];
     int n = 0;
     while (cl->ops->poll(cl->net, ev, 16, 0, &n) == ZS_OK && n > 0)

@@ -84,10 +84,7 @@ void zs_adamw_avx2(float *param, float *m, float *v, const float *grad, uint16_t
         .eps = _mm256_set1_ps(hp->eps),
         .step = _mm256_set1_ps(hp->step_size),
     };
-    /* bf16 is 2-byte aligned, so a whole number of elements reaches the next line. */
-    size_t i = bf16 ? ((64 - ((uintptr_t)bf16 & 63)) & 63) / 2 : 0;
-    if (i > n)
-        i = n;
+    size_t i = zs_adamw_bf16_head(bf16, n);
     if (i > 0)
         zs_adamw_ref(param, m, v, grad, bf16, i, hp);
     for (; i + 32 <= n; i += 32) {

@@ -92,11 +92,7 @@ void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16
         .eps = _mm512_set1_ps(hp->eps),
         .step = _mm512_set1_ps(hp->step_size),
     };
-    /* bf16 is 2-byte aligned, so a whole number of elements reaches the next line. */
-    size_t head = bf16 ? ((64 - ((uintptr_t)bf16 & 63)) & 63) / 2 : 0;
-    if (head > n)
-        head = n;
-    size_t i = 0;
+    size_t head = zs_adamw_bf16_head(bf16, n), i = 0;
     while (i < head) {
         size_t len = head - i < 16 ? head - i : 16;
         update_part(param, m, v, grad, bf16, i, len, &c);
