@@ -2,12 +2,27 @@
 # Installs the Debian packages zshard builds with, when some are missing.  Idempotent: with
 # everything present it only checks (dpkg-query), so the README's commands stay fast.
 #
+# With --rdma-guest it also installs what tests/rdma/run.sh needs to boot a Debian kernel in
+# qemu with soft-RoCE devices (docs/testing.md); those come without apt's recommended
+# packages, which for qemu would pull in a desktop's worth of GUI libraries.
+#
 # Everything this script and the programs it runs print goes to stderr.  deploy/build.sh
 # runs it, and callers capture build.sh's stdout as the build directory
 # (`build=$(deploy/build.sh)` in deploy/main.sh and tests/run.sh); apt-get's progress lines
 # on stdout once became part of that path ("build/zshard: File name too long").
 exec 1>&2
 set -euo pipefail
+
+rdma_guest=0
+for arg in "$@"; do
+  case $arg in
+    --rdma-guest) rdma_guest=1 ;;
+    *)
+      echo "zshard: install-deps.sh: unknown option '$arg' (the only one is --rdma-guest)" >&2
+      exit 2
+      ;;
+  esac
+done
 
 packages=(
   build-essential cmake pkg-config
@@ -18,27 +33,54 @@ packages=(
   libxxhash-dev        # XXH3 checksums of checkpoint files
   libsodium-dev        # job secrets, key derivation, the data plane's challenge-response
   liburing-dev         # io_uring: the partition servers' NVMe tier (server/nvme.h)
+  libibverbs-dev ibverbs-providers   # the RDMA data plane (transport/rdma.c): libibverbs and its soft-RoCE provider
   clang libomp-dev     # the libFuzzer targets
   clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
   python3              # the integration tests' file edits and JSON checks (nonfinite.sh, checkpoint_*.sh)
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-if [ ${#missing[@]} -eq 0 ]; then
+# The test guest of tests/rdma/run.sh: a stock kernel booted by qemu from a busybox initramfs,
+# which then runs the host's own binaries through a 9p view of its root file system.
+guest_packages=(
+  qemu-system-x86      # the guest machine (TCG where the host has no usable KVM)
+  busybox-static       # the initramfs's only program: its init, insmod, mount, chroot
+  kmod                 # depmod and modprobe --show-depends on the downloaded kernel
+  cpio xz-utils zstd   # packing the initramfs; unpacking .ko.xz / .ko.zst modules
+  iproute2             # ip (veth pair) and rdma (soft-RoCE links) inside the guest
+  rdma-core ibverbs-utils ibverbs-providers   # ibv_devinfo, ibv_rc_pingpong, the rxe provider
+  rdmacm-utils         # rping, for tests of the rdma_cm connection path
+)
+
+# missing_of PACKAGE...: sets missing to those not installed (one dpkg-query each).
+missing_of() {
+  missing=()
+  local p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+}
+
+missing_of "${packages[@]}"
+guest_missing=()
+if [ $rdma_guest -eq 1 ]; then
+  base_missing=("${missing[@]}")
+  missing_of "${guest_packages[@]}"
+  guest_missing=("${missing[@]}")
+  missing=("${base_missing[@]}")
+fi
+if [ ${#missing[@]} -eq 0 ] && [ ${#guest_missing[@]} -eq 0 ]; then
   exit 0
 fi
+all_missing=("${missing[@]}" "${guest_missing[@]}")
 
-echo "zshard: installing ${missing[*]}" >&2
+echo "zshard: installing ${all_missing[*]}" >&2
 # sudo only when we are not root already: containers often run as root and have no sudo.
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then
   if ! command -v sudo >/dev/null; then
-    echo "zshard: missing packages ${missing[*]}; run this as root or install sudo" >&2
+    echo "zshard: missing packages ${all_missing[*]}; run this as root or install sudo" >&2
     exit 1
   fi
   sudo_cmd=(sudo)
@@ -46,10 +88,17 @@ fi
 # `env` passes DEBIAN_FRONTEND through sudo, whose env_reset would otherwise drop it.
 if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then
   echo "zshard: apt-get update failed (no network, or a broken /etc/apt/sources.list?);" \
-    "cannot install ${missing[*]}" >&2
+    "cannot install ${all_missing[*]}" >&2
   exit 1
 fi
-if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; then
+if [ ${#missing[@]} -gt 0 ] &&
+  ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; then
   echo "zshard: apt-get install ${missing[*]} failed" >&2
+  exit 1
+fi
+if [ ${#guest_missing[@]} -gt 0 ] &&
+  ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+    --no-install-recommends "${guest_missing[@]}"; then
+  echo "zshard: apt-get install ${guest_missing[*]} failed" >&2
   exit 1
 fi

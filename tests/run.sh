@@ -38,4 +38,6 @@ if ls "$root"/tests/fuzz/fuzz_*.c >/dev/null 2>&1; then
   (cd "$fuzz" && cmake -DZS_FUZZ_SECONDS="${ZS_FUZZ_SECONDS:-20}" . >/dev/null &&
      ctest --output-on-failure -L fuzz --timeout 600) || status=1
 fi
+echo "== RDMA data plane (qemu + soft-RoCE guest): tests/rdma/run.sh"
+"$root/tests/rdma/run.sh" "$release" || status=1
 exit $status

@@ -75,6 +75,8 @@ const char *zs_frame_op_name(unsigned op)
         return "push_reply";
     case ZS_OP_ERROR:
         return "error";
+    case ZS_OP_HELLO:
+        return "hello";
     }
     return "?";
 }
@@ -156,17 +158,17 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
                         ZS_FRAME_MAGIC);
     if (f.version != ZS_FRAME_VERSION)
         return zs_error(ZS_ERR_FORMAT, "frame: version %u is not %u", f.version, ZS_FRAME_VERSION);
-    if (f.op < ZS_OP_FETCH || f.op > ZS_OP_ERROR)
+    if (f.op < ZS_OP_FETCH || f.op > ZS_OP_HELLO)
         return zs_error(ZS_ERR_FORMAT, "frame: op %u is not a known op", f.op);
     size_t esize = zs_frame_dtype_size((zs_frame_dtype)f.dtype);
     if (esize == 0)
         return zs_error(ZS_ERR_FORMAT, "frame: dtype %u is not a known dtype (op %s)", f.dtype,
                         opn);
-    if (f.dtype == ZS_DTYPE_TEXT && f.op != ZS_OP_ERROR)
+    if (f.dtype == ZS_DTYPE_TEXT && f.op != ZS_OP_ERROR && f.op != ZS_OP_HELLO)
         return zs_error(ZS_ERR_FORMAT,
-                        "frame: dtype %u (text) is only valid with op %u (error), "
+                        "frame: dtype %u (text) is only valid with op %u (error) or %u (hello), "
                         "not op %u (%s)",
-                        f.dtype, ZS_OP_ERROR, f.op, opn);
+                        f.dtype, ZS_OP_ERROR, ZS_OP_HELLO, f.op, opn);
     if (f.flags != 0 && f.flags != ZS_FRAME_FLAG_STATE)
         return zs_error(ZS_ERR_FORMAT, "frame: flags 0x%02x must be 0 or 0x%02x (op %s)", f.flags,
                         ZS_FRAME_FLAG_STATE, opn);
@@ -179,7 +181,7 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
                         f.dtype, f.chunk);
     if (reserved != 0)
         return zs_error(ZS_ERR_FORMAT, "frame: reserved 0x%04x must be 0 (op %s)", reserved, opn);
-    if ((f.op == ZS_OP_FETCH || f.op == ZS_OP_PUSH) && f.status != 0)
+    if ((f.op == ZS_OP_FETCH || f.op == ZS_OP_PUSH || f.op == ZS_OP_HELLO) && f.status != 0)
         return zs_error(ZS_ERR_FORMAT, "frame: status %u must be 0 in op %u (%s)", f.status, f.op,
                         opn);
     if (f.status > ZS_FS_SHUTDOWN)
@@ -226,14 +228,15 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
                             (unsigned long long)f.length, f.op);
         break;
     case ZS_OP_ERROR:
+    case ZS_OP_HELLO:
         if (f.length > ZS_FRAME_MAX_ERROR_TEXT)
-            return zs_error(ZS_ERR_FORMAT, "frame: length %llu for op %u (error) exceeds %d",
-                            (unsigned long long)f.length, f.op, ZS_FRAME_MAX_ERROR_TEXT);
+            return zs_error(ZS_ERR_FORMAT, "frame: length %llu for op %u (%s) exceeds %d",
+                            (unsigned long long)f.length, f.op, opn, ZS_FRAME_MAX_ERROR_TEXT);
         if (f.length > 0 && f.dtype != ZS_DTYPE_TEXT)
             return zs_error(ZS_ERR_FORMAT,
-                            "frame: dtype %u (%s) for op %u (error) with a payload, expected %u "
+                            "frame: dtype %u (%s) for op %u (%s) with a payload, expected %u "
                             "(text)",
-                            f.dtype, zs_frame_dtype_name(f.dtype), f.op, ZS_DTYPE_TEXT);
+                            f.dtype, zs_frame_dtype_name(f.dtype), f.op, opn, ZS_DTYPE_TEXT);
         break;
     }
     *out = f;

@@ -26,16 +26,15 @@
  * receiver's, which knows N.
  *
  * The rules, in the order zs_frame_decode() checks them (the first broken one is reported):
- *   magic == ZS_FRAME_MAGIC; version == ZS_FRAME_VERSION; 1 <= op <= ZS_OP_ERROR;
- *   dtype is a zs_frame_dtype, and ZS_DTYPE_TEXT only with ZS_OP_ERROR; flags == 0, or
- *   ZS_FRAME_FLAG_STATE with op FETCH, dtype F32 and chunk < ZS_FRAME_STATE_ARRAYS;
- *   reserved == 0; status == 0 in FETCH and PUSH, a zs_frame_status otherwise;
- *   offset + count does not overflow 64 bits; length <= ZS_FRAME_MAX_PAYLOAD;
- *   FETCH_REPLY, PUSH: length == count * dtype size (the product checked for overflow);
- *   FETCH: length == 0 and count * dtype size <= ZS_FRAME_MAX_PAYLOAD (the reply must fit);
- *   PUSH_REPLY: length == 0;
- *   ERROR: length <= ZS_FRAME_MAX_ERROR_TEXT, and dtype TEXT when length > 0 (offset and
- *   count may echo the rejected request's range).
+ *   magic == ZS_FRAME_MAGIC; version == ZS_FRAME_VERSION; 1 <= op <= ZS_OP_HELLO;
+ *   dtype is a zs_frame_dtype, and ZS_DTYPE_TEXT only with ZS_OP_ERROR or ZS_OP_HELLO; flags == 0,
+ * or ZS_FRAME_FLAG_STATE with op FETCH, dtype F32 and chunk < ZS_FRAME_STATE_ARRAYS; reserved == 0;
+ * status == 0 in FETCH and PUSH, a zs_frame_status otherwise; offset + count does not overflow 64
+ * bits; length <= ZS_FRAME_MAX_PAYLOAD; FETCH_REPLY, PUSH: length == count * dtype size (the
+ * product checked for overflow); FETCH: length == 0 and count * dtype size <= ZS_FRAME_MAX_PAYLOAD
+ * (the reply must fit); PUSH_REPLY: length == 0; ERROR: length <= ZS_FRAME_MAX_ERROR_TEXT, and
+ * dtype TEXT when length > 0 (offset and count may echo the rejected request's range); HELLO:
+ * length <= ZS_FRAME_MAX_ERROR_TEXT, and dtype TEXT when length > 0.
  */
 #ifndef ZS_FRAME_H
 #define ZS_FRAME_H
@@ -57,6 +56,9 @@ typedef enum {
     ZS_OP_PUSH = 3,        /* client -> server: payload = gradient of the range, fp32 */
     ZS_OP_PUSH_REPLY = 4,  /* server -> client: status of a push (0 accepted or dropped dup) */
     ZS_OP_ERROR = 5,       /* either way: status says why; the payload, if any, is a UTF-8 text */
+    ZS_OP_HELLO = 6,       /* backend set-up (rdma.c: queue pair data over the TCP stream that
+                              authenticated the connection); consumed by the backend, never
+                              handed to its callers; payload opaque bytes (dtype text) */
 } zs_frame_op;
 
 typedef enum { ZS_DTYPE_F32 = 0, ZS_DTYPE_BF16 = 1, ZS_DTYPE_TEXT = 2 } zs_frame_dtype;

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "transport/core.h"
 
 #define TCP_HDR ZS_FRAME_HEADER_BYTES
 /* Bytes one socket moves in one direction per turn of the loop before the others get theirs;
@@ -227,8 +228,7 @@ struct tcp_hs {
 
 struct tcp_net {
     int epfd;
-    zs_event *evq; /* ring: evq_len entries from evq_head, tombstones have type 0 */
-    size_t evq_head, evq_len, evq_cap, evq_live;
+    zs_evq evq;
     tcp_sock *dirty_head, *dirty_tail;
     tcp_sock *throttle_head;
     tcp_conn *conns;
@@ -250,60 +250,19 @@ static int run_timers(tcp_net *n);
 /* ---------------------------------------------------------------------------------------- */
 /* helpers */
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Milliseconds left until deadline (-1: none), for epoll_wait. */
-static int remaining_ms(int64_t deadline)
-{
-    if (deadline < 0)
-        return -1;
-    int64_t left = deadline - now_ms();
-    if (left <= 0)
-        return 0;
-    return left > INT_MAX ? INT_MAX : (int)left;
-}
-
-static int64_t deadline_of(int timeout_ms)
-{
-    return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-}
-
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-    size_t n = src ? strnlen(src, cap - 1) : 0;
-    if (n)
-        memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
-/* snprintf for messages, where cutting a long one short is the right outcome. */
-static void fmt(char *dst, size_t cap, const char *f, ...) __attribute__((format(printf, 3, 4)));
-static void fmt(char *dst, size_t cap, const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(dst, cap, f, ap);
-    va_end(ap);
-}
-
 static void format_sockaddr(const struct sockaddr *sa, char *out, size_t cap)
 {
     char host[INET6_ADDRSTRLEN] = "?";
     if (sa->sa_family == AF_INET) {
         const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
         inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-        fmt(out, cap, "%s:%u", host, ntohs(in->sin_port));
+        zs_net_fmt(out, cap, "%s:%u", host, ntohs(in->sin_port));
     } else if (sa->sa_family == AF_INET6) {
         const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
         inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-        fmt(out, cap, "[%s]:%u", host, ntohs(in6->sin6_port));
+        zs_net_fmt(out, cap, "[%s]:%u", host, ntohs(in6->sin6_port));
     } else {
-        fmt(out, cap, "%s", sa->sa_family == AF_UNIX ? "unix" : "?");
+        zs_net_fmt(out, cap, "%s", sa->sa_family == AF_UNIX ? "unix" : "?");
     }
 }
 
@@ -338,7 +297,7 @@ static zs_err parse_addr(const char *what, const char *addr, char *host, size_t 
         return zs_error(ZS_ERR_INVALID, "tcp %s \"%s\": host name too long", what, addr);
     memcpy(host, h, hl);
     host[hl] = '\0';
-    fmt(port, pcap, "%ld", pv);
+    zs_net_fmt(port, pcap, "%ld", pv);
     return ZS_OK;
 }
 
@@ -423,64 +382,7 @@ static uint64_t raw_get64(const uint8_t *p)
 
 static zs_event *evq_push(tcp_net *n, zs_ev_type type, tcp_conn *c)
 {
-    if (n->evq_len == n->evq_cap) {
-        size_t cap = n->evq_cap ? 2 * n->evq_cap : 64;
-        zs_event *q = malloc(cap * sizeof *q);
-        if (!q) {
-            /* Nothing sensible remains; the event is lost, which the log says. */
-            ZS_ERROR("tcp: out of memory for the event queue; an event of type %d is lost", type);
-            return NULL;
-        }
-        for (size_t i = 0; i < n->evq_len; i++)
-            q[i] = n->evq[(n->evq_head + i) % n->evq_cap];
-        free(n->evq);
-        n->evq = q;
-        n->evq_cap = cap;
-        n->evq_head = 0;
-    }
-    zs_event *e = &n->evq[(n->evq_head + n->evq_len) % n->evq_cap];
-    n->evq_len++;
-    n->evq_live++;
-    e->type = type;
-    e->conn = (zs_conn *)c;
-    e->listener = NULL;
-    memset(&e->frame, 0, sizeof e->frame);
-    e->user = NULL;
-    e->err = ZS_OK;
-    e->reason[0] = '\0';
-    return e;
-}
-
-/* Events that name c: the ones that are about c itself are dropped, request completions
- * keep their place but lose the pointer. */
-static void evq_forget(tcp_net *n, tcp_conn *c)
-{
-    for (size_t i = 0; i < n->evq_len; i++) {
-        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
-        if (e->type == 0 || e->conn != (zs_conn *)c)
-            continue;
-        if (e->type == ZS_EV_SEND || e->type == ZS_EV_RECV) {
-            e->conn = NULL;
-        } else {
-            e->type = 0;
-            n->evq_live--;
-        }
-    }
-}
-
-static int evq_pop(tcp_net *n, zs_event *out)
-{
-    while (n->evq_len) {
-        zs_event *e = &n->evq[n->evq_head];
-        n->evq_head = (n->evq_head + 1) % n->evq_cap;
-        n->evq_len--;
-        if (e->type == 0)
-            continue;
-        n->evq_live--;
-        *out = *e;
-        return 1;
-    }
-    return 0;
+    return zs_evq_push(&n->evq, type, (zs_conn *)c, "tcp");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -538,7 +440,7 @@ static void req_finish(tcp_req *r, zs_err st, const char *msg)
     if (st == ZS_OK)
         r->err[0] = '\0';
     else if (msg != r->err)
-        copy_str(r->err, sizeof r->err, msg);
+        zs_net_copy_str(r->err, sizeof r->err, msg);
     r->state = RQ_DONE;
     r->sock = NULL;
     r->prev = r->next = NULL;
@@ -555,7 +457,7 @@ static void req_finish(tcp_req *r, zs_err st, const char *msg)
         e->frame = r->frame;
         e->user = r->user;
         e->err = st;
-        copy_str(e->reason, sizeof e->reason, r->err);
+        zs_net_copy_str(e->reason, sizeof e->reason, r->err);
     }
     req_release(r);
 }
@@ -565,10 +467,11 @@ static void req_fail_conn(tcp_req *r, const char *reason)
 {
     char msg[ZS_NET_REASON_MAX];
     if (r->kind == RQ_SEND)
-        fmt(msg, sizeof msg, "send of %s id %llu: %s", zs_frame_op_name(r->frame.op),
-            (unsigned long long)r->frame.id, reason);
+        zs_net_fmt(msg, sizeof msg, "send of %s id %llu: %s", zs_frame_op_name(r->frame.op),
+                   (unsigned long long)r->frame.id, reason);
     else
-        fmt(msg, sizeof msg, "receive of id %llu: %s", (unsigned long long)r->frame.id, reason);
+        zs_net_fmt(msg, sizeof msg, "receive of id %llu: %s", (unsigned long long)r->frame.id,
+                   reason);
     req_finish(r, ZS_ERR_IO, msg);
 }
 
@@ -667,7 +570,7 @@ static void conn_fail(tcp_conn *c, zs_err err, int notify, const char *why, ...)
     va_start(ap, why);
     vsnprintf(what, sizeof what, why, ap);
     va_end(ap);
-    fmt(c->reason, sizeof c->reason, "tcp %s: %s", c->peer, what);
+    zs_net_fmt(c->reason, sizeof c->reason, "tcp %s: %s", c->peer, what);
     for (int i = 0; i < c->nsock; i++) {
         tcp_sock *s = c->sock[i];
         if (s->fd >= 0) {
@@ -702,7 +605,7 @@ static void conn_fail(tcp_conn *c, zs_err err, int notify, const char *why, ...)
         zs_event *e = evq_push(c->net, ZS_EV_CLOSED, c);
         if (e) {
             e->err = err;
-            copy_str(e->reason, sizeof e->reason, c->reason);
+            zs_net_copy_str(e->reason, sizeof e->reason, c->reason);
         }
     }
 }
@@ -717,7 +620,7 @@ static zs_err conn_new(tcp_net *n, const int *fds, int nfd, const char *peer, tc
     if (!c)
         return zs_error(ZS_ERR_NOMEM, "tcp %s: out of memory for a connection", peer);
     c->net = n;
-    copy_str(c->peer, sizeof c->peer, peer);
+    zs_net_copy_str(c->peer, sizeof c->peer, peer);
     for (c->nsock = 0; c->nsock < nfd; c->nsock++) {
         tcp_sock *s = calloc(1, sizeof *s);
         if (!s) {
@@ -893,7 +796,7 @@ static void reject_bad_frame(tcp_sock *s, const char *why)
 {
     tcp_conn *c = s->conn;
     char text[ZS_NET_REASON_MAX];
-    copy_str(text, sizeof text, why);
+    zs_net_copy_str(text, sizeof text, why);
     /* Only at a frame boundary of our own sending: an error frame in the middle of a reply
      * would garble it. */
     if (s->sq_off == 0) {
@@ -939,11 +842,11 @@ static void sock_on_header(tcp_sock *s)
         r->frame = f;
         if (f.length > r->len) {
             r->status = ZS_ERR_FORMAT;
-            fmt(r->err, sizeof r->err,
-                "receive of id %llu: tcp %s: %s payload of %llu bytes exceeds the %llu "
-                "bytes posted",
-                (unsigned long long)f.id, c->peer, zs_frame_op_name(f.op),
-                (unsigned long long)f.length, (unsigned long long)r->len);
+            zs_net_fmt(r->err, sizeof r->err,
+                       "receive of id %llu: tcp %s: %s payload of %llu bytes exceeds the %llu "
+                       "bytes posted",
+                       (unsigned long long)f.id, c->peer, zs_frame_op_name(f.op),
+                       (unsigned long long)f.length, (unsigned long long)r->len);
             sock_start_body(s, NULL, r);
         } else if (f.length == 0) {
             req_finish(r, ZS_OK, NULL);
@@ -1003,7 +906,7 @@ static void sock_read(tcp_sock *s)
         uint8_t *dst;
         size_t want;
         if (s->rstate == RS_HDR && s->hdr_got == 0) {
-            if (c->net->evq_live >= TCP_EVQ_HIGH) {
+            if (c->net->evq.live >= TCP_EVQ_HIGH) {
                 sock_throttle(s); /* poll() resumes it */
                 return;
             }
@@ -1196,7 +1099,7 @@ void zs_tcp_close(zs_net *nn)
             free(sl->reqs[i].inline_buf);
         free(sl);
     }
-    free(n->evq);
+    zs_evq_free(&n->evq);
     free(n->scratch);
     close(n->epfd);
     free(n);
@@ -1297,13 +1200,13 @@ void zs_tcp_listener_close(zs_listener *ll)
         return;
     tcp_net *n = l->net;
     /* Queued ZS_EV_ACCEPT events keep their connections but lose the listener pointer. */
-    for (size_t i = 0; i < n->evq_len; i++) {
-        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+    for (size_t i = 0; i < n->evq.len; i++) {
+        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
         if (e->type == ZS_EV_ACCEPT && e->listener == ll)
             e->listener = NULL;
     }
-    for (size_t i = 0; i < n->evq_len; i++) {
-        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+    for (size_t i = 0; i < n->evq.len; i++) {
+        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
         if (e->type == ZS_EV_REFUSED && e->listener == ll)
             e->listener = NULL;
     }
@@ -1370,7 +1273,7 @@ static void hs_fail(tcp_hs *hs, const char *why, ...)
         va_end(ap);
         e->listener = (zs_listener *)hs->l;
         e->err = ZS_ERR_INVALID;
-        fmt(e->reason, sizeof e->reason, "%s: handshake: %s", hs->peer, text);
+        zs_net_fmt(e->reason, sizeof e->reason, "%s: handshake: %s", hs->peer, text);
     }
     close(hs_unlink(hs));
     zs_wipe(hs->token, sizeof hs->token);
@@ -1389,7 +1292,7 @@ static void hs_done(tcp_hs *hs)
         if (e) {
             e->listener = (zs_listener *)l;
             e->err = ZS_ERR_NOMEM;
-            copy_str(e->reason, sizeof e->reason, zs_last_error());
+            zs_net_copy_str(e->reason, sizeof e->reason, zs_last_error());
         }
         close(fd);
     } else {
@@ -1475,8 +1378,8 @@ static void hs_progress(tcp_hs *hs)
             int known = hs->l->auth.token_of(hs->l->auth.ctx, hs->member, hs->token, why);
             if (known != 0) {
                 hs_out(hs, HS_CHALLENGE, known == -2 ? HS_NOT_READY : HS_UNKNOWN_MEMBER);
-                fmt(hs->why, sizeof hs->why, "member %u refused: %.120s", hs->member,
-                    why[0] ? why : "unknown");
+                zs_net_fmt(hs->why, sizeof hs->why, "member %u refused: %.120s", hs->member,
+                           why[0] ? why : "unknown");
                 hs->state = HS_WRITE_REFUSAL;
                 break;
             }
@@ -1538,8 +1441,8 @@ static void hs_start(tcp_listener *l, int fd, const char *peer)
         if (e) {
             e->listener = (zs_listener *)l;
             e->err = ZS_ERR_IO;
-            fmt(e->reason, sizeof e->reason, "%s: closed at once: %d handshakes in progress", peer,
-                TCP_MAX_HANDSHAKES);
+            zs_net_fmt(e->reason, sizeof e->reason, "%s: closed at once: %d handshakes in progress",
+                       peer, TCP_MAX_HANDSHAKES);
         }
         return;
     }
@@ -1555,9 +1458,9 @@ static void hs_start(tcp_listener *l, int fd, const char *peer)
     hs->kind = K_HS;
     hs->fd = fd;
     hs->l = l;
-    copy_str(hs->peer, sizeof hs->peer, peer);
+    zs_net_copy_str(hs->peer, sizeof hs->peer, peer);
     hs->state = HS_READ_HELLO;
-    hs->deadline = now_ms() + l->handshake_ms;
+    hs->deadline = zs_net_now_ms() + l->handshake_ms;
     hs->next = n->handshakes;
     if (n->handshakes)
         n->handshakes->prev = hs;
@@ -1579,12 +1482,12 @@ static int next_timer_ms(const tcp_net *n)
     for (const tcp_listener *l = n->listeners; l; l = l->next)
         if (l->resume_at && (next < 0 || l->resume_at < next))
             next = l->resume_at;
-    return remaining_ms(next);
+    return zs_net_remaining_ms(next);
 }
 
 static int run_timers(tcp_net *n)
 {
-    int64_t now = now_ms(), next = -1;
+    int64_t now = zs_net_now_ms(), next = -1;
     for (tcp_hs *hs = n->handshakes, *nx; hs; hs = nx) {
         nx = hs->next;
         if (hs->deadline <= now)
@@ -1629,7 +1532,7 @@ static void listener_accept(tcp_listener *l)
                            strerror(errno), TCP_ACCEPT_BACKOFF_MS);
             struct epoll_event ev = {.events = 0, .data.ptr = l};
             epoll_ctl(l->net->epfd, EPOLL_CTL_MOD, l->fd, &ev);
-            l->resume_at = now_ms() + TCP_ACCEPT_BACKOFF_MS;
+            l->resume_at = zs_net_now_ms() + TCP_ACCEPT_BACKOFF_MS;
             return;
         }
         set_nodelay(fd);
@@ -1661,11 +1564,11 @@ typedef struct {
 static tcp_conn *take_accept(accept_arg *a)
 {
     tcp_net *n = a->net;
-    for (size_t i = 0; i < n->evq_len; i++) {
-        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+    for (size_t i = 0; i < n->evq.len; i++) {
+        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
         if (e->type == ZS_EV_ACCEPT && e->listener == a->l) {
             e->type = 0;
-            n->evq_live--;
+            n->evq.live--;
             return (tcp_conn *)e->conn;
         }
     }
@@ -1676,8 +1579,8 @@ static int accept_ready(void *arg)
 {
     accept_arg *a = arg;
     tcp_net *n = a->net;
-    for (size_t i = 0; i < n->evq_len; i++) {
-        zs_event *e = &n->evq[(n->evq_head + i) % n->evq_cap];
+    for (size_t i = 0; i < n->evq.len; i++) {
+        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
         if (e->type == ZS_EV_ACCEPT && e->listener == a->l)
             return 1;
     }
@@ -1688,7 +1591,7 @@ zs_err zs_tcp_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
 {
     tcp_listener *l = (tcp_listener *)ll;
     accept_arg a = {l->net, ll};
-    int64_t deadline = deadline_of(timeout_ms);
+    int64_t deadline = zs_net_deadline(timeout_ms);
     *out = NULL;
     for (;;) {
         tcp_conn *c = take_accept(&a);
@@ -1696,7 +1599,7 @@ zs_err zs_tcp_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
             *out = (zs_conn *)c;
             return ZS_OK;
         }
-        int left = remaining_ms(deadline);
+        int left = zs_net_remaining_ms(deadline);
         if (left == 0 && timeout_ms >= 0) {
             /* one last non-blocking turn so that timeout 0 still accepts what is waiting */
             ZS_CHECK(net_turn(l->net, 0, accept_ready, &a));
@@ -1723,7 +1626,7 @@ static zs_err connect_one(const struct addrinfo *a, const tcp_opts *t, int64_t d
     }
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLOUT};
-        int left = remaining_ms(deadline);
+        int left = zs_net_remaining_ms(deadline);
         int k = poll(&p, 1, left);
         if (k < 0 && errno == EINTR)
             continue;
@@ -1773,7 +1676,7 @@ static zs_err hs_io(int fd, void *buf, size_t n, int sending, int64_t deadline, 
             return zs_error(ZS_ERR_IO, "tcp connect %s: handshake (%s): %s", addr, what,
                             strerror(errno));
         struct pollfd p = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
-        int left = remaining_ms(deadline);
+        int left = zs_net_remaining_ms(deadline);
         if (left == 0 || poll(&p, 1, left) == 0)
             return zs_error(ZS_ERR_IO, "tcp connect %s: the handshake timed out (%s)", addr, what);
     }
@@ -1851,7 +1754,7 @@ zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs
     int gai = getaddrinfo(host, port, &hints, &ai);
     if (gai)
         return zs_error(ZS_ERR_IO, "tcp connect %s: %s", addr, gai_strerror(gai));
-    int64_t deadline = now_ms() + t.timeout_ms;
+    int64_t deadline = zs_net_now_ms() + t.timeout_ms;
     for (; nfd < t.conns; nfd++) {
         for (;;) {
             for (struct addrinfo *a = ai; a; a = a->ai_next) {
@@ -1867,7 +1770,7 @@ zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs
             if (res == ZS_OK)
                 break;
             close(fds[nfd]);
-            if (!retry || remaining_ms(deadline) <= HS_RETRY_MS)
+            if (!retry || zs_net_remaining_ms(deadline) <= HS_RETRY_MS)
                 goto fail;
             poll(NULL, 0, HS_RETRY_MS);
         }
@@ -1878,7 +1781,7 @@ zs_err zs_tcp_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs
     if (getpeername(fds[0], (struct sockaddr *)&ss, &sl) == 0)
         format_sockaddr((struct sockaddr *)&ss, peer, sizeof peer);
     else
-        copy_str(peer, sizeof peer, addr);
+        zs_net_copy_str(peer, sizeof peer, addr);
     tcp_conn *c;
     ZS_CHECK_GOTO(conn_new(n, fds, nfd, peer, &c), res, fail);
     c->member = opts && opts->auth ? opts->auth->member : 0;
@@ -1904,6 +1807,17 @@ zs_err zs_tcp_adopt(zs_net *nn, int fd, const char *peer, uint32_t member, zs_co
     c->member = member;
     *out = (zs_conn *)c;
     return ZS_OK;
+}
+
+int zs_tcp_conn_local(const zs_conn *cc, struct sockaddr_storage *out)
+{
+    const tcp_conn *c = (const tcp_conn *)cc;
+    if (c->closed || c->nsock < 1 || c->sock[0]->fd < 0) {
+        errno = ENOTCONN;
+        return -1;
+    }
+    socklen_t len = sizeof *out;
+    return getsockname(c->sock[0]->fd, (struct sockaddr *)out, &len);
 }
 
 uint32_t zs_tcp_conn_member(const zs_conn *c)
@@ -1938,7 +1852,7 @@ void zs_tcp_conn_close(zs_conn *cc)
         return;
     tcp_net *n = c->net;
     conn_fail(c, ZS_ERR_IO, 0, "connection closed locally");
-    evq_forget(n, c);
+    zs_evq_forget(&n->evq, (zs_conn *)c);
     for (int i = 0; i < c->nsock; i++) {
         sock_unmark_dirty(c->sock[i]);
         sock_unthrottle(c->sock[i]);
@@ -2228,9 +2142,9 @@ zs_err zs_tcp_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
     tcp_req *r = (tcp_req *)rq;
     *done = 0;
     ZS_CHECK(check_handle(r, "wait"));
-    int64_t deadline = deadline_of(timeout_ms);
+    int64_t deadline = zs_net_deadline(timeout_ms);
     while (r->state != RQ_DONE) {
-        int left = remaining_ms(deadline);
+        int left = zs_net_remaining_ms(deadline);
         ZS_CHECK(net_turn(r->net, left, req_done, r));
         if (r->state != RQ_DONE && left == 0)
             return ZS_OK;
@@ -2301,7 +2215,7 @@ zs_err zs_tcp_flush(zs_net *nn)
 
 static int events_ready(void *arg)
 {
-    return ((tcp_net *)arg)->evq_live > 0;
+    return ((tcp_net *)arg)->evq.live > 0;
 }
 
 zs_err zs_tcp_poll(zs_net *nn, zs_event *ev, int max, int timeout_ms, int *n_out)
@@ -2310,27 +2224,27 @@ zs_err zs_tcp_poll(zs_net *nn, zs_event *ev, int max, int timeout_ms, int *n_out
     *n_out = 0;
     if (max <= 0)
         return zs_error(ZS_ERR_INVALID, "tcp poll: room for %d events", max);
-    int64_t deadline = deadline_of(timeout_ms);
+    int64_t deadline = zs_net_deadline(timeout_ms);
     /* Events already queued (typically the completions of sends just written inline) are
      * handed out without an epoll_wait, but only every other call, so that I/O is never
      * starved by a caller whose every poll queues something new. */
-    if (n->evq_live && !n->poll_skipped) {
+    if (n->evq.live && !n->poll_skipped) {
         run_dirty(n);
         n->poll_skipped = 1;
     } else {
         n->poll_skipped = 0;
         for (;;) {
-            int left = n->evq_live ? 0 : remaining_ms(deadline);
+            int left = n->evq.live ? 0 : zs_net_remaining_ms(deadline);
             ZS_CHECK(net_turn(n, left, events_ready, n));
-            if (n->evq_live || left == 0)
+            if (n->evq.live || left == 0)
                 break;
         }
     }
     int k = 0;
-    while (k < max && evq_pop(n, &ev[k]))
+    while (k < max && zs_evq_pop(&n->evq, &ev[k]))
         k++;
     *n_out = k;
-    if (n->throttle_head && n->evq_live <= TCP_EVQ_LOW) {
+    if (n->throttle_head && n->evq.live <= TCP_EVQ_LOW) {
         while (n->throttle_head) {
             tcp_sock *x = n->throttle_head;
             sock_unthrottle(x);
@@ -2345,7 +2259,7 @@ int zs_tcp_wait_fd(zs_net *nn, int *timeout_ms)
     tcp_net *n = (tcp_net *)nn;
     /* Sockets registered edge-triggered: what an epoll_wait already reported and the net did
      * not finish is on the dirty list, so the descriptor polls readable only for new I/O. */
-    *timeout_ms = n->evq_live || n->dirty_head ? 0 : next_timer_ms(n);
+    *timeout_ms = n->evq.live || n->dirty_head ? 0 : next_timer_ms(n);
     return n->epfd;
 }
 

@@ -87,6 +87,11 @@ zs_err zs_tcp_flush(zs_net *net);
 zs_err zs_tcp_poll(zs_net *net, zs_event *ev, int max, int timeout_ms, int *n);
 int zs_tcp_wait_fd(zs_net *net, int *timeout_ms);
 
+/* The local address of c's first stream (getsockname), for a backend that runs its set-up over
+ * TCP and picks its own interface by it (rdma.c).  Returns 0, or -1 with errno set. */
+struct sockaddr_storage;
+int zs_tcp_conn_local(const zs_conn *c, struct sockaddr_storage *out);
+
 /* Makes a connection of an already connected stream socket fd (TCP, or one end of an
  * AF_UNIX socketpair in tests and the fuzzer), with peer name `peer` for messages, without a
  * handshake: the caller vouches that it is member `member` (0: none).  On success the

@@ -39,6 +39,10 @@ static zs_frame sample(zs_frame_op op)
         f.status = ZS_FS_BAD_RANGE;
         f.length = 17;
         break;
+    case ZS_OP_HELLO:
+        f.dtype = ZS_DTYPE_TEXT;
+        f.length = 64;
+        break;
     }
     return f;
 }
@@ -67,7 +71,7 @@ static void put_le(uint8_t *p, int n, uint64_t v)
 
 static void test_round_trips(void)
 {
-    for (int op = ZS_OP_FETCH; op <= ZS_OP_ERROR; op++) {
+    for (int op = ZS_OP_FETCH; op <= ZS_OP_HELLO; op++) {
         zs_frame f = sample((zs_frame_op)op), g;
         uint8_t buf[ZS_FRAME_HEADER_BYTES];
         memset(buf, 0xAB, sizeof buf);
@@ -205,12 +209,21 @@ static void test_invalid_fields(void)
     CHECK_FAILS_WITH(decode_patched(push, 10, 2, 0x100), "reserved 0x0100 must be 0");
     CHECK_FAILS_WITH(decode_patched(push, 12, 4, 1), "status 1 must be 0");
 
-    /* Text only with ERROR. */
+    /* Text only with ERROR and HELLO; a HELLO's status is 0 and its length bounded. */
+    f = sample(ZS_OP_HELLO);
+    f.status = ZS_FS_BAD_FRAME;
+    CHECK_FAILS_WITH(decode_frame(f), "status 2 must be 0 in op 6 (hello)");
+    f = sample(ZS_OP_HELLO);
+    f.length = ZS_FRAME_MAX_ERROR_TEXT + 1;
+    CHECK_FAILS_WITH(decode_frame(f), "op 6 (hello) exceeds 4096");
+    f = sample(ZS_OP_HELLO);
+    f.dtype = ZS_DTYPE_F32;
+    CHECK_FAILS_WITH(decode_frame(f), "for op 6 (hello) with a payload, expected 2 (text)");
     for (int op = ZS_OP_FETCH; op < ZS_OP_ERROR; op++) {
         f = sample((zs_frame_op)op);
         f.dtype = ZS_DTYPE_TEXT;
         f.length = op == ZS_OP_FETCH_REPLY || op == ZS_OP_PUSH ? f.count : 0;
-        CHECK_FAILS_WITH(decode_frame(f), "dtype 2 (text) is only valid with op 5");
+        CHECK_FAILS_WITH(decode_frame(f), "dtype 2 (text) is only valid with op 5 (error) or 6");
     }
     f = sample(ZS_OP_FETCH);
     f.status = ZS_FS_BAD_FRAME;

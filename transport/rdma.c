@@ -1,0 +1,2280 @@
+/*
+ * rdma: the RDMA backend of the data-plane transport (rdma.h has the protocol).
+ *
+ * Shape of the file: a net owns a TCP net (set-up streams), one device context, protection
+ * domain, completion channel and completion queue shared by all its queue pairs, and an epoll
+ * descriptor over the three things that can wake it (the TCP net, the channel, async events).
+ * Every progress function runs net_turn(): TCP events, then completions, then async events,
+ * then each connection's deferred work (frames waiting behind a reported header, sends waiting
+ * for credits or send slots, READs waiting for room on the QP, DONE and CREDIT messages), then
+ * timers.
+ *
+ * Work request ids: conn id (24 bits) << 40 | kind (4 bits) << 36 | value (36 bits), where the
+ * value is a receive slot's index or a send-queue sequence number.  Connections are found by
+ * id, so a completion that arrives after its connection was closed is recognised and dropped.
+ */
+#include "transport/rdma.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "transport/core.h"
+#include "transport/tcp.h"
+
+/* Our message header on the QP, little-endian, 32 bytes:
+ *   0 u32 magic "ZSR1"   4 u8 kind   5 u8 0   6 u16 credits returned
+ *   8 u32 status (DONE: 0 read, 1 skipped)   12 u32 rkey (RNDV)
+ *  16 u64 token (RNDV, DONE)   24 u64 address (RNDV)
+ * then, for EAGER and RNDV, the 64-byte frame header, and for EAGER the payload. */
+#define RD_MAGIC 0x3152535au /* "ZSR1" */
+#define RD_HDR 32
+#define RD_EAGER_MAX ZS_NET_INLINE_MAX
+#define RD_SLOT (RD_HDR + ZS_FRAME_HEADER_BYTES + RD_EAGER_MAX)
+#define RD_CREDITS 16
+#define RD_RECV_SLOTS (2 * RD_CREDITS)
+#define RD_SEND_SLOTS 48
+#define RD_SIGNAL_EVERY (RD_SEND_SLOTS / 4)
+#define RD_MAX_READS_CAP 16
+#define RD_SQ_DEPTH (RD_SEND_SLOTS + RD_MAX_READS_CAP + 8)
+#define RD_READ_CHUNK ((uint64_t)4 << 20)
+#define RD_CQ_DEPTH 4096
+#define RD_HELLO_BYTES 64
+#define RD_HELLO_MAGIC 0x4852535au /* "ZSRH" */
+#define RD_HELLO_ID 1
+#define RD_DRAIN_MS 2000
+#define RD_CANCEL_MS 1000
+#define RD_PEER_MAX 80
+
+#define RD_DEFAULT_SEND_TIMEOUT_MS 120000
+#define RD_DEFAULT_SETUP_MS 5000
+
+enum { MSG_EAGER = 1, MSG_RNDV = 2, MSG_DONE = 3, MSG_CREDIT = 4 };
+enum { WR_RECV = 1, WR_SEND = 2, WR_READ = 3 };
+enum { RQ_SEND = 1, RQ_RECV = 2 };
+enum { RQ_IDLE, RQ_QUEUED, RQ_AWAIT, RQ_EXPECTED, RQ_READING, RQ_DONE };
+
+typedef struct rd_net rd_net;
+typedef struct rd_conn rd_conn;
+typedef struct rd_req rd_req;
+typedef struct rd_mr rd_mr;
+typedef struct rd_listener rd_listener;
+
+struct rd_mr {
+    rd_net *net;
+    struct ibv_mr *mr;
+    uint8_t *base;
+    size_t len;
+    int access;
+    long refs;
+    rd_mr *prev, *next;
+};
+
+struct rd_req {
+    rd_net *net;
+    rd_conn *conn;
+    int kind, state, handle, silent;
+    zs_err status;
+    void *user;
+    zs_frame frame;
+    rd_mr *mr;
+    uint8_t *buf;        /* send: source; recv: destination */
+    uint64_t len;        /* send: payload bytes; recv: capacity, then the payload's bytes */
+    uint8_t *inline_buf; /* isend_inline's copy */
+    uint64_t id;         /* irecv: the id expected */
+    uint64_t token;      /* send awaiting DONE; recv: the peer's token */
+    int64_t deadline;    /* send awaiting DONE */
+    uint64_t raddr;      /* recv: the peer's source */
+    uint32_t rkey;
+    uint64_t read_off; /* recv: bytes for which READs were posted */
+    int reads_out;     /* recv: READs posted and not completed */
+    rd_req *prev, *next;
+    char err[ZS_NET_REASON_MAX];
+};
+
+typedef struct {
+    uint64_t token;
+    uint32_t status;
+} rd_done;
+
+struct rd_conn {
+    rd_net *net;
+    uint32_t id;
+    zs_conn *tcp;   /* the set-up stream, kept to notice a dead peer */
+    rd_listener *l; /* accepted: the listener, until the set-up finished */
+    int ready;      /* the QP is in RTS and the caller knows the connection */
+    int64_t setup_deadline;
+    char peer[RD_PEER_MAX];
+    uint32_t member;
+    void *user;
+    struct ibv_qp *qp;
+    uint8_t *slots; /* RD_RECV_SLOTS receive slots, then RD_SEND_SLOTS send slots */
+    struct ibv_mr *slot_mr;
+    uint8_t hello[RD_HELLO_BYTES];
+    zs_mr *hello_mr; /* hello[] registered with the TCP net */
+    zs_req *hello_recv;
+    int max_reads; /* READs in flight at once */
+    /* sending */
+    int credits;        /* frames the peer can still take */
+    int owed;           /* slots we freed and have not told the peer about */
+    uint64_t sq_posted; /* send-queue work requests posted (their sequence numbers) */
+    uint64_t sq_done;   /* ... completed: all up to this one */
+    int since_signal;   /* unsignaled sends since the last signaled one */
+    int ring_head, ring_used;
+    uint64_t ring_seq[RD_SEND_SLOTS];
+    rd_req *sendq, *sendq_tail; /* frames waiting for a credit or a send slot */
+    rd_req *await;              /* RNDV sends waiting for DONE */
+    uint64_t next_token;
+    rd_done *ctl; /* DONE messages waiting for a send slot */
+    int n_ctl, cap_ctl;
+    int bad_key; /* test hook */
+    /* receiving */
+    rd_req *expect;                              /* posted irecvs */
+    int backlog[RD_RECV_SLOTS], bl_head, bl_len; /* frames behind a reported header */
+    int pending;                                 /* the slot of the reported header, or -1 */
+    rd_req *reading, *reading_tail; /* receives in their READ phase, in posting order */
+    /* failure */
+    int closed;
+    int closing; /* failed, and ZS_EV_CLOSED waits for the QP to flush */
+    zs_err close_err;
+    int64_t drain_deadline;
+    char reason[ZS_NET_REASON_MAX];
+    int dirty;
+    rd_conn *prev, *next;
+};
+
+struct rd_listener {
+    rd_net *net;
+    zs_listener *tcp;
+    int setup_ms;
+    rd_listener *prev, *next;
+};
+
+struct rd_net {
+    zs_net *tcp;
+    int epfd;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *chan;
+    struct ibv_cq *cq;
+    int cq_armed;
+    unsigned cq_events; /* completion events not yet acknowledged */
+    int port;
+    char dev_name[64];
+    struct ibv_port_attr port_attr;
+    int max_rd_atomic;
+    zs_evq evq;
+    rd_conn *conns;
+    rd_listener *listeners;
+    rd_mr *mrs;
+    uint32_t next_conn_id;
+    int send_timeout_ms;
+    zs_log_limit log;
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* helpers */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static int env_int(const char *name, int dflt, int lo, int hi)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return dflt;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < lo || v > hi) {
+        ZS_WARN("rdma: %s=%s is not a number in %d..%d; using %d", name, s, lo, hi, dflt);
+        return dflt;
+    }
+    return (int)v;
+}
+
+static uint64_t wr_id(const rd_conn *c, int kind, uint64_t v)
+{
+    return (uint64_t)c->id << 40 | (uint64_t)kind << 36 | (v & ((1ull << 36) - 1));
+}
+
+static rd_conn *conn_by_id(rd_net *n, uint32_t id)
+{
+    for (rd_conn *c = n->conns; c; c = c->next)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+static uint8_t *recv_slot(rd_conn *c, int i)
+{
+    return c->slots + (size_t)i * RD_SLOT;
+}
+static uint8_t *send_slot(rd_conn *c, int i)
+{
+    return c->slots + (size_t)(RD_RECV_SLOTS + i) * RD_SLOT;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* requests */
+
+static rd_req *req_new(rd_net *n, int kind, rd_conn *c, void *user, int handle)
+{
+    rd_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->net = n;
+    r->kind = kind;
+    r->conn = c;
+    r->user = user;
+    r->handle = handle;
+    return r;
+}
+
+static void req_free(rd_req *r)
+{
+    if (r->mr)
+        r->mr->refs--;
+    free(r->inline_buf);
+    free(r);
+}
+
+/* Completes r: a handle keeps the outcome for test()/wait(); otherwise it becomes an event. */
+static void req_finish(rd_req *r, zs_err st, const char *msg)
+{
+    if (r->mr) {
+        r->mr->refs--;
+        r->mr = NULL;
+    }
+    r->status = st;
+    if (st == ZS_OK)
+        r->err[0] = '\0';
+    else if (msg != r->err)
+        zs_net_copy_str(r->err, sizeof r->err, msg);
+    r->state = RQ_DONE;
+    r->prev = r->next = NULL;
+    if (r->silent) {
+        req_free(r);
+        return;
+    }
+    if (r->handle) {
+        r->conn = NULL;
+        return;
+    }
+    zs_event *e = zs_evq_push(&r->net->evq, r->kind == RQ_SEND ? ZS_EV_SEND : ZS_EV_RECV,
+                              r->conn && r->conn->ready ? (zs_conn *)r->conn : NULL, "rdma");
+    if (e) {
+        e->frame = r->frame;
+        e->user = r->user;
+        e->err = st;
+        zs_net_copy_str(e->reason, sizeof e->reason, r->err);
+    }
+    req_free(r);
+}
+
+static void req_fail_conn(rd_req *r, const char *reason)
+{
+    char msg[ZS_NET_REASON_MAX];
+    if (r->kind == RQ_SEND)
+        zs_net_fmt(msg, sizeof msg, "send of %s id %llu: %s", zs_frame_op_name(r->frame.op),
+                   (unsigned long long)r->frame.id, reason);
+    else
+        zs_net_fmt(msg, sizeof msg, "receive of id %llu: %s", (unsigned long long)r->frame.id,
+                   reason);
+    req_finish(r, ZS_ERR_IO, msg);
+}
+
+/* Doubly linked lists with a head pointer (expect, await). */
+static void list_add(rd_req **head, rd_req *r)
+{
+    r->prev = NULL;
+    r->next = *head;
+    if (*head)
+        (*head)->prev = r;
+    *head = r;
+}
+static void list_del(rd_req **head, rd_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        *head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+/* Singly linked FIFO queues (sendq, reading). */
+static void fifo_push(rd_req **head, rd_req **tail, rd_req *r)
+{
+    r->next = NULL;
+    if (*tail)
+        (*tail)->next = r;
+    else
+        *head = r;
+    *tail = r;
+}
+static rd_req *fifo_pop(rd_req **head, rd_req **tail)
+{
+    rd_req *r = *head;
+    if (r) {
+        *head = r->next;
+        if (!*head)
+            *tail = NULL;
+        r->next = NULL;
+    }
+    return r;
+}
+static int fifo_remove(rd_req **head, rd_req **tail, rd_req *r)
+{
+    rd_req *prev = NULL;
+    for (rd_req *q = *head; q; prev = q, q = q->next) {
+        if (q != r)
+            continue;
+        if (prev)
+            prev->next = q->next;
+        else
+            *head = q->next;
+        if (*tail == q)
+            *tail = prev;
+        q->next = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* device */
+
+static int ipv4_of_gid(const union ibv_gid *g, uint32_t *ip)
+{
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(g->raw, prefix, 12) != 0)
+        return 0;
+    memcpy(ip, g->raw + 12, 4);
+    return 1;
+}
+
+/* The index of the RoCE v2 GID of IPv4 address ip on ctx's port (ip 0: the first IPv4 one),
+ * or -1. */
+static int find_gid(struct ibv_context *ctx, int port, int table_len, uint32_t ip)
+{
+    for (int i = 0; i < table_len; i++) {
+        struct ibv_gid_entry e;
+        if (ibv_query_gid_ex(ctx, (uint32_t)port, (uint32_t)i, &e, 0) != 0)
+            continue;
+        uint32_t a;
+        if (e.gid_type != IBV_GID_TYPE_ROCE_V2 || !ipv4_of_gid(&e.gid, &a))
+            continue;
+        if (!ip || a == ip)
+            return i;
+    }
+    return -1;
+}
+
+int zs_rdma_available(char *why, size_t cap)
+{
+    int num = 0;
+    struct ibv_device **list = ibv_get_device_list(&num);
+    if (!list || num == 0) {
+        if (why)
+            zs_net_fmt(why, cap, "no RDMA device (libibverbs lists none%s%s)", list ? "" : ": ",
+                       list ? "" : strerror(errno));
+        if (list)
+            ibv_free_device_list(list);
+        return 0;
+    }
+    int ok = 0;
+    for (int i = 0; i < num && !ok; i++) {
+        struct ibv_context *ctx = ibv_open_device(list[i]);
+        if (!ctx)
+            continue;
+        struct ibv_port_attr pa;
+        ok = ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
+        ibv_close_device(ctx);
+    }
+    ibv_free_device_list(list);
+    if (!ok && why)
+        zs_net_fmt(why, cap, "no RDMA device with an active port 1 (%d device%s listed)", num,
+                   num == 1 ? "" : "s");
+    return ok;
+}
+
+typedef struct {
+    char device[64];
+    int port;
+    int gid_index;
+} rd_opts;
+
+static void resolve_opts(const zs_conn_opts *o, rd_opts *t)
+{
+    const zs_rdma_conn_opts *b = NULL;
+    if (o && o->backend && o->backend_name && strcmp(o->backend_name, "rdma") == 0)
+        b = o->backend;
+    const char *dev = b && b->device && *b->device ? b->device : getenv("ZS_RDMA_DEVICE");
+    zs_net_copy_str(t->device, sizeof t->device, dev ? dev : "");
+    t->port = b && b->port > 0 ? b->port : env_int("ZS_RDMA_PORT", 1, 1, 255);
+    t->gid_index =
+        b && b->gid_index >= 0 ? b->gid_index : env_int("ZS_RDMA_GID_INDEX", -1, -1, 1 << 20);
+}
+
+/* Opens the net's device once: named, else holding ip (network order, 0: any), else the first
+ * with an active port. */
+static zs_err open_device(rd_net *n, const rd_opts *t, uint32_t ip)
+{
+    if (n->ctx)
+        return ZS_OK;
+    int num = 0;
+    struct ibv_device **list = ibv_get_device_list(&num);
+    if (!list || num == 0) {
+        if (list)
+            ibv_free_device_list(list);
+        return zs_error(ZS_ERR_NOTFOUND,
+                        "rdma: no RDMA device on this host (libibverbs lists none); use "
+                        "cluster.transport \"tcp\", or load a provider (rdma_rxe for soft-RoCE)");
+    }
+    struct ibv_context *pick = NULL;
+    int fallback = -1;
+    for (int i = 0; i < num && !pick; i++) {
+        const char *name = ibv_get_device_name(list[i]);
+        if (*t->device && strcmp(name, t->device) != 0)
+            continue;
+        struct ibv_context *ctx = ibv_open_device(list[i]);
+        if (!ctx)
+            continue;
+        struct ibv_port_attr pa;
+        int active = ibv_query_port(ctx, (uint8_t)t->port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
+        if (active && (*t->device || (ip && find_gid(ctx, t->port, pa.gid_tbl_len, ip) >= 0))) {
+            pick = ctx;
+            break;
+        }
+        if (active && fallback < 0)
+            fallback = i;
+        ibv_close_device(ctx);
+    }
+    if (!pick && fallback >= 0 && !*t->device)
+        pick = ibv_open_device(list[fallback]);
+    ibv_free_device_list(list);
+    if (!pick) {
+        if (*t->device)
+            return zs_error(ZS_ERR_NOTFOUND,
+                            "rdma: device %s (cluster.rdma.device) not found or port %d not "
+                            "active",
+                            t->device, t->port);
+        return zs_error(ZS_ERR_NOTFOUND, "rdma: no RDMA device with an active port %d", t->port);
+    }
+    n->ctx = pick;
+    n->port = t->port;
+    zs_net_copy_str(n->dev_name, sizeof n->dev_name, ibv_get_device_name(pick->device));
+    struct ibv_device_attr da;
+    zs_err res = ZS_OK;
+    if (ibv_query_port(pick, (uint8_t)n->port, &n->port_attr) != 0 ||
+        ibv_query_device(pick, &da) != 0) {
+        res = zs_error(ZS_ERR_IO, "rdma: %s: cannot query the device: %s", n->dev_name,
+                       strerror(errno));
+        goto fail;
+    }
+    n->max_rd_atomic = da.max_qp_rd_atom < RD_MAX_READS_CAP ? da.max_qp_rd_atom : RD_MAX_READS_CAP;
+    if (n->max_rd_atomic < 1)
+        n->max_rd_atomic = 1;
+    n->pd = ibv_alloc_pd(pick);
+    if (!n->pd) {
+        res = zs_error(ZS_ERR_IO, "rdma: %s: ibv_alloc_pd: %s", n->dev_name, strerror(errno));
+        goto fail;
+    }
+    n->chan = ibv_create_comp_channel(pick);
+    if (!n->chan) {
+        res = zs_error(ZS_ERR_IO, "rdma: %s: ibv_create_comp_channel: %s", n->dev_name,
+                       strerror(errno));
+        goto fail_pd;
+    }
+    n->cq = ibv_create_cq(pick, RD_CQ_DEPTH, NULL, n->chan, 0);
+    if (!n->cq) {
+        res = zs_error(ZS_ERR_IO, "rdma: %s: ibv_create_cq(%d): %s", n->dev_name, RD_CQ_DEPTH,
+                       strerror(errno));
+        goto fail_chan;
+    }
+    int fds[2] = {n->chan->fd, pick->async_fd};
+    for (int i = 0; i < 2; i++) {
+        int fl = fcntl(fds[i], F_GETFL);
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = 1 + i};
+        if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) < 0 ||
+            epoll_ctl(n->epfd, EPOLL_CTL_ADD, fds[i], &ev) < 0) {
+            res = zs_error(ZS_ERR_IO, "rdma: %s: cannot watch its descriptors: %s", n->dev_name,
+                           strerror(errno));
+            goto fail_cq;
+        }
+    }
+    if (ibv_req_notify_cq(n->cq, 0) == 0)
+        n->cq_armed = 1;
+    ZS_DEBUG("rdma: opened %s port %d", n->dev_name, n->port);
+    return ZS_OK;
+fail_cq:
+    epoll_ctl(n->epfd, EPOLL_CTL_DEL, n->chan->fd, NULL);
+    ibv_destroy_cq(n->cq);
+    n->cq = NULL;
+fail_chan:
+    ibv_destroy_comp_channel(n->chan);
+    n->chan = NULL;
+fail_pd:
+    ibv_dealloc_pd(n->pd);
+    n->pd = NULL;
+fail:
+    ibv_close_device(pick);
+    n->ctx = NULL;
+    return res;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* posting */
+
+static zs_err post_recv(rd_conn *c, int slot)
+{
+    struct ibv_sge sge = {
+        .addr = (uintptr_t)recv_slot(c, slot), .length = RD_SLOT, .lkey = c->slot_mr->lkey};
+    struct ibv_recv_wr wr = {
+        .wr_id = wr_id(c, WR_RECV, (uint64_t)slot), .sg_list = &sge, .num_sge = 1};
+    struct ibv_recv_wr *bad;
+    int rc = ibv_post_recv(c->qp, &wr, &bad);
+    if (rc)
+        return zs_error(ZS_ERR_IO, "rdma %s: ibv_post_recv: %s", c->peer, strerror(rc));
+    return ZS_OK;
+}
+
+static int sq_room(const rd_conn *c)
+{
+    return (int)(RD_SQ_DEPTH - 1 - (c->sq_posted - c->sq_done));
+}
+
+static void conn_fail(rd_conn *c, zs_err err, const char *why, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Posts a SEND of len bytes from send slot `slot`; signaled when the ring or the queue would
+ * otherwise fill with unsignaled work. */
+static int post_send_slot(rd_conn *c, int slot, size_t len)
+{
+    uint64_t seq = ++c->sq_posted;
+    c->ring_seq[slot] = seq;
+    int signal = ++c->since_signal >= RD_SIGNAL_EVERY || c->ring_used >= RD_SEND_SLOTS - 2;
+    if (signal)
+        c->since_signal = 0;
+    struct ibv_sge sge = {
+        .addr = (uintptr_t)send_slot(c, slot), .length = (uint32_t)len, .lkey = c->slot_mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = wr_id(c, WR_SEND, seq),
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_SEND,
+                             .send_flags = signal ? IBV_SEND_SIGNALED : 0};
+    struct ibv_send_wr *bad;
+    int rc = ibv_post_send(c->qp, &wr, &bad);
+    if (rc) {
+        c->sq_posted--;
+        conn_fail(c, ZS_ERR_IO, "ibv_post_send: %s", strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+/* A free send slot (the caller fills and posts it), or -1 when the ring or the queue is full. */
+static int take_slot(rd_conn *c)
+{
+    if (c->ring_used >= RD_SEND_SLOTS || sq_room(c) < 1)
+        return -1;
+    int s = c->ring_head;
+    c->ring_head = (c->ring_head + 1) % RD_SEND_SLOTS;
+    c->ring_used++;
+    return s;
+}
+
+static void msg_header(rd_conn *c, uint8_t *p, int kind, uint32_t status, uint32_t rkey,
+                       uint64_t token, uint64_t addr)
+{
+    int give = c->owed > 0xffff ? 0xffff : c->owed;
+    c->owed -= give;
+    put32(p, RD_MAGIC);
+    p[4] = (uint8_t)kind;
+    p[5] = 0;
+    put16(p + 6, (uint16_t)give);
+    put32(p + 8, status);
+    put32(p + 12, rkey);
+    put64(p + 16, token);
+    put64(p + 24, addr);
+}
+
+/* Sends the DONE messages that wait for a slot, then a CREDIT message if many are owed. */
+static void send_control(rd_conn *c)
+{
+    while (c->n_ctl > 0 && !c->closed) {
+        int s = take_slot(c);
+        if (s < 0)
+            return;
+        rd_done d = c->ctl[0];
+        memmove(c->ctl, c->ctl + 1, (size_t)(c->n_ctl - 1) * sizeof *c->ctl);
+        c->n_ctl--;
+        msg_header(c, send_slot(c, s), MSG_DONE, d.status, 0, d.token, 0);
+        if (post_send_slot(c, s, RD_HDR) < 0)
+            return;
+    }
+    if (c->owed >= RD_CREDITS / 2 && !c->closed) {
+        int s = take_slot(c);
+        if (s < 0)
+            return;
+        msg_header(c, send_slot(c, s), MSG_CREDIT, 0, 0, 0, 0);
+        post_send_slot(c, s, RD_HDR);
+    }
+}
+
+static void queue_done(rd_conn *c, uint64_t token, uint32_t status)
+{
+    if (c->closed)
+        return;
+    if (c->n_ctl == c->cap_ctl) {
+        int cap = c->cap_ctl ? 2 * c->cap_ctl : 16;
+        rd_done *q = realloc(c->ctl, (size_t)cap * sizeof *q);
+        if (!q) {
+            conn_fail(c, ZS_ERR_NOMEM, "out of memory for a DONE message");
+            return;
+        }
+        c->ctl = q;
+        c->cap_ctl = cap;
+    }
+    c->ctl[c->n_ctl++] = (rd_done){token, status};
+    c->dirty = 1;
+}
+
+/* Sends the frames queued on c while credits and slots last. */
+static void send_frames(rd_conn *c)
+{
+    while (c->sendq && !c->closed && c->credits > 0) {
+        rd_req *r = c->sendq;
+        int s = take_slot(c);
+        if (s < 0)
+            return;
+        fifo_pop(&c->sendq, &c->sendq_tail);
+        c->credits--;
+        uint8_t *p = send_slot(c, s);
+        const uint8_t *src = r->inline_buf ? r->inline_buf : r->buf;
+        int eager = r->frame.length <= RD_EAGER_MAX;
+        size_t len = RD_HDR + ZS_FRAME_HEADER_BYTES;
+        if (eager) {
+            msg_header(c, p, MSG_EAGER, 0, 0, 0, 0);
+            if (r->frame.length)
+                memcpy(p + len, src, r->frame.length);
+            len += r->frame.length;
+        } else {
+            r->token = ++c->next_token;
+            uint32_t rkey = r->mr->mr->rkey + (c->bad_key ? 1 : 0);
+            c->bad_key = 0;
+            msg_header(c, p, MSG_RNDV, 0, rkey, r->token, (uintptr_t)r->buf);
+        }
+        zs_frame_encode(&r->frame, p + RD_HDR);
+        if (post_send_slot(c, s, len) < 0) {
+            req_fail_conn(r, c->reason);
+            return;
+        }
+        if (eager) {
+            req_finish(r, ZS_OK, NULL);
+        } else {
+            r->state = RQ_AWAIT;
+            r->deadline = zs_net_now_ms() + c->net->send_timeout_ms;
+            list_add(&c->await, r);
+        }
+    }
+}
+
+/* Posts the READs of receives in their READ phase, in order, while the QP has room. */
+static void issue_reads(rd_conn *c)
+{
+    int inflight = 0;
+    for (rd_req *r = c->reading; r; r = r->next)
+        inflight += r->reads_out;
+    for (rd_req *r = c->reading; r && !c->closed; r = r->next) {
+        while (r->read_off < r->len && inflight < c->max_reads && sq_room(c) > 0) {
+            uint64_t n = r->len - r->read_off;
+            if (n > RD_READ_CHUNK)
+                n = RD_READ_CHUNK;
+            struct ibv_sge sge = {.addr = (uintptr_t)(r->buf + r->read_off),
+                                  .length = (uint32_t)n,
+                                  .lkey = r->mr->mr->lkey};
+            uint64_t seq = ++c->sq_posted;
+            struct ibv_send_wr wr = {
+                .wr_id = wr_id(c, WR_READ, seq),
+                .sg_list = &sge,
+                .num_sge = 1,
+                .opcode = IBV_WR_RDMA_READ,
+                .send_flags = IBV_SEND_SIGNALED,
+                .wr.rdma = {.remote_addr = r->raddr + r->read_off, .rkey = r->rkey}};
+            struct ibv_send_wr *bad;
+            int rc = ibv_post_send(c->qp, &wr, &bad);
+            if (rc) {
+                c->sq_posted--;
+                conn_fail(c, ZS_ERR_IO, "ibv_post_send(RDMA READ): %s", strerror(rc));
+                return;
+            }
+            c->since_signal = 0;
+            r->read_off += n;
+            r->reads_out++;
+            inflight++;
+        }
+        if (r->read_off < r->len)
+            return; /* later receives wait: completions come back in posting order */
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* connections */
+
+static void conn_emit_closed(rd_conn *c)
+{
+    c->closing = 0;
+    if (!c->ready)
+        return;
+    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_CLOSED, (zs_conn *)c, "rdma");
+    if (e) {
+        e->err = c->close_err;
+        zs_net_copy_str(e->reason, sizeof e->reason, c->reason);
+    }
+}
+
+/* Fails every request of c that no NIC work refers to; the ones with READs in flight fail as
+ * their flushed completions come back. */
+static void fail_requests(rd_conn *c)
+{
+    rd_req *r;
+    while ((r = fifo_pop(&c->sendq, &c->sendq_tail)))
+        req_fail_conn(r, c->reason);
+    while ((r = c->await)) {
+        list_del(&c->await, r);
+        req_fail_conn(r, c->reason);
+    }
+    while ((r = c->expect)) {
+        list_del(&c->expect, r);
+        req_fail_conn(r, c->reason);
+    }
+    rd_req *keep = NULL, *keep_tail = NULL;
+    while ((r = fifo_pop(&c->reading, &c->reading_tail))) {
+        if (r->reads_out > 0)
+            fifo_push(&keep, &keep_tail, r);
+        else
+            req_fail_conn(r, c->reason);
+    }
+    c->reading = keep;
+    c->reading_tail = keep_tail;
+}
+
+static void conn_fail(rd_conn *c, zs_err err, const char *why, ...)
+{
+    if (c->closed)
+        return;
+    char msg[ZS_NET_REASON_MAX];
+    va_list ap;
+    va_start(ap, why);
+    vsnprintf(msg, sizeof msg, why, ap);
+    va_end(ap);
+    c->closed = 1;
+    c->close_err = err;
+    zs_net_fmt(c->reason, sizeof c->reason, "rdma %s: %s", c->peer, msg);
+    if (c->qp) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        ibv_modify_qp(c->qp, &a, IBV_QP_STATE);
+    }
+    fail_requests(c);
+    /* The peer learns at once from its set-up stream, not after its QP's retries. */
+    if (c->tcp) {
+        zs_tcp_conn_close(c->tcp);
+        c->tcp = NULL;
+    }
+    if (c->qp && (c->sq_posted > c->sq_done || c->reading)) {
+        c->closing = 1;
+        c->drain_deadline = zs_net_now_ms() + RD_DRAIN_MS;
+    } else {
+        conn_emit_closed(c);
+    }
+}
+
+static void conn_free(rd_conn *c)
+{
+    rd_net *n = c->net;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        n->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->qp)
+        ibv_destroy_qp(c->qp); /* no NIC access to our memory after this */
+    c->qp = NULL;
+    if (!c->closed)
+        zs_net_copy_str(c->reason, sizeof c->reason, "connection closed locally");
+    c->closed = 1;
+    fail_requests(c);
+    rd_req *r;
+    while ((r = fifo_pop(&c->reading, &c->reading_tail)))
+        req_fail_conn(r, c->reason);
+    if (c->slot_mr)
+        ibv_dereg_mr(c->slot_mr);
+    free(c->slots);
+    if (c->hello_recv)
+        zs_tcp_cancel(c->hello_recv);
+    if (c->tcp)
+        zs_tcp_conn_close(c->tcp);
+    if (c->hello_mr)
+        zs_tcp_dereg_mr(c->hello_mr);
+    free(c->ctl);
+    free(c);
+}
+
+static zs_err conn_new(rd_net *n, zs_conn *tcp, rd_conn **out)
+{
+    rd_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    c->net = n;
+    c->id = ++n->next_conn_id & 0xffffff;
+    if (c->id == 0)
+        c->id = ++n->next_conn_id & 0xffffff;
+    c->tcp = tcp;
+    c->pending = -1;
+    c->member = zs_tcp_conn_member(tcp);
+    zs_net_copy_str(c->peer, sizeof c->peer, zs_tcp_conn_peer(tcp));
+    zs_tcp_conn_set_user(tcp, c);
+    zs_err res =
+        zs_tcp_reg_mr(n->tcp, c->hello, sizeof c->hello, ZS_MR_SEND | ZS_MR_RECV, &c->hello_mr);
+    if (res != ZS_OK) {
+        free(c);
+        return res;
+    }
+    c->next = n->conns;
+    if (n->conns)
+        n->conns->prev = c;
+    n->conns = c;
+    *out = c;
+    return ZS_OK;
+}
+
+/* Creates c's QP in INIT with its receive slots posted. */
+static zs_err conn_make_qp(rd_conn *c)
+{
+    rd_net *n = c->net;
+    size_t bytes = (size_t)(RD_RECV_SLOTS + RD_SEND_SLOTS) * RD_SLOT;
+    if (posix_memalign((void **)&c->slots, 4096, bytes) != 0)
+        return zs_error(ZS_ERR_NOMEM, "rdma %s: out of memory for %zu bytes of slots", c->peer,
+                        bytes);
+    memset(c->slots, 0, bytes);
+    c->slot_mr = ibv_reg_mr(n->pd, c->slots, bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (!c->slot_mr)
+        return zs_error(ZS_ERR_IO, "rdma %s: ibv_reg_mr of %zu bytes of slots: %s", c->peer, bytes,
+                        strerror(errno));
+    struct ibv_qp_init_attr ia = {
+        .send_cq = n->cq,
+        .recv_cq = n->cq,
+        .cap = {.max_send_wr = RD_SQ_DEPTH,
+                .max_recv_wr = RD_RECV_SLOTS,
+                .max_send_sge = 1,
+                .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC,
+        .sq_sig_all = 0,
+    };
+    c->qp = ibv_create_qp(n->pd, &ia);
+    if (!c->qp)
+        return zs_error(ZS_ERR_IO, "rdma %s: ibv_create_qp on %s: %s", c->peer, n->dev_name,
+                        strerror(errno));
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                            .pkey_index = 0,
+                            .port_num = (uint8_t)n->port,
+                            .qp_access_flags = IBV_ACCESS_REMOTE_READ};
+    int rc = ibv_modify_qp(c->qp, &a,
+                           IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (rc)
+        return zs_error(ZS_ERR_IO, "rdma %s: QP to INIT: %s", c->peer, strerror(rc));
+    for (int i = 0; i < RD_RECV_SLOTS; i++)
+        ZS_CHECK(post_recv(c, i));
+    return ZS_OK;
+}
+
+/* The GID index for c: configured, else the one of the stream's local IPv4 address, else the
+ * port's first IPv4 RoCE v2 GID, else 0. */
+static int conn_gid_index(rd_conn *c, const rd_opts *t)
+{
+    rd_net *n = c->net;
+    if (t->gid_index >= 0)
+        return t->gid_index;
+    struct sockaddr_storage ss;
+    uint32_t ip = 0;
+    if (zs_tcp_conn_local(c->tcp, &ss) == 0 && ss.ss_family == AF_INET)
+        ip = ((struct sockaddr_in *)&ss)->sin_addr.s_addr;
+    int g = ip ? find_gid(n->ctx, n->port, n->port_attr.gid_tbl_len, ip) : -1;
+    if (g < 0)
+        g = find_gid(n->ctx, n->port, n->port_attr.gid_tbl_len, 0);
+    return g < 0 ? 0 : g;
+}
+
+typedef struct {
+    uint32_t qpn, psn;
+    uint16_t lid;
+    uint8_t mtu;
+    uint8_t gid_index;
+    uint8_t gid[16];
+    uint32_t credits, max_reads, slot_bytes;
+} rd_hello;
+
+static void hello_encode(const rd_hello *h, uint8_t *p)
+{
+    memset(p, 0, RD_HELLO_BYTES);
+    put32(p, RD_HELLO_MAGIC);
+    put16(p + 4, 1);
+    put32(p + 8, h->qpn);
+    put32(p + 12, h->psn);
+    put16(p + 16, h->lid);
+    p[18] = h->mtu;
+    p[19] = h->gid_index;
+    memcpy(p + 20, h->gid, 16);
+    put32(p + 36, h->credits);
+    put32(p + 40, h->max_reads);
+    put32(p + 44, h->slot_bytes);
+}
+
+static zs_err hello_decode(const uint8_t *p, size_t len, rd_hello *h, const char *peer)
+{
+    if (len != RD_HELLO_BYTES || get32(p) != RD_HELLO_MAGIC || get16(p + 4) != 1)
+        return zs_error(ZS_ERR_FORMAT,
+                        "rdma %s: set-up message of %zu bytes is not a version 1 hello", peer, len);
+    h->qpn = get32(p + 8) & 0xffffff;
+    h->psn = get32(p + 12) & 0xffffff;
+    h->lid = get16(p + 16);
+    h->mtu = p[18];
+    h->gid_index = p[19];
+    memcpy(h->gid, p + 20, 16);
+    h->credits = get32(p + 36);
+    h->max_reads = get32(p + 40);
+    h->slot_bytes = get32(p + 44);
+    if (h->mtu < IBV_MTU_256 || h->mtu > IBV_MTU_4096 || h->credits < 1 ||
+        h->credits > RD_CREDITS || h->max_reads < 1 || h->slot_bytes != RD_SLOT)
+        return zs_error(ZS_ERR_FORMAT,
+                        "rdma %s: hello with mtu %u, credits %u, reads %u, slots of %u bytes "
+                        "(expected %d)",
+                        peer, h->mtu, h->credits, h->max_reads, h->slot_bytes, RD_SLOT);
+    return ZS_OK;
+}
+
+static zs_err local_hello(rd_conn *c, const rd_opts *t, rd_hello *h)
+{
+    rd_net *n = c->net;
+    memset(h, 0, sizeof *h);
+    int g = conn_gid_index(c, t);
+    union ibv_gid gid;
+    if (ibv_query_gid(n->ctx, (uint8_t)n->port, g, &gid) != 0)
+        return zs_error(ZS_ERR_INVALID, "rdma %s: %s port %d has no GID index %d", c->peer,
+                        n->dev_name, n->port, g);
+    uint32_t psn;
+    if (getrandom(&psn, sizeof psn, 0) != (ssize_t)sizeof psn)
+        psn = (uint32_t)zs_net_now_ms();
+    h->qpn = c->qp->qp_num;
+    h->psn = psn & 0xffffff;
+    h->lid = n->port_attr.lid;
+    h->mtu = (uint8_t)n->port_attr.active_mtu;
+    h->gid_index = (uint8_t)g;
+    memcpy(h->gid, gid.raw, 16);
+    h->credits = RD_CREDITS;
+    h->max_reads = (uint32_t)n->max_rd_atomic;
+    h->slot_bytes = RD_SLOT;
+    return ZS_OK;
+}
+
+/* Moves c's QP to RTR and RTS towards the peer described by r. */
+static zs_err conn_connect_qp(rd_conn *c, const rd_hello *l, const rd_hello *r)
+{
+    enum ibv_mtu mtu = (enum ibv_mtu)(l->mtu < r->mtu ? l->mtu : r->mtu);
+    c->max_reads =
+        c->net->max_rd_atomic < (int)r->max_reads ? c->net->max_rd_atomic : (int)r->max_reads;
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_RTR,
+        .path_mtu = mtu,
+        .dest_qp_num = r->qpn,
+        .rq_psn = r->psn,
+        .max_dest_rd_atomic = (uint8_t)c->net->max_rd_atomic,
+        .min_rnr_timer = 12,
+        .ah_attr = {.is_global = 1,
+                    .dlid = r->lid,
+                    .sl = 0,
+                    .src_path_bits = 0,
+                    .port_num = (uint8_t)c->net->port,
+                    .grh = {.hop_limit = 64, .sgid_index = l->gid_index}},
+    };
+    memcpy(a.ah_attr.grh.dgid.raw, r->gid, 16);
+    int rc = ibv_modify_qp(c->qp, &a,
+                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                               IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (rc)
+        return zs_error(ZS_ERR_IO, "rdma %s: QP to RTR (peer qpn %u, mtu %d): %s", c->peer, r->qpn,
+                        128 << mtu, strerror(rc));
+    struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
+                            .timeout = 14,
+                            .retry_cnt = 7,
+                            .rnr_retry = 7,
+                            .sq_psn = l->psn,
+                            .max_rd_atomic = (uint8_t)c->max_reads};
+    rc = ibv_modify_qp(c->qp, &s,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (rc)
+        return zs_error(ZS_ERR_IO, "rdma %s: QP to RTS: %s", c->peer, strerror(rc));
+    c->credits = (int)r->credits;
+    return ZS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* receiving */
+
+static rd_req *expect_find(rd_conn *c, uint64_t id)
+{
+    for (rd_req *r = c->expect; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/* Gives slot back to the NIC: one more credit owed to the peer. */
+static void release_slot(rd_conn *c, int slot)
+{
+    if (c->closed)
+        return;
+    if (post_recv(c, slot) != ZS_OK) {
+        conn_fail(c, ZS_ERR_IO, "%s", zs_last_error());
+        return;
+    }
+    c->owed++;
+    c->dirty = 1;
+}
+
+/* Starts a receive of the frame in slot into r's buffer (length checked by the caller). */
+static void start_payload(rd_conn *c, int slot, rd_req *r)
+{
+    const uint8_t *p = recv_slot(c, slot);
+    r->len = r->frame.length;
+    if (p[4] == MSG_EAGER || r->len == 0) {
+        if (r->len)
+            memcpy(r->buf, p + RD_HDR + ZS_FRAME_HEADER_BYTES, r->len);
+        req_finish(r, ZS_OK, NULL);
+        return;
+    }
+    r->raddr = get64(p + 24);
+    r->rkey = get32(p + 12);
+    r->token = get64(p + 16);
+    r->read_off = 0;
+    r->reads_out = 0;
+    r->state = RQ_READING;
+    fifo_push(&c->reading, &c->reading_tail, r);
+    c->dirty = 1;
+}
+
+/* Skips the payload of the frame in slot: an RNDV sender is told it can reuse its buffer. */
+static void skip_payload(rd_conn *c, int slot)
+{
+    const uint8_t *p = recv_slot(c, slot);
+    if (p[4] == MSG_RNDV)
+        queue_done(c, get64(p + 16), 1);
+}
+
+/* Hands the frame in slot to an irecv or to the caller; 0 when it was consumed, 1 when it
+ * is now the reported header that holds its slot. */
+static int deliver(rd_conn *c, int slot)
+{
+    zs_frame f;
+    zs_frame_decode(recv_slot(c, slot) + RD_HDR, &f); /* checked on arrival */
+    rd_req *r = expect_find(c, f.id);
+    if (r) {
+        list_del(&c->expect, r);
+        if (r->silent) {
+            skip_payload(c, slot);
+            req_free(r);
+        } else if (f.length > r->len) {
+            r->frame = f;
+            skip_payload(c, slot);
+            char msg[ZS_NET_REASON_MAX];
+            zs_net_fmt(msg, sizeof msg,
+                       "rdma %s: reply id %llu of %llu bytes exceeds the %llu posted", c->peer,
+                       (unsigned long long)f.id, (unsigned long long)f.length,
+                       (unsigned long long)r->len);
+            req_finish(r, ZS_ERR_INVALID, msg);
+        } else {
+            r->frame = f;
+            start_payload(c, slot, r);
+        }
+        release_slot(c, slot);
+        return 0;
+    }
+    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_HEADER, (zs_conn *)c, "rdma");
+    if (e)
+        e->frame = f;
+    if (f.length == 0) {
+        release_slot(c, slot);
+        return 0;
+    }
+    c->pending = slot;
+    return 1;
+}
+
+static void deliver_backlog(rd_conn *c)
+{
+    while (!c->closed && c->pending < 0 && c->bl_len > 0) {
+        int slot = c->backlog[c->bl_head];
+        c->bl_head = (c->bl_head + 1) % RD_RECV_SLOTS;
+        c->bl_len--;
+        deliver(c, slot);
+    }
+}
+
+static void on_recv(rd_conn *c, int slot, uint32_t bytes)
+{
+    const uint8_t *p = recv_slot(c, slot);
+    if (bytes < RD_HDR || get32(p) != RD_MAGIC) {
+        conn_fail(c, ZS_ERR_FORMAT, "a message of %u bytes that is not ours", bytes);
+        return;
+    }
+    c->credits += get16(p + 6);
+    if (c->credits > RD_CREDITS) {
+        conn_fail(c, ZS_ERR_FORMAT, "peer returned %d credits, more than the %d it has", c->credits,
+                  RD_CREDITS);
+        return;
+    }
+    int kind = p[4];
+    if (kind == MSG_DONE || kind == MSG_CREDIT) {
+        if (kind == MSG_DONE) {
+            uint64_t token = get64(p + 16);
+            rd_req *r = c->await;
+            while (r && r->token != token)
+                r = r->next;
+            if (!r) {
+                conn_fail(c, ZS_ERR_FORMAT, "DONE for token %llu, which no send awaits",
+                          (unsigned long long)token);
+                return;
+            }
+            list_del(&c->await, r);
+            req_finish(r, ZS_OK, NULL);
+        }
+        if (post_recv(c, slot) != ZS_OK)
+            conn_fail(c, ZS_ERR_IO, "%s", zs_last_error());
+        c->dirty = 1;
+        return;
+    }
+    if (kind != MSG_EAGER && kind != MSG_RNDV) {
+        conn_fail(c, ZS_ERR_FORMAT, "message kind %d is not known", kind);
+        return;
+    }
+    zs_frame f;
+    if (bytes < RD_HDR + ZS_FRAME_HEADER_BYTES || zs_frame_decode(p + RD_HDR, &f) != ZS_OK) {
+        conn_fail(c, ZS_ERR_FORMAT, "malformed frame: %s",
+                  bytes < RD_HDR + ZS_FRAME_HEADER_BYTES ? "cut short" : zs_last_error());
+        return;
+    }
+    if (kind == MSG_EAGER
+            ? (f.length > RD_EAGER_MAX || bytes != RD_HDR + ZS_FRAME_HEADER_BYTES + f.length)
+            : bytes != RD_HDR + ZS_FRAME_HEADER_BYTES || f.length == 0) {
+        conn_fail(c, ZS_ERR_FORMAT, "%s message of %u bytes for a payload of %llu",
+                  kind == MSG_EAGER ? "eager" : "rendezvous", bytes, (unsigned long long)f.length);
+        return;
+    }
+    if (f.op == ZS_OP_HELLO) {
+        conn_fail(c, ZS_ERR_FORMAT, "a hello frame on an established connection");
+        return;
+    }
+    if (c->pending >= 0 || c->bl_len > 0) {
+        c->backlog[(c->bl_head + c->bl_len) % RD_RECV_SLOTS] = slot;
+        c->bl_len++;
+        return;
+    }
+    deliver(c, slot);
+}
+
+/* A READ of the oldest receive in its READ phase completed (or was flushed). */
+static void on_read_done(rd_conn *c, int ok, const char *why)
+{
+    rd_req *r = c->reading;
+    if (!r || r->reads_out < 1) {
+        if (ok)
+            conn_fail(c, ZS_ERR_IO, "a READ completion no receive waits for");
+        return;
+    }
+    /* Failed before the count drops, so that the connection's failure keeps this request for
+     * the code below instead of freeing it. */
+    if (!ok && !c->closed)
+        conn_fail(c, ZS_ERR_IO, "RDMA READ of %llu bytes from the peer: %s (mid-payload)",
+                  (unsigned long long)r->len, why);
+    r->reads_out--;
+    if (r->reads_out > 0)
+        return;
+    if (c->closed) {
+        fifo_pop(&c->reading, &c->reading_tail);
+        req_fail_conn(r, c->reason);
+        return;
+    }
+    if (r->read_off < r->len)
+        return;
+    fifo_pop(&c->reading, &c->reading_tail);
+    queue_done(c, r->token, 0);
+    req_finish(r, ZS_OK, NULL);
+}
+
+static void on_wc(rd_net *n, const struct ibv_wc *wc)
+{
+    rd_conn *c = conn_by_id(n, (uint32_t)(wc->wr_id >> 40));
+    if (!c)
+        return; /* its connection is gone */
+    int kind = (int)(wc->wr_id >> 36 & 0xf);
+    uint64_t v = wc->wr_id & ((1ull << 36) - 1);
+    int ok = wc->status == IBV_WC_SUCCESS;
+    if (kind == WR_SEND || kind == WR_READ) {
+        /* Send-queue work completes in order: everything up to v is done. */
+        if (v > c->sq_done)
+            c->sq_done = v;
+        while (c->ring_used > 0) {
+            int tail = (c->ring_head - c->ring_used + RD_SEND_SLOTS) % RD_SEND_SLOTS;
+            if (c->ring_seq[tail] > c->sq_done)
+                break;
+            c->ring_used--;
+        }
+        c->dirty = 1;
+    }
+    char why[160];
+    if (!ok)
+        zs_net_fmt(why, sizeof why, "%s (vendor error 0x%x)", ibv_wc_status_str(wc->status),
+                   wc->vendor_err);
+    if (kind == WR_READ) {
+        on_read_done(c, ok, ok ? NULL : why);
+    } else if (!ok) {
+        if (!c->closed && wc->status == IBV_WC_WR_FLUSH_ERR)
+            conn_fail(c, ZS_ERR_IO,
+                      "the queue pair went to the error state (a bad access on either side, a "
+                      "lost peer, or the NIC)");
+        else if (!c->closed)
+            conn_fail(c, ZS_ERR_IO, "%s failed: %s", kind == WR_RECV ? "receive" : "send", why);
+    } else if (kind == WR_RECV && !c->closed) {
+        on_recv(c, (int)v, wc->byte_len);
+    }
+    if (c->closing && c->sq_done >= c->sq_posted && !c->reading)
+        conn_emit_closed(c);
+}
+
+static void drain_cq(rd_net *n)
+{
+    if (!n->cq)
+        return;
+    struct ibv_cq *cq;
+    void *cq_ctx;
+    while (ibv_get_cq_event(n->chan, &cq, &cq_ctx) == 0) {
+        n->cq_events++;
+        n->cq_armed = 0;
+    }
+    if (n->cq_events >= 64) {
+        ibv_ack_cq_events(n->cq, n->cq_events);
+        n->cq_events = 0;
+    }
+    struct ibv_wc wc[32];
+    for (;;) {
+        int k = ibv_poll_cq(n->cq, 32, wc);
+        if (k < 0) {
+            zs_log_limited(&n->log, ZS_LOG_ERROR, "rdma: %s: ibv_poll_cq failed", n->dev_name);
+            return;
+        }
+        for (int i = 0; i < k; i++)
+            on_wc(n, &wc[i]);
+        if (k > 0)
+            continue;
+        if (n->cq_armed)
+            return;
+        if (ibv_req_notify_cq(n->cq, 0) != 0)
+            return;
+        n->cq_armed = 1; /* poll once more: a completion may have come before the arming */
+    }
+}
+
+static void drain_async(rd_net *n)
+{
+    if (!n->ctx)
+        return;
+    struct ibv_async_event ae;
+    while (ibv_get_async_event(n->ctx, &ae) == 0) {
+        switch (ae.event_type) {
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+            for (rd_conn *c = n->conns; c; c = c->next)
+                if (c->qp == ae.element.qp)
+                    conn_fail(c, ZS_ERR_IO, "queue pair error: %s",
+                              ibv_event_type_str(ae.event_type));
+            break;
+        case IBV_EVENT_PORT_ERR:
+        case IBV_EVENT_DEVICE_FATAL:
+            zs_log_limited(&n->log, ZS_LOG_WARN, "rdma: %s: %s", n->dev_name,
+                           ibv_event_type_str(ae.event_type));
+            break;
+        default:
+            break;
+        }
+        ibv_ack_async_event(&ae);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* set-up over the TCP stream */
+
+static void setup_refuse(rd_conn *c, const char *why)
+{
+    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_REFUSED, NULL, "rdma");
+    if (e) {
+        e->listener = (zs_listener *)c->l;
+        zs_net_fmt(e->reason, sizeof e->reason, "rdma %s: set-up failed: %s", c->peer, why);
+    }
+    if (!zs_tcp_conn_closed(c->tcp)) {
+        zs_frame f = {.op = ZS_OP_ERROR,
+                      .dtype = ZS_DTYPE_TEXT,
+                      .status = ZS_FS_BAD_FRAME,
+                      .id = RD_HELLO_ID};
+        char text[ZS_NET_REASON_MAX];
+        zs_net_copy_str(text, sizeof text, why);
+        f.length = strlen(text);
+        zs_tcp_isend_inline(c->tcp, &f, text, NULL, NULL);
+        zs_tcp_flush(c->net->tcp);
+    }
+    conn_free(c);
+}
+
+/* An accepted stream's hello arrived in c->hello: answer it and make the connection. */
+static void setup_answer(rd_conn *c, uint64_t len)
+{
+    rd_net *n = c->net;
+    rd_hello peer, self;
+    rd_opts t;
+    resolve_opts(NULL, &t);
+    zs_err e = hello_decode(c->hello, len, &peer, c->peer);
+    if (e == ZS_OK)
+        e = conn_make_qp(c);
+    if (e == ZS_OK)
+        e = local_hello(c, &t, &self);
+    if (e == ZS_OK)
+        e = conn_connect_qp(c, &self, &peer);
+    if (e != ZS_OK) {
+        setup_refuse(c, zs_last_error());
+        return;
+    }
+    hello_encode(&self, c->hello);
+    zs_frame f = {
+        .op = ZS_OP_HELLO, .dtype = ZS_DTYPE_TEXT, .id = RD_HELLO_ID, .length = RD_HELLO_BYTES};
+    if (zs_tcp_isend(c->tcp, &f, c->hello_mr, 0, NULL, NULL) != ZS_OK) {
+        setup_refuse(c, zs_last_error());
+        return;
+    }
+    c->ready = 1;
+    c->l = NULL;
+    zs_event *ev = zs_evq_push(&n->evq, ZS_EV_ACCEPT, (zs_conn *)c, "rdma");
+    if (ev)
+        ev->listener = (zs_listener *)c->l;
+}
+
+static rd_listener *listener_of(rd_net *n, zs_listener *tl)
+{
+    for (rd_listener *l = n->listeners; l; l = l->next)
+        if (l->tcp == tl)
+            return l;
+    return NULL;
+}
+
+static void on_tcp_event(rd_net *n, zs_event *ev)
+{
+    rd_conn *c = ev->conn ? zs_tcp_conn_user(ev->conn) : NULL;
+    switch (ev->type) {
+    case ZS_EV_ACCEPT: {
+        rd_listener *l = listener_of(n, ev->listener);
+        rd_conn *nc;
+        if (!l || conn_new(n, ev->conn, &nc) != ZS_OK) {
+            zs_tcp_conn_close(ev->conn);
+            return;
+        }
+        nc->l = l;
+        nc->setup_deadline = zs_net_now_ms() + l->setup_ms;
+        break;
+    }
+    case ZS_EV_REFUSED: {
+        zs_event *e = zs_evq_push(&n->evq, ZS_EV_REFUSED, NULL, "rdma");
+        if (e) {
+            rd_listener *l = listener_of(n, ev->listener);
+            e->listener = (zs_listener *)l;
+            zs_net_copy_str(e->reason, sizeof e->reason, ev->reason);
+        }
+        break;
+    }
+    case ZS_EV_HEADER:
+        if (!c)
+            return;
+        if (c->ready || c->hello_recv || ev->frame.op != ZS_OP_HELLO ||
+            ev->frame.length != RD_HELLO_BYTES) {
+            if (c->ready)
+                conn_fail(c, ZS_ERR_FORMAT, "unexpected %s frame on the set-up stream",
+                          zs_frame_op_name(ev->frame.op));
+            else
+                setup_refuse(c, "the first frame was not a hello of the expected size");
+            return;
+        }
+        if (zs_tcp_recv_payload(c->tcp, c->hello_mr, 0, c, NULL) != ZS_OK)
+            setup_refuse(c, zs_last_error());
+        break;
+    case ZS_EV_RECV:
+        if (!ev->conn || !c || c->ready)
+            return;
+        if (ev->err != ZS_OK) {
+            setup_refuse(c, ev->reason);
+            return;
+        }
+        setup_answer(c, ev->frame.length);
+        break;
+    case ZS_EV_CLOSED:
+        if (!c)
+            return;
+        if (c->ready)
+            conn_fail(c, ZS_ERR_IO, "peer closed its set-up stream (%s)", ev->reason);
+        else
+            setup_refuse(c, ev->reason);
+        break;
+    case ZS_EV_SEND:
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the loop */
+
+static void net_turn(rd_net *n)
+{
+    zs_event ev[32];
+    int k;
+    while (zs_tcp_poll(n->tcp, ev, 32, 0, &k) == ZS_OK && k > 0)
+        for (int i = 0; i < k; i++)
+            on_tcp_event(n, &ev[i]);
+    drain_cq(n);
+    drain_async(n);
+    int64_t now = zs_net_now_ms();
+    rd_conn *next;
+    for (rd_conn *c = n->conns; c; c = next) {
+        next = c->next;
+        if (!c->ready && c->l && now >= c->setup_deadline) {
+            setup_refuse(c, "set-up stalled");
+            continue;
+        }
+        if (c->closing && now >= c->drain_deadline) {
+            /* The NIC did not flush in time: destroying the QP stops it for sure. */
+            ibv_destroy_qp(c->qp);
+            c->qp = NULL;
+            rd_req *r;
+            while ((r = fifo_pop(&c->reading, &c->reading_tail)))
+                req_fail_conn(r, c->reason);
+            conn_emit_closed(c);
+            continue;
+        }
+        if (c->closed || !c->ready)
+            continue;
+        for (rd_req *r = c->await; r; r = r->next)
+            if (now >= r->deadline) {
+                conn_fail(c, ZS_ERR_IO, "peer did not read a %llu-byte payload within %d ms",
+                          (unsigned long long)r->frame.length, n->send_timeout_ms);
+                break;
+            }
+        if (c->closed || !c->dirty)
+            continue;
+        c->dirty = 0;
+        deliver_backlog(c);
+        issue_reads(c);
+        send_control(c);
+        send_frames(c);
+    }
+}
+
+/* The longest a wait may sleep before the net needs a turn: 0 with work ready. */
+static int net_timeout(rd_net *n)
+{
+    if (n->evq.live)
+        return 0;
+    int tt;
+    zs_tcp_wait_fd(n->tcp, &tt);
+    int64_t next = tt < 0 ? -1 : zs_net_now_ms() + tt;
+    for (rd_conn *c = n->conns; c; c = c->next) {
+        if (c->dirty && !c->closed)
+            return 0;
+        int64_t d = -1;
+        if (!c->ready && c->l)
+            d = c->setup_deadline;
+        else if (c->closing)
+            d = c->drain_deadline;
+        for (rd_req *r = c->await; r; r = r->next)
+            if (d < 0 || r->deadline < d)
+                d = r->deadline;
+        if (d >= 0 && (next < 0 || d < next))
+            next = d;
+    }
+    return zs_net_remaining_ms(next);
+}
+
+/* Runs turns until ready(arg) or the deadline; returns 1 if ready. */
+static int net_run(rd_net *n, int64_t deadline, int (*ready)(void *), void *arg)
+{
+    for (;;) {
+        net_turn(n);
+        if (ready(arg))
+            return 1;
+        int left = zs_net_remaining_ms(deadline);
+        if (left == 0)
+            return 0;
+        int t = net_timeout(n);
+        if (t < 0 || (left >= 0 && left < t))
+            t = left;
+        struct epoll_event ev[4];
+        if (epoll_wait(n->epfd, ev, 4, t) < 0 && errno != EINTR)
+            return 0;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the interface */
+
+static zs_err rd_open(zs_net **out)
+{
+    *out = NULL;
+    rd_net *n = calloc(1, sizeof *n);
+    if (!n)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    n->epfd = epoll_create1(EPOLL_CLOEXEC);
+    zs_err res = ZS_OK;
+    if (n->epfd < 0) {
+        res = zs_error(ZS_ERR_IO, "rdma: epoll_create1: %s", strerror(errno));
+        goto fail;
+    }
+    ZS_CHECK_GOTO(zs_tcp_open(&n->tcp), res, fail_ep);
+    int tt;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = 0};
+    if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, zs_tcp_wait_fd(n->tcp, &tt), &ev) < 0) {
+        res = zs_error(ZS_ERR_IO, "rdma: epoll_ctl: %s", strerror(errno));
+        goto fail_tcp;
+    }
+    n->send_timeout_ms =
+        env_int("ZS_RDMA_SEND_TIMEOUT_MS", RD_DEFAULT_SEND_TIMEOUT_MS, 10, INT_MAX / 2);
+    n->log = (zs_log_limit){0};
+    *out = (zs_net *)n;
+    return ZS_OK;
+fail_tcp:
+    zs_tcp_close(n->tcp);
+fail_ep:
+    close(n->epfd);
+fail:
+    free(n);
+    return res;
+}
+
+static zs_err rd_set_opts(zs_net *net, const zs_net_opts *opts)
+{
+    (void)net, (void)opts; /* batching buys nothing when posting is a doorbell */
+    return ZS_OK;
+}
+
+static void rd_close(zs_net *nn)
+{
+    rd_net *n = (rd_net *)nn;
+    if (!n)
+        return;
+    while (n->conns) {
+        rd_conn *c = n->conns;
+        c->ready = 0; /* no events from a closing net */
+        conn_free(c);
+    }
+    while (n->listeners) {
+        rd_listener *l = n->listeners;
+        n->listeners = l->next;
+        free(l);
+    }
+    while (n->mrs) {
+        rd_mr *m = n->mrs;
+        n->mrs = m->next;
+        ibv_dereg_mr(m->mr);
+        free(m);
+    }
+    zs_tcp_close(n->tcp);
+    if (n->cq) {
+        if (n->cq_events)
+            ibv_ack_cq_events(n->cq, n->cq_events);
+        ibv_destroy_cq(n->cq);
+    }
+    if (n->chan)
+        ibv_destroy_comp_channel(n->chan);
+    if (n->pd)
+        ibv_dealloc_pd(n->pd);
+    if (n->ctx)
+        ibv_close_device(n->ctx);
+    zs_evq_free(&n->evq);
+    close(n->epfd);
+    free(n);
+}
+
+/* The IPv4 address (network order) HOST of "HOST:PORT" names literally, else 0. */
+static uint32_t literal_ipv4(const char *addr)
+{
+    char host[64];
+    const char *colon = strrchr(addr, ':');
+    size_t len = colon ? (size_t)(colon - addr) : strlen(addr);
+    if (len == 0 || len >= sizeof host)
+        return 0;
+    memcpy(host, addr, len);
+    host[len] = '\0';
+    struct in_addr a;
+    return inet_pton(AF_INET, host, &a) == 1 ? a.s_addr : 0;
+}
+
+static zs_err rd_listen(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_listener **out)
+{
+    rd_net *n = (rd_net *)nn;
+    *out = NULL;
+    rd_opts t;
+    resolve_opts(opts, &t);
+    ZS_CHECK(open_device(n, &t, literal_ipv4(addr)));
+    rd_listener *l = calloc(1, sizeof *l);
+    if (!l)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    zs_conn_opts to = {.auth = opts ? opts->auth : NULL};
+    zs_err e = zs_tcp_listen(n->tcp, addr, &to, &l->tcp);
+    if (e != ZS_OK) {
+        free(l);
+        return e;
+    }
+    l->net = n;
+    l->setup_ms = env_int("ZS_RDMA_SETUP_MS", RD_DEFAULT_SETUP_MS, 10, INT_MAX / 2);
+    l->next = n->listeners;
+    if (n->listeners)
+        n->listeners->prev = l;
+    n->listeners = l;
+    *out = (zs_listener *)l;
+    return ZS_OK;
+}
+
+static int rd_listener_port(const zs_listener *l)
+{
+    return zs_tcp_listener_port(((const rd_listener *)l)->tcp);
+}
+
+static void rd_listener_close(zs_listener *ll)
+{
+    rd_listener *l = (rd_listener *)ll;
+    rd_net *n = l->net;
+    for (rd_conn *c = n->conns; c; c = c->next)
+        if (c->l == l)
+            c->l = NULL; /* its set-up goes on; ACCEPT names no listener */
+    zs_tcp_listener_close(l->tcp);
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        n->listeners = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    for (size_t i = 0; i < n->evq.len; i++) {
+        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
+        if (e->type && e->listener == ll)
+            e->listener = NULL;
+    }
+    free(l);
+}
+
+typedef struct {
+    rd_net *n;
+    rd_listener *l;
+    rd_conn *got;
+} accept_arg;
+
+static int accept_ready(void *arg)
+{
+    accept_arg *a = arg;
+    zs_evq *q = &a->n->evq;
+    for (size_t i = 0; i < q->len; i++) {
+        zs_event *e = &q->ring[(q->head + i) % q->cap];
+        if (e->type == ZS_EV_ACCEPT && e->listener == (zs_listener *)a->l) {
+            a->got = (rd_conn *)e->conn;
+            e->type = 0;
+            q->live--;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static zs_err rd_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
+{
+    rd_listener *l = (rd_listener *)ll;
+    accept_arg a = {.n = l->net, .l = l};
+    *out = NULL;
+    if (net_run(l->net, zs_net_deadline(timeout_ms), accept_ready, &a))
+        *out = (zs_conn *)a.got;
+    return ZS_OK;
+}
+
+typedef struct {
+    zs_req *req;
+} req_arg;
+
+static zs_err rd_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)
+{
+    rd_net *n = (rd_net *)nn;
+    *out = NULL;
+    rd_opts t;
+    resolve_opts(opts, &t);
+    int timeout = opts && opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
+    int64_t deadline = zs_net_now_ms() + timeout;
+    zs_conn_opts to = {.conns = 1, .connect_timeout_ms = timeout, .auth = opts ? opts->auth : NULL};
+    zs_conn *tc;
+    ZS_CHECK(zs_tcp_connect(n->tcp, addr, &to, &tc));
+    struct sockaddr_storage ss;
+    uint32_t ip = 0;
+    if (zs_tcp_conn_local(tc, &ss) == 0 && ss.ss_family == AF_INET)
+        ip = ((struct sockaddr_in *)&ss)->sin_addr.s_addr;
+    zs_err res = open_device(n, &t, ip);
+    if (res != ZS_OK) {
+        zs_tcp_conn_close(tc);
+        return res;
+    }
+    rd_conn *c;
+    res = conn_new(n, tc, &c);
+    if (res != ZS_OK) {
+        zs_tcp_conn_close(tc);
+        return res;
+    }
+    zs_net_fmt(c->peer, sizeof c->peer, "%s", addr);
+    rd_hello self, peer;
+    ZS_CHECK_GOTO(conn_make_qp(c), res, fail);
+    ZS_CHECK_GOTO(local_hello(c, &t, &self), res, fail);
+    hello_encode(&self, c->hello);
+    zs_req *rr, *sr;
+    ZS_CHECK_GOTO(zs_tcp_irecv(tc, RD_HELLO_ID, c->hello_mr, 0, RD_HELLO_BYTES, NULL, &rr), res,
+                  fail);
+    c->hello_recv = rr;
+    zs_frame f = {
+        .op = ZS_OP_HELLO, .dtype = ZS_DTYPE_TEXT, .id = RD_HELLO_ID, .length = RD_HELLO_BYTES};
+    ZS_CHECK_GOTO(zs_tcp_isend(tc, &f, c->hello_mr, 0, NULL, &sr), res, fail);
+    int done = 0;
+    zs_frame got;
+    /* The hello goes out before the reply can come: once the send is done, the buffer takes
+     * the reply. */
+    res = zs_tcp_wait(sr, zs_net_remaining_ms(deadline), &done, NULL);
+    if (res != ZS_OK || !done) {
+        if (!done)
+            zs_tcp_cancel(sr);
+        if (res == ZS_OK)
+            res = zs_error(ZS_ERR_IO, "rdma %s: set-up: no room to send the hello", addr);
+        goto fail;
+    }
+    res = zs_tcp_wait(rr, zs_net_remaining_ms(deadline), &done, &got);
+    if (res == ZS_OK && !done) {
+        res = zs_error(ZS_ERR_IO, "rdma %s: set-up: no answer within %d ms", addr, timeout);
+        goto fail;
+    }
+    c->hello_recv = NULL;
+    if (res != ZS_OK)
+        goto fail;
+    if (got.op == ZS_OP_ERROR) {
+        char text[ZS_FRAME_MAX_ERROR_TEXT + 1];
+        size_t len = got.length < RD_HELLO_BYTES ? got.length : RD_HELLO_BYTES;
+        memcpy(text, c->hello, len);
+        text[len] = '\0';
+        res = zs_error(ZS_ERR_IO, "rdma %s: the server refused the set-up: %s%s", addr, text,
+                       got.length > len ? "..." : "");
+        goto fail;
+    }
+    if (got.op != ZS_OP_HELLO) {
+        res = zs_error(ZS_ERR_FORMAT, "rdma %s: set-up answered with a %s frame", addr,
+                       zs_frame_op_name(got.op));
+        goto fail;
+    }
+    ZS_CHECK_GOTO(hello_decode(c->hello, got.length, &peer, c->peer), res, fail);
+    ZS_CHECK_GOTO(conn_connect_qp(c, &self, &peer), res, fail);
+    c->ready = 1;
+    *out = (zs_conn *)c;
+    return ZS_OK;
+fail:
+    if (c->hello_recv) {
+        zs_tcp_cancel(c->hello_recv);
+        c->hello_recv = NULL;
+    }
+    conn_free(c);
+    return res;
+}
+
+static const char *rd_conn_peer(const zs_conn *c)
+{
+    return ((const rd_conn *)c)->peer;
+}
+static void rd_conn_set_user(zs_conn *c, void *user)
+{
+    ((rd_conn *)c)->user = user;
+}
+static void *rd_conn_user(const zs_conn *c)
+{
+    return ((const rd_conn *)c)->user;
+}
+static uint32_t rd_conn_member(const zs_conn *c)
+{
+    return ((const rd_conn *)c)->member;
+}
+static int rd_conn_closed(const zs_conn *c)
+{
+    return ((const rd_conn *)c)->closed;
+}
+
+static void rd_conn_close(zs_conn *cc)
+{
+    rd_conn *c = (rd_conn *)cc;
+    rd_net *n = c->net;
+    zs_evq_forget(&n->evq, cc);
+    c->ready = 0; /* its requests' events name no connection from now on */
+    conn_free(c);
+}
+
+static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out)
+{
+    rd_net *n = (rd_net *)nn;
+    *out = NULL;
+    if (!n->ctx) {
+        rd_opts t;
+        resolve_opts(NULL, &t);
+        ZS_CHECK(open_device(n, &t, 0));
+    }
+    rd_mr *m = calloc(1, sizeof *m);
+    if (!m)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    int flags = 0;
+    if (access & ZS_MR_RECV)
+        flags |= IBV_ACCESS_LOCAL_WRITE;
+    if (access & ZS_MR_SEND)
+        flags |= IBV_ACCESS_REMOTE_READ;
+    m->mr = ibv_reg_mr(n->pd, base, len, flags);
+    if (!m->mr) {
+        int err = errno;
+        free(m);
+        return zs_error(err == ENOMEM ? ZS_ERR_NOMEM : ZS_ERR_IO,
+                        "rdma: %s: ibv_reg_mr of %zu bytes: %s%s", n->dev_name, len, strerror(err),
+                        err == ENOMEM ? " (raise the locked-memory limit: ulimit -l)" : "");
+    }
+    m->net = n;
+    m->base = base;
+    m->len = len;
+    m->access = access;
+    m->next = n->mrs;
+    if (n->mrs)
+        n->mrs->prev = m;
+    n->mrs = m;
+    *out = (zs_mr *)m;
+    return ZS_OK;
+}
+
+static zs_err rd_dereg_mr(zs_mr *mm)
+{
+    rd_mr *m = (rd_mr *)mm;
+    if (!m)
+        return ZS_OK;
+    if (m->refs > 0)
+        return zs_error(ZS_ERR_INVALID, "rdma: region of %zu bytes is used by %ld request(s)",
+                        m->len, m->refs);
+    rd_net *n = m->net;
+    if (m->prev)
+        m->prev->next = m->next;
+    else
+        n->mrs = m->next;
+    if (m->next)
+        m->next->prev = m->prev;
+    ibv_dereg_mr(m->mr);
+    free(m);
+    return ZS_OK;
+}
+
+static zs_err check_region(const rd_conn *c, const char *what, const rd_mr *m, size_t off,
+                           uint64_t len, int access)
+{
+    if (len == 0)
+        return ZS_OK;
+    if (!m)
+        return zs_error(ZS_ERR_INVALID, "rdma %s: %s of %llu bytes without a region", c->peer, what,
+                        (unsigned long long)len);
+    if (!(m->access & access))
+        return zs_error(ZS_ERR_INVALID, "rdma %s: %s: region not registered for %s", c->peer, what,
+                        access == ZS_MR_SEND ? "sending" : "receiving");
+    if (off > m->len || len > m->len - off)
+        return zs_error(ZS_ERR_INVALID,
+                        "rdma %s: %s of %llu bytes at offset %zu exceeds the region of %zu",
+                        c->peer, what, (unsigned long long)len, off, m->len);
+    return ZS_OK;
+}
+
+static zs_err check_open(const rd_conn *c, const char *what)
+{
+    if (c->closed)
+        return zs_error(ZS_ERR_IO, "rdma %s: %s on a failed connection: %s", c->peer, what,
+                        c->reason);
+    return ZS_OK;
+}
+
+static zs_err make_send(rd_conn *c, const zs_frame *f, zs_req **out, void *user, rd_req **rq)
+{
+    ZS_CHECK(check_open(c, "send"));
+    uint8_t hdr[ZS_FRAME_HEADER_BYTES];
+    zs_frame_encode(f, hdr);
+    zs_frame g;
+    if (zs_frame_decode(hdr, &g) != ZS_OK)
+        return zs_error(ZS_ERR_INVALID, "rdma %s: send of a bad frame: %s", c->peer,
+                        zs_last_error());
+    rd_req *r = req_new(c->net, RQ_SEND, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    r->frame = g;
+    *rq = r;
+    return ZS_OK;
+}
+
+static void send_start(rd_conn *c, rd_req *r, zs_req **out)
+{
+    r->state = RQ_QUEUED;
+    fifo_push(&c->sendq, &c->sendq_tail, r);
+    if (out)
+        *out = (zs_req *)r;
+    send_frames(c);
+}
+
+static zs_err rd_isend(zs_conn *cc, const zs_frame *f, zs_mr *mm, size_t off, void *user,
+                       zs_req **out)
+{
+    rd_conn *c = (rd_conn *)cc;
+    rd_mr *m = (rd_mr *)mm;
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_region(c, "send", m, off, f->length, ZS_MR_SEND));
+    rd_req *r;
+    ZS_CHECK(make_send(c, f, out, user, &r));
+    if (f->length) {
+        r->mr = m;
+        m->refs++;
+        r->buf = m->base + off;
+    }
+    send_start(c, r, out);
+    return ZS_OK;
+}
+
+static zs_err rd_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, void *user,
+                              zs_req **out)
+{
+    rd_conn *c = (rd_conn *)cc;
+    if (out)
+        *out = NULL;
+    if (f->length > ZS_NET_INLINE_MAX)
+        return zs_error(ZS_ERR_INVALID, "rdma %s: inline send of %llu bytes, at most %d", c->peer,
+                        (unsigned long long)f->length, ZS_NET_INLINE_MAX);
+    rd_req *r;
+    ZS_CHECK(make_send(c, f, out, user, &r));
+    if (f->length) {
+        r->inline_buf = malloc(f->length);
+        if (!r->inline_buf) {
+            req_free(r);
+            return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+        }
+        memcpy(r->inline_buf, data, f->length);
+    }
+    send_start(c, r, out);
+    return ZS_OK;
+}
+
+static zs_err rd_irecv(zs_conn *cc, uint64_t id, zs_mr *mm, size_t off, size_t cap, void *user,
+                       zs_req **out)
+{
+    rd_conn *c = (rd_conn *)cc;
+    rd_mr *m = (rd_mr *)mm;
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, "receive"));
+    ZS_CHECK(check_region(c, "receive", m, off, cap, ZS_MR_RECV));
+    if (expect_find(c, id))
+        return zs_error(ZS_ERR_INVALID, "rdma %s: a receive for id %llu is already posted", c->peer,
+                        (unsigned long long)id);
+    rd_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    r->id = id;
+    r->frame.id = id;
+    r->len = cap;
+    if (cap) {
+        r->mr = m;
+        m->refs++;
+        r->buf = m->base + off;
+    }
+    r->state = RQ_EXPECTED;
+    list_add(&c->expect, r);
+    if (out)
+        *out = (zs_req *)r;
+    return ZS_OK;
+}
+
+static zs_err pending_frame(rd_conn *c, const char *what, zs_frame *f)
+{
+    ZS_CHECK(check_open(c, what));
+    if (c->pending < 0)
+        return zs_error(ZS_ERR_INVALID, "rdma %s: %s without a pending header", c->peer, what);
+    zs_frame_decode(recv_slot(c, c->pending) + RD_HDR, f);
+    return ZS_OK;
+}
+
+static void pending_done(rd_conn *c)
+{
+    int slot = c->pending;
+    c->pending = -1;
+    release_slot(c, slot);
+    c->dirty = 1;
+}
+
+static zs_err rd_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs_req **out)
+{
+    rd_conn *c = (rd_conn *)cc;
+    rd_mr *m = (rd_mr *)mm;
+    if (out)
+        *out = NULL;
+    zs_frame f;
+    ZS_CHECK(pending_frame(c, "recv_payload", &f));
+    ZS_CHECK(check_region(c, "receive", m, off, f.length, ZS_MR_RECV));
+    rd_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    r->frame = f;
+    r->id = f.id;
+    r->mr = m;
+    m->refs++;
+    r->buf = m->base + off;
+    if (out)
+        *out = (zs_req *)r;
+    start_payload(c, c->pending, r);
+    pending_done(c);
+    return ZS_OK;
+}
+
+static zs_err rd_discard(zs_conn *cc)
+{
+    rd_conn *c = (rd_conn *)cc;
+    zs_frame f;
+    ZS_CHECK(pending_frame(c, "discard", &f));
+    skip_payload(c, c->pending);
+    pending_done(c);
+    return ZS_OK;
+}
+
+static zs_err report(rd_req *r, int *done, zs_frame *f)
+{
+    *done = r->state == RQ_DONE;
+    if (!*done)
+        return ZS_OK;
+    if (f)
+        *f = r->frame;
+    zs_err st = r->status;
+    if (st != ZS_OK)
+        zs_error(st, "%s", r->err);
+    req_free(r);
+    return st;
+}
+
+static int req_ready(void *arg)
+{
+    return ((rd_req *)arg)->state == RQ_DONE;
+}
+
+static zs_err rd_test(zs_req *rq, int *done, zs_frame *f)
+{
+    rd_req *r = (rd_req *)rq;
+    if (r->state != RQ_DONE)
+        net_turn(r->net);
+    return report(r, done, f);
+}
+
+static zs_err rd_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
+{
+    rd_req *r = (rd_req *)rq;
+    if (r->state != RQ_DONE)
+        net_run(r->net, zs_net_deadline(timeout_ms), req_ready, r);
+    return report(r, done, f);
+}
+
+static int read_idle(void *arg)
+{
+    rd_req *r = arg;
+    return r->state == RQ_DONE || r->reads_out == 0;
+}
+
+static zs_err rd_cancel(zs_req *rq)
+{
+    rd_req *r = (rd_req *)rq;
+    rd_conn *c = r->conn;
+    switch (r->state) {
+    case RQ_DONE:
+        req_free(r);
+        return ZS_OK;
+    case RQ_QUEUED:
+        fifo_remove(&c->sendq, &c->sendq_tail, r);
+        req_free(r);
+        return ZS_OK;
+    case RQ_EXPECTED:
+        /* Kept without a buffer, so a late reply with this id is skipped. */
+        if (r->mr) {
+            r->mr->refs--;
+            r->mr = NULL;
+        }
+        r->buf = NULL;
+        r->silent = 1;
+        r->handle = 0;
+        return ZS_OK;
+    case RQ_AWAIT:
+        return zs_error(ZS_ERR_INVALID,
+                        "rdma %s: send of %s id %llu is being read by the peer; it cannot be "
+                        "recalled",
+                        c->peer, zs_frame_op_name(r->frame.op), (unsigned long long)r->frame.id);
+    case RQ_READING: {
+        /* The NIC writes into the destination until its READs complete: wait for them, and
+         * stop them by failing the connection if they do not. */
+        r->handle = 0;
+        r->silent = 1;
+        if (!net_run(r->net, zs_net_now_ms() + RD_CANCEL_MS, read_idle, r) && r->state != RQ_DONE)
+            conn_fail(c, ZS_ERR_IO, "a cancelled receive's READ did not finish in %d ms",
+                      RD_CANCEL_MS);
+        if (r->state != RQ_DONE && r->reads_out > 0 && c->qp) {
+            ibv_destroy_qp(c->qp);
+            c->qp = NULL;
+            rd_req *q;
+            while ((q = fifo_pop(&c->reading, &c->reading_tail)))
+                req_fail_conn(q, c->reason); /* silent ones are freed */
+            if (c->closing)
+                conn_emit_closed(c);
+            return ZS_OK;
+        }
+        if (r->state != RQ_DONE) {
+            /* Its bytes are read; only the bookkeeping remains: finish it silently. */
+            fifo_remove(&c->reading, &c->reading_tail, r);
+            queue_done(c, r->token, 0);
+            req_free(r);
+        }
+        return ZS_OK;
+    }
+    }
+    return zs_error(ZS_ERR_INVALID, "rdma: cancel of a request in state %d", r->state);
+}
+
+static zs_err rd_flush(zs_net *nn)
+{
+    net_turn((rd_net *)nn);
+    return ZS_OK;
+}
+
+static int events_ready(void *arg)
+{
+    return ((rd_net *)arg)->evq.live > 0;
+}
+
+static zs_err rd_poll(zs_net *nn, zs_event *ev, int max, int timeout_ms, int *n_out)
+{
+    rd_net *n = (rd_net *)nn;
+    *n_out = 0;
+    net_run(n, zs_net_deadline(timeout_ms), events_ready, n);
+    int k = 0;
+    while (k < max && zs_evq_pop(&n->evq, &ev[k]))
+        k++;
+    *n_out = k;
+    return ZS_OK;
+}
+
+static int rd_wait_fd(zs_net *nn, int *timeout_ms)
+{
+    rd_net *n = (rd_net *)nn;
+    *timeout_ms = net_timeout(n);
+    return n->epfd;
+}
+
+zs_err zs_rdma_test_break_qp(zs_conn *cc)
+{
+    rd_conn *c = (rd_conn *)cc;
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    int rc = c->qp ? ibv_modify_qp(c->qp, &a, IBV_QP_STATE) : EINVAL;
+    if (rc)
+        return zs_error(ZS_ERR_IO, "rdma %s: QP to ERR: %s", c->peer, strerror(rc));
+    return ZS_OK;
+}
+
+void zs_rdma_test_bad_key(zs_conn *c)
+{
+    ((rd_conn *)c)->bad_key = 1;
+}
+
+const zs_transport_ops zs_rdma_ops = {
+    .version = ZS_TRANSPORT_OPS_VERSION,
+    .name = "rdma",
+    .open = rd_open,
+    .set_opts = rd_set_opts,
+    .close = rd_close,
+    .listen = rd_listen,
+    .listener_port = rd_listener_port,
+    .listener_close = rd_listener_close,
+    .accept = rd_accept,
+    .connect = rd_connect,
+    .conn_peer = rd_conn_peer,
+    .conn_set_user = rd_conn_set_user,
+    .conn_user = rd_conn_user,
+    .conn_member = rd_conn_member,
+    .conn_closed = rd_conn_closed,
+    .conn_close = rd_conn_close,
+    .reg_mr = rd_reg_mr,
+    .dereg_mr = rd_dereg_mr,
+    .isend = rd_isend,
+    .isend_inline = rd_isend_inline,
+    .irecv = rd_irecv,
+    .recv_payload = rd_recv_payload,
+    .discard = rd_discard,
+    .test = rd_test,
+    .wait = rd_wait,
+    .cancel = rd_cancel,
+    .flush = rd_flush,
+    .poll = rd_poll,
+    .wait_fd = rd_wait_fd,
+};
