@@ -149,6 +149,7 @@ typedef struct {
     zs_secret secret; /* the job's: its file (secret.path) goes to every child */
     long steps, servers, workers, threads; /* threads: 0 = divide the CPUs */
     int elastic;                           /* a worker's exit is an event, not a failure */
+    zs_cluster_config cluster; /* the config's cluster block: the servers' transport options */
 
     zs_proc *procs;      /* [n_procs]: coord, servers 1..S, workers 1..W, then the script's */
     struct pollfd *pfds; /* [n_procs], rebuilt each turn */
@@ -385,6 +386,21 @@ static void server_args(const launch *L, arglist *a)
     arg(a, "%s:0", L->bind);
     arg(a, "--threads");
     arg(a, "%ld", L->server_threads);
+    /* cluster.transport and cluster.rdma: a server must know them before it registers. */
+    arg(a, "--transport");
+    arg(a, "%s", zs_transport_kind_name(L->cluster.transport));
+    if (L->cluster.rdma_device[0]) {
+        arg(a, "--rdma-device");
+        arg(a, "%s", L->cluster.rdma_device);
+    }
+    if (L->cluster.rdma_port != 1) {
+        arg(a, "--rdma-port");
+        arg(a, "%d", L->cluster.rdma_port);
+    }
+    if (L->cluster.rdma_gid_index >= 0) {
+        arg(a, "--rdma-gid-index");
+        arg(a, "%d", L->cluster.rdma_gid_index);
+    }
 }
 
 static int start_next(launch *L)
@@ -1176,8 +1192,10 @@ int zs_cmd_launch(int argc, char **argv)
     /* Elastic mode from the config too.  A config that does not load is the coordinator's to
      * report (its own words, and the failure of the first child). */
     zs_config cfg;
+    zs_config_defaults(&cfg);
     if (zs_config_load(L.config, &cfg) == ZS_OK && cfg.elasticity.enabled)
         L.elastic = 1;
+    L.cluster = cfg.cluster;
     long script_starts = 0;
     if (L.script_path) {
         L.elastic = 1;

@@ -11,6 +11,8 @@
 static const char server_usage[] =
     "usage: zshard server --coord tcp://HOST:PORT --listen HOST:PORT [--init DIR]\n"
     "                     [--secret FILE | --insecure] [--threads T] [--log-level LEVEL]\n"
+    "                     [--transport tcp|rdma|auto] [--rdma-device DEV] [--rdma-port P]\n"
+    "                     [--rdma-gid-index G]\n"
     "\n"
     "Runs a partition server: holds shards of the training state, applies AdamW, serves\n"
     "fetches and pushes on the data plane.\n"
@@ -20,6 +22,12 @@ static const char server_usage[] =
     "  --init DIR               initialize from DIR/model.safetensors instead of the seed\n"
     "  --threads T              AdamW threads (default: all CPUs available)\n" ZS_CLI_SECRET_USAGE
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
+    "  --transport KIND         the data plane's backend: tcp, rdma, or auto (default: rdma\n"
+    "                           where this host has an RDMA device with an active port);\n"
+    "                           the coordinator refuses one that cluster.transport does not name\n"
+    "  --rdma-device DEV        the RDMA device (default: the one holding the --listen\n"
+    "                           address, else the first active one); --rdma-port P (1),\n"
+    "                           --rdma-gid-index G (default: the GID of the address in use)\n"
     "  -h, --help               this text\n";
 
 int zs_cmd_server(int argc, char **argv)
@@ -29,6 +37,10 @@ int zs_cmd_server(int argc, char **argv)
                                          {"init", required_argument, NULL, 'i'},
                                          {"threads", required_argument, NULL, 't'},
                                          {"log-level", required_argument, NULL, 'L'},
+                                         {"transport", required_argument, NULL, 'T'},
+                                         {"rdma-device", required_argument, NULL, 'D'},
+                                         {"rdma-port", required_argument, NULL, 'P'},
+                                         {"rdma-gid-index", required_argument, NULL, 'G'},
                                          ZS_CLI_SECRET_OPTIONS,
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
@@ -61,6 +73,30 @@ int zs_cmd_server(int argc, char **argv)
             if (zs_cli_log_level("server", optarg))
                 return 2;
             break;
+        case 'T':
+            if (strcmp(optarg, "tcp") && strcmp(optarg, "rdma") && strcmp(optarg, "auto"))
+                return zs_cli_usage_error("server", "--transport: \"%s\" is not tcp, rdma or auto",
+                                          optarg);
+            o.transport = optarg;
+            break;
+        case 'D':
+            o.rdma_device = optarg;
+            break;
+        case 'P': {
+            long p = zs_cli_int("server", "--rdma-port", optarg, 1, 255);
+            if (p < 0)
+                return 2;
+            o.rdma_port = (int)p;
+            break;
+        }
+        case 'G': {
+            long g = zs_cli_int("server", "--rdma-gid-index", optarg, 0, 65536);
+            if (g < 0)
+                return 2;
+            o.rdma_gid_set = 1;
+            o.rdma_gid_index = (int)g;
+            break;
+        }
         case 'h':
             fputs(server_usage, stdout);
             return 0;

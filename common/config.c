@@ -46,7 +46,11 @@ void zs_config_defaults(zs_config *cfg)
                                        .chunk_timeout_factor = 4.0,
                                        .chunk_timeout_min_ms = 2000,
                                        .max_members_per_address = 1024,
-                                       .server_memory_bytes = 0};
+                                       .server_memory_bytes = 0,
+                                       .transport = ZS_TRANSPORT_AUTO,
+                                       .rdma_device = "",
+                                       .rdma_port = 1,
+                                       .rdma_gid_index = -1};
     cfg->zero = (zs_zero_config){.stage = 3, .optimizer = ZS_OFFLOAD_NONE, .param_buffers = 5};
     cfg->aio = (zs_aio_config){.block_size = 1u << 20, .queue_depth = 8};
     cfg->elasticity = (zs_elastic_config){.enabled = 0, .min_workers = 1, .max_workers = 0};
@@ -522,7 +526,10 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
                                                "chunk_timeout_min_ms",
                                                "max_members_per_address",
                                                "server_memory_bytes",
+                                               "transport",
+                                               "rdma",
                                                NULL};
+    static const char *const rdma_keys[] = {"device", "port", "gid_index", NULL};
     static const char *const elastic_keys[] = {"enabled", "min_workers", "max_workers", NULL};
     if (!json_is_object(root))
         return zs_error(ZS_ERR_INVALID, "%s: the configuration must be a JSON object, got %s",
@@ -598,6 +605,36 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
         long long budget = (long long)cfg->cluster.server_memory_bytes;
         ZS_CHECK(get_int(p, o, "cluster", "server_memory_bytes", 0, 1ll << 50, &budget, NULL));
         cfg->cluster.server_memory_bytes = (uint64_t)budget;
+        const char *tr = NULL;
+        ZS_CHECK(get_str(p, o, "cluster", "transport", &tr));
+        if (tr && strcmp(tr, "auto") == 0)
+            cfg->cluster.transport = ZS_TRANSPORT_AUTO;
+        else if (tr && strcmp(tr, "tcp") == 0)
+            cfg->cluster.transport = ZS_TRANSPORT_TCP;
+        else if (tr && strcmp(tr, "rdma") == 0)
+            cfg->cluster.transport = ZS_TRANSPORT_RDMA;
+        else if (tr && strcmp(tr, "shm") == 0)
+            return bad(p, "cluster.transport",
+                       "\"%s\": the shared-memory backend is not built yet; use \"tcp\", "
+                       "\"rdma\" or \"auto\"",
+                       tr);
+        else if (tr)
+            return bad(p, "cluster.transport", "\"%s\" is not \"tcp\", \"rdma\" or \"auto\"", tr);
+        json_t *r;
+        ZS_CHECK(get_obj(p, o, "cluster", "rdma", &r));
+        if (r) {
+            ZS_CHECK(check_keys(p, "cluster.rdma", r, rdma_keys));
+            const char *dev = NULL;
+            ZS_CHECK(get_str(p, r, "cluster.rdma", "device", &dev));
+            if (dev && (strlen(dev) >= sizeof cfg->cluster.rdma_device || strchr(dev, ' ')))
+                return bad(p, "cluster.rdma.device", "\"%s\" is not a device name", dev);
+            if (dev)
+                snprintf(cfg->cluster.rdma_device, sizeof cfg->cluster.rdma_device, "%s", dev);
+            ZS_CHECK(
+                get_int32(p, r, "cluster.rdma", "port", 1, 255, &cfg->cluster.rdma_port, NULL));
+            ZS_CHECK(get_int32(p, r, "cluster.rdma", "gid_index", -1, 1 << 16,
+                               &cfg->cluster.rdma_gid_index, NULL));
+        }
         if (cfg->cluster.coordinator_timeout_ms <= 2 * cfg->cluster.heartbeat_interval_ms)
             return zs_error(ZS_ERR_INVALID,
                             "%s: key \"cluster.coordinator_timeout_ms\": %d must exceed twice "
@@ -734,6 +771,11 @@ static void fp_line(fp_text *t, const char *fmt, ...)
      * shorter text, never read out of bounds. */
     if (n > 0)
         t->len += (size_t)n < sizeof t->buf - t->len ? (size_t)n : sizeof t->buf - t->len - 1;
+}
+
+const char *zs_transport_kind_name(zs_transport_kind k)
+{
+    return k == ZS_TRANSPORT_TCP ? "tcp" : k == ZS_TRANSPORT_RDMA ? "rdma" : "auto";
 }
 
 uint64_t zs_config_fingerprint(const zs_config *cfg)

@@ -45,6 +45,17 @@ typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
 } zs_adamw_config;
 
+/* cluster.transport.  auto: each server serves RDMA when its host has an RDMA device with an
+ * active port, else TCP (docs/transport.md); the job's servers must agree. */
+typedef enum {
+    ZS_TRANSPORT_AUTO = 0,
+    ZS_TRANSPORT_TCP = 1,
+    ZS_TRANSPORT_RDMA = 2
+} zs_transport_kind;
+
+/* "auto", "tcp", "rdma" */
+const char *zs_transport_kind_name(zs_transport_kind k);
+
 typedef struct {
     size_t shard_bytes; /* cluster.shard_size: bytes of fp32 per shard, multiple of 256 */
     int heartbeat_interval_ms;
@@ -57,6 +68,10 @@ typedef struct {
     int max_members_per_address;  /* registered and not gone at once from one network address */
     uint64_t server_memory_bytes; /* a partition server's RAM budget; 0: its limits (cgroup
                                      memory.max, RLIMIT_AS, MemAvailable) at start */
+    zs_transport_kind transport;  /* cluster.transport: the data plane's backend */
+    char rdma_device[64];         /* cluster.rdma.device: "" = chosen by address (rdma.h) */
+    int rdma_port;                /* cluster.rdma.port: 1.. (default 1) */
+    int rdma_gid_index;           /* cluster.rdma.gid_index: -1 = chosen by address */
 } zs_cluster_config;
 
 /* Where a partition server keeps state (DeepSpeed's zero_optimization.offload_*). */

@@ -373,7 +373,7 @@ zs_err zs_ctrl_send_as(zs_ctrl *c, const zs_ctrl_peer *to, uint32_t sender, Zsha
     return zs_ctrl_send(c, to, env);
 }
 
-zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint)
+zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint, uint32_t transports)
 {
     char host[256] = "";
     gethostname(host, sizeof host - 1);
@@ -385,7 +385,7 @@ zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint)
     r.endpoints = endpoint ? endpoints : NULL;
     r.protocol_version = ZS_PROTOCOL_VERSION;
     r.capabilities = ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |
-                     ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
+                     (transports & ZS_MSG_CAPS_TRANSPORT);
     r.hostname = host;
     r.pid = (uint32_t)getpid();
     r.build = (char *)ZS_VERSION;

@@ -60,8 +60,10 @@ zs_err zs_ctrl_send_as(zs_ctrl *c, const zs_ctrl_peer *to, uint32_t sender, Zsha
 zs_err zs_ctrl_send_raw(zs_ctrl *c, const void *buf, size_t len);
 
 /* Sends this process's Register (DEALER side): role, the data-plane endpoint (NULL: none),
- * the capabilities of this build, hostname and pid. */
-zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint);
+ * the capabilities of this build with the data-plane backends this process offers
+ * (transports: CAP_TRANSPORT_* bits; a server offers the one it serves, a worker every one it
+ * can use), hostname and pid. */
+zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint, uint32_t transports);
 
 /*
  * Waits up to timeout_ms (-1: forever) for one message.  ZS_OK with *env NULL: timeout.

@@ -558,6 +558,16 @@ zs_err zs_msg_check_job_spec(const Zshard__JobSpec *m, const zs_msg_ctx *ctx)
     ZS_CHECK(u64_in("JobSpec.cluster.coordinator_timeout_ms", c->has_coordinator_timeout_ms,
                     c->coordinator_timeout_ms, 2 * (uint64_t)c->heartbeat_interval_ms + 1,
                     3600000));
+    if (c->has_transport && c->transport > ZS_TRANSPORT_RDMA)
+        return FAIL("JobSpec.cluster.transport: %" PRIu32 " is not 0 (auto), 1 (tcp) or 2 (rdma)",
+                    c->transport);
+    if (c->rdma_device)
+        ZS_CHECK(str_ok("JobSpec.cluster.rdma_device", c->rdma_device, 63, STR_EMPTY_OK));
+    if (c->has_rdma_port && (c->rdma_port < 1 || c->rdma_port > 255))
+        return FAIL("JobSpec.cluster.rdma_port: %" PRIu32 " is not 1..255", c->rdma_port);
+    if (c->has_rdma_gid_index && (c->rdma_gid_index < -1 || c->rdma_gid_index > 65536))
+        return FAIL("JobSpec.cluster.rdma_gid_index: %" PRId32 " is not -1..65536",
+                    c->rdma_gid_index);
 
     const Zshard__DataSpec *d = m->data;
     if (!d)
@@ -655,6 +665,10 @@ zs_err zs_msg_check_shard_map(const Zshard__ShardMap *m, const zs_msg_ctx *ctx)
     if (m->shard_floats % ZS_TENSOR_ALIGN != 0)
         return FAIL("ShardMap.shard_floats: %" PRIu64 " is not a multiple of %d", m->shard_floats,
                     ZS_TENSOR_ALIGN);
+    if (m->has_transport && m->transport != ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP &&
+        m->transport != ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA)
+        return FAIL("ShardMap.transport: %" PRIu32 " is not %d (tcp) or %d (rdma)", m->transport,
+                    ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP, ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA);
     if (m->n_servers == 0)
         return FAIL("ShardMap.servers: none");
     if (m->n_servers > ZS_MSG_MAX_SERVERS)
@@ -1562,7 +1576,16 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
         .heartbeat_timeout_ms = (uint32_t)cfg->cluster.heartbeat_timeout_ms,
         .has_coordinator_timeout_ms = 1,
         .coordinator_timeout_ms = (uint32_t)cfg->cluster.coordinator_timeout_ms,
+        .has_transport = 1,
+        .transport = (uint32_t)cfg->cluster.transport,
+        .rdma_device = strdup(cfg->cluster.rdma_device),
+        .has_rdma_port = 1,
+        .rdma_port = (uint32_t)cfg->cluster.rdma_port,
+        .has_rdma_gid_index = 1,
+        .rdma_gid_index = cfg->cluster.rdma_gid_index,
     };
+    if (!c->rdma_device)
+        goto nomem;
     *e = (Zshard__Elasticity){
         .base = e->base,
         .has_enabled = 1,
@@ -1690,7 +1713,13 @@ zs_err zs_msg_jobspec_to_config(const Zshard__JobSpec *m, zs_config *cfg, zs_ten
         .heartbeat_interval_ms = (int)m->cluster->heartbeat_interval_ms,
         .heartbeat_timeout_ms = (int)m->cluster->heartbeat_timeout_ms,
         .coordinator_timeout_ms = (int)m->cluster->coordinator_timeout_ms,
+        .transport = m->cluster->has_transport ? (zs_transport_kind)m->cluster->transport
+                                               : ZS_TRANSPORT_AUTO,
+        .rdma_port = m->cluster->has_rdma_port ? (int)m->cluster->rdma_port : 1,
+        .rdma_gid_index = m->cluster->has_rdma_gid_index ? m->cluster->rdma_gid_index : -1,
     };
+    snprintf(cfg->cluster.rdma_device, sizeof cfg->cluster.rdma_device, "%s",
+             m->cluster->rdma_device ? m->cluster->rdma_device : "");
     cfg->elasticity = (zs_elastic_config){
         .enabled = m->elasticity->enabled != 0,
         .min_workers = (int)m->elasticity->min_workers,

@@ -72,6 +72,7 @@ typedef struct {
     uint64_t unreachable_ms; /* when a message to it first could not be routed, 0: it can */
     int rejoining;           /* a worker told to register again (a server was lost) */
     int has_job;             /* it was sent the job spec and a shard map */
+    uint32_t transports;     /* the CAP_TRANSPORT_* bits it registered with */
 } peer_entry;
 
 struct zs_coord {
@@ -90,7 +91,9 @@ struct zs_coord {
     int have_map;
     Zshard__JobSpec *job;
     Zshard__ShardMap *map_msg;
-    peer_entry *peers; /* [cap_peers], index = proto id - 1 */
+    uint32_t transport; /* the CAP_TRANSPORT_* bit the job's servers serve; 0 until the first
+                           server registered (cluster.transport, else the servers decide) */
+    peer_entry *peers;  /* [cap_peers], index = proto id - 1 */
     int n_peers, cap_peers;
     zs_log_limit refused_log; /* registrations and messages refused: a peer may repeat them */
     zs_log_limit chunk_log;   /* chunks taken back or moved (a liar or a staller repeats) */
@@ -303,6 +306,8 @@ static zs_err build_map(coord *co, int restore, uint32_t *ids, const char **eps)
     co->map_made = 1;
     co->have_map = 1;
     ZS_CHECK(zs_shardmap_to_msg(&co->map, eps, &co->map_msg));
+    co->map_msg->has_transport = 1;
+    co->map_msg->transport = co->transport ? co->transport : ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
     ZS_INFO("coord: %d servers; %d shards of %zu floats over a vector of %zu", n, co->map.n_shards,
             co->map.shard_floats, co->tt.total);
     ZS_CHECK(zs_coord_state_create(&co->cfg, n, co->map.n_shards, co->opts->steps, &co->cs));
@@ -367,6 +372,59 @@ static int live_servers(const coord *co)
 
 /* Why a Register from `from` is refused (why[] may hold the text), or NULL, with room in the
  * peer table for it then. */
+static const char *transport_name(uint32_t bit)
+{
+    return bit == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA  ? "rdma"
+           : bit == ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP ? "tcp"
+                                                          : "shm";
+}
+
+/* Capability negotiation (docs/transport.md): a server serves exactly one backend, the one
+ * cluster.transport names (or, with "auto", the one the job's first server serves); a worker
+ * must offer the backend the servers serve. */
+static const char *transport_refusal(coord *co, const Zshard__Register *r, char *why, size_t n)
+{
+    uint32_t caps = r->capabilities & ZS_MSG_CAPS_TRANSPORT;
+    uint32_t want =
+        co->cfg.cluster.transport == ZS_TRANSPORT_TCP    ? ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP
+        : co->cfg.cluster.transport == ZS_TRANSPORT_RDMA ? ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
+                                                         : co->transport;
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER) {
+        if (caps != ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP &&
+            caps != ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA) {
+            snprintf(why, n,
+                     "a server must serve exactly one data-plane backend (tcp or rdma), "
+                     "it offered 0x%x",
+                     caps);
+            return why;
+        }
+        if (want && caps != want) {
+            snprintf(why, n,
+                     "this server serves %s, but %s (start every server with --transport %s)",
+                     transport_name(caps),
+                     co->cfg.cluster.transport != ZS_TRANSPORT_AUTO
+                         ? (want == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
+                                ? "cluster.transport is \"rdma\""
+                                : "cluster.transport is \"tcp\"")
+                         : (want == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
+                                ? "the job's servers serve rdma"
+                                : "the job's servers serve tcp"),
+                     transport_name(want));
+            return why;
+        }
+        return NULL;
+    }
+    if (want && !(caps & want)) {
+        snprintf(why, n, "the servers serve %s and this %s does not offer it%s",
+                 transport_name(want), r->role == ZSHARD__ROLE__ROLE_WORKER ? "worker" : "client",
+                 want == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
+                     ? " (no RDMA device with an active port on its host)"
+                     : "");
+        return why;
+    }
+    return NULL;
+}
+
 static const char *registration_refusal(coord *co, const zs_ctrl_peer *from,
                                         const Zshard__Register *r, char *why, size_t n)
 {
@@ -387,6 +445,9 @@ static const char *registration_refusal(coord *co, const zs_ctrl_peer *from,
         return "all servers of this job and as many spares are registered";
     if (r->role == ZSHARD__ROLE__ROLE_SERVER && r->n_endpoints < 1)
         return "a server must give its data-plane endpoint";
+    const char *tr = transport_refusal(co, r, why, n);
+    if (tr)
+        return tr;
     if (live >= MAX_PEERS)
         return "too many peers at once";
     if (from->addr[0]) {
@@ -420,7 +481,7 @@ static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Regis
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY;
     env.registration_reply = &rr;
-    char why[160];
+    char why[256];
     const char *refusal = registration_refusal(co, from, r, why, sizeof why);
     if (refusal) {
         rr.outcome_case = ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL;
@@ -436,6 +497,9 @@ static void on_register(coord *co, const zs_ctrl_peer *from, const Zshard__Regis
     memset(p, 0, sizeof *p);
     p->peer = *from;
     p->role = r->role;
+    p->transports = r->capabilities & ZS_MSG_CAPS_TRANSPORT;
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER && !co->transport)
+        co->transport = p->transports;
     p->cs_id = -1;
     p->sent_step = -1;
     if (r->n_endpoints > 0)

@@ -45,7 +45,13 @@ struct zs_replica {
     int timeout_ms;
     atomic_int cancel; /* the server gives up on a load (zs_replica_release) */
     int wake_fd;       /* written when a thread finishes; -1: none */
+    zs_conn_opts conn; /* the backend the servers serve, and its options */
 };
+
+void zs_replica_set_transport(zs_replica *r, const zs_conn_opts *o)
+{
+    r->conn = *o;
+}
 
 zs_err zs_replica_new(zs_store *st, zs_replica **out)
 {
@@ -204,7 +210,9 @@ static void *load_main(void *arg)
         if (!cl) {
             /* Short connect attempts, so that a cancel (the server shutting down, perhaps
              * while the peer does too and answers no handshake) is seen soon. */
-            zs_conn_opts o = {.conns = 1, .connect_timeout_ms = CONNECT_MS};
+            zs_conn_opts o = r->conn;
+            o.conns = 1;
+            o.connect_timeout_ms = CONNECT_MS;
             res = zs_client_open(r->map, r->endpoints, &r->auth, &o, &cl);
             for (int j = k; j < r->n_todo && res == ZS_OK; j++) {
                 zs_shard_range rg;

@@ -65,6 +65,10 @@ zs_err zs_replica_apply(zs_replica *r, double lr, double clip, int skip);
 zs_err zs_replica_load(zs_replica *r, const zs_shardmap *map, const char *const *endpoints,
                        const zs_auth *auth, long version, const int *todo, int n, int timeout_ms);
 
+/* The data-plane backend and options a load connects with (o->ops; NULL: tcp); o's pointers
+ * must outlive the replica. */
+void zs_replica_set_transport(zs_replica *r, const zs_conn_opts *o);
+
 /* An eventfd the replica's threads write 1 to as their last act, so that the server's loop,
  * waiting on it, wakes to reap them (zs_replica_poll); -1: none. */
 void zs_replica_set_wake(zs_replica *r, int fd);

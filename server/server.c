@@ -42,6 +42,7 @@
 #include "proto/shardmap_msg.h"
 #include "server/replica.h"
 #include "server/shardstore.h"
+#include "transport/rdma.h"
 #include "transport/tcp.h"
 #include "transport/transport.h"
 
@@ -119,8 +120,10 @@ typedef struct {
 struct zs_server {
     const zs_server_opts *opts;
     zs_server_hooks hooks;
-    zs_msg_ctx ctx; /* what control messages are checked against; grows with the job */
-    const zs_transport_ops *ops;
+    zs_msg_ctx ctx;              /* what control messages are checked against; grows with the job */
+    const zs_transport_ops *ops; /* the backend served: tcp or rdma (opts->transport) */
+    zs_rdma_conn_opts rdma;      /* its options when rdma */
+    zs_conn_opts conn_opts;      /* ops, rdma: what a replica's load connects with */
     zs_net *net;
     zs_listener *listener;
     zs_ctrl *ctrl;
@@ -1620,8 +1623,10 @@ static zs_err setup_replica(server *sv, const float *full)
     }
     if (res == ZS_OK)
         res = zs_replica_new(st, &sv->replica);
-    if (res == ZS_OK)
+    if (res == ZS_OK) {
         zs_replica_set_wake(sv->replica, sv->wake_fd);
+        zs_replica_set_transport(sv->replica, &sv->conn_opts);
+    }
     if (res != ZS_OK) {
         zs_store_free(st);
     } else if (n_todo > 0) {
@@ -2118,15 +2123,42 @@ void zs_server_close(zs_server *sv)
     free(sv);
 }
 
+/* The backend served: opts->transport, where "auto" is rdma on a host with an RDMA device. */
+static zs_err choose_transport(server *sv)
+{
+    const char *t = sv->opts->transport ? sv->opts->transport : "auto";
+    char why[160] = "";
+    if (strcmp(t, "auto") == 0) {
+        sv->ops = zs_rdma_available(why, sizeof why) ? &zs_rdma_ops : &zs_tcp_ops;
+        if (sv->ops == &zs_tcp_ops)
+            ZS_DEBUG("server: data plane over tcp (%s)", why);
+    } else if (!(sv->ops = zs_transport_find(t))) {
+        return zs_error(ZS_ERR_INVALID, "server: transport \"%s\" is not tcp, rdma or auto", t);
+    }
+    sv->rdma =
+        (zs_rdma_conn_opts){.device = sv->opts->rdma_device,
+                            .port = sv->opts->rdma_port,
+                            .gid_index = sv->opts->rdma_gid_set ? sv->opts->rdma_gid_index : -1};
+    sv->conn_opts = (zs_conn_opts){.ops = sv->ops};
+    if (sv->ops == &zs_rdma_ops) {
+        sv->conn_opts.backend = &sv->rdma;
+        sv->conn_opts.backend_name = "rdma";
+    }
+    ZS_INFO("server: data plane over %s", sv->ops->name);
+    return ZS_OK;
+}
+
 static zs_err server_setup(server *sv)
 {
+    ZS_CHECK(choose_transport(sv));
     ZS_CHECK(sv->ops->open(&sv->net));
     /* Replies queue up during a turn of the loop and go out in one sendmsg per socket. */
     zs_net_opts nopts = {.batch_sends = 1};
     ZS_CHECK(sv->ops->set_opts(sv->net, &nopts));
     if (sv->opts->listen) {
         sv->auth = (zs_auth){.token_of = token_of, .ctx = sv};
-        zs_conn_opts lo = {.auth = &sv->auth};
+        zs_conn_opts lo = sv->conn_opts;
+        lo.auth = &sv->auth;
         ZS_CHECK(sv->ops->listen(sv->net, sv->opts->listen, &lo, &sv->listener));
         /* Register the address with the port actually bound. */
         char host[96];
@@ -2142,7 +2174,9 @@ static zs_err server_setup(server *sv)
     sv->ctx = (zs_msg_ctx){.self = ZS_MSG_SERVER};
     if (sv->opts->coord) {
         ZS_CHECK(zs_ctrl_connect(sv->opts->coord, sv->opts->secret, &sv->ctrl));
-        ZS_CHECK(zs_ctrl_register(sv->ctrl, ZSHARD__ROLE__ROLE_SERVER, sv->endpoint));
+        ZS_CHECK(zs_ctrl_register(sv->ctrl, ZSHARD__ROLE__ROLE_SERVER, sv->endpoint,
+                                  sv->ops == &zs_rdma_ops ? ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
+                                                          : ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP));
     }
     return ZS_OK;
 }

@@ -68,7 +68,7 @@ zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, cons
     zs_client *cl = calloc(1, sizeof *cl);
     if (!cl)
         return zs_error(ZS_ERR_NOMEM, "client: out of memory");
-    cl->ops = &zs_tcp_ops;
+    cl->ops = opts && opts->ops ? opts->ops : &zs_tcp_ops;
     cl->map = map;
     cl->auth = *auth;
     cl->sender = auth->member;

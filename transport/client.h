@@ -26,8 +26,8 @@ typedef struct zs_client_op zs_client_op;
 /* Connects to every server of map; endpoints[s] is server index s's data-plane address; auth
  * says who we are (our control-plane id and its data-plane token), which every stream proves
  * in its handshake (transport.h) and which the servers take as the sender of our pushes.
- * opts (NULL: the transport's defaults): streams per server and the connect timeout (its auth
- * is ours). */
+ * opts (NULL: the transport's defaults): the backend (opts->ops, NULL: tcp) and its options,
+ * streams per server and the connect timeout (its auth is ours). */
 zs_err zs_client_open(const zs_shardmap *map, const char *const *endpoints, const zs_auth *auth,
                       const zs_conn_opts *opts, zs_client **out);
 void zs_client_close(zs_client *cl);

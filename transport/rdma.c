@@ -412,8 +412,20 @@ static int find_gid(struct ibv_context *ctx, int port, int table_len, uint32_t i
     return -1;
 }
 
+/* ZS_RDMA_DISABLE=1: this process acts as if it had no RDMA device (forces TCP under "auto"). */
+static int rdma_disabled(void)
+{
+    const char *d = getenv("ZS_RDMA_DISABLE");
+    return d && *d && strcmp(d, "0") != 0;
+}
+
 int zs_rdma_available(char *why, size_t cap)
 {
+    if (rdma_disabled()) {
+        if (why)
+            zs_net_fmt(why, cap, "RDMA disabled by ZS_RDMA_DISABLE");
+        return 0;
+    }
     int num = 0;
     struct ibv_device **list = ibv_get_device_list(&num);
     if (!list || num == 0) {
@@ -464,6 +476,8 @@ static zs_err open_device(rd_net *n, const rd_opts *t, uint32_t ip)
 {
     if (n->ctx)
         return ZS_OK;
+    if (rdma_disabled())
+        return zs_error(ZS_ERR_NOTFOUND, "rdma: disabled by ZS_RDMA_DISABLE");
     int num = 0;
     struct ibv_device **list = ibv_get_device_list(&num);
     if (!list || num == 0) {

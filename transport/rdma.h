@@ -51,6 +51,7 @@
  *   ZS_RDMA_DEVICE, ZS_RDMA_PORT, ZS_RDMA_GID_INDEX   the device, port (default 1) and GID
  *   ZS_RDMA_SEND_TIMEOUT_MS    how long a reader may take to read an RNDV payload (120000)
  *   ZS_RDMA_SETUP_MS           how long an accepted stream's set-up may take (5000)
+ *   ZS_RDMA_DISABLE            1: act as if this host had no RDMA device
  */
 #ifndef ZS_RDMA_H
 #define ZS_RDMA_H

@@ -78,6 +78,8 @@
 
 #define ZS_TRANSPORT_OPS_VERSION 3
 
+struct zs_transport_ops;
+
 /* The longest payload isend_inline() copies (an error text, a small reply). */
 #define ZS_NET_INLINE_MAX ZS_FRAME_MAX_ERROR_TEXT
 /* Room for a failure's message in an event. */
@@ -125,9 +127,12 @@ typedef struct {
     int conns;              /* connect: streams per connection, 1..ZS_NET_MAX_CONNS */
     int connect_timeout_ms; /* connect: give up after this long (handshake included) */
     const zs_auth *auth;    /* NULL: no handshake; else it must outlive the listener */
-    const void *backend;    /* the backend's own options (tcp: zs_tcp_conn_opts in tcp.h), for
-                               the backend named in backend_name; NULL: its tunables */
+    const void *backend;    /* the backend's own options (tcp: zs_tcp_conn_opts in tcp.h, rdma:
+                               zs_rdma_conn_opts in rdma.h), for the backend named in
+                               backend_name; NULL: its tunables */
     const char *backend_name;
+    const struct zs_transport_ops *ops; /* zs_client_open (client.h) only: the backend it
+                                           connects with; NULL: tcp */
 } zs_conn_opts;
 
 typedef enum {
@@ -256,13 +261,18 @@ typedef struct zs_transport_ops {
     int (*wait_fd)(zs_net *net, int *timeout_ms);
 } zs_transport_ops;
 
-/* The TCP backend (transport/tcp.h). */
+/* The TCP backend (transport/tcp.h) and the RDMA one (transport/rdma.h). */
 extern const zs_transport_ops zs_tcp_ops;
+extern const zs_transport_ops zs_rdma_ops;
 
-/* The backend named `name` ("tcp"), or NULL. */
+/* The backend named `name` ("tcp", "rdma"), or NULL. */
 static inline const zs_transport_ops *zs_transport_find(const char *name)
 {
-    return name && !strcmp(name, zs_tcp_ops.name) ? &zs_tcp_ops : NULL;
+    if (name && !strcmp(name, zs_tcp_ops.name))
+        return &zs_tcp_ops;
+    if (name && !strcmp(name, zs_rdma_ops.name))
+        return &zs_rdma_ops;
+    return NULL;
 }
 
 #endif

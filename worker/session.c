@@ -16,6 +16,7 @@
 #include "common/shardmap.h"
 #include "proto/ctrl.h"
 #include "proto/shardmap_msg.h"
+#include "transport/rdma.h"
 
 struct zs_session {
     zs_ctrl *ctrl;
@@ -34,7 +35,9 @@ struct zs_session {
     zs_dataset data;
     int have_data;
     zs_client *client;
-    char (*endpoints)[128]; /* [map.n_servers] data-plane HOST:PORT of each server */
+    char (*endpoints)[128];      /* [map.n_servers] data-plane HOST:PORT of each server */
+    const zs_transport_ops *ops; /* the backend the map's servers serve */
+    zs_rdma_conn_opts rdma;      /* its options (cluster.rdma) when rdma */
     uint64_t last_heartbeat_ms;
     long step;      /* the step `given` is about, -1 before the first */
     uint8_t *given; /* [chunks] handed out for `step` */
@@ -55,6 +58,20 @@ static zs_err send_env(zs_session *s, Zshard__Envelope *env)
     return zs_ctrl_send_as(s->ctrl, NULL, s->id, env);
 }
 
+/* The data plane's options: the backend the map names, with cluster.rdma's options. */
+static zs_conn_opts conn_opts(zs_session *s)
+{
+    zs_conn_opts o = {.ops = s->ops};
+    if (s->ops == &zs_rdma_ops) {
+        s->rdma = (zs_rdma_conn_opts){.device = s->cfg.cluster.rdma_device,
+                                      .port = s->cfg.cluster.rdma_port,
+                                      .gid_index = s->cfg.cluster.rdma_gid_index};
+        o.backend = &s->rdma;
+        o.backend_name = "rdma";
+    }
+    return o;
+}
+
 /* Loads the data, reports its fingerprint and opens the data plane. */
 static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
 {
@@ -68,7 +85,11 @@ static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
         snprintf(s->endpoints[i], sizeof s->endpoints[i], "%s", m->servers[i]->endpoint);
         eps[i] = s->endpoints[i];
     }
-    if (zs_client_open(&s->map, eps, &s->auth, NULL, &s->client) != ZS_OK) {
+    s->ops = m->has_transport && m->transport == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
+                 ? &zs_rdma_ops
+                 : &zs_tcp_ops;
+    zs_conn_opts o = conn_opts(s);
+    if (zs_client_open(&s->map, eps, &s->auth, &o, &s->client) != ZS_OK) {
         /* A server of the map may have just died (the coordinator then tells us to register
          * again) or be unreachable: wait for the coordinator's word rather than fail, and say
          * why if it never comes. */
@@ -254,7 +275,12 @@ static zs_err open_once(const char *coord, const zs_secret *secret, const char *
     char msg[512];
     zs_err res;
     ZS_CHECK_GOTO(zs_ctrl_connect(coord, secret, &s->ctrl), res, fail);
-    ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL), res, fail);
+    /* Every backend this host can use: the coordinator holds it against the servers'. */
+    uint32_t transports = ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
+    if (zs_rdma_available(NULL, 0))
+        transports |= ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA;
+    ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL, transports), res,
+                  fail);
     zs_assignment a;
     int got;
     while (!s->client && !s->ended && zs_now_ms() < until && !(stop && *stop))
@@ -385,7 +411,8 @@ zs_err zs_session_open_client(zs_session *s, int conns, zs_client **out)
     const char *eps[ZS_MSG_MAX_SERVERS];
     for (int i = 0; i < s->map.n_servers && i < ZS_MSG_MAX_SERVERS; i++)
         eps[i] = s->endpoints[i];
-    zs_conn_opts o = {.conns = conns};
+    zs_conn_opts o = conn_opts(s);
+    o.conns = conns;
     return zs_client_open(&s->map, eps, &s->auth, &o, out);
 }
 

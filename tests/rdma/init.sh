@@ -71,6 +71,11 @@ mount -t devtmpfs devtmpfs /host/dev || die "devtmpfs in the new root"
 mkdir -p /host/dev/shm /host/dev/pts
 mount -t tmpfs -o mode=1777 shm /host/dev/shm || die "tmpfs on /dev/shm"
 mount -t devpts devpts /host/dev/pts || die "devpts"
+# What udev would make: bash's process substitution reads /dev/fd/N.
+ln -sf /proc/self/fd /host/dev/fd
+ln -sf /proc/self/fd/0 /host/dev/stdin
+ln -sf /proc/self/fd/1 /host/dev/stdout
+ln -sf /proc/self/fd/2 /host/dev/stderr
 # A fresh /run, as on a booted system: the host's runtime files mean nothing here.
 mount -t tmpfs -o mode=0755 run /host/run || die "tmpfs on /run"
 mkdir -p /host/run/zs-rdma-guest

@@ -118,6 +118,27 @@ static void test_errors(void)
         "cluster.max_members_per_address");
     CHECK_OK(zs_config_parse("{\"cluster\": {\"max_members_per_address\": 8}}", "cfg.json", &c));
     CHECK_EQ_INT(c.cluster.max_members_per_address, 8);
+    /* cluster.transport and cluster.rdma (docs/transport.md). */
+    CHECK_OK(zs_config_parse("{}", "cfg.json", &c));
+    CHECK_EQ_INT(c.cluster.transport, ZS_TRANSPORT_AUTO);
+    CHECK_EQ_INT(c.cluster.rdma_gid_index, -1);
+    CHECK_OK(zs_config_parse("{\"cluster\": {\"transport\": \"rdma\", \"rdma\": {\"device\": "
+                             "\"mlx5_0\", \"port\": 2, \"gid_index\": 3}}}",
+                             "cfg.json", &c));
+    CHECK_EQ_INT(c.cluster.transport, ZS_TRANSPORT_RDMA);
+    CHECK(strcmp(c.cluster.rdma_device, "mlx5_0") == 0);
+    CHECK_EQ_INT(c.cluster.rdma_port, 2);
+    CHECK_EQ_INT(c.cluster.rdma_gid_index, 3);
+    CHECK_OK(zs_config_parse("{\"cluster\": {\"transport\": \"tcp\"}}", "cfg.json", &c));
+    CHECK_EQ_INT(c.cluster.transport, ZS_TRANSPORT_TCP);
+    CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"transport\": \"udp\"}}", "cfg.json", &c),
+                     "\"cluster.transport\": \"udp\" is not");
+    CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"transport\": \"shm\"}}", "cfg.json", &c),
+                     "shared-memory backend is not built yet");
+    CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"rdma\": {\"port\": 0}}}", "cfg.json", &c),
+                     "cluster.rdma.port");
+    CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"rdma\": {\"gid\": 0}}}", "cfg.json", &c),
+                     "unknown key \"cluster.rdma.gid\"");
     /* DeepSpeed's offload blocks, as its users write them. */
     CHECK_OK(zs_config_parse(
         "{\"zero_optimization\": {\"stage\": 3, \"overlap_comm\": true, "

@@ -178,9 +178,10 @@ enum { PER_ADDRESS = 4 };
 
 /* A worker's Register on socket c, and the coordinator's answer: 1 assigned, 0 refused (the
  * refusal's text in why), -1 no answer within 30 s. */
-static int register_once(zs_ctrl *c, char *why, size_t cap)
+static int register_as(zs_ctrl *c, Zshard__Role role, const char *endpoint, uint32_t transports,
+                       char *why, size_t cap)
 {
-    if (zs_ctrl_register(c, ZSHARD__ROLE__ROLE_WORKER, NULL) != ZS_OK)
+    if (zs_ctrl_register(c, role, endpoint, transports) != ZS_OK)
         return -1;
     zs_msg_ctx ctx = {.self = ZS_MSG_WORKER};
     uint64_t until = zs_now_ms() + 30000;
@@ -201,6 +202,28 @@ static int register_once(zs_ctrl *c, char *why, size_t cap)
     return -1;
 }
 
+static int register_once(zs_ctrl *c, char *why, size_t cap)
+{
+    return register_as(c, ZSHARD__ROLE__ROLE_WORKER, NULL, ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP,
+                       why, cap);
+}
+
+/* Capability negotiation: a server must serve exactly one backend; offering two is refused
+ * with the reason, and takes no place (the job's own servers register after it). */
+static void check_transport_refusal(const char *ep)
+{
+    zs_ctrl *c = NULL;
+    CHECK_OK(zs_ctrl_connect(ep, &job_secret, &c));
+    char why[256] = "";
+    int got =
+        register_as(c, ZSHARD__ROLE__ROLE_SERVER, "127.0.0.1:9",
+                    ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP | ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA,
+                    why, sizeof why);
+    CHECK_EQ_INT(got, 0);
+    CHECK(strstr(why, "exactly one data-plane backend") != NULL);
+    zs_ctrl_close(c);
+}
+
 /*
  * A member floods the coordinator with Registers, from another loopback address (127.0.0.2)
  * than the job's own members.  On one socket: the first gets an id, every other one a refusal
@@ -217,7 +240,8 @@ static void check_register_flood(const char *ep)
     zs_ctrl *c = NULL;
     CHECK_OK(zs_ctrl_connect(from2, &job_secret, &c));
     for (int i = 0; i < FLOOD && c; i++)
-        CHECK_OK(zs_ctrl_register(c, ZSHARD__ROLE__ROLE_WORKER, NULL));
+        CHECK_OK(zs_ctrl_register(c, ZSHARD__ROLE__ROLE_WORKER, NULL,
+                                  ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP));
     int assigned = 0, refused = 0, other = 0;
     zs_msg_ctx ctx = {.self = ZS_MSG_WORKER};
     uint64_t until = zs_now_ms() + 30000;
@@ -413,6 +437,8 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     if (S == 1)
         check_strangers(ep);
     check_version_refusal(ep);
+    if (S == 1)
+        check_transport_refusal(ep);
     if (S == 2 && !bad_worker && hung)
         check_register_flood(ep);
     pid_t srv[3];
