@@ -2,7 +2,8 @@
 # The whole test suite: installs what is missing, builds the release and the sanitizer
 # builds, checks the C sources' formatting (tests/format.sh), runs every CTest test in both
 # builds, then runs each libFuzzer target for a bounded time (ZS_FUZZ_SECONDS, default 20) in
-# a clang build.  Exit status 0 only if all passed.
+# a clang build, then the RDMA tests in a qemu guest with soft-RoCE (tests/rdma/run.sh; the
+# sanitizer build's test_transport_rdma too).  Exit status 0 only if all passed.
 set -euo pipefail
 # cd prints the directory it went to when CDPATH resolves it; that would leak into $root.
 root=$(cd "$(dirname "$0")/.." >/dev/null && pwd)
@@ -39,5 +40,5 @@ if ls "$root"/tests/fuzz/fuzz_*.c >/dev/null 2>&1; then
      ctest --output-on-failure -L fuzz --timeout 600) || status=1
 fi
 echo "== RDMA data plane (qemu + soft-RoCE guest): tests/rdma/run.sh"
-"$root/tests/rdma/run.sh" "$release" || status=1
+ZS_RDMA_ASAN_BUILD=$asan "$root/tests/rdma/run.sh" "$release" || status=1
 exit $status

@@ -80,6 +80,15 @@ else
   skipped+=(test_transport_rdma)
 fi
 
+# The sanitizer build's test too, when tests/run.sh names it: the backend's failure paths under
+# ASan and UBSan, on real verbs.
+asan_unit=${ZS_RDMA_ASAN_BUILD:+$ZS_RDMA_ASAN_BUILD/tests/test_transport_rdma}
+if [ -n "$asan_unit" ] && [ -x "$asan_unit" ]; then
+  run_test "test_transport_rdma (ASan + UBSan)" "$root/tests" env ZSHARD="$build/zshard" \
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$asan_unit"
+fi
+
 for script in "$here"/*.test.sh; do
   [ -f "$script" ] || continue
   name=$(basename "$script" .test.sh)
