@@ -79,6 +79,46 @@ void zs_evq_free(zs_evq *q)
     *q = (zs_evq){0};
 }
 
+void zs_evq_outcome(zs_evq *q, int is_send, zs_conn *conn, const zs_frame *f, void *user, zs_err st,
+                    const char *err, const char *who)
+{
+    zs_event *e = zs_evq_push(q, is_send ? ZS_EV_SEND : ZS_EV_RECV, conn, who);
+    if (!e)
+        return;
+    e->frame = *f;
+    e->user = user;
+    e->err = st;
+    zs_net_copy_str(e->reason, sizeof e->reason, err);
+}
+
+void zs_net_fail_text(char *out, size_t cap, int is_send, const zs_frame *f, const char *reason)
+{
+    if (is_send)
+        zs_net_fmt(out, cap, "send of %s id %llu: %s", zs_frame_op_name(f->op),
+                   (unsigned long long)f->id, reason);
+    else
+        zs_net_fmt(out, cap, "receive of id %llu: %s", (unsigned long long)f->id, reason);
+}
+
+zs_err zs_net_check_region(const char *backend, const char *what, const char *peer, int has_region,
+                           size_t region_len, int region_access, size_t off, uint64_t len,
+                           int access)
+{
+    if (len == 0)
+        return ZS_OK;
+    if (!has_region)
+        return zs_error(ZS_ERR_INVALID, "%s %s %s: %llu payload bytes but no registered region",
+                        backend, what, peer, (unsigned long long)len);
+    if (!(region_access & access))
+        return zs_error(ZS_ERR_INVALID, "%s %s %s: the region is not registered for %s", backend,
+                        what, peer, access == ZS_MR_SEND ? "ZS_MR_SEND" : "ZS_MR_RECV");
+    if (off > region_len || len > region_len - off)
+        return zs_error(ZS_ERR_INVALID,
+                        "%s %s %s: %llu bytes at offset %zu are outside the region of %zu bytes",
+                        backend, what, peer, (unsigned long long)len, off, region_len);
+    return ZS_OK;
+}
+
 int64_t zs_net_now_ms(void)
 {
     struct timespec ts;

@@ -33,6 +33,53 @@ int zs_evq_pop(zs_evq *q, zs_event *out);
 /* Frees the ring; the queue is empty afterwards. */
 void zs_evq_free(zs_evq *q);
 
+/* A handle-less request's outcome as its one event (transport.h, "Completions"): ZS_EV_SEND
+ * or ZS_EV_RECV on q with the frame, the cookie, the result and its message (err, "" on
+ * success). */
+void zs_evq_outcome(zs_evq *q, int is_send, zs_conn *conn, const zs_frame *f, void *user, zs_err st,
+                    const char *err, const char *who);
+
+/* The message of a request that failed because its connection went away:
+ * "send of push id 7: REASON" or "receive of id 7: REASON". */
+void zs_net_fail_text(char *out, size_t cap, int is_send, const zs_frame *f, const char *reason);
+
+/* Checks that [off, off + len) of a registered region of region_len bytes, registered for
+ * region_access, may be used for `access` (ZS_MR_SEND or ZS_MR_RECV) by `what` ("send",
+ * "receive") on the connection to peer; has_region 0: no region was given.  The message
+ * starts with "BACKEND WHAT PEER: ". */
+zs_err zs_net_check_region(const char *backend, const char *what, const char *peer, int has_region,
+                           size_t region_len, int region_access, size_t off, uint64_t len,
+                           int access);
+
+/* Little-endian fields of wire headers (frame.c, the handshake, rdma.c's messages). */
+static inline void zs_le_put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void zs_le_put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void zs_le_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t zs_le_get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+static inline uint32_t zs_le_get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t zs_le_get64(const uint8_t *p)
+{
+    return (uint64_t)zs_le_get32(p) | (uint64_t)zs_le_get32(p + 4) << 32;
+}
+
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t zs_net_now_ms(void);
 /* The deadline of a timeout: -1 (none) for a negative timeout. */

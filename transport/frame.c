@@ -8,46 +8,9 @@
  */
 #include "transport/frame.h"
 
+#include "transport/core.h"
+
 #include <string.h>
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 size_t zs_frame_dtype_size(zs_frame_dtype dt)
 {
@@ -117,39 +80,39 @@ const char *zs_frame_status_name(unsigned status)
 
 void zs_frame_encode(const zs_frame *f, uint8_t out[ZS_FRAME_HEADER_BYTES])
 {
-    put32(out + 0, ZS_FRAME_MAGIC);
-    put16(out + 4, ZS_FRAME_VERSION);
-    put16(out + 6, f->op);
+    zs_le_put32(out + 0, ZS_FRAME_MAGIC);
+    zs_le_put16(out + 4, ZS_FRAME_VERSION);
+    zs_le_put16(out + 6, f->op);
     out[8] = f->dtype;
     out[9] = f->flags;
-    put16(out + 10, 0);
-    put32(out + 12, f->status);
-    put64(out + 16, f->id);
-    put64(out + 24, f->step);
-    put32(out + 32, f->chunk);
-    put32(out + 36, f->sender);
-    put64(out + 40, f->offset);
-    put64(out + 48, f->count);
-    put64(out + 56, f->length);
+    zs_le_put16(out + 10, 0);
+    zs_le_put32(out + 12, f->status);
+    zs_le_put64(out + 16, f->id);
+    zs_le_put64(out + 24, f->step);
+    zs_le_put32(out + 32, f->chunk);
+    zs_le_put32(out + 36, f->sender);
+    zs_le_put64(out + 40, f->offset);
+    zs_le_put64(out + 48, f->count);
+    zs_le_put64(out + 56, f->length);
 }
 
 zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
 {
-    uint32_t magic = get32(in + 0);
-    uint16_t reserved = get16(in + 10);
+    uint32_t magic = zs_le_get32(in + 0);
+    uint16_t reserved = zs_le_get16(in + 10);
     zs_frame f = {
-        .version = get16(in + 4),
-        .op = get16(in + 6),
+        .version = zs_le_get16(in + 4),
+        .op = zs_le_get16(in + 6),
         .dtype = in[8],
         .flags = in[9],
-        .status = get32(in + 12),
-        .id = get64(in + 16),
-        .step = get64(in + 24),
-        .chunk = get32(in + 32),
-        .sender = get32(in + 36),
-        .offset = get64(in + 40),
-        .count = get64(in + 48),
-        .length = get64(in + 56),
+        .status = zs_le_get32(in + 12),
+        .id = zs_le_get64(in + 16),
+        .step = zs_le_get64(in + 24),
+        .chunk = zs_le_get32(in + 32),
+        .sender = zs_le_get32(in + 36),
+        .offset = zs_le_get64(in + 40),
+        .count = zs_le_get64(in + 48),
+        .length = zs_le_get64(in + 56),
     };
     const char *opn = zs_frame_op_name(f.op);
 

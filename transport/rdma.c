@@ -187,39 +187,6 @@ struct rd_net {
 /* ---------------------------------------------------------------------------------------- */
 /* helpers */
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
 static int env_int(const char *name, int dflt, int lo, int hi)
 {
     const char *s = getenv(name);
@@ -302,26 +269,16 @@ static void req_finish(rd_req *r, zs_err st, const char *msg)
         r->conn = NULL;
         return;
     }
-    zs_event *e = zs_evq_push(&r->net->evq, r->kind == RQ_SEND ? ZS_EV_SEND : ZS_EV_RECV,
-                              r->conn && r->conn->ready ? (zs_conn *)r->conn : NULL, "rdma");
-    if (e) {
-        e->frame = r->frame;
-        e->user = r->user;
-        e->err = st;
-        zs_net_copy_str(e->reason, sizeof e->reason, r->err);
-    }
+    zs_evq_outcome(&r->net->evq, r->kind == RQ_SEND,
+                   r->conn && r->conn->ready ? (zs_conn *)r->conn : NULL, &r->frame, r->user, st,
+                   r->err, "rdma");
     req_free(r);
 }
 
 static void req_fail_conn(rd_req *r, const char *reason)
 {
     char msg[ZS_NET_REASON_MAX];
-    if (r->kind == RQ_SEND)
-        zs_net_fmt(msg, sizeof msg, "send of %s id %llu: %s", zs_frame_op_name(r->frame.op),
-                   (unsigned long long)r->frame.id, reason);
-    else
-        zs_net_fmt(msg, sizeof msg, "receive of id %llu: %s", (unsigned long long)r->frame.id,
-                   reason);
+    zs_net_fail_text(msg, sizeof msg, r->kind == RQ_SEND, &r->frame, reason);
     req_finish(r, ZS_ERR_IO, msg);
 }
 
@@ -645,14 +602,14 @@ static void msg_header(rd_conn *c, uint8_t *p, int kind, uint32_t status, uint32
 {
     int give = c->owed > 0xffff ? 0xffff : c->owed;
     c->owed -= give;
-    put32(p, RD_MAGIC);
+    zs_le_put32(p, RD_MAGIC);
     p[4] = (uint8_t)kind;
     p[5] = 0;
-    put16(p + 6, (uint16_t)give);
-    put32(p + 8, status);
-    put32(p + 12, rkey);
-    put64(p + 16, token);
-    put64(p + 24, addr);
+    zs_le_put16(p + 6, (uint16_t)give);
+    zs_le_put32(p + 8, status);
+    zs_le_put32(p + 12, rkey);
+    zs_le_put64(p + 16, token);
+    zs_le_put64(p + 24, addr);
 }
 
 /* Sends the DONE messages that wait for a slot, then a CREDIT message if many are owed. */
@@ -975,33 +932,33 @@ typedef struct {
 static void hello_encode(const rd_hello *h, uint8_t *p)
 {
     memset(p, 0, RD_HELLO_BYTES);
-    put32(p, RD_HELLO_MAGIC);
-    put16(p + 4, 1);
-    put32(p + 8, h->qpn);
-    put32(p + 12, h->psn);
-    put16(p + 16, h->lid);
+    zs_le_put32(p, RD_HELLO_MAGIC);
+    zs_le_put16(p + 4, 1);
+    zs_le_put32(p + 8, h->qpn);
+    zs_le_put32(p + 12, h->psn);
+    zs_le_put16(p + 16, h->lid);
     p[18] = h->mtu;
     p[19] = h->gid_index;
     memcpy(p + 20, h->gid, 16);
-    put32(p + 36, h->credits);
-    put32(p + 40, h->max_reads);
-    put32(p + 44, h->slot_bytes);
+    zs_le_put32(p + 36, h->credits);
+    zs_le_put32(p + 40, h->max_reads);
+    zs_le_put32(p + 44, h->slot_bytes);
 }
 
 static zs_err hello_decode(const uint8_t *p, size_t len, rd_hello *h, const char *peer)
 {
-    if (len != RD_HELLO_BYTES || get32(p) != RD_HELLO_MAGIC || get16(p + 4) != 1)
+    if (len != RD_HELLO_BYTES || zs_le_get32(p) != RD_HELLO_MAGIC || zs_le_get16(p + 4) != 1)
         return zs_error(ZS_ERR_FORMAT,
                         "rdma %s: set-up message of %zu bytes is not a version 1 hello", peer, len);
-    h->qpn = get32(p + 8) & 0xffffff;
-    h->psn = get32(p + 12) & 0xffffff;
-    h->lid = get16(p + 16);
+    h->qpn = zs_le_get32(p + 8) & 0xffffff;
+    h->psn = zs_le_get32(p + 12) & 0xffffff;
+    h->lid = zs_le_get16(p + 16);
     h->mtu = p[18];
     h->gid_index = p[19];
     memcpy(h->gid, p + 20, 16);
-    h->credits = get32(p + 36);
-    h->max_reads = get32(p + 40);
-    h->slot_bytes = get32(p + 44);
+    h->credits = zs_le_get32(p + 36);
+    h->max_reads = zs_le_get32(p + 40);
+    h->slot_bytes = zs_le_get32(p + 44);
     if (h->mtu < IBV_MTU_256 || h->mtu > IBV_MTU_4096 || h->credits < 1 ||
         h->credits > RD_CREDITS || h->max_reads < 1 || h->slot_bytes != RD_SLOT)
         return zs_error(ZS_ERR_FORMAT,
@@ -1112,9 +1069,9 @@ static void start_payload(rd_conn *c, int slot, rd_req *r)
         req_finish(r, ZS_OK, NULL);
         return;
     }
-    r->raddr = get64(p + 24);
-    r->rkey = get32(p + 12);
-    r->token = get64(p + 16);
+    r->raddr = zs_le_get64(p + 24);
+    r->rkey = zs_le_get32(p + 12);
+    r->token = zs_le_get64(p + 16);
     r->read_off = 0;
     r->reads_out = 0;
     r->state = RQ_READING;
@@ -1127,7 +1084,7 @@ static void skip_payload(rd_conn *c, int slot)
 {
     const uint8_t *p = recv_slot(c, slot);
     if (p[4] == MSG_RNDV)
-        queue_done(c, get64(p + 16), 1);
+        queue_done(c, zs_le_get64(p + 16), 1);
 }
 
 /* Hands the frame in slot to an irecv or to the caller; 0 when it was consumed, 1 when it
@@ -1182,11 +1139,11 @@ static void deliver_backlog(rd_conn *c)
 static void on_recv(rd_conn *c, int slot, uint32_t bytes)
 {
     const uint8_t *p = recv_slot(c, slot);
-    if (bytes < RD_HDR || get32(p) != RD_MAGIC) {
+    if (bytes < RD_HDR || zs_le_get32(p) != RD_MAGIC) {
         conn_fail(c, ZS_ERR_FORMAT, "a message of %u bytes that is not ours", bytes);
         return;
     }
-    c->credits += get16(p + 6);
+    c->credits += zs_le_get16(p + 6);
     if (c->credits > RD_CREDITS) {
         conn_fail(c, ZS_ERR_FORMAT, "peer returned %d credits, more than the %d it has", c->credits,
                   RD_CREDITS);
@@ -1195,7 +1152,7 @@ static void on_recv(rd_conn *c, int slot, uint32_t bytes)
     int kind = p[4];
     if (kind == MSG_DONE || kind == MSG_CREDIT) {
         if (kind == MSG_DONE) {
-            uint64_t token = get64(p + 16);
+            uint64_t token = zs_le_get64(p + 16);
             rd_req *r = c->await;
             while (r && r->token != token)
                 r = r->next;
@@ -1946,19 +1903,11 @@ static zs_err rd_dereg_mr(zs_mr *mm)
 static zs_err check_region(const rd_conn *c, const char *what, const rd_mr *m, size_t off,
                            uint64_t len, int access)
 {
-    if (len == 0)
-        return ZS_OK;
-    if (!m)
-        return zs_error(ZS_ERR_INVALID, "rdma %s: %s of %llu bytes without a region", c->peer, what,
-                        (unsigned long long)len);
-    if (!(m->access & access))
-        return zs_error(ZS_ERR_INVALID, "rdma %s: %s: region not registered for %s", c->peer, what,
-                        access == ZS_MR_SEND ? "sending" : "receiving");
-    if (off > m->len || len > m->len - off)
-        return zs_error(ZS_ERR_INVALID,
-                        "rdma %s: %s of %llu bytes at offset %zu exceeds the region of %zu",
-                        c->peer, what, (unsigned long long)len, off, m->len);
-    return ZS_OK;
+    if (len && m && m->net != c->net)
+        return zs_error(ZS_ERR_INVALID, "rdma %s %s: the region belongs to another net", what,
+                        c->peer);
+    return zs_net_check_region("rdma", what, c->peer, m != NULL, m ? m->len : 0, m ? m->access : 0,
+                               off, len, access);
 }
 
 static zs_err check_open(const rd_conn *c, const char *what)

@@ -369,14 +369,6 @@ static void set_nodelay(int fd)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-static uint64_t raw_get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* events */
 
@@ -452,13 +444,8 @@ static void req_finish(tcp_req *r, zs_err st, const char *msg)
         r->conn = NULL;
         return;
     }
-    zs_event *e = evq_push(r->net, r->kind == RQ_SEND ? ZS_EV_SEND : ZS_EV_RECV, r->conn);
-    if (e) {
-        e->frame = r->frame;
-        e->user = r->user;
-        e->err = st;
-        zs_net_copy_str(e->reason, sizeof e->reason, r->err);
-    }
+    zs_evq_outcome(&r->net->evq, r->kind == RQ_SEND, (zs_conn *)r->conn, &r->frame, r->user, st,
+                   r->err, "tcp");
     req_release(r);
 }
 
@@ -466,12 +453,7 @@ static void req_finish(tcp_req *r, zs_err st, const char *msg)
 static void req_fail_conn(tcp_req *r, const char *reason)
 {
     char msg[ZS_NET_REASON_MAX];
-    if (r->kind == RQ_SEND)
-        zs_net_fmt(msg, sizeof msg, "send of %s id %llu: %s", zs_frame_op_name(r->frame.op),
-                   (unsigned long long)r->frame.id, reason);
-    else
-        zs_net_fmt(msg, sizeof msg, "receive of id %llu: %s", (unsigned long long)r->frame.id,
-                   reason);
+    zs_net_fail_text(msg, sizeof msg, r->kind == RQ_SEND, &r->frame, reason);
     req_finish(r, ZS_ERR_IO, msg);
 }
 
@@ -803,7 +785,7 @@ static void reject_bad_frame(tcp_sock *s, const char *why)
         zs_frame e = {.op = ZS_OP_ERROR,
                       .dtype = ZS_DTYPE_TEXT,
                       .status = ZS_FS_BAD_FRAME,
-                      .id = raw_get64(s->hdr + 16),
+                      .id = zs_le_get64(s->hdr + 16),
                       .length = strlen(text)};
         uint8_t hdr[TCP_HDR];
         zs_frame_encode(&e, hdr);
@@ -1233,17 +1215,6 @@ void zs_tcp_listener_close(zs_listener *ll)
 /* ---------------------------------------------------------------------------------------- */
 /* the handshake, server side */
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* Takes hs out of the net (epoll and the list); returns its descriptor, still open. */
 static int hs_unlink(tcp_hs *hs)
 {
@@ -1350,8 +1321,8 @@ static int hs_write(tcp_hs *hs)
 static void hs_out(tcp_hs *hs, size_t len, uint32_t status)
 {
     memset(hs->out, 0, sizeof hs->out);
-    put32(hs->out, HS_MAGIC);
-    put32(hs->out + 4, status);
+    zs_le_put32(hs->out, HS_MAGIC);
+    zs_le_put32(hs->out + 4, status);
     hs->out_len = len;
     hs->out_off = 0;
 }
@@ -1365,14 +1336,14 @@ static void hs_progress(tcp_hs *hs)
         case HS_READ_HELLO:
             if ((r = hs_read(hs, HS_HELLO)) <= 0)
                 return;
-            if (get32(hs->in) != HS_MAGIC || (hs->in[4] | hs->in[5] << 8) != HS_VERSION ||
-                hs->in[6] != 0 || hs->in[7] != 0 || get32(hs->in + 12) != 0) {
+            if (zs_le_get32(hs->in) != HS_MAGIC || (hs->in[4] | hs->in[5] << 8) != HS_VERSION ||
+                hs->in[6] != 0 || hs->in[7] != 0 || zs_le_get32(hs->in + 12) != 0) {
                 hs_out(hs, HS_CHALLENGE, HS_BAD_HELLO);
                 snprintf(hs->why, sizeof hs->why, "not a zshard handshake (or another version)");
                 hs->state = HS_WRITE_REFUSAL;
                 break;
             }
-            hs->member = get32(hs->in + 8);
+            hs->member = zs_le_get32(hs->in + 8);
             memcpy(hs->nonce_c, hs->in + 16, ZS_NONCE_BYTES);
             char why[ZS_NET_REASON_MAX / 2] = "";
             int known = hs->l->auth.token_of(hs->l->auth.ctx, hs->member, hs->token, why);
@@ -1692,14 +1663,14 @@ static zs_err hs_client(int fd, const zs_auth *auth, int64_t deadline, const cha
     uint8_t hello[HS_HELLO] = {0}, ch[HS_CHALLENGE], proof[HS_PROOF], result[HS_RESULT];
     uint8_t nonce_c[ZS_NONCE_BYTES], want[ZS_TOKEN_BYTES];
     zs_random_bytes(nonce_c, sizeof nonce_c);
-    put32(hello, HS_MAGIC);
+    zs_le_put32(hello, HS_MAGIC);
     hello[4] = HS_VERSION;
-    put32(hello + 8, auth->member);
+    zs_le_put32(hello + 8, auth->member);
     memcpy(hello + 16, nonce_c, sizeof nonce_c);
     ZS_CHECK(hs_io(fd, hello, sizeof hello, 1, deadline, addr, "hello"));
     ZS_CHECK(hs_io(fd, ch, sizeof ch, 0, deadline, addr, "challenge"));
-    uint32_t status = get32(ch + 4);
-    if (get32(ch) != HS_MAGIC)
+    uint32_t status = zs_le_get32(ch + 4);
+    if (zs_le_get32(ch) != HS_MAGIC)
         return zs_error(ZS_ERR_FORMAT,
                         "tcp connect %s: the answer to the handshake is not "
                         "zshard's (not a partition server?)",
@@ -1731,7 +1702,7 @@ static zs_err hs_client(int fd, const zs_auth *auth, int64_t deadline, const cha
     zs_token_proof(auth->token, "client", nonce_c, nonce_s, auth->member, proof);
     ZS_CHECK(hs_io(fd, proof, sizeof proof, 1, deadline, addr, "proof"));
     ZS_CHECK(hs_io(fd, result, sizeof result, 0, deadline, addr, "result"));
-    if (get32(result) != HS_MAGIC || get32(result + 4) != HS_OK)
+    if (zs_le_get32(result) != HS_MAGIC || zs_le_get32(result + 4) != HS_OK)
         return zs_error(ZS_ERR_INVALID,
                         "tcp connect %s: the server did not accept our proof for member %u (a "
                         "token from another coordinator?)",
@@ -1915,22 +1886,11 @@ zs_err zs_tcp_dereg_mr(zs_mr *mm)
 static zs_err check_region(const tcp_conn *c, const char *what, const tcp_mr *mr, size_t off,
                            uint64_t len, int access)
 {
-    if (len == 0)
-        return ZS_OK;
-    if (!mr)
-        return zs_error(ZS_ERR_INVALID, "tcp %s %s: %llu payload bytes but no registered region",
-                        what, c->peer, (unsigned long long)len);
-    if (mr->net != c->net)
+    if (len && mr && mr->net != c->net)
         return zs_error(ZS_ERR_INVALID, "tcp %s %s: the region belongs to another net", what,
                         c->peer);
-    if (!(mr->access & access))
-        return zs_error(ZS_ERR_INVALID, "tcp %s %s: the region is not registered for %s", what,
-                        c->peer, access == ZS_MR_SEND ? "ZS_MR_SEND" : "ZS_MR_RECV");
-    if (off > mr->len || len > mr->len - off)
-        return zs_error(ZS_ERR_INVALID,
-                        "tcp %s %s: %llu bytes at offset %zu are outside the region of %zu bytes",
-                        what, c->peer, (unsigned long long)len, off, mr->len);
-    return ZS_OK;
+    return zs_net_check_region("tcp", what, c->peer, mr != NULL, mr ? mr->len : 0,
+                               mr ? mr->access : 0, off, len, access);
 }
 
 static zs_err check_open(const tcp_conn *c, const char *what)

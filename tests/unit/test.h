@@ -72,6 +72,15 @@ static int zs_test_checks;
         }                                                                                          \
     } while (0)
 
+/* FNV-1a of n bytes: a payload's fingerprint, as test servers answer pushes with it. */
+static inline unsigned long long zs_test_fnv(const unsigned char *p, size_t n)
+{
+    unsigned long long h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
 static inline int zs_test_result(const char *name)
 {
     if (zs_test_failures) {

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "test.h"
 #include "transport/rdma.h"
 
@@ -44,20 +45,9 @@ static uint8_t pattern_byte(size_t i, int version)
     return (uint8_t)((i * 131u) ^ (i >> 9) ^ (0x5a + 17 * version));
 }
 
-static uint64_t fnv(const uint8_t *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
+#define fnv zs_test_fnv
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#define now_ms() ((int64_t)zs_now_ms())
 
 /* ---------------------------------------------------------------------------------------- */
 /* the test server */

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "test.h"
 #include "transport/tcp.h"
 
@@ -42,20 +43,9 @@ static uint8_t source_byte(size_t i)
     return (uint8_t)((i * 7u + 3u) ^ (i >> 11));
 }
 
-static uint64_t fnv(const uint8_t *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
+#define fnv zs_test_fnv
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#define now_ms() ((int64_t)zs_now_ms())
 
 /* ---------------------------------------------------------------------------------------- */
 /* the test server */
