@@ -418,7 +418,7 @@ static const char *transport_refusal(coord *co, const Zshard__Register *r, char 
         snprintf(why, n, "the servers serve %s and this %s does not offer it%s",
                  transport_name(want), r->role == ZSHARD__ROLE__ROLE_WORKER ? "worker" : "client",
                  want == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
-                     ? " (no RDMA device with an active port on its host)"
+                     ? " (no usable RDMA device on its host; its log says why at debug level)"
                      : "");
         return why;
     }

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -57,6 +58,10 @@
 #define RD_DRAIN_MS 2000
 #define RD_CANCEL_MS 1000
 #define RD_PEER_MAX 80
+
+/* The locked-memory limit below which RDMA is not offered: registering a worker's layer slots
+ * or a server's shards needs far more. */
+#define RD_MIN_MEMLOCK ((rlim_t)1 << 30)
 
 #define RD_DEFAULT_SEND_TIMEOUT_MS 120000
 #define RD_DEFAULT_SETUP_MS 5000
@@ -406,6 +411,19 @@ int zs_rdma_available(char *why, size_t cap)
     if (!ok && why)
         zs_net_fmt(why, cap, "no RDMA device with an active port 1 (%d device%s listed)", num,
                    num == 1 ? "" : "s");
+    /* Registration pins memory: under a small locked-memory limit (a non-root default of
+     * 64 KiB or 8 MiB) a server could not register its shards, so "auto" should not choose
+     * RDMA.  root has CAP_IPC_LOCK, which lifts the limit. */
+    struct rlimit rl;
+    if (ok && geteuid() != 0 && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
+        rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < RD_MIN_MEMLOCK) {
+        if (why)
+            zs_net_fmt(why, cap,
+                       "the locked-memory limit is %llu KiB, too small to register buffers with "
+                       "the RDMA device (raise ulimit -l, e.g. LimitMEMLOCK=infinity)",
+                       (unsigned long long)rl.rlim_cur / 1024);
+        ok = 0;
+    }
     return ok;
 }
 

@@ -69,8 +69,9 @@ typedef struct {
 
 extern const zs_transport_ops zs_rdma_ops;
 
-/* 1 if this host has an RDMA device with an active port (libibverbs lists one), else 0 with a
- * reason in why (may be NULL): what "auto" and capability bits are decided by. */
+/* 1 if this process can use RDMA: a device with an active port (libibverbs lists one) and a
+ * locked-memory limit of at least 1 GiB (or root), else 0 with a reason in why (may be NULL):
+ * what "auto" and capability bits are decided by. */
 int zs_rdma_available(char *why, size_t cap);
 
 /* For the backend's tests: moves c's queue pair to the error state as a failing NIC would,

@@ -277,8 +277,11 @@ static zs_err open_once(const char *coord, const zs_secret *secret, const char *
     ZS_CHECK_GOTO(zs_ctrl_connect(coord, secret, &s->ctrl), res, fail);
     /* Every backend this host can use: the coordinator holds it against the servers'. */
     uint32_t transports = ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
-    if (zs_rdma_available(NULL, 0))
+    char why[256];
+    if (zs_rdma_available(why, sizeof why))
         transports |= ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA;
+    else
+        ZS_DEBUG("worker: offers no RDMA data plane: %s", why);
     ZS_CHECK_GOTO(zs_ctrl_register(s->ctrl, ZSHARD__ROLE__ROLE_WORKER, NULL, transports), res,
                   fail);
     zs_assignment a;
