@@ -19,6 +19,10 @@
  * which is what iperf3 does.  The runs alternate (transport 1 stream, 2 streams, plain
  * copies, iperf3), and each figure is the best of `reps`.
  *
+ * The same job runs a second time with cluster.transport "shm" (transport/shm.h: the reader
+ * copies straight out of the other process's memory), measured in the same loop, and its
+ * figures are printed as multiples of TCP's 1-stream ones (target >= 2x).
+ *
  * usage: bench_data_plane ZSHARD [reps=5]
  */
 #include <arpa/inet.h>
@@ -176,6 +180,94 @@ static void measure(zs_client *cl, size_t N, int chunk, float *buf, figures *fig
     }
 }
 
+/* A job to measure: a coordinator and one server with `transport`, and a session holding
+ * step 0's chunk as a worker. */
+typedef struct {
+    pid_t coord, server;
+    zs_session *s;
+    zs_client *cl;
+    int chunk;
+} job;
+
+static int job_start(job *j, const char *zshard, const char *dir, const char *transport,
+                     const zs_secret *secret)
+{
+    char cfg[256], data[256], out[256], ep[64];
+    snprintf(cfg, sizeof cfg, "%s/%s.json", dir, transport);
+    snprintf(data, sizeof data, "%s/data.txt", dir);
+    snprintf(out, sizeof out, "%s/out-%s", dir, transport);
+    FILE *f = fopen(cfg, "w");
+    if (!f)
+        return -1;
+    fprintf(f,
+            "{\"train_batch_size\": 1, \"model\": {\"n_layer\": 12, \"n_head\": 8, \"n_embd\": "
+            "512, \"vocab_size\": 256, \"block_size\": 64}, \"cluster\": {\"transport\": "
+            "\"%s\"}}\n",
+            transport);
+    fclose(f);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", zs_bench_free_port());
+    char *cargv[] = {(char *)zshard, "coord", "--listen",    ep,      "--config", cfg,
+                     "--servers",    "1",     "--data",      data,    "--steps",  "1",
+                     "--out",        out,     "--log-level", "error", NULL};
+    char *sargv[] = {(char *)zshard,
+                     "server",
+                     "--coord",
+                     ep,
+                     "--listen",
+                     "127.0.0.1:0",
+                     "--threads",
+                     "1",
+                     "--log-level",
+                     "error",
+                     "--transport",
+                     (char *)transport,
+                     NULL};
+    j->coord = zs_bench_spawn(cargv, NULL);
+    j->server = zs_bench_spawn(sargv, NULL);
+    if (zs_session_open(ep, secret, NULL, 30000, NULL, &j->s) != ZS_OK) {
+        fprintf(stderr, "bench_data_plane: %s job: %s\n", transport, zs_last_error());
+        return -1;
+    }
+    zs_assignment as;
+    int got = 0, ended = 0;
+    while (!got && !ended)
+        zs_session_next(j->s, 100, &as, &got, &ended);
+    if (!got)
+        return -1;
+    j->cl = zs_session_client(j->s);
+    j->chunk = as.chunks[0];
+    return 0;
+}
+
+static void job_stop(job *j)
+{
+    if (j->coord > 0)
+        kill(j->coord, SIGKILL);
+    if (j->server > 0)
+        kill(j->server, SIGKILL);
+    if (j->coord > 0)
+        waitpid(j->coord, NULL, 0);
+    if (j->server > 0)
+        waitpid(j->server, NULL, 0);
+    zs_session_close(j->s);
+}
+
+/* p50 and p99 of n 4 KiB fetch round trips over cl, in us (lat: n entries, sorted). */
+static void latency(job *j, float *buf, double *lat, int n)
+{
+    for (int i = 0; i < n; i++) {
+        zs_client_op *op;
+        int done;
+        double t0 = zs_now_s();
+        zs_client_fetch(j->cl, 4096, 4096 + 1024, 0, ZS_DTYPE_F32, buf, &op);
+        zs_client_wait(j->cl, op, 60000, &done);
+        lat[i] = (zs_now_s() - t0) * 1e6;
+        if (i % 200 == 0)
+            zs_session_heartbeat(j->s);
+    }
+    qsort(lat, (size_t)n, sizeof *lat, zs_bench_cmp_double);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -188,80 +280,64 @@ int main(int argc, char **argv)
     char dir[] = "/tmp/zs_bench_dp_XXXXXX";
     if (!mkdtemp(dir))
         return 1;
-    char cfg[256], data[256], out[256], ep[64];
+    char data[256];
     zs_secret secret; /* the job's, for the processes started here and this one */
     if (zs_bench_job_secret(dir, &secret) != 0)
         return 1;
-    snprintf(cfg, sizeof cfg, "%s/cfg.json", dir);
     snprintf(data, sizeof data, "%s/data.txt", dir);
-    snprintf(out, sizeof out, "%s/out", dir);
-    FILE *f = fopen(cfg, "w");
-    fprintf(f, "{\"train_batch_size\": 1, \"model\": {\"n_layer\": 12, \"n_head\": 8, \"n_embd\": "
-               "512, \"vocab_size\": 256, \"block_size\": 64}}\n");
-    fclose(f);
-    f = fopen(data, "w");
+    FILE *f = fopen(data, "w");
     for (int i = 0; i < 20000; i++)
         fputc('a' + i % 26, f);
     fclose(f);
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", zs_bench_free_port());
-    char *cargv[] = {(char *)zshard, "coord", "--listen",    ep,      "--config", cfg,
-                     "--servers",    "1",     "--data",      data,    "--steps",  "1",
-                     "--out",        out,     "--log-level", "error", NULL};
-    char *sargv[] = {(char *)zshard, "server", "--coord",     ep,      "--listen", "127.0.0.1:0",
-                     "--threads",    "1",      "--log-level", "error", NULL};
-    pid_t coord = zs_bench_spawn(cargv, NULL), server = zs_bench_spawn(sargv, NULL);
     int rc = 1;
-    zs_session *s = NULL;
-    if (zs_session_open(ep, &secret, NULL, 30000, NULL, &s) != ZS_OK) {
+    /* The same job over TCP and over shared memory (both servers on this host). */
+    job tj = {0}, sj = {0};
+    zs_client *cl2 = NULL;
+    float *buf = NULL;
+    char *src = NULL, *dst = NULL;
+    if (job_start(&tj, zshard, dir, "tcp", &secret) != 0 ||
+        job_start(&sj, zshard, dir, "shm", &secret) != 0)
+        goto out;
+    zs_client *cl = tj.cl;
+    if (zs_session_open_client(tj.s, 2, &cl2) != ZS_OK) {
         fprintf(stderr, "bench_data_plane: %s\n", zs_last_error());
         goto out;
     }
-    zs_assignment as;
-    int got = 0, ended = 0;
-    while (!got && !ended)
-        zs_session_next(s, 100, &as, &got, &ended);
-    zs_client *cl = zs_session_client(s), *cl2 = NULL;
-    if (zs_session_open_client(s, 2, &cl2) != ZS_OK) {
-        fprintf(stderr, "bench_data_plane: %s\n", zs_last_error());
-        goto out;
-    }
-    size_t N = zs_session_tensors(s)->total;
-    float *buf = malloc(N * 4);
-    char *src = malloc(N * 4), *dst = malloc(N * 4);
+    size_t N = zs_session_tensors(tj.s)->total;
+    buf = malloc(N * 4);
+    src = malloc(N * 4);
+    dst = malloc(N * 4);
     memset(buf, 0, N * 4);
     memset(src, 1, N * 4);
     memset(dst, 0, N * 4);
     zs_client_register(cl, buf, N * 4);
     zs_client_register(cl2, buf, N * 4);
-    /* The runs alternate (1 stream, 2 streams, plain copy) so that a slow spell of the
-     * machine hits all three alike. */
-    figures one = {0}, two = {0};
+    zs_client_register(sj.cl, buf, N * 4);
+    /* The runs alternate (1 stream, 2 streams, shared memory, plain copies, iperf3) so that a
+     * slow spell of the machine hits all alike. */
+    figures one = {0}, two = {0}, shm = {0};
     double plain4 = 0, plain64 = 0, reused1 = 0, ip3 = 0;
     for (int r = 0; r < reps; r++) {
-        measure(cl, N, as.chunks[0], buf, &one);
-        zs_session_heartbeat(s);
-        measure(cl2, N, as.chunks[0], buf, &two);
-        zs_session_heartbeat(s);
+        measure(cl, N, tj.chunk, buf, &one);
+        zs_session_heartbeat(tj.s);
+        measure(cl2, N, tj.chunk, buf, &two);
+        zs_session_heartbeat(tj.s);
+        measure(sj.cl, N, sj.chunk, buf, &shm);
+        zs_session_heartbeat(sj.s);
+        zs_session_heartbeat(tj.s);
         keep_best(&plain4, plain_copy(src, dst, 4u << 20, N * 4, 0));
         keep_best(&plain64, plain_copy(src, dst, 64u << 10, N * 4, 0));
         keep_best(&reused1, plain_copy(src, dst, 1u << 20, N * 4, 1));
-        zs_session_heartbeat(s);
+        zs_session_heartbeat(tj.s);
+        zs_session_heartbeat(sj.s);
         keep_best(&ip3, iperf3());
-        zs_session_heartbeat(s);
+        zs_session_heartbeat(tj.s);
+        zs_session_heartbeat(sj.s);
     }
     enum { LAT = 2000 };
-    double *lat = malloc(LAT * sizeof *lat);
-    for (int i = 0; i < LAT; i++) {
-        zs_client_op *op;
-        int done;
-        double t0 = zs_now_s();
-        zs_client_fetch(cl, 4096, 4096 + 1024, 0, ZS_DTYPE_F32, buf, &op);
-        zs_client_wait(cl, op, 60000, &done);
-        lat[i] = (zs_now_s() - t0) * 1e6;
-        if (i % 200 == 0)
-            zs_session_heartbeat(s);
-    }
-    qsort(lat, LAT, sizeof *lat, zs_bench_cmp_double);
+    double lat[LAT], slat[LAT];
+    latency(&tj, buf, lat, LAT);
+    latency(&sj, buf, slat, LAT);
     printf("model vector %zu floats (%.0f MiB), 1 server, best of %d; limit: a plain loopback "
            "TCP copy of the same bytes between buffers of the same size\n",
            N, N * 4.0 / 1048576, reps);
@@ -283,25 +359,29 @@ int main(int argc, char **argv)
     printf("against %s: fetch 4 MiB %.2f, push 4 MiB %.2f (1 stream); %.2f, %.2f (2 streams); "
            "target >= 0.9\n",
            wire_name, one.fetch4 / wire, one.push4 / wire, two.fetch4 / wire, two.push4 / wire);
-    printf("4 KiB fetch latency over %d: p50 %.1f us, p99 %.1f us\n", LAT, lat[LAT / 2],
-           lat[LAT * 99 / 100]);
+    printf("shared memory (cluster.transport \"shm\"): fetch 4 MiB %.2f GB/s (%.2fx TCP's), push "
+           "4 MiB %.2f GB/s (%.2fx); fetch 64 KiB %.2f GB/s (%.2fx), push 64 KiB %.2f GB/s "
+           "(%.2fx); target >= 2x\n",
+           shm.fetch4, shm.fetch4 / one.fetch4, shm.push4, shm.push4 / one.push4, shm.fetch64,
+           shm.fetch64 / one.fetch64, shm.push64, shm.push64 / one.push64);
+    printf("4 KiB fetch latency over %d: tcp p50 %.1f us, p99 %.1f us; shm p50 %.1f us, p99 "
+           "%.1f us\n",
+           LAT, lat[LAT / 2], lat[LAT * 99 / 100], slat[LAT / 2], slat[LAT * 99 / 100]);
     double worst4 = one.fetch4 < one.push4 ? one.fetch4 : one.push4;
+    double sworst4 = shm.fetch4 < shm.push4 ? shm.fetch4 : shm.push4;
     printf("bench_data_plane: %.2f GB/s (4 MiB, 1 stream, the slower of fetch and push), plain "
-           "socket %.2f GB/s, ratio %.2f; %s %.2f GB/s, ratio %.2f\n",
-           worst4, plain4, worst4 / plain4, wire_name, wire, worst4 / wire);
-    free(lat);
+           "socket %.2f GB/s, ratio %.2f; %s %.2f GB/s, ratio %.2f; shm %.2f GB/s, %.2fx TCP\n",
+           worst4, plain4, worst4 / plain4, wire_name, wire, worst4 / wire, sworst4,
+           sworst4 / worst4);
+    rc = 0;
+out:
     free(buf);
     free(src);
     free(dst);
-    zs_client_close(cl2);
-    cl2 = NULL;
-    rc = 0;
-out:
-    kill(coord, SIGKILL);
-    kill(server, SIGKILL);
-    waitpid(coord, NULL, 0);
-    waitpid(server, NULL, 0);
-    zs_session_close(s);
+    if (cl2)
+        zs_client_close(cl2);
+    job_stop(&tj);
+    job_stop(&sj);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

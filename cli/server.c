@@ -11,7 +11,7 @@
 static const char server_usage[] =
     "usage: zshard server --coord tcp://HOST:PORT --listen HOST:PORT [--init DIR]\n"
     "                     [--secret FILE | --insecure] [--threads T] [--log-level LEVEL]\n"
-    "                     [--transport tcp|rdma|auto] [--rdma-device DEV] [--rdma-port P]\n"
+    "                     [--transport tcp|rdma|shm|auto] [--rdma-device DEV] [--rdma-port P]\n"
     "                     [--rdma-gid-index G]\n"
     "\n"
     "Runs a partition server: holds shards of the training state, applies AdamW, serves\n"
@@ -22,7 +22,8 @@ static const char server_usage[] =
     "  --init DIR               initialize from DIR/model.safetensors instead of the seed\n"
     "  --threads T              AdamW threads (default: all CPUs available)\n" ZS_CLI_SECRET_USAGE
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
-    "  --transport KIND         the data plane's backend: tcp, rdma, or auto (default: rdma\n"
+    "  --transport KIND         the data plane's backend: tcp, rdma, shm (workers on this\n"
+    "                           host only), or auto (default: rdma\n"
     "                           where this host has an RDMA device with an active port);\n"
     "                           the coordinator refuses one that cluster.transport does not name\n"
     "  --rdma-device DEV        the RDMA device (default: the one holding the --listen\n"
@@ -74,9 +75,10 @@ int zs_cmd_server(int argc, char **argv)
                 return 2;
             break;
         case 'T':
-            if (strcmp(optarg, "tcp") && strcmp(optarg, "rdma") && strcmp(optarg, "auto"))
-                return zs_cli_usage_error("server", "--transport: \"%s\" is not tcp, rdma or auto",
-                                          optarg);
+            if (strcmp(optarg, "tcp") && strcmp(optarg, "rdma") && strcmp(optarg, "shm") &&
+                strcmp(optarg, "auto"))
+                return zs_cli_usage_error(
+                    "server", "--transport: \"%s\" is not tcp, rdma, shm or auto", optarg);
             o.transport = optarg;
             break;
         case 'D':

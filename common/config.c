@@ -614,12 +614,10 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
         else if (tr && strcmp(tr, "rdma") == 0)
             cfg->cluster.transport = ZS_TRANSPORT_RDMA;
         else if (tr && strcmp(tr, "shm") == 0)
-            return bad(p, "cluster.transport",
-                       "\"%s\": the shared-memory backend is not built yet; use \"tcp\", "
-                       "\"rdma\" or \"auto\"",
-                       tr);
+            cfg->cluster.transport = ZS_TRANSPORT_SHM;
         else if (tr)
-            return bad(p, "cluster.transport", "\"%s\" is not \"tcp\", \"rdma\" or \"auto\"", tr);
+            return bad(p, "cluster.transport",
+                       "\"%s\" is not \"tcp\", \"rdma\", \"shm\" or \"auto\"", tr);
         json_t *r;
         ZS_CHECK(get_obj(p, o, "cluster", "rdma", &r));
         if (r) {
@@ -775,7 +773,10 @@ static void fp_line(fp_text *t, const char *fmt, ...)
 
 const char *zs_transport_kind_name(zs_transport_kind k)
 {
-    return k == ZS_TRANSPORT_TCP ? "tcp" : k == ZS_TRANSPORT_RDMA ? "rdma" : "auto";
+    return k == ZS_TRANSPORT_TCP    ? "tcp"
+           : k == ZS_TRANSPORT_RDMA ? "rdma"
+           : k == ZS_TRANSPORT_SHM  ? "shm"
+                                    : "auto";
 }
 
 uint64_t zs_config_fingerprint(const zs_config *cfg)

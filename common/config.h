@@ -50,10 +50,11 @@ typedef struct {
 typedef enum {
     ZS_TRANSPORT_AUTO = 0,
     ZS_TRANSPORT_TCP = 1,
-    ZS_TRANSPORT_RDMA = 2
+    ZS_TRANSPORT_RDMA = 2,
+    ZS_TRANSPORT_SHM = 3, /* every worker on the servers' host (ZeRO-Offload on one box) */
 } zs_transport_kind;
 
-/* "auto", "tcp", "rdma" */
+/* "auto", "tcp", "rdma", "shm" */
 const char *zs_transport_kind_name(zs_transport_kind k);
 
 typedef struct {

@@ -558,8 +558,9 @@ zs_err zs_msg_check_job_spec(const Zshard__JobSpec *m, const zs_msg_ctx *ctx)
     ZS_CHECK(u64_in("JobSpec.cluster.coordinator_timeout_ms", c->has_coordinator_timeout_ms,
                     c->coordinator_timeout_ms, 2 * (uint64_t)c->heartbeat_interval_ms + 1,
                     3600000));
-    if (c->has_transport && c->transport > ZS_TRANSPORT_RDMA)
-        return FAIL("JobSpec.cluster.transport: %" PRIu32 " is not 0 (auto), 1 (tcp) or 2 (rdma)",
+    if (c->has_transport && c->transport > ZS_TRANSPORT_SHM)
+        return FAIL("JobSpec.cluster.transport: %" PRIu32
+                    " is not 0 (auto), 1 (tcp), 2 (rdma) or 3 (shm)",
                     c->transport);
     if (c->rdma_device)
         ZS_CHECK(str_ok("JobSpec.cluster.rdma_device", c->rdma_device, 63, STR_EMPTY_OK));
@@ -666,9 +667,11 @@ zs_err zs_msg_check_shard_map(const Zshard__ShardMap *m, const zs_msg_ctx *ctx)
         return FAIL("ShardMap.shard_floats: %" PRIu64 " is not a multiple of %d", m->shard_floats,
                     ZS_TENSOR_ALIGN);
     if (m->has_transport && m->transport != ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP &&
-        m->transport != ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA)
-        return FAIL("ShardMap.transport: %" PRIu32 " is not %d (tcp) or %d (rdma)", m->transport,
-                    ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP, ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA);
+        m->transport != ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA &&
+        m->transport != ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM)
+        return FAIL("ShardMap.transport: %" PRIu32 " is not %d (tcp), %d (rdma) or %d (shm)",
+                    m->transport, ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP,
+                    ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA, ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM);
     if (m->n_servers == 0)
         return FAIL("ShardMap.servers: none");
     if (m->n_servers > ZS_MSG_MAX_SERVERS)

@@ -379,47 +379,59 @@ static const char *transport_name(uint32_t bit)
                                                           : "shm";
 }
 
+/* The host of the job's first live server, for shm ("" when none). */
+static const char *server_host(const coord *co)
+{
+    for (int i = 0; i < co->n_peers; i++)
+        if (co->peers[i].role == ZSHARD__ROLE__ROLE_SERVER && !co->peers[i].gone)
+            return co->peers[i].hostname;
+    return "";
+}
+
 /* Capability negotiation (docs/transport.md): a server serves exactly one backend, the one
  * cluster.transport names (or, with "auto", the one the job's first server serves); a worker
- * must offer the backend the servers serve. */
+ * must offer the backend the servers serve; with shm, everyone is on the first server's host
+ * (by the hostname each registered with; the set-up proves it again by reading memory). */
 static const char *transport_refusal(coord *co, const Zshard__Register *r, char *why, size_t n)
 {
     uint32_t caps = r->capabilities & ZS_MSG_CAPS_TRANSPORT;
-    uint32_t want =
-        co->cfg.cluster.transport == ZS_TRANSPORT_TCP    ? ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP
-        : co->cfg.cluster.transport == ZS_TRANSPORT_RDMA ? ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
-                                                         : co->transport;
-    if (r->role == ZSHARD__ROLE__ROLE_SERVER) {
-        if (caps != ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP &&
-            caps != ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA) {
-            snprintf(why, n,
-                     "a server must serve exactly one data-plane backend (tcp or rdma), "
-                     "it offered 0x%x",
-                     caps);
-            return why;
-        }
-        if (want && caps != want) {
-            snprintf(why, n,
-                     "this server serves %s, but %s (start every server with --transport %s)",
-                     transport_name(caps),
-                     co->cfg.cluster.transport != ZS_TRANSPORT_AUTO
-                         ? (want == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
-                                ? "cluster.transport is \"rdma\""
-                                : "cluster.transport is \"tcp\"")
-                         : (want == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
-                                ? "the job's servers serve rdma"
-                                : "the job's servers serve tcp"),
-                     transport_name(want));
-            return why;
-        }
-        return NULL;
+    zs_transport_kind k = co->cfg.cluster.transport;
+    uint32_t want = k == ZS_TRANSPORT_TCP    ? ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP
+                    : k == ZS_TRANSPORT_RDMA ? ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
+                    : k == ZS_TRANSPORT_SHM  ? ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM
+                                             : co->transport;
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER && caps != ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP &&
+        caps != ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA &&
+        caps != ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM) {
+        snprintf(why, n,
+                 "a server must serve exactly one data-plane backend (tcp, rdma or shm), it "
+                 "offered 0x%x",
+                 caps);
+        return why;
     }
-    if (want && !(caps & want)) {
+    if (r->role == ZSHARD__ROLE__ROLE_SERVER && want && caps != want) {
+        snprintf(why, n,
+                 "this server serves %s, but %s %s (start every server with --transport %s)",
+                 transport_name(caps),
+                 k != ZS_TRANSPORT_AUTO ? "cluster.transport is" : "the job's servers serve",
+                 transport_name(want), transport_name(want));
+        return why;
+    }
+    if (r->role != ZSHARD__ROLE__ROLE_SERVER && want && !(caps & want)) {
         snprintf(why, n, "the servers serve %s and this %s does not offer it%s",
                  transport_name(want), r->role == ZSHARD__ROLE__ROLE_WORKER ? "worker" : "client",
                  want == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
                      ? " (no usable RDMA device on its host; its log says why at debug level)"
                      : "");
+        return why;
+    }
+    const char *host = server_host(co);
+    if (want == ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM && *host &&
+        strcmp(host, r->hostname ? r->hostname : "") != 0) {
+        snprintf(why, n,
+                 "the job's data plane is shared memory (shm) on host %s, and this %s runs on %s",
+                 host, r->role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "peer",
+                 r->hostname ? r->hostname : "an unnamed host");
         return why;
     }
     return NULL;

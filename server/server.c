@@ -2133,7 +2133,8 @@ static zs_err choose_transport(server *sv)
         if (sv->ops == &zs_tcp_ops)
             ZS_DEBUG("server: data plane over tcp (%s)", why);
     } else if (!(sv->ops = zs_transport_find(t))) {
-        return zs_error(ZS_ERR_INVALID, "server: transport \"%s\" is not tcp, rdma or auto", t);
+        return zs_error(ZS_ERR_INVALID, "server: transport \"%s\" is not tcp, rdma, shm or auto",
+                        t);
     }
     sv->rdma =
         (zs_rdma_conn_opts){.device = sv->opts->rdma_device,
@@ -2174,9 +2175,10 @@ static zs_err server_setup(server *sv)
     sv->ctx = (zs_msg_ctx){.self = ZS_MSG_SERVER};
     if (sv->opts->coord) {
         ZS_CHECK(zs_ctrl_connect(sv->opts->coord, sv->opts->secret, &sv->ctrl));
-        ZS_CHECK(zs_ctrl_register(sv->ctrl, ZSHARD__ROLE__ROLE_SERVER, sv->endpoint,
-                                  sv->ops == &zs_rdma_ops ? ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
-                                                          : ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP));
+        uint32_t cap = sv->ops == &zs_rdma_ops  ? ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
+                       : sv->ops == &zs_shm_ops ? ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM
+                                                : ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
+        ZS_CHECK(zs_ctrl_register(sv->ctrl, ZSHARD__ROLE__ROLE_SERVER, sv->endpoint, cap));
     }
     return ZS_OK;
 }

@@ -261,17 +261,19 @@ typedef struct zs_transport_ops {
     int (*wait_fd)(zs_net *net, int *timeout_ms);
 } zs_transport_ops;
 
-/* The TCP backend (transport/tcp.h) and the RDMA one (transport/rdma.h). */
+/* The backends: TCP (transport/tcp.h), RDMA (transport/rdma.h), shared memory
+ * (transport/shm.h). */
 extern const zs_transport_ops zs_tcp_ops;
 extern const zs_transport_ops zs_rdma_ops;
+extern const zs_transport_ops zs_shm_ops;
 
-/* The backend named `name` ("tcp", "rdma"), or NULL. */
+/* The backend named `name` ("tcp", "rdma", "shm"), or NULL. */
 static inline const zs_transport_ops *zs_transport_find(const char *name)
 {
-    if (name && !strcmp(name, zs_tcp_ops.name))
-        return &zs_tcp_ops;
-    if (name && !strcmp(name, zs_rdma_ops.name))
-        return &zs_rdma_ops;
+    const zs_transport_ops *all[] = {&zs_tcp_ops, &zs_rdma_ops, &zs_shm_ops};
+    for (size_t i = 0; name && i < sizeof all / sizeof *all; i++)
+        if (!strcmp(name, all[i]->name))
+            return all[i];
     return NULL;
 }
 

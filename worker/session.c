@@ -85,9 +85,10 @@ static zs_err setup(zs_session *s, const char *data, const Zshard__ShardMap *m)
         snprintf(s->endpoints[i], sizeof s->endpoints[i], "%s", m->servers[i]->endpoint);
         eps[i] = s->endpoints[i];
     }
-    s->ops = m->has_transport && m->transport == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA
-                 ? &zs_rdma_ops
-                 : &zs_tcp_ops;
+    s->ops = !m->has_transport                                        ? &zs_tcp_ops
+             : m->transport == ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA ? &zs_rdma_ops
+             : m->transport == ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM  ? &zs_shm_ops
+                                                                      : &zs_tcp_ops;
     zs_conn_opts o = conn_opts(s);
     if (zs_client_open(&s->map, eps, &s->auth, &o, &s->client) != ZS_OK) {
         /* A server of the map may have just died (the coordinator then tells us to register
@@ -276,7 +277,8 @@ static zs_err open_once(const char *coord, const zs_secret *secret, const char *
     zs_err res;
     ZS_CHECK_GOTO(zs_ctrl_connect(coord, secret, &s->ctrl), res, fail);
     /* Every backend this host can use: the coordinator holds it against the servers'. */
-    uint32_t transports = ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
+    uint32_t transports =
+        ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP | ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM;
     char why[256];
     if (zs_rdma_available(why, sizeof why))
         transports |= ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA;

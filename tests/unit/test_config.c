@@ -133,8 +133,8 @@ static void test_errors(void)
     CHECK_EQ_INT(c.cluster.transport, ZS_TRANSPORT_TCP);
     CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"transport\": \"udp\"}}", "cfg.json", &c),
                      "\"cluster.transport\": \"udp\" is not");
-    CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"transport\": \"shm\"}}", "cfg.json", &c),
-                     "shared-memory backend is not built yet");
+    CHECK_OK(zs_config_parse("{\"cluster\": {\"transport\": \"shm\"}}", "cfg.json", &c));
+    CHECK_EQ_INT(c.cluster.transport, ZS_TRANSPORT_SHM);
     CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"rdma\": {\"port\": 0}}}", "cfg.json", &c),
                      "cluster.rdma.port");
     CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"rdma\": {\"gid\": 0}}}", "cfg.json", &c),

@@ -1052,7 +1052,8 @@ static void test_connect_errors(void)
     CHECK_FAILS_WITH(T->connect(net, addr, &o, &c), "not in 1..16");
     CHECK(zs_transport_find("tcp") == &zs_tcp_ops);
     CHECK(zs_transport_find("rdma") == &zs_rdma_ops);
-    CHECK(zs_transport_find("shm") == NULL);
+    CHECK(zs_transport_find("shm") == &zs_shm_ops);
+    CHECK(zs_transport_find("udp") == NULL);
     CHECK_EQ_INT(zs_tcp_ops.version, ZS_TRANSPORT_OPS_VERSION);
     T->close(net);
 }

@@ -1,0 +1,121 @@
+/*
+ * test_transport_shm: the shared-memory backend (transport/shm.h) between threads and between
+ * processes of this host.
+ *
+ * The tests every rendezvous backend passes are in transport_suite.h (a server thread and the
+ * main thread as client: round trips of every size class, more frames than fit in flight, a
+ * republish racing the reader, wait_fd, authentication, a server process killed while its
+ * reply is read, garbage on the set-up port).  Here besides: a server in another process (the
+ * copies cross address spaces, as in a job), and a client process SIGKILLed while the server
+ * reads its push, after which the server serves others.
+ */
+#include <sys/prctl.h>
+
+#include "transport/shm.h"
+
+static const char *suite_addr = "127.0.0.1";
+
+static void suite_server_opts(zs_conn_opts *o)
+{
+    (void)o;
+}
+
+static void suite_client_opts(zs_conn_opts *o)
+{
+    (void)o;
+}
+
+#define SUITE_OPS (&zs_shm_ops)
+#define SUITE_KILL_AFTER_MS 0
+#include "transport_suite.h"
+
+/* A server process: fetches and pushes cross address spaces. */
+static void test_other_process(void)
+{
+    int pipefd[2];
+    CHECK(pipe(pipefd) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* no orphan if the test dies */
+        close(pipefd[0]);
+        server s;
+        if (server_open(&s, 0) != 0)
+            _exit(2);
+        if (write(pipefd[1], &s.port, sizeof s.port) != sizeof s.port)
+            _exit(2);
+        server_start(&s);
+        char b;
+        while (read(pipefd[1], &b, 1) != 0 && errno == EINTR)
+            ;
+        pause(); /* until the parent kills it */
+        _exit(0);
+    }
+    close(pipefd[1]);
+    int port = 0;
+    CHECK(read(pipefd[0], &port, sizeof port) == sizeof port);
+    client cl;
+    CHECK_OK(client_open(&cl, port, NULL));
+    zs_frame got;
+    CHECK_OK(fetch(&cl, 4096, 9 * MIB, 0, &got));
+    CHECK(same_as_pattern(cl.buf, 4096, 9 * MIB, 0));
+    for (size_t i = 0; i < 3 * MIB; i++)
+        cl.buf[SERVE_BYTES + i] = (uint8_t)(i * 13);
+    uint64_t h = 0;
+    CHECK_OK(push(&cl, 0, 3 * MIB, SERVE_BYTES, &h));
+    CHECK_EQ_INT(h, fnv(cl.buf + SERVE_BYTES, 3 * MIB));
+    client_close(&cl);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    close(pipefd[0]);
+}
+
+/* A client process pushes 16 MiB and is SIGKILLed while the server may be reading it: the
+ * server's receive fails or completes, never crashes, and it serves the next client. */
+static void test_client_killed(server *s)
+{
+    int closed0 = server_get(s, &s->closed);
+    pid_t pid = fork();
+    if (pid == 0) {
+        client cl;
+        if (client_open(&cl, s->port, NULL) != ZS_OK)
+            _exit(2);
+        for (;;) {
+            uint64_t h;
+            if (push(&cl, 0, 16 * MIB, SERVE_BYTES, &h) != ZS_OK)
+                _exit(3);
+        }
+    }
+    int pushes0 = server_get(s, &s->pushes_ok) + server_get(s, &s->pushes_failed);
+    CHECK(server_wait(s, &s->pushes_ok, pushes0 > 0 ? pushes0 + 1 : 1));
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    CHECK(server_wait(s, &s->closed, closed0 + 1));
+    pthread_mutex_lock(&s->mu);
+    fprintf(stderr, "client killed: the server closed it: %s\n", s->last_closed);
+    pthread_mutex_unlock(&s->mu);
+    client cl;
+    CHECK_OK(client_open(&cl, s->port, NULL));
+    zs_frame got;
+    CHECK_OK(fetch(&cl, 0, MIB, 0, &got));
+    CHECK(same_as_pattern(cl.buf, 0, MIB, s->version));
+    client_close(&cl);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    server s;
+    if (server_open(&s, 0) != 0)
+        return 1;
+    server_start(&s);
+    test_round_trips(&s);
+    test_read_vs_republish(&s);
+    test_wait_fd(&s);
+    test_client_killed(&s);
+    test_garbage_setup(&s);
+    server_close(&s);
+    test_auth();
+    test_other_process();
+    test_peer_killed();
+    return zs_test_result("test_transport_shm");
+}

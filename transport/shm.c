@@ -1,0 +1,1838 @@
+/*
+ * shm: the shared-memory backend of the data-plane transport (shm.h has the protocol).
+ *
+ * A net owns a TCP net (set-up streams) and an epoll descriptor over it, the Unix listeners
+ * and every connection's Unix socket (level-triggered; EPOLLOUT only while packets wait to be
+ * written, EPOLLIN off while a connection's backlog is full).  Progress functions run
+ * net_turn(): TCP events, then the sockets that epoll reports, then deferred work, then timers.
+ * An RNDV payload is copied synchronously inside the turn that handles it (process_vm_readv
+ * of at most ZS_FRAME_MAX_PAYLOAD bytes: a 4 MiB shard is about a millisecond).
+ */
+#include "transport/shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "transport/core.h"
+#include "transport/tcp.h"
+
+/* A packet: our 32-byte header, then for EAGER and RNDV the 64-byte frame header, and for
+ * EAGER the payload.  Header, little-endian:
+ *   0 u32 magic "ZSH1"   4 u8 kind   5..7 0   8 u32 status (DONE: 0 read, 1 skipped)
+ *  12 u32 region id (RNDV, REGION; 0: none)   16 u64 token (RNDV, DONE), or the region's
+ *  length (REGION)   24 u64 address (RNDV: the payload's; REGION: the region's first byte)
+ * A REGION packet carries the region's memfd (SCM_RIGHTS). */
+#define SH_MAGIC 0x3148535au
+#define SH_HDR 32
+#define SH_EAGER_MAX ZS_NET_INLINE_MAX
+#define SH_PKT (SH_HDR + ZS_FRAME_HEADER_BYTES + SH_EAGER_MAX)
+#define SH_BACKLOG 64
+#define SH_KEY 16
+#define SH_COOKIE 32
+#define SH_HELLO_MAGIC 0x4853535au /* "ZSSH" */
+#define SH_HELLO_BYTES 256
+#define SH_HELLO_ID 1
+/* Regions smaller than this are read with process_vm_readv: moving them into a memfd is not
+ * worth a mapping per peer, and small blocks share pages with others. */
+#define SH_SHARE_MIN ((size_t)1 << 20)
+#define SH_DEFAULT_SEND_TIMEOUT_MS 120000
+#define SH_DEFAULT_SETUP_MS 5000
+
+enum { MSG_EAGER = 1, MSG_RNDV = 2, MSG_DONE = 3, MSG_KEY = 4, MSG_REGION = 5 };
+enum { RQ_SEND = 1, RQ_RECV = 2 };
+enum { RQ_IDLE, RQ_AWAIT, RQ_EXPECTED, RQ_DONE };
+enum { K_CONN = 1, K_LISTENER = 2, K_STRAY = 3 };
+
+typedef struct sh_net sh_net;
+typedef struct sh_conn sh_conn;
+typedef struct sh_req sh_req;
+typedef struct sh_mr sh_mr;
+typedef struct sh_listener sh_listener;
+
+typedef struct sh_pkt {
+    struct sh_pkt *next;
+    int fd; /* a descriptor that goes with it (REGION), or -1 */
+    size_t len;
+    uint8_t b[];
+} sh_pkt;
+
+struct sh_mr {
+    sh_net *net;
+    uint8_t *base;
+    size_t len;
+    int access;
+    long refs;
+    /* A region registered for sending whose pages were moved into a sealed memfd, which
+     * peers map: id > 0, the memfd, and the page span it covers.  id 0: its payloads are
+     * read with process_vm_readv instead. */
+    uint32_t id;
+    int memfd;
+    uintptr_t span;
+    size_t span_len;
+    sh_mr *prev, *next;
+};
+
+/* A peer's region mapped here (read-only): where it lies in the peer, and our mapping. */
+typedef struct {
+    uint32_t id;
+    uintptr_t base;
+    size_t len;
+    const uint8_t *map;
+} sh_peer_region;
+
+struct sh_req {
+    sh_net *net;
+    sh_conn *conn;
+    int kind, state, handle, silent;
+    zs_err status;
+    void *user;
+    zs_frame frame;
+    sh_mr *mr;
+    uint8_t *buf;
+    uint64_t len;
+    uint64_t id, token;
+    int64_t deadline;
+    sh_req *prev, *next;
+    char err[ZS_NET_REASON_MAX];
+};
+
+struct sh_conn {
+    int kind; /* K_CONN: first, for epoll's pointer */
+    sh_net *net;
+    zs_conn *tcp;
+    sh_listener *l; /* accepted, until its set-up finished */
+    int ready;
+    int64_t setup_deadline;
+    char peer[80];
+    uint32_t member;
+    void *user;
+    int fd;    /* the Unix socket, -1 before it is joined */
+    pid_t pid; /* the peer's, proved by reading its cookie */
+    uint8_t key[SH_KEY];
+    uint8_t hello[SH_HELLO_BYTES];
+    zs_mr *hello_mr;
+    sh_pkt *out, *out_tail; /* packets the socket did not take yet */
+    int epoll_events;
+    sh_req *await;
+    uint64_t next_token;
+    sh_req *expect;
+    sh_pkt *pending; /* the reported header's packet */
+    sh_pkt *backlog, *backlog_tail;
+    int n_backlog;
+    sh_peer_region *regions; /* the peer's regions mapped here */
+    int n_regions, cap_regions;
+    uint32_t *sent; /* ids of our regions this peer was given */
+    int n_sent, cap_sent;
+    int dirty;
+    int closed;
+    char reason[ZS_NET_REASON_MAX];
+    sh_conn *prev, *next;
+};
+
+struct sh_listener {
+    int kind; /* K_LISTENER */
+    sh_net *net;
+    zs_listener *tcp;
+    int ufd;
+    char name[64]; /* the abstract socket's name, after its leading NUL */
+    int setup_ms;
+    sh_listener *prev, *next;
+};
+
+/* An accepted Unix socket that has not sent its key yet. */
+typedef struct sh_stray {
+    int kind; /* K_STRAY */
+    int fd;
+    sh_listener *l;
+    int64_t deadline;
+    struct sh_stray *prev, *next;
+} sh_stray;
+
+struct sh_net {
+    zs_net *tcp;
+    int epfd;
+    zs_evq evq;
+    sh_conn *conns;
+    sh_listener *listeners;
+    sh_stray *strays;
+    sh_mr *mrs;
+    uint32_t next_region;
+    int send_timeout_ms;
+    uint8_t cookie[SH_COOKIE]; /* read by peers to prove we share a host */
+    uint8_t rbuf[SH_PKT];
+};
+
+static int env_int(const char *name, int dflt, int lo, int hi)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return dflt;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < lo || v > hi) {
+        ZS_WARN("shm: %s=%s is not a number in %d..%d; using %d", name, s, lo, hi, dflt);
+        return dflt;
+    }
+    return (int)v;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* requests */
+
+static sh_req *req_new(sh_net *n, int kind, sh_conn *c, void *user, int handle)
+{
+    sh_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->net = n;
+    r->kind = kind;
+    r->conn = c;
+    r->user = user;
+    r->handle = handle;
+    return r;
+}
+
+static void req_free(sh_req *r)
+{
+    if (r->mr)
+        r->mr->refs--;
+    free(r);
+}
+
+static void req_finish(sh_req *r, zs_err st, const char *msg)
+{
+    if (r->mr) {
+        r->mr->refs--;
+        r->mr = NULL;
+    }
+    r->status = st;
+    if (st == ZS_OK)
+        r->err[0] = '\0';
+    else if (msg != r->err)
+        zs_net_copy_str(r->err, sizeof r->err, msg);
+    r->state = RQ_DONE;
+    r->prev = r->next = NULL;
+    if (r->silent) {
+        req_free(r);
+        return;
+    }
+    if (r->handle) {
+        r->conn = NULL;
+        return;
+    }
+    zs_evq_outcome(&r->net->evq, r->kind == RQ_SEND,
+                   r->conn && r->conn->ready ? (zs_conn *)r->conn : NULL, &r->frame, r->user, st,
+                   r->err, "shm");
+    req_free(r);
+}
+
+static void req_fail_conn(sh_req *r, const char *reason)
+{
+    char msg[ZS_NET_REASON_MAX];
+    zs_net_fail_text(msg, sizeof msg, r->kind == RQ_SEND, &r->frame, reason);
+    req_finish(r, ZS_ERR_IO, msg);
+}
+
+static void list_add(sh_req **head, sh_req *r)
+{
+    r->prev = NULL;
+    r->next = *head;
+    if (*head)
+        (*head)->prev = r;
+    *head = r;
+}
+
+static void list_del(sh_req **head, sh_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        *head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* connections */
+
+static void set_events(sh_conn *c)
+{
+    if (c->fd < 0)
+        return;
+    int want = (c->n_backlog < SH_BACKLOG ? EPOLLIN : 0) | (c->out ? EPOLLOUT : 0);
+    if (want == c->epoll_events)
+        return;
+    struct epoll_event ev = {.events = (uint32_t)want, .data.ptr = c};
+    epoll_ctl(c->net->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+    c->epoll_events = want;
+}
+
+static void free_pkts(sh_pkt *p)
+{
+    while (p) {
+        sh_pkt *next = p->next;
+        if (p->fd >= 0)
+            close(p->fd);
+        free(p);
+        p = next;
+    }
+}
+
+static void conn_fail(sh_conn *c, zs_err err, const char *why, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void conn_fail(sh_conn *c, zs_err err, const char *why, ...)
+{
+    if (c->closed)
+        return;
+    char msg[ZS_NET_REASON_MAX];
+    va_list ap;
+    va_start(ap, why);
+    vsnprintf(msg, sizeof msg, why, ap);
+    va_end(ap);
+    c->closed = 1;
+    zs_net_fmt(c->reason, sizeof c->reason, "shm %s: %s", c->peer, msg);
+    if (c->fd >= 0) {
+        epoll_ctl(c->net->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+        c->fd = -1;
+    }
+    if (c->tcp) {
+        zs_tcp_conn_close(c->tcp);
+        c->tcp = NULL;
+    }
+    sh_req *r;
+    while ((r = c->await)) {
+        list_del(&c->await, r);
+        req_fail_conn(r, c->reason);
+    }
+    while ((r = c->expect)) {
+        list_del(&c->expect, r);
+        req_fail_conn(r, c->reason);
+    }
+    free_pkts(c->out);
+    free_pkts(c->backlog);
+    free(c->pending);
+    for (int i = 0; i < c->n_regions; i++)
+        munmap((void *)c->regions[i].map, c->regions[i].len);
+    c->n_regions = 0;
+    c->out = c->out_tail = c->backlog = c->backlog_tail = c->pending = NULL;
+    c->n_backlog = 0;
+    if (c->ready) {
+        zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_CLOSED, (zs_conn *)c, "shm");
+        if (e) {
+            e->err = err;
+            zs_net_copy_str(e->reason, sizeof e->reason, c->reason);
+        }
+    }
+}
+
+static void conn_free(sh_conn *c)
+{
+    sh_net *n = c->net;
+    if (!c->closed)
+        c->ready = 0;
+    conn_fail(c, ZS_ERR_IO, "connection closed locally");
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        n->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->hello_mr)
+        zs_tcp_dereg_mr(c->hello_mr);
+    free(c->regions);
+    free(c->sent);
+    free(c);
+}
+
+static zs_err conn_new(sh_net *n, zs_conn *tcp, sh_conn **out)
+{
+    sh_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
+    c->kind = K_CONN;
+    c->net = n;
+    c->tcp = tcp;
+    c->fd = -1;
+    c->member = zs_tcp_conn_member(tcp);
+    zs_net_copy_str(c->peer, sizeof c->peer, zs_tcp_conn_peer(tcp));
+    zs_tcp_conn_set_user(tcp, c);
+    zs_err e =
+        zs_tcp_reg_mr(n->tcp, c->hello, sizeof c->hello, ZS_MR_SEND | ZS_MR_RECV, &c->hello_mr);
+    if (e != ZS_OK) {
+        free(c);
+        return e;
+    }
+    c->next = n->conns;
+    if (n->conns)
+        n->conns->prev = c;
+    n->conns = c;
+    *out = c;
+    return ZS_OK;
+}
+
+/* Joins c to its Unix socket fd (non-blocking), watched for input. */
+static zs_err conn_attach(sh_conn *c, int fd)
+{
+    c->fd = fd;
+    c->epoll_events = EPOLLIN;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    if (epoll_ctl(c->net->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        c->fd = -1;
+        close(fd);
+        return zs_error(ZS_ERR_IO, "shm %s: epoll_ctl: %s", c->peer, strerror(errno));
+    }
+    return ZS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* packets */
+
+/* One packet (and fd, or -1) to the socket; the send's result, or -EAGAIN. */
+static ssize_t put_pkt(int sock, const uint8_t *b, size_t len, int fd)
+{
+    struct iovec iov = {.iov_base = (void *)b, .iov_len = len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        mh.msg_control = u.buf;
+        mh.msg_controllen = sizeof u.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    ssize_t k;
+    do
+        k = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (k < 0 && errno == EINTR);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS))
+        return -EAGAIN;
+    return k < 0 ? -errno : k;
+}
+
+/* Sends a packet, with a descriptor (REGION; -1: none) that the call does not take. */
+static void send_pkt_fd(sh_conn *c, const uint8_t *b, size_t len, int fd)
+{
+    if (c->closed)
+        return;
+    if (!c->out) {
+        ssize_t k = put_pkt(c->fd, b, len, fd);
+        if (k == (ssize_t)len)
+            return;
+        if (k != -EAGAIN) {
+            conn_fail(c, ZS_ERR_IO, "send: %s", k >= 0 ? "cut short" : strerror((int)-k));
+            return;
+        }
+    }
+    sh_pkt *p = malloc(sizeof *p + len);
+    if (!p || (fd >= 0 && (fd = dup(fd)) < 0)) {
+        free(p);
+        conn_fail(c, ZS_ERR_NOMEM, "out of memory for a packet");
+        return;
+    }
+    p->next = NULL;
+    p->fd = fd;
+    p->len = len;
+    memcpy(p->b, b, len);
+    if (c->out_tail)
+        c->out_tail->next = p;
+    else
+        c->out = p;
+    c->out_tail = p;
+    set_events(c);
+}
+
+static void send_pkt(sh_conn *c, const uint8_t *b, size_t len)
+{
+    send_pkt_fd(c, b, len, -1);
+}
+
+static void flush_out(sh_conn *c)
+{
+    while (c->out && !c->closed) {
+        sh_pkt *p = c->out;
+        ssize_t k = put_pkt(c->fd, p->b, p->len, p->fd);
+        if (k == -EAGAIN)
+            break;
+        if (k != (ssize_t)p->len) {
+            conn_fail(c, ZS_ERR_IO, "send: %s", k >= 0 ? "cut short" : strerror((int)-k));
+            return;
+        }
+        c->out = p->next;
+        if (!c->out)
+            c->out_tail = NULL;
+        if (p->fd >= 0)
+            close(p->fd);
+        free(p);
+    }
+    set_events(c);
+}
+
+static void header(uint8_t *p, int kind, uint32_t status, uint64_t token, uint64_t addr)
+{
+    memset(p, 0, SH_HDR);
+    zs_le_put32(p, SH_MAGIC);
+    p[4] = (uint8_t)kind;
+    zs_le_put32(p + 8, status);
+    zs_le_put64(p + 16, token);
+    zs_le_put64(p + 24, addr);
+}
+
+/* Gives the peer region m (its memfd) once, before the first payload it names. */
+static void offer_region(sh_conn *c, const sh_mr *m)
+{
+    for (int i = 0; i < c->n_sent; i++)
+        if (c->sent[i] == m->id)
+            return;
+    if (c->n_sent == c->cap_sent) {
+        int cap = c->cap_sent ? 2 * c->cap_sent : 8;
+        uint32_t *q = realloc(c->sent, (size_t)cap * sizeof *q);
+        if (!q) {
+            conn_fail(c, ZS_ERR_NOMEM, "out of memory for a region");
+            return;
+        }
+        c->sent = q;
+        c->cap_sent = cap;
+    }
+    c->sent[c->n_sent++] = m->id;
+    uint8_t p[SH_HDR];
+    header(p, MSG_REGION, 0, m->span_len, m->span);
+    zs_le_put32(p + 12, m->id);
+    send_pkt_fd(c, p, sizeof p, m->memfd);
+}
+
+static void send_done(sh_conn *c, uint64_t token, uint32_t status)
+{
+    uint8_t p[SH_HDR];
+    header(p, MSG_DONE, status, token, 0);
+    send_pkt(c, p, sizeof p);
+}
+
+/* Copies len bytes at the peer's address raddr into dst (one copy, by the kernel).  Returns 0
+ * or an errno. */
+static int pull(pid_t pid, uint8_t *dst, uint64_t raddr, uint64_t len)
+{
+    uint64_t done = 0;
+    while (done < len) {
+        struct iovec l = {.iov_base = dst + done, .iov_len = len - done};
+        struct iovec r = {.iov_base = (void *)(uintptr_t)(raddr + done), .iov_len = len - done};
+        ssize_t k = process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 ? errno : EFAULT;
+        done += (uint64_t)k;
+    }
+    return 0;
+}
+
+/* Completes receive r of the frame in packet p (its length checked by the caller). */
+static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
+{
+    uint64_t len = r->frame.length;
+    if (p[4] == MSG_EAGER || len == 0) {
+        if (len)
+            memcpy(r->buf, p + SH_HDR + ZS_FRAME_HEADER_BYTES, len);
+        req_finish(r, ZS_OK, NULL);
+        return;
+    }
+    uint32_t id = zs_le_get32(p + 12);
+    uint64_t addr = zs_le_get64(p + 24);
+    int err = 0;
+    if (id) {
+        const sh_peer_region *g = NULL;
+        for (int i = 0; i < c->n_regions && !g; i++)
+            if (c->regions[i].id == id)
+                g = &c->regions[i];
+        if (!g || addr < g->base || len > g->len || addr - g->base > g->len - len) {
+            conn_fail(c, ZS_ERR_FORMAT, "a payload of %llu bytes at 0x%llx outside region %u",
+                      (unsigned long long)len, (unsigned long long)addr, id);
+            req_fail_conn(r, c->reason);
+            return;
+        }
+        memcpy(r->buf, g->map + (addr - g->base), len);
+    } else {
+        err = pull(c->pid, r->buf, addr, len);
+    }
+    if (err) {
+        conn_fail(c, ZS_ERR_IO, "reading a %llu-byte payload from the peer's memory: %s%s",
+                  (unsigned long long)len, strerror(err),
+                  err == ESRCH ? " (the peer is gone; mid-payload)" : " (mid-payload)");
+        req_fail_conn(r, c->reason);
+        return;
+    }
+    send_done(c, zs_le_get64(p + 16), 0);
+    req_finish(r, ZS_OK, NULL);
+}
+
+static void skip_payload(sh_conn *c, const uint8_t *p)
+{
+    if (p[4] == MSG_RNDV)
+        send_done(c, zs_le_get64(p + 16), 1);
+}
+
+static sh_req *expect_find(sh_conn *c, uint64_t id)
+{
+    for (sh_req *r = c->expect; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/* Hands the frame in packet p (len bytes) to an irecv or to the caller; keeps a copy as the
+ * pending header when it has a payload nobody expected. */
+static void deliver(sh_conn *c, const uint8_t *p, size_t len)
+{
+    zs_frame f;
+    zs_frame_decode(p + SH_HDR, &f); /* checked on arrival */
+    sh_req *r = expect_find(c, f.id);
+    if (r) {
+        list_del(&c->expect, r);
+        if (r->silent) {
+            skip_payload(c, p);
+            req_free(r);
+        } else if (f.length > r->len) {
+            r->frame = f;
+            skip_payload(c, p);
+            char msg[ZS_NET_REASON_MAX];
+            zs_net_fmt(msg, sizeof msg,
+                       "shm %s: reply id %llu of %llu bytes exceeds the %llu posted", c->peer,
+                       (unsigned long long)f.id, (unsigned long long)f.length,
+                       (unsigned long long)r->len);
+            req_finish(r, ZS_ERR_INVALID, msg);
+        } else {
+            r->frame = f;
+            take_payload(c, p, r);
+        }
+        return;
+    }
+    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_HEADER, (zs_conn *)c, "shm");
+    if (e)
+        e->frame = f;
+    if (f.length == 0)
+        return;
+    sh_pkt *k = malloc(sizeof *k + len);
+    if (!k) {
+        conn_fail(c, ZS_ERR_NOMEM, "out of memory for a pending header");
+        return;
+    }
+    k->next = NULL;
+    k->fd = -1;
+    k->len = len;
+    memcpy(k->b, p, len);
+    c->pending = k;
+}
+
+static void deliver_backlog(sh_conn *c)
+{
+    while (!c->closed && !c->pending && c->backlog) {
+        sh_pkt *p = c->backlog;
+        c->backlog = p->next;
+        if (!c->backlog)
+            c->backlog_tail = NULL;
+        c->n_backlog--;
+        deliver(c, p->b, p->len);
+        free(p);
+    }
+    set_events(c);
+}
+
+/* A REGION packet with its memfd: checks the seals that keep it from shrinking under us (a
+ * mapping of a shrunk file would fault), maps it read-only and records it. */
+static void on_region(sh_conn *c, const uint8_t *p, size_t len, int fd)
+{
+    uint32_t id = zs_le_get32(p + 12);
+    uint64_t bytes = zs_le_get64(p + 16), base = zs_le_get64(p + 24);
+    struct stat st;
+    int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+    if (len != SH_HDR || fd < 0 || id == 0 || seals < 0 || !(seals & F_SEAL_SHRINK) ||
+        fstat(fd, &st) != 0 || (uint64_t)st.st_size < bytes || bytes == 0) {
+        conn_fail(c, ZS_ERR_FORMAT, "region %u: %s", id,
+                  fd < 0 ? "no memfd came with it"
+                  : seals < 0 || !(seals & F_SEAL_SHRINK)
+                      ? "its memfd is not sealed against shrinking"
+                      : "its length does not match its memfd");
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    void *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        conn_fail(c, ZS_ERR_IO, "mapping region %u of %llu bytes: %s", id,
+                  (unsigned long long)bytes, strerror(errno));
+        return;
+    }
+    if (c->n_regions == c->cap_regions) {
+        int cap = c->cap_regions ? 2 * c->cap_regions : 8;
+        sh_peer_region *q = realloc(c->regions, (size_t)cap * sizeof *q);
+        if (!q) {
+            munmap(map, bytes);
+            conn_fail(c, ZS_ERR_NOMEM, "out of memory for a region");
+            return;
+        }
+        c->regions = q;
+        c->cap_regions = cap;
+    }
+    c->regions[c->n_regions++] = (sh_peer_region){.id = id, .base = base, .len = bytes, .map = map};
+}
+
+static void on_packet(sh_conn *c, const uint8_t *p, size_t len, int fd)
+{
+    if (len < SH_HDR || zs_le_get32(p) != SH_MAGIC) {
+        if (fd >= 0)
+            close(fd);
+        conn_fail(c, ZS_ERR_FORMAT, "a packet of %zu bytes that is not ours", len);
+        return;
+    }
+    int kind = p[4];
+    if (kind == MSG_REGION) {
+        on_region(c, p, len, fd);
+        return;
+    }
+    if (fd >= 0) {
+        close(fd);
+        conn_fail(c, ZS_ERR_FORMAT, "a descriptor came with a packet of kind %d", kind);
+        return;
+    }
+    if (kind == MSG_DONE) {
+        uint64_t token = zs_le_get64(p + 16);
+        sh_req *r = c->await;
+        while (r && r->token != token)
+            r = r->next;
+        if (!r) {
+            conn_fail(c, ZS_ERR_FORMAT, "DONE for token %llu, which no send awaits",
+                      (unsigned long long)token);
+            return;
+        }
+        list_del(&c->await, r);
+        req_finish(r, ZS_OK, NULL);
+        return;
+    }
+    zs_frame f;
+    if ((kind != MSG_EAGER && kind != MSG_RNDV) || len < SH_HDR + ZS_FRAME_HEADER_BYTES ||
+        zs_frame_decode(p + SH_HDR, &f) != ZS_OK) {
+        conn_fail(c, ZS_ERR_FORMAT, "malformed packet (kind %d, %zu bytes): %s", kind, len,
+                  kind == MSG_EAGER || kind == MSG_RNDV ? zs_last_error() : "unknown kind");
+        return;
+    }
+    if (kind == MSG_EAGER
+            ? (f.length > SH_EAGER_MAX || len != SH_HDR + ZS_FRAME_HEADER_BYTES + f.length)
+            : (len != SH_HDR + ZS_FRAME_HEADER_BYTES || f.length == 0) || f.op == ZS_OP_HELLO) {
+        conn_fail(c, ZS_ERR_FORMAT, "%s packet of %zu bytes for a %s frame of %llu bytes",
+                  kind == MSG_EAGER ? "eager" : "rendezvous", len, zs_frame_op_name(f.op),
+                  (unsigned long long)f.length);
+        return;
+    }
+    if (c->pending || c->backlog) {
+        sh_pkt *k = malloc(sizeof *k + len);
+        if (!k) {
+            conn_fail(c, ZS_ERR_NOMEM, "out of memory for the backlog");
+            return;
+        }
+        k->next = NULL;
+        k->fd = -1;
+        k->len = len;
+        memcpy(k->b, p, len);
+        if (c->backlog_tail)
+            c->backlog_tail->next = k;
+        else
+            c->backlog = k;
+        c->backlog_tail = k;
+        c->n_backlog++;
+        set_events(c);
+        return;
+    }
+    deliver(c, p, len);
+}
+
+static void conn_read(sh_conn *c)
+{
+    while (!c->closed && c->n_backlog < SH_BACKLOG) {
+        struct iovec iov = {.iov_base = c->net->rbuf, .iov_len = sizeof c->net->rbuf};
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } u;
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+        ssize_t k = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+        int fd = -1;
+        if (k > 0 && mh.msg_controllen > 0) {
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+                cm->cmsg_len == CMSG_LEN(sizeof(int)))
+                memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+            if (mh.msg_flags & MSG_CTRUNC) {
+                if (fd >= 0)
+                    close(fd);
+                conn_fail(c, ZS_ERR_FORMAT, "a packet with more descriptors than one");
+                return;
+            }
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (k <= 0) {
+            conn_fail(c, ZS_ERR_IO, "%s", k == 0 ? "closed by peer" : strerror(errno));
+            return;
+        }
+        if ((size_t)k > sizeof c->net->rbuf) {
+            if (fd >= 0)
+                close(fd);
+            conn_fail(c, ZS_ERR_FORMAT, "a packet of %zd bytes, more than %d", k, SH_PKT);
+            return;
+        }
+        on_packet(c, c->net->rbuf, (size_t)k, fd);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* set-up */
+
+/* HELLO, little-endian: "ZSSH", version u16 1, 0 u16, pid u32, 0 u32, cookie address u64,
+ * cookie [32], key [16], socket name (NUL-terminated, server only). */
+static void hello_encode(const sh_net *n, uint8_t *p, const uint8_t *key, const char *name)
+{
+    memset(p, 0, SH_HELLO_BYTES);
+    zs_le_put32(p, SH_HELLO_MAGIC);
+    zs_le_put16(p + 4, 1);
+    zs_le_put32(p + 8, (uint32_t)getpid());
+    zs_le_put64(p + 16, (uintptr_t)n->cookie);
+    memcpy(p + 24, n->cookie, SH_COOKIE);
+    if (key)
+        memcpy(p + 56, key, SH_KEY);
+    if (name)
+        zs_net_copy_str((char *)p + 72, SH_HELLO_BYTES - 72, name);
+}
+
+/* Checks a peer's hello: reads its cookie out of its memory and compares it with the one it
+ * sent.  Returns ZS_OK with *pid set. */
+static zs_err hello_check(const uint8_t *p, uint64_t len, const char *peer, pid_t *pid)
+{
+    if (len != SH_HELLO_BYTES || zs_le_get32(p) != SH_HELLO_MAGIC || zs_le_get16(p + 4) != 1)
+        return zs_error(ZS_ERR_FORMAT,
+                        "shm %s: set-up message of %llu bytes is not a version 1 "
+                        "hello",
+                        peer, (unsigned long long)len);
+    *pid = (pid_t)zs_le_get32(p + 8);
+    uint8_t seen[SH_COOKIE];
+    int err = *pid > 0 ? pull(*pid, seen, zs_le_get64(p + 16), SH_COOKIE) : ESRCH;
+    if (err || memcmp(seen, p + 24, SH_COOKIE) != 0)
+        return zs_error(ZS_ERR_IO,
+                        "shm %s: the peer (pid %d) is not a process on this host whose memory we "
+                        "may read (%s); shared memory needs both on one host, as the same user, "
+                        "with ptrace allowed between them",
+                        peer, (int)*pid, err ? strerror(err) : "its cookie differs");
+    return ZS_OK;
+}
+
+static void setup_refuse(sh_conn *c, const char *why)
+{
+    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_REFUSED, NULL, "shm");
+    if (e) {
+        e->listener = (zs_listener *)c->l;
+        zs_net_fmt(e->reason, sizeof e->reason, "shm %s: set-up failed: %s", c->peer, why);
+    }
+    if (c->tcp && !zs_tcp_conn_closed(c->tcp)) {
+        char text[ZS_NET_REASON_MAX];
+        zs_net_copy_str(text, sizeof text, why);
+        zs_frame f = {.op = ZS_OP_ERROR,
+                      .dtype = ZS_DTYPE_TEXT,
+                      .status = ZS_FS_BAD_FRAME,
+                      .id = SH_HELLO_ID,
+                      .length = strlen(text)};
+        zs_tcp_isend_inline(c->tcp, &f, text, NULL, NULL);
+        zs_tcp_flush(c->net->tcp);
+    }
+    conn_free(c);
+}
+
+/* An accepted stream's hello arrived: prove the peer, answer with our socket and a key. */
+static void setup_answer(sh_conn *c, uint64_t len)
+{
+    if (hello_check(c->hello, len, c->peer, &c->pid) != ZS_OK || !c->l) {
+        setup_refuse(c, c->l ? zs_last_error() : "its listener was closed");
+        return;
+    }
+    if (getrandom(c->key, SH_KEY, 0) != SH_KEY) {
+        setup_refuse(c, "no random bytes for a key");
+        return;
+    }
+    hello_encode(c->net, c->hello, c->key, c->l->name);
+    zs_frame f = {
+        .op = ZS_OP_HELLO, .dtype = ZS_DTYPE_TEXT, .id = SH_HELLO_ID, .length = SH_HELLO_BYTES};
+    if (zs_tcp_isend(c->tcp, &f, c->hello_mr, 0, NULL, NULL) != ZS_OK)
+        setup_refuse(c, zs_last_error());
+}
+
+static sh_listener *listener_of(sh_net *n, zs_listener *tl)
+{
+    for (sh_listener *l = n->listeners; l; l = l->next)
+        if (l->tcp == tl)
+            return l;
+    return NULL;
+}
+
+static void on_tcp_event(sh_net *n, zs_event *ev)
+{
+    sh_conn *c = ev->conn ? zs_tcp_conn_user(ev->conn) : NULL;
+    switch (ev->type) {
+    case ZS_EV_ACCEPT: {
+        sh_listener *l = listener_of(n, ev->listener);
+        sh_conn *nc;
+        if (!l || conn_new(n, ev->conn, &nc) != ZS_OK) {
+            zs_tcp_conn_close(ev->conn);
+            return;
+        }
+        nc->l = l;
+        nc->setup_deadline = zs_net_now_ms() + l->setup_ms;
+        break;
+    }
+    case ZS_EV_REFUSED: {
+        zs_event *e = zs_evq_push(&n->evq, ZS_EV_REFUSED, NULL, "shm");
+        if (e) {
+            e->listener = (zs_listener *)listener_of(n, ev->listener);
+            zs_net_copy_str(e->reason, sizeof e->reason, ev->reason);
+        }
+        break;
+    }
+    case ZS_EV_HEADER:
+        if (!c)
+            return;
+        if (c->ready || c->pid || ev->frame.op != ZS_OP_HELLO ||
+            ev->frame.length != SH_HELLO_BYTES) {
+            if (c->ready)
+                conn_fail(c, ZS_ERR_FORMAT, "unexpected %s frame on the set-up stream",
+                          zs_frame_op_name(ev->frame.op));
+            else
+                setup_refuse(c, "the first frame was not a hello of the expected size");
+            return;
+        }
+        if (zs_tcp_recv_payload(c->tcp, c->hello_mr, 0, c, NULL) != ZS_OK)
+            setup_refuse(c, zs_last_error());
+        break;
+    case ZS_EV_RECV:
+        if (!ev->conn || !c || c->ready)
+            return;
+        if (ev->err != ZS_OK)
+            setup_refuse(c, ev->reason);
+        else
+            setup_answer(c, ev->frame.length);
+        break;
+    case ZS_EV_CLOSED:
+        if (!c)
+            return;
+        if (c->ready)
+            conn_fail(c, ZS_ERR_IO, "peer closed its set-up stream (%s)", ev->reason);
+        else
+            setup_refuse(c, ev->reason);
+        break;
+    case ZS_EV_SEND:
+        break;
+    }
+}
+
+static void stray_free(sh_net *n, sh_stray *s, int close_fd)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        n->strays = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    if (close_fd) {
+        epoll_ctl(n->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+        close(s->fd);
+    }
+    free(s);
+}
+
+static void listener_accept(sh_listener *l)
+{
+    sh_net *n = l->net;
+    for (;;) {
+        int fd = accept4(l->ufd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        sh_stray *s = calloc(1, sizeof *s);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = s};
+        if (!s || epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            free(s);
+            close(fd);
+            continue;
+        }
+        s->kind = K_STRAY;
+        s->fd = fd;
+        s->l = l;
+        s->deadline = zs_net_now_ms() + l->setup_ms;
+        s->next = n->strays;
+        if (n->strays)
+            n->strays->prev = s;
+        n->strays = s;
+    }
+}
+
+/* A joined socket sent its key: it becomes the connection whose set-up gave that key. */
+static void stray_key(sh_net *n, sh_stray *s)
+{
+    uint8_t p[SH_HDR + SH_KEY + 1];
+    ssize_t k = recv(s->fd, p, sizeof p, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    sh_conn *c = NULL;
+    if (k == SH_HDR + SH_KEY && zs_le_get32(p) == SH_MAGIC && p[4] == MSG_KEY) {
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        int have_cred = getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0;
+        for (c = n->conns; c; c = c->next)
+            if (!c->ready && c->pid && c->fd < 0 && !c->closed &&
+                sodium_memcmp(c->key, p + SH_HDR, SH_KEY) == 0 && have_cred && cr.pid == c->pid)
+                break;
+    }
+    epoll_ctl(n->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+    int fd = s->fd;
+    stray_free(n, s, 0);
+    if (!c) {
+        close(fd);
+        return;
+    }
+    if (conn_attach(c, fd) != ZS_OK) {
+        setup_refuse(c, zs_last_error());
+        return;
+    }
+    c->ready = 1;
+    zs_event *e = zs_evq_push(&n->evq, ZS_EV_ACCEPT, (zs_conn *)c, "shm");
+    if (e)
+        e->listener = (zs_listener *)c->l;
+    c->l = NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the loop */
+
+static void net_turn(sh_net *n, int timeout_ms)
+{
+    struct epoll_event evs[32];
+    int k = epoll_wait(n->epfd, evs, 32, timeout_ms);
+    zs_event tev[32];
+    int tk;
+    while (zs_tcp_poll(n->tcp, tev, 32, 0, &tk) == ZS_OK && tk > 0)
+        for (int i = 0; i < tk; i++)
+            on_tcp_event(n, &tev[i]);
+    for (int i = 0; i < k; i++) {
+        int *kind = evs[i].data.ptr;
+        if (!kind)
+            continue; /* the TCP net: driven above */
+        if (*kind == K_LISTENER) {
+            listener_accept((sh_listener *)kind);
+        } else if (*kind == K_STRAY) {
+            stray_key(n, (sh_stray *)kind);
+        } else {
+            sh_conn *c = (sh_conn *)kind;
+            if (evs[i].events & EPOLLOUT)
+                flush_out(c);
+            if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+                conn_read(c);
+        }
+    }
+    int64_t now = zs_net_now_ms();
+    sh_conn *next;
+    for (sh_conn *c = n->conns; c; c = next) {
+        next = c->next;
+        if (!c->ready && c->l && now >= c->setup_deadline) {
+            setup_refuse(c, "set-up stalled");
+            continue;
+        }
+        if (c->closed || !c->ready)
+            continue;
+        for (sh_req *r = c->await; r; r = r->next)
+            if (now >= r->deadline) {
+                conn_fail(c, ZS_ERR_IO, "peer did not read a %llu-byte payload within %d ms",
+                          (unsigned long long)r->frame.length, n->send_timeout_ms);
+                break;
+            }
+        if (c->dirty && !c->closed) {
+            c->dirty = 0;
+            deliver_backlog(c);
+            if (!c->closed && c->n_backlog < SH_BACKLOG)
+                conn_read(c);
+        }
+    }
+    sh_stray *sn;
+    for (sh_stray *s = n->strays; s; s = sn) {
+        sn = s->next;
+        if (now >= s->deadline)
+            stray_free(n, s, 1);
+    }
+}
+
+static int net_timeout(sh_net *n)
+{
+    if (n->evq.live)
+        return 0;
+    int tt;
+    zs_tcp_wait_fd(n->tcp, &tt);
+    int64_t next = tt < 0 ? -1 : zs_net_now_ms() + tt;
+    for (sh_conn *c = n->conns; c; c = c->next) {
+        if (c->dirty && !c->closed)
+            return 0;
+        int64_t d = !c->ready && c->l ? c->setup_deadline : -1;
+        for (sh_req *r = c->await; r; r = r->next)
+            if (d < 0 || r->deadline < d)
+                d = r->deadline;
+        if (d >= 0 && (next < 0 || d < next))
+            next = d;
+    }
+    for (sh_stray *s = n->strays; s; s = s->next)
+        if (next < 0 || s->deadline < next)
+            next = s->deadline;
+    return zs_net_remaining_ms(next);
+}
+
+static int net_run(sh_net *n, int64_t deadline, int (*ready)(void *), void *arg)
+{
+    net_turn(n, 0);
+    for (;;) {
+        if (ready(arg))
+            return 1;
+        int left = zs_net_remaining_ms(deadline);
+        if (left == 0)
+            return 0;
+        int t = net_timeout(n);
+        if (t < 0 || (left >= 0 && left < t))
+            t = left;
+        net_turn(n, t);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the interface */
+
+static zs_err sh_open(zs_net **out)
+{
+    *out = NULL;
+    sh_net *n = calloc(1, sizeof *n);
+    if (!n)
+        return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
+    zs_err res = ZS_OK;
+    n->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (n->epfd < 0 || getrandom(n->cookie, SH_COOKIE, 0) != SH_COOKIE) {
+        res = zs_error(ZS_ERR_IO, "shm: epoll_create1 or getrandom: %s", strerror(errno));
+        goto fail;
+    }
+    ZS_CHECK_GOTO(zs_tcp_open(&n->tcp), res, fail);
+    int tt;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, zs_tcp_wait_fd(n->tcp, &tt), &ev) < 0) {
+        res = zs_error(ZS_ERR_IO, "shm: epoll_ctl: %s", strerror(errno));
+        zs_tcp_close(n->tcp);
+        goto fail;
+    }
+    /* Under Yama's ptrace_scope 1 a sibling could not read our memory; let any process of
+     * this user do so (without Yama the call fails, and nothing needs lifting). */
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    n->send_timeout_ms =
+        env_int("ZS_SHM_SEND_TIMEOUT_MS", SH_DEFAULT_SEND_TIMEOUT_MS, 10, INT_MAX / 2);
+    *out = (zs_net *)n;
+    return ZS_OK;
+fail:
+    if (n->epfd >= 0)
+        close(n->epfd);
+    free(n);
+    return res;
+}
+
+static zs_err sh_set_opts(zs_net *net, const zs_net_opts *opts)
+{
+    (void)net, (void)opts;
+    return ZS_OK;
+}
+
+static void sh_close(zs_net *nn)
+{
+    sh_net *n = (sh_net *)nn;
+    if (!n)
+        return;
+    while (n->conns) {
+        n->conns->ready = 0;
+        conn_free(n->conns);
+    }
+    while (n->strays)
+        stray_free(n, n->strays, 1);
+    while (n->listeners) {
+        sh_listener *l = n->listeners;
+        n->listeners = l->next;
+        close(l->ufd);
+        free(l);
+    }
+    while (n->mrs) {
+        sh_mr *m = n->mrs;
+        n->mrs = m->next;
+        if (m->memfd >= 0)
+            close(m->memfd);
+        free(m);
+    }
+    zs_tcp_close(n->tcp);
+    zs_evq_free(&n->evq);
+    close(n->epfd);
+    free(n);
+}
+
+static zs_err sh_listen(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_listener **out)
+{
+    sh_net *n = (sh_net *)nn;
+    *out = NULL;
+    sh_listener *l = calloc(1, sizeof *l);
+    if (!l)
+        return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
+    l->kind = K_LISTENER;
+    l->net = n;
+    zs_conn_opts to = {.auth = opts ? opts->auth : NULL};
+    zs_err e = zs_tcp_listen(n->tcp, addr, &to, &l->tcp);
+    if (e != ZS_OK) {
+        free(l);
+        return e;
+    }
+    uint8_t rnd[8];
+    if (getrandom(rnd, sizeof rnd, 0) != sizeof rnd)
+        memset(rnd, 0, sizeof rnd);
+    zs_net_fmt(l->name, sizeof l->name, "zshard-shm/%d/%d/%02x%02x%02x%02x", (int)getpid(),
+               zs_tcp_listener_port(l->tcp), rnd[0], rnd[1], rnd[2], rnd[3]);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t nl = strlen(l->name);
+    memcpy(sa.sun_path + 1, l->name, nl); /* abstract: sun_path[0] is NUL */
+    socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
+    l->ufd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = l};
+    if (l->ufd < 0 || bind(l->ufd, (struct sockaddr *)&sa, sl) < 0 || listen(l->ufd, 256) < 0 ||
+        epoll_ctl(n->epfd, EPOLL_CTL_ADD, l->ufd, &ev) < 0) {
+        e = zs_error(ZS_ERR_IO, "shm: Unix socket @%s: %s", l->name, strerror(errno));
+        if (l->ufd >= 0)
+            close(l->ufd);
+        zs_tcp_listener_close(l->tcp);
+        free(l);
+        return e;
+    }
+    l->setup_ms = env_int("ZS_SHM_SETUP_MS", SH_DEFAULT_SETUP_MS, 10, INT_MAX / 2);
+    l->next = n->listeners;
+    if (n->listeners)
+        n->listeners->prev = l;
+    n->listeners = l;
+    *out = (zs_listener *)l;
+    return ZS_OK;
+}
+
+static int sh_listener_port(const zs_listener *l)
+{
+    return zs_tcp_listener_port(((const sh_listener *)l)->tcp);
+}
+
+static void sh_listener_close(zs_listener *ll)
+{
+    sh_listener *l = (sh_listener *)ll;
+    sh_net *n = l->net;
+    for (sh_conn *c = n->conns; c; c = c->next)
+        if (c->l == l)
+            c->l = NULL;
+    sh_stray *sn;
+    for (sh_stray *s = n->strays; s; s = sn) {
+        sn = s->next;
+        if (s->l == l)
+            stray_free(n, s, 1);
+    }
+    zs_tcp_listener_close(l->tcp);
+    epoll_ctl(n->epfd, EPOLL_CTL_DEL, l->ufd, NULL);
+    close(l->ufd);
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        n->listeners = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    for (size_t i = 0; i < n->evq.len; i++) {
+        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
+        if (e->type && e->listener == ll)
+            e->listener = NULL;
+    }
+    free(l);
+}
+
+typedef struct {
+    sh_net *n;
+    sh_listener *l;
+    sh_conn *got;
+} accept_arg;
+
+static int accept_ready(void *arg)
+{
+    accept_arg *a = arg;
+    zs_evq *q = &a->n->evq;
+    for (size_t i = 0; i < q->len; i++) {
+        zs_event *e = &q->ring[(q->head + i) % q->cap];
+        if (e->type == ZS_EV_ACCEPT && e->listener == (zs_listener *)a->l) {
+            a->got = (sh_conn *)e->conn;
+            e->type = 0;
+            q->live--;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static zs_err sh_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
+{
+    sh_listener *l = (sh_listener *)ll;
+    accept_arg a = {.n = l->net, .l = l};
+    *out = NULL;
+    if (net_run(l->net, zs_net_deadline(timeout_ms), accept_ready, &a))
+        *out = (zs_conn *)a.got;
+    return ZS_OK;
+}
+
+static zs_err sh_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)
+{
+    sh_net *n = (sh_net *)nn;
+    *out = NULL;
+    int timeout = opts && opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
+    int64_t deadline = zs_net_now_ms() + timeout;
+    zs_conn_opts to = {.conns = 1, .connect_timeout_ms = timeout, .auth = opts ? opts->auth : NULL};
+    zs_conn *tc;
+    ZS_CHECK(zs_tcp_connect(n->tcp, addr, &to, &tc));
+    sh_conn *c;
+    zs_err res = conn_new(n, tc, &c);
+    if (res != ZS_OK) {
+        zs_tcp_conn_close(tc);
+        return res;
+    }
+    zs_net_fmt(c->peer, sizeof c->peer, "%s", addr);
+    hello_encode(n, c->hello, NULL, NULL);
+    zs_req *rr, *sr;
+    int done = 0;
+    zs_frame got;
+    ZS_CHECK_GOTO(zs_tcp_irecv(tc, SH_HELLO_ID, c->hello_mr, 0, SH_HELLO_BYTES, NULL, &rr), res,
+                  fail);
+    zs_frame f = {
+        .op = ZS_OP_HELLO, .dtype = ZS_DTYPE_TEXT, .id = SH_HELLO_ID, .length = SH_HELLO_BYTES};
+    res = zs_tcp_isend(tc, &f, c->hello_mr, 0, NULL, &sr);
+    if (res == ZS_OK)
+        res = zs_tcp_wait(sr, zs_net_remaining_ms(deadline), &done, NULL);
+    if (res == ZS_OK && !done)
+        res =
+            zs_error(ZS_ERR_IO, "shm %s: set-up: the hello did not go out in %d ms", addr, timeout);
+    if (res == ZS_OK)
+        res = zs_tcp_wait(rr, zs_net_remaining_ms(deadline), &done, &got);
+    if (res == ZS_OK && !done)
+        res = zs_error(ZS_ERR_IO, "shm %s: set-up: no answer within %d ms", addr, timeout);
+    if (!done)
+        zs_tcp_cancel(rr);
+    if (res != ZS_OK)
+        goto fail;
+    if (got.op == ZS_OP_ERROR) {
+        char text[SH_HELLO_BYTES + 1];
+        size_t len = got.length < SH_HELLO_BYTES ? got.length : SH_HELLO_BYTES;
+        memcpy(text, c->hello, len);
+        text[len] = '\0';
+        res = zs_error(ZS_ERR_IO, "shm %s: the server refused the set-up: %s", addr, text);
+        goto fail;
+    }
+    ZS_CHECK_GOTO(hello_check(c->hello, got.length, c->peer, &c->pid), res, fail);
+    memcpy(c->key, c->hello + 56, SH_KEY);
+    char name[SH_HELLO_BYTES];
+    zs_net_copy_str(name, sizeof name, (const char *)c->hello + 72);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t nl = strnlen(name, sizeof sa.sun_path - 1);
+    memcpy(sa.sun_path + 1, name, nl);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa,
+                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) < 0) {
+        res = zs_error(ZS_ERR_IO,
+                       "shm %s: cannot reach the server's socket @%s: %s (another network "
+                       "namespace?)",
+                       addr, name, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        goto fail;
+    }
+    uint8_t kp[SH_HDR + SH_KEY];
+    header(kp, MSG_KEY, 0, 0, 0);
+    memcpy(kp + SH_HDR, c->key, SH_KEY);
+    if (send(fd, kp, sizeof kp, MSG_NOSIGNAL) != (ssize_t)sizeof kp) {
+        res = zs_error(ZS_ERR_IO, "shm %s: sending the key: %s", addr, strerror(errno));
+        close(fd);
+        goto fail;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        res = zs_error(ZS_ERR_IO, "shm %s: fcntl: %s", addr, strerror(errno));
+        close(fd);
+        goto fail;
+    }
+    ZS_CHECK_GOTO(conn_attach(c, fd), res, fail);
+    c->ready = 1;
+    *out = (zs_conn *)c;
+    return ZS_OK;
+fail:
+    conn_free(c);
+    return res;
+}
+
+static const char *sh_conn_peer(const zs_conn *c)
+{
+    return ((const sh_conn *)c)->peer;
+}
+static void sh_conn_set_user(zs_conn *c, void *user)
+{
+    ((sh_conn *)c)->user = user;
+}
+static void *sh_conn_user(const zs_conn *c)
+{
+    return ((const sh_conn *)c)->user;
+}
+static uint32_t sh_conn_member(const zs_conn *c)
+{
+    return ((const sh_conn *)c)->member;
+}
+static int sh_conn_closed(const zs_conn *c)
+{
+    return ((const sh_conn *)c)->closed;
+}
+
+static void sh_conn_close(zs_conn *cc)
+{
+    sh_conn *c = (sh_conn *)cc;
+    zs_evq_forget(&c->net->evq, cc);
+    c->ready = 0;
+    conn_free(c);
+}
+
+/* 1 if every mapping of [lo, hi) is private anonymous read-write memory outside the brk heap
+ * (an mmap, which is what malloc gives for large blocks), so that its pages may be moved into a
+ * memfd; /proc/self/maps says.  Heap pages are left alone: the main arena's bookkeeping lives
+ * on them, and a child forked later would share them. */
+static int plain_anonymous(uintptr_t lo, uintptr_t hi)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return 0;
+    char line[512];
+    uintptr_t covered = lo;
+    int ok = 1;
+    while (ok && fgets(line, sizeof line, f)) {
+        unsigned long a, b, off;
+        char perms[8], path[256] = "";
+        unsigned dmaj, dmin;
+        unsigned long ino;
+        if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu %255s", &a, &b, perms, &off, &dmaj, &dmin, &ino,
+                   path) < 7)
+            continue;
+        if (b <= lo || a >= hi)
+            continue;
+        if (a > covered || strcmp(perms, "rw-p") != 0 || ino != 0 || path[0])
+            ok = 0;
+        covered = b;
+    }
+    fclose(f);
+    return ok && covered >= hi;
+}
+
+/* Moves the pages under a region registered for sending into a sealed memfd mapped at the
+ * same address (MAP_FIXED over a copy of their bytes), so that peers can map them and read
+ * payloads with one memcpy.  Only for regions of SH_SHARE_MIN or more on private anonymous
+ * mmap pages that no other region of ours covers; otherwise the region stays as it is and
+ * peers read it with process_vm_readv.  The caller must not write the region during
+ * registration (it is registered before use), and a child forked later does not get these
+ * pages (MADV_DONTFORK). */
+static void share_region(sh_net *n, sh_mr *m)
+{
+    if (m->len < SH_SHARE_MIN)
+        return;
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)m->base & ~(uintptr_t)(pg - 1);
+    uintptr_t hi = ((uintptr_t)m->base + m->len + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+    for (sh_mr *o = n->mrs; o; o = o->next)
+        if (o->id && o->span < hi && lo < o->span + o->span_len)
+            return;
+    if (!plain_anonymous(lo, hi))
+        return;
+    int fd = memfd_create("zshard-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return;
+    size_t span = hi - lo;
+    int ok = ftruncate(fd, (off_t)span) == 0;
+    for (size_t done = 0; ok && done < span;) {
+        /* Whole pages, the bytes around the region included (malloc's header, a neighbour):
+         * a raw system call, since a sanitizer's pwrite would call that an overflow. */
+        ssize_t k = syscall(SYS_pwrite64, fd, (const char *)lo + done, span - done, (off_t)done);
+        if (k < 0 && errno == EINTR)
+            continue;
+        ok = k > 0;
+        done += k > 0 ? (size_t)k : 0;
+    }
+    ok = ok && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
+    if (!ok || mmap((void *)lo, span, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+                   MAP_FAILED) {
+        ZS_DEBUG("shm: region of %zu bytes stays private (%s); peers read it with "
+                 "process_vm_readv",
+                 m->len, strerror(errno));
+        close(fd);
+        return;
+    }
+    /* A child forked after this would otherwise share the pages with us, MAP_SHARED. */
+    madvise((void *)lo, span, MADV_DONTFORK);
+    m->memfd = fd;
+    m->span = lo;
+    m->span_len = span;
+    m->id = ++n->next_region;
+}
+
+static zs_err sh_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out)
+{
+    sh_net *n = (sh_net *)nn;
+    sh_mr *m = calloc(1, sizeof *m);
+    if (!m)
+        return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
+    m->net = n;
+    m->base = base;
+    m->len = len;
+    m->access = access;
+    m->memfd = -1;
+    if ((access & ZS_MR_SEND) && len > 0)
+        share_region(n, m);
+    m->next = n->mrs;
+    if (n->mrs)
+        n->mrs->prev = m;
+    n->mrs = m;
+    *out = (zs_mr *)m;
+    return ZS_OK;
+}
+
+static zs_err sh_dereg_mr(zs_mr *mm)
+{
+    sh_mr *m = (sh_mr *)mm;
+    if (!m)
+        return ZS_OK;
+    if (m->refs > 0)
+        return zs_error(ZS_ERR_INVALID, "shm: region of %zu bytes is used by %ld request(s)",
+                        m->len, m->refs);
+    sh_net *n = m->net;
+    if (m->prev)
+        m->prev->next = m->next;
+    else
+        n->mrs = m->next;
+    if (m->next)
+        m->next->prev = m->prev;
+    if (m->memfd >= 0)
+        close(m->memfd); /* the pages stay mapped here; peers that mapped them keep theirs */
+    free(m);
+    return ZS_OK;
+}
+
+static zs_err check_open(const sh_conn *c, const char *what)
+{
+    if (c->closed)
+        return zs_error(ZS_ERR_IO, "shm %s: %s on a failed connection: %s", c->peer, what,
+                        c->reason);
+    return ZS_OK;
+}
+
+/* Sends frame f with its payload at src (len bytes), eager or by rendezvous. */
+static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_t *src, void *user,
+                         zs_req **out)
+{
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, "send"));
+    uint8_t pkt[SH_PKT];
+    zs_frame_encode(fin, pkt + SH_HDR);
+    zs_frame f;
+    if (zs_frame_decode(pkt + SH_HDR, &f) != ZS_OK)
+        return zs_error(ZS_ERR_INVALID, "shm %s: send of a bad frame: %s", c->peer,
+                        zs_last_error());
+    sh_req *r = req_new(c->net, RQ_SEND, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
+    r->frame = f;
+    if (out)
+        *out = (zs_req *)r;
+    size_t len = SH_HDR + ZS_FRAME_HEADER_BYTES;
+    if (f.length <= SH_EAGER_MAX) {
+        header(pkt, MSG_EAGER, 0, 0, 0);
+        if (f.length)
+            memcpy(pkt + len, src, f.length);
+        send_pkt(c, pkt, len + f.length);
+        req_finish(r, c->closed ? ZS_ERR_IO : ZS_OK, c->reason);
+        return ZS_OK;
+    }
+    r->token = ++c->next_token;
+    r->mr = m;
+    m->refs++;
+    r->state = RQ_AWAIT;
+    r->deadline = zs_net_now_ms() + c->net->send_timeout_ms;
+    list_add(&c->await, r);
+    header(pkt, MSG_RNDV, 0, r->token, (uintptr_t)src);
+    if (m->id) {
+        offer_region(c, m);
+        zs_le_put32(pkt + 12, m->id);
+    }
+    send_pkt(c, pkt, len); /* a failure fails r with the connection */
+    return ZS_OK;
+}
+
+static zs_err sh_isend(zs_conn *cc, const zs_frame *f, zs_mr *mm, size_t off, void *user,
+                       zs_req **out)
+{
+    sh_conn *c = (sh_conn *)cc;
+    sh_mr *m = (sh_mr *)mm;
+    if (out)
+        *out = NULL;
+    ZS_CHECK(zs_net_check_region("shm", "send", c->peer, m != NULL, m ? m->len : 0,
+                                 m ? m->access : 0, off, f->length, ZS_MR_SEND));
+    return send_frame(c, f, m, m ? m->base + off : NULL, user, out);
+}
+
+static zs_err sh_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, void *user,
+                              zs_req **out)
+{
+    sh_conn *c = (sh_conn *)cc;
+    if (f->length > ZS_NET_INLINE_MAX) {
+        if (out)
+            *out = NULL;
+        return zs_error(ZS_ERR_INVALID, "shm %s: inline send of %llu bytes, at most %d", c->peer,
+                        (unsigned long long)f->length, ZS_NET_INLINE_MAX);
+    }
+    return send_frame(c, f, NULL, data, user, out);
+}
+
+static zs_err sh_irecv(zs_conn *cc, uint64_t id, zs_mr *mm, size_t off, size_t cap, void *user,
+                       zs_req **out)
+{
+    sh_conn *c = (sh_conn *)cc;
+    sh_mr *m = (sh_mr *)mm;
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, "receive"));
+    ZS_CHECK(zs_net_check_region("shm", "receive", c->peer, m != NULL, m ? m->len : 0,
+                                 m ? m->access : 0, off, cap, ZS_MR_RECV));
+    if (expect_find(c, id))
+        return zs_error(ZS_ERR_INVALID, "shm %s: a receive for id %llu is already posted", c->peer,
+                        (unsigned long long)id);
+    sh_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
+    r->id = id;
+    r->frame.id = id;
+    r->len = cap;
+    if (cap) {
+        r->mr = m;
+        m->refs++;
+        r->buf = m->base + off;
+    }
+    r->state = RQ_EXPECTED;
+    list_add(&c->expect, r);
+    if (out)
+        *out = (zs_req *)r;
+    return ZS_OK;
+}
+
+static zs_err pending_frame(sh_conn *c, const char *what, zs_frame *f)
+{
+    ZS_CHECK(check_open(c, what));
+    if (!c->pending)
+        return zs_error(ZS_ERR_INVALID, "shm %s: %s without a pending header", c->peer, what);
+    zs_frame_decode(c->pending->b + SH_HDR, f);
+    return ZS_OK;
+}
+
+static void pending_done(sh_conn *c)
+{
+    free(c->pending);
+    c->pending = NULL;
+    c->dirty = 1;
+}
+
+static zs_err sh_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs_req **out)
+{
+    sh_conn *c = (sh_conn *)cc;
+    sh_mr *m = (sh_mr *)mm;
+    if (out)
+        *out = NULL;
+    zs_frame f;
+    ZS_CHECK(pending_frame(c, "recv_payload", &f));
+    ZS_CHECK(zs_net_check_region("shm", "receive", c->peer, m != NULL, m ? m->len : 0,
+                                 m ? m->access : 0, off, f.length, ZS_MR_RECV));
+    sh_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
+    r->frame = f;
+    r->id = f.id;
+    r->mr = m;
+    m->refs++;
+    r->buf = m->base + off;
+    if (out)
+        *out = (zs_req *)r;
+    sh_pkt *p = c->pending;
+    c->pending = NULL;
+    take_payload(c, p->b, r);
+    free(p);
+    c->dirty = 1;
+    return ZS_OK;
+}
+
+static zs_err sh_discard(zs_conn *cc)
+{
+    sh_conn *c = (sh_conn *)cc;
+    zs_frame f;
+    ZS_CHECK(pending_frame(c, "discard", &f));
+    skip_payload(c, c->pending->b);
+    pending_done(c);
+    return ZS_OK;
+}
+
+static zs_err report(sh_req *r, int *done, zs_frame *f)
+{
+    *done = r->state == RQ_DONE;
+    if (!*done)
+        return ZS_OK;
+    if (f)
+        *f = r->frame;
+    zs_err st = r->status;
+    if (st != ZS_OK)
+        zs_error(st, "%s", r->err);
+    req_free(r);
+    return st;
+}
+
+static int req_ready(void *arg)
+{
+    return ((sh_req *)arg)->state == RQ_DONE;
+}
+
+static zs_err sh_test(zs_req *rq, int *done, zs_frame *f)
+{
+    sh_req *r = (sh_req *)rq;
+    if (r->state != RQ_DONE)
+        net_turn(r->net, 0);
+    return report(r, done, f);
+}
+
+static zs_err sh_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
+{
+    sh_req *r = (sh_req *)rq;
+    if (r->state != RQ_DONE)
+        net_run(r->net, zs_net_deadline(timeout_ms), req_ready, r);
+    return report(r, done, f);
+}
+
+static zs_err sh_cancel(zs_req *rq)
+{
+    sh_req *r = (sh_req *)rq;
+    switch (r->state) {
+    case RQ_EXPECTED:
+        /* Kept without a buffer, so a late reply with this id is skipped. */
+        if (r->mr) {
+            r->mr->refs--;
+            r->mr = NULL;
+        }
+        r->buf = NULL;
+        r->silent = 1;
+        r->handle = 0;
+        return ZS_OK;
+    case RQ_AWAIT:
+        return zs_error(ZS_ERR_INVALID,
+                        "shm %s: send of %s id %llu is being read by the peer; it cannot be "
+                        "recalled",
+                        r->conn->peer, zs_frame_op_name(r->frame.op),
+                        (unsigned long long)r->frame.id);
+    default:
+        req_free(r);
+        return ZS_OK;
+    }
+}
+
+static zs_err sh_flush(zs_net *nn)
+{
+    net_turn((sh_net *)nn, 0);
+    return ZS_OK;
+}
+
+static int events_ready(void *arg)
+{
+    return ((sh_net *)arg)->evq.live > 0;
+}
+
+static zs_err sh_poll(zs_net *nn, zs_event *ev, int max, int timeout_ms, int *n_out)
+{
+    sh_net *n = (sh_net *)nn;
+    net_run(n, zs_net_deadline(timeout_ms), events_ready, n);
+    int k = 0;
+    while (k < max && zs_evq_pop(&n->evq, &ev[k]))
+        k++;
+    *n_out = k;
+    return ZS_OK;
+}
+
+static int sh_wait_fd(zs_net *nn, int *timeout_ms)
+{
+    sh_net *n = (sh_net *)nn;
+    *timeout_ms = net_timeout(n);
+    return n->epfd;
+}
+
+const zs_transport_ops zs_shm_ops = {
+    .version = ZS_TRANSPORT_OPS_VERSION,
+    .name = "shm",
+    .open = sh_open,
+    .set_opts = sh_set_opts,
+    .close = sh_close,
+    .listen = sh_listen,
+    .listener_port = sh_listener_port,
+    .listener_close = sh_listener_close,
+    .accept = sh_accept,
+    .connect = sh_connect,
+    .conn_peer = sh_conn_peer,
+    .conn_set_user = sh_conn_set_user,
+    .conn_user = sh_conn_user,
+    .conn_member = sh_conn_member,
+    .conn_closed = sh_conn_closed,
+    .conn_close = sh_conn_close,
+    .reg_mr = sh_reg_mr,
+    .dereg_mr = sh_dereg_mr,
+    .isend = sh_isend,
+    .isend_inline = sh_isend_inline,
+    .irecv = sh_irecv,
+    .recv_payload = sh_recv_payload,
+    .discard = sh_discard,
+    .test = sh_test,
+    .wait = sh_wait,
+    .cancel = sh_cancel,
+    .flush = sh_flush,
+    .poll = sh_poll,
+    .wait_fd = sh_wait_fd,
+};
