@@ -36,8 +36,8 @@ typedef struct {
     const char *init_dir;    /* start from init_dir/model.safetensors; NULL: from the seed */
     const zs_secret *secret; /* the job's secret, or insecure (common/secret.h) */
     int threads;             /* AdamW threads */
-    const char *transport;   /* the data plane's backend: "tcp", "rdma" or "auto" (NULL: auto:
-                                rdma where this host has an RDMA device with an active port) */
+    const char *transport;   /* the data plane's backend: "tcp", "rdma", "shm" or "auto" (NULL:
+                                auto: rdma where this process can use an RDMA device, else tcp) */
     const char *rdma_device; /* rdma: the device (NULL: chosen by the listening address) */
     int rdma_port;           /* rdma: the port, 0: 1 */
     int rdma_gid_set;        /* rdma: 1 to use rdma_gid_index, 0: chosen by address */
