@@ -160,9 +160,17 @@ struct rd_conn {
     rd_conn *prev, *next;
 };
 
+/* cluster.rdma resolved: the device, its port, the GID index (-1: chosen by address). */
+typedef struct {
+    char device[64];
+    int port;
+    int gid_index;
+} rd_opts;
+
 struct rd_listener {
     rd_net *net;
     zs_listener *tcp;
+    rd_opts opts; /* what its accepted connections use */
     int setup_ms;
     rd_listener *prev, *next;
 };
@@ -426,12 +434,6 @@ int zs_rdma_available(char *why, size_t cap)
     }
     return ok;
 }
-
-typedef struct {
-    char device[64];
-    int port;
-    int gid_index;
-} rd_opts;
 
 static void resolve_opts(const zs_conn_opts *o, rd_opts *t)
 {
@@ -1374,8 +1376,11 @@ static void setup_answer(rd_conn *c, uint64_t len)
 {
     rd_net *n = c->net;
     rd_hello peer, self;
-    rd_opts t;
-    resolve_opts(NULL, &t);
+    if (!c->l) {
+        setup_refuse(c, "its listener was closed");
+        return;
+    }
+    rd_opts t = c->l->opts;
     zs_err e = hello_decode(c->hello, len, &peer, c->peer);
     if (e == ZS_OK)
         e = conn_make_qp(c);
@@ -1395,10 +1400,10 @@ static void setup_answer(rd_conn *c, uint64_t len)
         return;
     }
     c->ready = 1;
-    c->l = NULL;
     zs_event *ev = zs_evq_push(&n->evq, ZS_EV_ACCEPT, (zs_conn *)c, "rdma");
     if (ev)
         ev->listener = (zs_listener *)c->l;
+    c->l = NULL;
 }
 
 static rd_listener *listener_of(rd_net *n, zs_listener *tl)
@@ -1673,6 +1678,7 @@ static zs_err rd_listen(zs_net *nn, const char *addr, const zs_conn_opts *opts, 
         return e;
     }
     l->net = n;
+    l->opts = t;
     l->setup_ms = env_int("ZS_RDMA_SETUP_MS", RD_DEFAULT_SETUP_MS, 10, INT_MAX / 2);
     l->next = n->listeners;
     if (n->listeners)

@@ -115,6 +115,7 @@ int main(void)
     test_garbage_setup(&s);
     server_close(&s);
     test_auth();
+    test_accept();
     test_other_process();
     test_peer_killed();
     return zs_test_result("test_transport_shm");

@@ -555,4 +555,37 @@ static void test_wait_fd(server *s)
     client_close(&cl);
 }
 
+/* accept(): a listener's connection is taken by accept() as its set-up completes (a listener
+ * whose events named no listener would never match). */
+typedef struct {
+    client cl;
+    int port;
+    zs_err res;
+} connect_arg;
+
+static void *connect_main(void *arg)
+{
+    connect_arg *a = arg;
+    a->res = client_open(&a->cl, a->port, NULL);
+    return NULL;
+}
+
+static void test_accept(void)
+{
+    server s;
+    CHECK(server_open(&s, 0) == 0);
+    connect_arg a = {.port = s.port};
+    pthread_t th;
+    pthread_create(&th, NULL, connect_main, &a);
+    zs_conn *c = NULL;
+    CHECK_OK(T->accept(s.l, DEADLINE_MS, &c));
+    CHECK(c != NULL);
+    pthread_join(th, NULL);
+    CHECK_OK(a.res);
+    if (c)
+        CHECK(!T->conn_closed(c));
+    client_close(&a.cl);
+    server_close(&s);
+}
+
 #endif
