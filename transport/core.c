@@ -5,6 +5,7 @@
 
 #include <limits.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,23 +101,330 @@ void zs_net_fail_text(char *out, size_t cap, int is_send, const zs_frame *f, con
         zs_net_fmt(out, cap, "receive of id %llu: %s", (unsigned long long)f->id, reason);
 }
 
-zs_err zs_net_check_region(const char *backend, const char *what, const char *peer, int has_region,
-                           size_t region_len, int region_access, size_t off, uint64_t len,
-                           int access)
+zs_conn *zs_evq_take_accept(zs_evq *q, const zs_listener *l)
+{
+    for (size_t i = 0; i < q->len; i++) {
+        zs_event *e = &q->ring[(q->head + i) % q->cap];
+        if (e->type == ZS_EV_ACCEPT && e->listener == l) {
+            e->type = 0;
+            q->live--;
+            return e->conn;
+        }
+    }
+    return NULL;
+}
+
+void zs_evq_forget_listener(zs_evq *q, const zs_listener *l)
+{
+    for (size_t i = 0; i < q->len; i++) {
+        zs_event *e = &q->ring[(q->head + i) % q->cap];
+        if ((e->type == ZS_EV_ACCEPT || e->type == ZS_EV_REFUSED) && e->listener == l)
+            e->listener = NULL;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* registered regions */
+
+void zs_region_add(zs_region **table, zs_region *m, const void *net, void *base, size_t len,
+                   int access)
+{
+    m->net = net;
+    m->base = base;
+    m->len = len;
+    m->access = access;
+    m->refs = 0;
+    m->prev = NULL;
+    m->next = *table;
+    if (*table)
+        (*table)->prev = m;
+    *table = m;
+}
+
+zs_err zs_region_remove(zs_region **table, zs_region *m, const char *backend)
+{
+    if (m->refs)
+        return zs_error(ZS_ERR_INVALID,
+                        "%s dereg_mr: region of %zu bytes at %p: %ld requests still use it",
+                        backend, m->len, (void *)m->base, m->refs);
+    if (m->prev)
+        m->prev->next = m->next;
+    else
+        *table = m->next;
+    if (m->next)
+        m->next->prev = m->prev;
+    m->prev = m->next = NULL;
+    return ZS_OK;
+}
+
+zs_err zs_region_check(const char *backend, const char *what, const char *peer, const void *net,
+                       const zs_region *m, size_t off, uint64_t len, int access)
 {
     if (len == 0)
         return ZS_OK;
-    if (!has_region)
+    if (!m)
         return zs_error(ZS_ERR_INVALID, "%s %s %s: %llu payload bytes but no registered region",
                         backend, what, peer, (unsigned long long)len);
-    if (!(region_access & access))
+    if (m->net != net)
+        return zs_error(ZS_ERR_INVALID, "%s %s %s: the region belongs to another net", backend,
+                        what, peer);
+    if (!(m->access & access))
         return zs_error(ZS_ERR_INVALID, "%s %s %s: the region is not registered for %s", backend,
                         what, peer, access == ZS_MR_SEND ? "ZS_MR_SEND" : "ZS_MR_RECV");
-    if (off > region_len || len > region_len - off)
+    if (off > m->len || len > m->len - off)
         return zs_error(ZS_ERR_INVALID,
                         "%s %s %s: %llu bytes at offset %zu are outside the region of %zu bytes",
-                        backend, what, peer, (unsigned long long)len, off, region_len);
+                        backend, what, peer, (unsigned long long)len, off, m->len);
     return ZS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* requests */
+
+#define ZS_RQ_SLAB 64
+
+struct zs_rq_slab {
+    struct zs_rq_slab *next;
+    zs_rq reqs[ZS_RQ_SLAB];
+};
+
+zs_rq *zs_rq_new(zs_rq_pool *p, void *net, int kind, void *conn, void *user, int handle)
+{
+    if (!p->free) {
+        struct zs_rq_slab *sl = calloc(1, sizeof *sl);
+        if (!sl)
+            return NULL;
+        sl->next = p->slabs;
+        p->slabs = sl;
+        for (int i = 0; i < ZS_RQ_SLAB; i++) {
+            sl->reqs[i].next = p->free;
+            p->free = &sl->reqs[i];
+        }
+    }
+    zs_rq *r = p->free;
+    p->free = r->next;
+    memset(r, 0, offsetof(zs_rq, err));
+    r->err[0] = '\0';
+    r->pool = p;
+    r->net = net;
+    r->kind = kind;
+    r->conn = conn;
+    r->user = user;
+    r->handle = handle;
+    return r;
+}
+
+void zs_rq_release(zs_rq *r)
+{
+    zs_rq_pool *p = r->pool;
+    if (r->mr) {
+        r->mr->refs--;
+        r->mr = NULL;
+    }
+    free(r->inline_buf);
+    r->inline_buf = NULL;
+    r->state = ZS_RQ_IDLE;
+    r->handle = 0;
+    r->prev = NULL;
+    r->next = p->free;
+    p->free = r;
+}
+
+void zs_rq_pool_free(zs_rq_pool *p)
+{
+    while (p->slabs) {
+        struct zs_rq_slab *sl = p->slabs;
+        p->slabs = sl->next;
+        for (int i = 0; i < ZS_RQ_SLAB; i++)
+            free(sl->reqs[i].inline_buf);
+        free(sl);
+    }
+    p->free = NULL;
+}
+
+void zs_rq_use(zs_rq *r, zs_region *m, size_t off)
+{
+    r->mr = m;
+    m->refs++;
+    r->buf = m->base + off;
+}
+
+void zs_rq_finish(zs_rq *r, zs_err st, const char *msg)
+{
+    if (r->mr) {
+        r->mr->refs--;
+        r->mr = NULL;
+    }
+    r->status = st;
+    if (st == ZS_OK)
+        r->err[0] = '\0';
+    else if (msg != r->err)
+        zs_net_copy_str(r->err, sizeof r->err, msg);
+    r->state = ZS_RQ_DONE;
+    r->at = NULL;
+    r->prev = r->next = NULL;
+    if (r->silent) {
+        zs_rq_release(r);
+        return;
+    }
+    if (r->handle) {
+        r->conn = NULL;
+        return;
+    }
+    zs_rq_pool *p = r->pool;
+    zs_conn *c = p->event_conn ? p->event_conn(r->conn) : r->conn;
+    zs_evq_outcome(p->evq, r->kind == ZS_RQ_SEND, c, &r->frame, r->user, st, r->err, p->who);
+    zs_rq_release(r);
+}
+
+void zs_rq_fail_conn(zs_rq *r, const char *reason)
+{
+    char msg[ZS_NET_REASON_MAX];
+    zs_net_fail_text(msg, sizeof msg, r->kind == ZS_RQ_SEND, &r->frame, reason);
+    zs_rq_finish(r, ZS_ERR_IO, msg);
+}
+
+void zs_rq_orphan(zs_rq *r)
+{
+    if (r->mr) {
+        r->mr->refs--;
+        r->mr = NULL;
+    }
+    r->buf = NULL;
+    r->len = 0;
+    r->handle = 0;
+    r->silent = 1;
+}
+
+zs_err zs_rq_check_handle(const zs_rq *r, const char *what)
+{
+    if (!r || !r->handle || r->state == ZS_RQ_IDLE)
+        return zs_error(ZS_ERR_INVALID, "%s %s: not a live request handle",
+                        r && r->pool ? r->pool->who : "transport", what);
+    return ZS_OK;
+}
+
+static int rq_done(void *arg)
+{
+    return ((zs_rq *)arg)->state == ZS_RQ_DONE;
+}
+
+zs_err zs_rq_wait(zs_rq *r, int timeout_ms, int *done, zs_frame *f, const char *what)
+{
+    *done = 0;
+    ZS_CHECK(zs_rq_check_handle(r, what));
+    if (r->state != ZS_RQ_DONE)
+        ZS_CHECK(r->pool->run(r->net, zs_net_deadline(timeout_ms), rq_done, r));
+    if (r->state != ZS_RQ_DONE)
+        return ZS_OK;
+    *done = 1;
+    if (f)
+        *f = r->frame;
+    zs_err st = r->status;
+    if (st != ZS_OK)
+        zs_error(st, "%s", r->err);
+    zs_rq_release(r);
+    return st;
+}
+
+zs_err zs_rq_expect(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_rq **expect,
+                    uint64_t id, zs_region *m, size_t off, size_t cap, void *user, zs_req **out)
+{
+    if (out)
+        *out = NULL;
+    ZS_CHECK(zs_region_check(p->who, "irecv", peer, net, m, off, cap, ZS_MR_RECV));
+    if (zs_rq_list_find(*expect, id))
+        return zs_error(ZS_ERR_INVALID, "%s irecv %s: id %llu is already expected", p->who, peer,
+                        (unsigned long long)id);
+    zs_rq *r = zs_rq_new(p, net, ZS_RQ_RECV, conn, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "%s irecv %s: out of memory", p->who, peer);
+    r->id = id;
+    r->frame.id = id;
+    r->len = cap;
+    if (cap)
+        zs_rq_use(r, m, off);
+    r->state = ZS_RQ_EXPECTED;
+    zs_rq_list_add(expect, r);
+    if (out)
+        *out = (zs_req *)r;
+    return ZS_OK;
+}
+
+void zs_rq_list_add(zs_rq **head, zs_rq *r)
+{
+    r->prev = NULL;
+    r->next = *head;
+    if (*head)
+        (*head)->prev = r;
+    *head = r;
+}
+
+void zs_rq_list_del(zs_rq **head, zs_rq *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        *head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+zs_rq *zs_rq_list_find(zs_rq *head, uint64_t id)
+{
+    for (zs_rq *r = head; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+zs_rq *zs_rq_list_token(zs_rq *head, uint64_t token)
+{
+    for (zs_rq *r = head; r; r = r->next)
+        if (r->token == token)
+            return r;
+    return NULL;
+}
+
+void zs_rq_fifo_push(zs_rq **head, zs_rq **tail, zs_rq *r)
+{
+    r->next = NULL;
+    if (*tail)
+        (*tail)->next = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
+zs_rq *zs_rq_fifo_pop(zs_rq **head, zs_rq **tail)
+{
+    zs_rq *r = *head;
+    if (r) {
+        *head = r->next;
+        if (!*head)
+            *tail = NULL;
+        r->next = NULL;
+    }
+    return r;
+}
+
+int zs_rq_fifo_remove(zs_rq **head, zs_rq **tail, zs_rq *r)
+{
+    zs_rq *prev = NULL;
+    for (zs_rq *q = *head; q; prev = q, q = q->next) {
+        if (q != r)
+            continue;
+        if (prev)
+            prev->next = q->next;
+        else
+            *head = q->next;
+        if (*tail == q)
+            *tail = prev;
+        q->next = NULL;
+        return 1;
+    }
+    return 0;
 }
 
 int64_t zs_net_now_ms(void)

@@ -1,12 +1,19 @@
 /*
- * core: what every data-plane backend (tcp.c, rdma.c) needs and none should write again: the
- * event queue that poll() hands out, the monotonic clock and deadlines of blocking calls, and
- * bounded message formatting.  Nothing here knows about sockets or verbs.
+ * core: what every data-plane backend (tcp.c, rdma.c, shm.c) needs and none should write again:
+ * the event queue that poll() hands out, the table of registered regions, the requests (their
+ * slab, their single outcome, the lists they wait on), the monotonic clock and deadlines of
+ * blocking calls, and bounded message formatting.  Nothing here knows about sockets or verbs.
  *
  * The event queue keeps the order in which events were produced.  Forgetting a connection
  * (conn_close) leaves tombstones where its own events were (ACCEPT, HEADER, CLOSED) and keeps
  * request completions in place with the connection pointer cleared, so a request's single
  * outcome is never lost (transport.h, "Completions").
+ *
+ * A region (zs_region) is the first member of each backend's zs_mr, and a request (zs_rq) is
+ * each backend's zs_req: what a backend keeps beyond them (an ibv_mr, a memfd, the socket a
+ * request waits on) it keeps in its own struct or in zs_rq's backend fields.  A region counts
+ * the requests that use it, from the call that starts them until their outcome, and cannot be
+ * deregistered while any does.
  */
 #ifndef ZS_TRANSPORT_CORE_H
 #define ZS_TRANSPORT_CORE_H
@@ -32,6 +39,11 @@ void zs_evq_forget(zs_evq *q, const zs_conn *conn);
 int zs_evq_pop(zs_evq *q, zs_event *out);
 /* Frees the ring; the queue is empty afterwards. */
 void zs_evq_free(zs_evq *q);
+/* Takes the oldest queued ZS_EV_ACCEPT of listener l out of the queue (accept()) and returns
+ * its connection; NULL if there is none. */
+zs_conn *zs_evq_take_accept(zs_evq *q, const zs_listener *l);
+/* listener_close(): queued ACCEPT and REFUSED events of l stay, naming no listener. */
+void zs_evq_forget_listener(zs_evq *q, const zs_listener *l);
 
 /* A handle-less request's outcome as its one event (transport.h, "Completions"): ZS_EV_SEND
  * or ZS_EV_RECV on q with the frame, the cookie, the result and its message (err, "" on
@@ -43,13 +55,137 @@ void zs_evq_outcome(zs_evq *q, int is_send, zs_conn *conn, const zs_frame *f, vo
  * "send of push id 7: REASON" or "receive of id 7: REASON". */
 void zs_net_fail_text(char *out, size_t cap, int is_send, const zs_frame *f, const char *reason);
 
-/* Checks that [off, off + len) of a registered region of region_len bytes, registered for
- * region_access, may be used for `access` (ZS_MR_SEND or ZS_MR_RECV) by `what` ("send",
- * "receive") on the connection to peer; has_region 0: no region was given.  The message
- * starts with "BACKEND WHAT PEER: ". */
-zs_err zs_net_check_region(const char *backend, const char *what, const char *peer, int has_region,
-                           size_t region_len, int region_access, size_t off, uint64_t len,
-                           int access);
+/* ---------------------------------------------------------------------------------------- */
+/* registered regions */
+
+typedef struct zs_region {
+    const void *net; /* the backend net that registered it */
+    uint8_t *base;
+    size_t len; /* bytes */
+    int access; /* ZS_MR_SEND | ZS_MR_RECV */
+    long refs;  /* requests using the region: dereg refuses while > 0 */
+    struct zs_region *prev, *next;
+} zs_region;
+
+/* Fills in m (refs 0) and puts it at the head of *table. */
+void zs_region_add(zs_region **table, zs_region *m, const void *net, void *base, size_t len,
+                   int access);
+/* Takes m out of *table, or refuses (ZS_ERR_INVALID, "BACKEND dereg_mr: region of N bytes at
+ * P: K requests still use it") while requests use it; m is not freed. */
+zs_err zs_region_remove(zs_region **table, zs_region *m, const char *backend);
+/* Checks that [off, off + len) of m (NULL: no region was given) may be used for `access`
+ * (ZS_MR_SEND or ZS_MR_RECV) by `what` ("send", "receive") on the connection to peer of net.
+ * The message starts with "BACKEND WHAT PEER: ".  len 0 needs no region. */
+zs_err zs_region_check(const char *backend, const char *what, const char *peer, const void *net,
+                       const zs_region *m, size_t off, uint64_t len, int access);
+
+/* ---------------------------------------------------------------------------------------- */
+/* requests */
+
+enum { ZS_RQ_SEND = 1, ZS_RQ_RECV = 2 };
+/* A request's state.  Each backend uses the ones its protocol has. */
+enum {
+    ZS_RQ_IDLE,     /* on the free list: not a live handle */
+    ZS_RQ_QUEUED,   /* a send on the backend's send queue, nothing of it out yet (tcp: on a
+                       socket's queue, maybe partly written) */
+    ZS_RQ_EXPECTED, /* an irecv posted, its frame not arrived */
+    ZS_RQ_AWAIT,    /* a rendezvous send out, waiting for the peer's DONE */
+    ZS_RQ_ACTIVE,   /* a receive whose payload is moving (tcp: read from the socket; rdma: its
+                       READs posted) */
+    ZS_RQ_DONE,     /* finished: a handle keeps its outcome for test()/wait() */
+};
+
+typedef struct zs_rq_pool zs_rq_pool;
+
+typedef struct zs_rq {
+    zs_rq_pool *pool;    /* where it came from and goes back */
+    void *net;           /* the backend's net */
+    void *conn;          /* the backend's connection; NULL once done, for a handle */
+    void *at;            /* the backend's: where it waits (tcp: the socket reading or sending it) */
+    int kind;            /* ZS_RQ_SEND, ZS_RQ_RECV */
+    int state;           /* ZS_RQ_* */
+    int handle;          /* the caller holds a zs_req: no event */
+    int silent;          /* a cancelled irecv kept to skip its late reply: no outcome at all */
+    zs_err status;       /* the outcome, once done */
+    void *user;          /* the caller's cookie */
+    zs_frame frame;      /* send: the frame sent; recv: the frame received (id only until then) */
+    zs_region *mr;       /* the region buf lies in, referenced until done; NULL for inline */
+    uint8_t *buf;        /* send: payload source; recv: destination */
+    uint64_t len;        /* send: payload bytes; recv: capacity of buf, then the payload's bytes */
+    uint8_t *inline_buf; /* isend_inline's copy of the payload (owned) */
+    uint64_t id;         /* irecv: the id expected */
+    uint8_t hdr[ZS_FRAME_HEADER_BYTES]; /* send: the encoded header (tcp writes it from here) */
+    /* rendezvous (rdma, shm): the payload stays at the sender until the receiver has read it */
+    uint64_t token;            /* send awaiting DONE: its token; recv: the peer's token to answer */
+    int64_t deadline;          /* send awaiting DONE: when the peer is given up on */
+    uint64_t raddr;            /* recv: the payload's address at the peer */
+    uint32_t rkey;             /* recv: the key of the peer's region (rdma) */
+    uint64_t read_off;         /* recv: bytes for which READs were posted */
+    int reads_out;             /* recv: READs posted and not completed */
+    struct zs_rq *prev, *next; /* the backend's lists and queues, or the free list */
+    char err[ZS_NET_REASON_MAX];
+} zs_rq;
+
+struct zs_rq_slab;
+
+/* A net's requests: allocated in slabs, reused through a free list, all freed with the net. */
+struct zs_rq_pool {
+    const char *who; /* "tcp": the backend, for messages */
+    zs_evq *evq;     /* where handle-less outcomes go: the net's queue */
+    /* The connection a handle-less outcome's event names (NULL: none, the connection was
+     * closed locally); NULL here: the request's own. */
+    zs_conn *(*event_conn)(void *conn);
+    /* Drives the net until ready(arg) or the deadline (-1: none; now: one turn without
+     * blocking); fails only if the event loop itself does. */
+    zs_err (*run)(void *net, int64_t deadline, int (*ready)(void *), void *arg);
+    zs_rq *free;
+    struct zs_rq_slab *slabs;
+};
+
+/* A cleared request from pool p, or NULL when memory ran out. */
+zs_rq *zs_rq_new(zs_rq_pool *p, void *net, int kind, void *conn, void *user, int handle);
+/* Gives r back (dropping its region reference and inline copy); r is no longer a handle. */
+void zs_rq_release(zs_rq *r);
+/* Frees every slab; requests still out are gone with them. */
+void zs_rq_pool_free(zs_rq_pool *p);
+/* Makes r use m[off, ...): a reference on m until r's outcome. */
+void zs_rq_use(zs_rq *r, zs_region *m, size_t off);
+
+/* Completes r with status st (message msg when st fails): a handle keeps the outcome for
+ * test()/wait(); a silent request is released; otherwise it becomes one event on the pool's queue
+ * and the request is released. */
+void zs_rq_finish(zs_rq *r, zs_err st, const char *msg);
+/* Fails r because its connection went away: "send of push id 7: REASON". */
+void zs_rq_fail_conn(zs_rq *r, const char *reason);
+
+/* cancel() of a posted irecv: kept without a buffer or an owner, so that a late reply with
+ * its id is skipped (and the stream stays in step) instead of surfacing as a header. */
+void zs_rq_orphan(zs_rq *r);
+/* test() and wait() of a handle: drives the net up to timeout_ms (0: one turn without
+ * blocking) until r is done, then reports its outcome and releases it.  Refuses what is not a
+ * live handle (`what` names the call). */
+zs_err zs_rq_wait(zs_rq *r, int timeout_ms, int *done, zs_frame *f, const char *what);
+/* Refuses what is not a live request handle, for `what` ("cancel"). */
+zs_err zs_rq_check_handle(const zs_rq *r, const char *what);
+
+/* Posts an irecv for frame `id` on conn into m[off, off + cap): checks the region (the
+ * connection's state is the caller's), refuses an id already expected, and puts the request
+ * on *expect (ZS_RQ_EXPECTED). */
+zs_err zs_rq_expect(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_rq **expect,
+                    uint64_t id, zs_region *m, size_t off, size_t cap, void *user, zs_req **out);
+
+/* Doubly linked lists with a head pointer (expected receives, sends awaiting DONE). */
+void zs_rq_list_add(zs_rq **head, zs_rq *r);
+void zs_rq_list_del(zs_rq **head, zs_rq *r);
+/* The request on list head expecting frame id, or NULL. */
+zs_rq *zs_rq_list_find(zs_rq *head, uint64_t id);
+/* The request on list head awaiting DONE for token, or NULL. */
+zs_rq *zs_rq_list_token(zs_rq *head, uint64_t token);
+/* Singly linked FIFO queues (sends waiting for room, receives reading). */
+void zs_rq_fifo_push(zs_rq **head, zs_rq **tail, zs_rq *r);
+zs_rq *zs_rq_fifo_pop(zs_rq **head, zs_rq **tail);
+/* Takes r out of the queue; 0 if it was not on it. */
+int zs_rq_fifo_remove(zs_rq **head, zs_rq **tail, zs_rq *r);
 
 /* Little-endian fields of wire headers (frame.c, the handshake, rdma.c's messages). */
 static inline void zs_le_put16(uint8_t *p, uint16_t v)

@@ -33,6 +33,7 @@
 
 #include "common/log.h"
 #include "transport/core.h"
+#include "transport/setup.h"
 #include "transport/tcp.h"
 
 /* Our message header on the QP, little-endian, 32 bytes:
@@ -68,45 +69,18 @@
 
 enum { MSG_EAGER = 1, MSG_RNDV = 2, MSG_DONE = 3, MSG_CREDIT = 4 };
 enum { WR_RECV = 1, WR_SEND = 2, WR_READ = 3 };
-enum { RQ_SEND = 1, RQ_RECV = 2 };
-enum { RQ_IDLE, RQ_QUEUED, RQ_AWAIT, RQ_EXPECTED, RQ_READING, RQ_DONE };
 
 typedef struct rd_net rd_net;
 typedef struct rd_conn rd_conn;
-typedef struct rd_req rd_req;
+/* Requests are core's (core.h): a receive in its READ phase is ZS_RQ_ACTIVE. */
+typedef zs_rq rd_req;
 typedef struct rd_mr rd_mr;
 typedef struct rd_listener rd_listener;
 
+/* A region: core's table entry, and its registration with the device. */
 struct rd_mr {
-    rd_net *net;
+    zs_region reg; /* first: the table links these */
     struct ibv_mr *mr;
-    uint8_t *base;
-    size_t len;
-    int access;
-    long refs;
-    rd_mr *prev, *next;
-};
-
-struct rd_req {
-    rd_net *net;
-    rd_conn *conn;
-    int kind, state, handle, silent;
-    zs_err status;
-    void *user;
-    zs_frame frame;
-    rd_mr *mr;
-    uint8_t *buf;        /* send: source; recv: destination */
-    uint64_t len;        /* send: payload bytes; recv: capacity, then the payload's bytes */
-    uint8_t *inline_buf; /* isend_inline's copy */
-    uint64_t id;         /* irecv: the id expected */
-    uint64_t token;      /* send awaiting DONE; recv: the peer's token */
-    int64_t deadline;    /* send awaiting DONE */
-    uint64_t raddr;      /* recv: the peer's source */
-    uint32_t rkey;
-    uint64_t read_off; /* recv: bytes for which READs were posted */
-    int reads_out;     /* recv: READs posted and not completed */
-    rd_req *prev, *next;
-    char err[ZS_NET_REASON_MAX];
 };
 
 typedef struct {
@@ -129,8 +103,7 @@ struct rd_conn {
     struct ibv_mr *slot_mr;
     uint8_t hello[RD_HELLO_BYTES];
     zs_mr *hello_mr; /* hello[] registered with the TCP net */
-    zs_req *hello_recv;
-    int max_reads; /* READs in flight at once */
+    int max_reads;   /* READs in flight at once */
     /* sending */
     int credits;        /* frames the peer can still take */
     int owed;           /* slots we freed and have not told the peer about */
@@ -191,7 +164,8 @@ struct rd_net {
     zs_evq evq;
     rd_conn *conns;
     rd_listener *listeners;
-    rd_mr *mrs;
+    zs_region *mrs;
+    zs_rq_pool reqs;
     uint32_t next_conn_id;
     int send_timeout_ms;
     zs_log_limit log;
@@ -239,118 +213,11 @@ static uint8_t *send_slot(rd_conn *c, int i)
 /* ---------------------------------------------------------------------------------------- */
 /* requests */
 
-static rd_req *req_new(rd_net *n, int kind, rd_conn *c, void *user, int handle)
+/* The connection a handle-less request's outcome names: none once the caller closed it. */
+static zs_conn *event_conn(void *conn)
 {
-    rd_req *r = calloc(1, sizeof *r);
-    if (!r)
-        return NULL;
-    r->net = n;
-    r->kind = kind;
-    r->conn = c;
-    r->user = user;
-    r->handle = handle;
-    return r;
-}
-
-static void req_free(rd_req *r)
-{
-    if (r->mr)
-        r->mr->refs--;
-    free(r->inline_buf);
-    free(r);
-}
-
-/* Completes r: a handle keeps the outcome for test()/wait(); otherwise it becomes an event. */
-static void req_finish(rd_req *r, zs_err st, const char *msg)
-{
-    if (r->mr) {
-        r->mr->refs--;
-        r->mr = NULL;
-    }
-    r->status = st;
-    if (st == ZS_OK)
-        r->err[0] = '\0';
-    else if (msg != r->err)
-        zs_net_copy_str(r->err, sizeof r->err, msg);
-    r->state = RQ_DONE;
-    r->prev = r->next = NULL;
-    if (r->silent) {
-        req_free(r);
-        return;
-    }
-    if (r->handle) {
-        r->conn = NULL;
-        return;
-    }
-    zs_evq_outcome(&r->net->evq, r->kind == RQ_SEND,
-                   r->conn && r->conn->ready ? (zs_conn *)r->conn : NULL, &r->frame, r->user, st,
-                   r->err, "rdma");
-    req_free(r);
-}
-
-static void req_fail_conn(rd_req *r, const char *reason)
-{
-    char msg[ZS_NET_REASON_MAX];
-    zs_net_fail_text(msg, sizeof msg, r->kind == RQ_SEND, &r->frame, reason);
-    req_finish(r, ZS_ERR_IO, msg);
-}
-
-/* Doubly linked lists with a head pointer (expect, await). */
-static void list_add(rd_req **head, rd_req *r)
-{
-    r->prev = NULL;
-    r->next = *head;
-    if (*head)
-        (*head)->prev = r;
-    *head = r;
-}
-static void list_del(rd_req **head, rd_req *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        *head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    r->prev = r->next = NULL;
-}
-/* Singly linked FIFO queues (sendq, reading). */
-static void fifo_push(rd_req **head, rd_req **tail, rd_req *r)
-{
-    r->next = NULL;
-    if (*tail)
-        (*tail)->next = r;
-    else
-        *head = r;
-    *tail = r;
-}
-static rd_req *fifo_pop(rd_req **head, rd_req **tail)
-{
-    rd_req *r = *head;
-    if (r) {
-        *head = r->next;
-        if (!*head)
-            *tail = NULL;
-        r->next = NULL;
-    }
-    return r;
-}
-static int fifo_remove(rd_req **head, rd_req **tail, rd_req *r)
-{
-    rd_req *prev = NULL;
-    for (rd_req *q = *head; q; prev = q, q = q->next) {
-        if (q != r)
-            continue;
-        if (prev)
-            prev->next = q->next;
-        else
-            *head = q->next;
-        if (*tail == q)
-            *tail = prev;
-        q->next = NULL;
-        return 1;
-    }
-    return 0;
+    rd_conn *c = conn;
+    return c && c->ready ? (zs_conn *)c : NULL;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -681,7 +548,7 @@ static void send_frames(rd_conn *c)
         int s = take_slot(c);
         if (s < 0)
             return;
-        fifo_pop(&c->sendq, &c->sendq_tail);
+        zs_rq_fifo_pop(&c->sendq, &c->sendq_tail);
         c->credits--;
         uint8_t *p = send_slot(c, s);
         const uint8_t *src = r->inline_buf ? r->inline_buf : r->buf;
@@ -694,21 +561,21 @@ static void send_frames(rd_conn *c)
             len += r->frame.length;
         } else {
             r->token = ++c->next_token;
-            uint32_t rkey = r->mr->mr->rkey + (c->bad_key ? 1 : 0);
+            uint32_t rkey = ((rd_mr *)r->mr)->mr->rkey + (c->bad_key ? 1 : 0);
             c->bad_key = 0;
             msg_header(c, p, MSG_RNDV, 0, rkey, r->token, (uintptr_t)r->buf);
         }
         zs_frame_encode(&r->frame, p + RD_HDR);
         if (post_send_slot(c, s, len) < 0) {
-            req_fail_conn(r, c->reason);
+            zs_rq_fail_conn(r, c->reason);
             return;
         }
         if (eager) {
-            req_finish(r, ZS_OK, NULL);
+            zs_rq_finish(r, ZS_OK, NULL);
         } else {
-            r->state = RQ_AWAIT;
+            r->state = ZS_RQ_AWAIT;
             r->deadline = zs_net_now_ms() + c->net->send_timeout_ms;
-            list_add(&c->await, r);
+            zs_rq_list_add(&c->await, r);
         }
     }
 }
@@ -726,7 +593,7 @@ static void issue_reads(rd_conn *c)
                 n = RD_READ_CHUNK;
             struct ibv_sge sge = {.addr = (uintptr_t)(r->buf + r->read_off),
                                   .length = (uint32_t)n,
-                                  .lkey = r->mr->mr->lkey};
+                                  .lkey = ((rd_mr *)r->mr)->mr->lkey};
             uint64_t seq = ++c->sq_posted;
             struct ibv_send_wr wr = {
                 .wr_id = wr_id(c, WR_READ, seq),
@@ -772,22 +639,22 @@ static void conn_emit_closed(rd_conn *c)
 static void fail_requests(rd_conn *c)
 {
     rd_req *r;
-    while ((r = fifo_pop(&c->sendq, &c->sendq_tail)))
-        req_fail_conn(r, c->reason);
+    while ((r = zs_rq_fifo_pop(&c->sendq, &c->sendq_tail)))
+        zs_rq_fail_conn(r, c->reason);
     while ((r = c->await)) {
-        list_del(&c->await, r);
-        req_fail_conn(r, c->reason);
+        zs_rq_list_del(&c->await, r);
+        zs_rq_fail_conn(r, c->reason);
     }
     while ((r = c->expect)) {
-        list_del(&c->expect, r);
-        req_fail_conn(r, c->reason);
+        zs_rq_list_del(&c->expect, r);
+        zs_rq_fail_conn(r, c->reason);
     }
     rd_req *keep = NULL, *keep_tail = NULL;
-    while ((r = fifo_pop(&c->reading, &c->reading_tail))) {
+    while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail))) {
         if (r->reads_out > 0)
-            fifo_push(&keep, &keep_tail, r);
+            zs_rq_fifo_push(&keep, &keep_tail, r);
         else
-            req_fail_conn(r, c->reason);
+            zs_rq_fail_conn(r, c->reason);
     }
     c->reading = keep;
     c->reading_tail = keep_tail;
@@ -840,13 +707,11 @@ static void conn_free(rd_conn *c)
     c->closed = 1;
     fail_requests(c);
     rd_req *r;
-    while ((r = fifo_pop(&c->reading, &c->reading_tail)))
-        req_fail_conn(r, c->reason);
+    while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
+        zs_rq_fail_conn(r, c->reason);
     if (c->slot_mr)
         ibv_dereg_mr(c->slot_mr);
     free(c->slots);
-    if (c->hello_recv)
-        zs_tcp_cancel(c->hello_recv);
     if (c->tcp)
         zs_tcp_conn_close(c->tcp);
     if (c->hello_mr)
@@ -1057,14 +922,6 @@ static zs_err conn_connect_qp(rd_conn *c, const rd_hello *l, const rd_hello *r)
 /* ---------------------------------------------------------------------------------------- */
 /* receiving */
 
-static rd_req *expect_find(rd_conn *c, uint64_t id)
-{
-    for (rd_req *r = c->expect; r; r = r->next)
-        if (r->id == id)
-            return r;
-    return NULL;
-}
-
 /* Gives slot back to the NIC: one more credit owed to the peer. */
 static void release_slot(rd_conn *c, int slot)
 {
@@ -1086,7 +943,7 @@ static void start_payload(rd_conn *c, int slot, rd_req *r)
     if (p[4] == MSG_EAGER || r->len == 0) {
         if (r->len)
             memcpy(r->buf, p + RD_HDR + ZS_FRAME_HEADER_BYTES, r->len);
-        req_finish(r, ZS_OK, NULL);
+        zs_rq_finish(r, ZS_OK, NULL);
         return;
     }
     r->raddr = zs_le_get64(p + 24);
@@ -1094,8 +951,8 @@ static void start_payload(rd_conn *c, int slot, rd_req *r)
     r->token = zs_le_get64(p + 16);
     r->read_off = 0;
     r->reads_out = 0;
-    r->state = RQ_READING;
-    fifo_push(&c->reading, &c->reading_tail, r);
+    r->state = ZS_RQ_ACTIVE;
+    zs_rq_fifo_push(&c->reading, &c->reading_tail, r);
     c->dirty = 1;
 }
 
@@ -1113,12 +970,12 @@ static int deliver(rd_conn *c, int slot)
 {
     zs_frame f;
     zs_frame_decode(recv_slot(c, slot) + RD_HDR, &f); /* checked on arrival */
-    rd_req *r = expect_find(c, f.id);
+    rd_req *r = zs_rq_list_find(c->expect, f.id);
     if (r) {
-        list_del(&c->expect, r);
+        zs_rq_list_del(&c->expect, r);
         if (r->silent) {
             skip_payload(c, slot);
-            req_free(r);
+            zs_rq_release(r);
         } else if (f.length > r->len) {
             r->frame = f;
             skip_payload(c, slot);
@@ -1127,7 +984,7 @@ static int deliver(rd_conn *c, int slot)
                        "rdma %s: reply id %llu of %llu bytes exceeds the %llu posted", c->peer,
                        (unsigned long long)f.id, (unsigned long long)f.length,
                        (unsigned long long)r->len);
-            req_finish(r, ZS_ERR_INVALID, msg);
+            zs_rq_finish(r, ZS_ERR_INVALID, msg);
         } else {
             r->frame = f;
             start_payload(c, slot, r);
@@ -1173,16 +1030,14 @@ static void on_recv(rd_conn *c, int slot, uint32_t bytes)
     if (kind == MSG_DONE || kind == MSG_CREDIT) {
         if (kind == MSG_DONE) {
             uint64_t token = zs_le_get64(p + 16);
-            rd_req *r = c->await;
-            while (r && r->token != token)
-                r = r->next;
+            rd_req *r = zs_rq_list_token(c->await, token);
             if (!r) {
                 conn_fail(c, ZS_ERR_FORMAT, "DONE for token %llu, which no send awaits",
                           (unsigned long long)token);
                 return;
             }
-            list_del(&c->await, r);
-            req_finish(r, ZS_OK, NULL);
+            zs_rq_list_del(&c->await, r);
+            zs_rq_finish(r, ZS_OK, NULL);
         }
         if (post_recv(c, slot) != ZS_OK)
             conn_fail(c, ZS_ERR_IO, "%s", zs_last_error());
@@ -1236,15 +1091,15 @@ static void on_read_done(rd_conn *c, int ok, const char *why)
     if (r->reads_out > 0)
         return;
     if (c->closed) {
-        fifo_pop(&c->reading, &c->reading_tail);
-        req_fail_conn(r, c->reason);
+        zs_rq_fifo_pop(&c->reading, &c->reading_tail);
+        zs_rq_fail_conn(r, c->reason);
         return;
     }
     if (r->read_off < r->len)
         return;
-    fifo_pop(&c->reading, &c->reading_tail);
+    zs_rq_fifo_pop(&c->reading, &c->reading_tail);
     queue_done(c, r->token, 0);
-    req_finish(r, ZS_OK, NULL);
+    zs_rq_finish(r, ZS_OK, NULL);
 }
 
 static void on_wc(rd_net *n, const struct ibv_wc *wc)
@@ -1352,22 +1207,8 @@ static void drain_async(rd_net *n)
 
 static void setup_refuse(rd_conn *c, const char *why)
 {
-    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_REFUSED, NULL, "rdma");
-    if (e) {
-        e->listener = (zs_listener *)c->l;
-        zs_net_fmt(e->reason, sizeof e->reason, "rdma %s: set-up failed: %s", c->peer, why);
-    }
-    if (!zs_tcp_conn_closed(c->tcp)) {
-        zs_frame f = {.op = ZS_OP_ERROR,
-                      .dtype = ZS_DTYPE_TEXT,
-                      .status = ZS_FS_BAD_FRAME,
-                      .id = RD_HELLO_ID};
-        char text[ZS_NET_REASON_MAX];
-        zs_net_copy_str(text, sizeof text, why);
-        f.length = strlen(text);
-        zs_tcp_isend_inline(c->tcp, &f, text, NULL, NULL);
-        zs_tcp_flush(c->net->tcp);
-    }
+    zs_setup_refuse(&c->net->evq, c->net->tcp, c->tcp, (zs_listener *)c->l, RD_HELLO_ID, "rdma",
+                    c->peer, why);
     conn_free(c);
 }
 
@@ -1429,20 +1270,13 @@ static void on_tcp_event(rd_net *n, zs_event *ev)
         nc->setup_deadline = zs_net_now_ms() + l->setup_ms;
         break;
     }
-    case ZS_EV_REFUSED: {
-        zs_event *e = zs_evq_push(&n->evq, ZS_EV_REFUSED, NULL, "rdma");
-        if (e) {
-            rd_listener *l = listener_of(n, ev->listener);
-            e->listener = (zs_listener *)l;
-            zs_net_copy_str(e->reason, sizeof e->reason, ev->reason);
-        }
+    case ZS_EV_REFUSED:
+        zs_setup_forward_refused(&n->evq, ev, (zs_listener *)listener_of(n, ev->listener), "rdma");
         break;
-    }
     case ZS_EV_HEADER:
         if (!c)
             return;
-        if (c->ready || c->hello_recv || ev->frame.op != ZS_OP_HELLO ||
-            ev->frame.length != RD_HELLO_BYTES) {
+        if (c->ready || ev->frame.op != ZS_OP_HELLO || ev->frame.length != RD_HELLO_BYTES) {
             if (c->ready)
                 conn_fail(c, ZS_ERR_FORMAT, "unexpected %s frame on the set-up stream",
                           zs_frame_op_name(ev->frame.op));
@@ -1500,8 +1334,8 @@ static void net_turn(rd_net *n)
             ibv_destroy_qp(c->qp);
             c->qp = NULL;
             rd_req *r;
-            while ((r = fifo_pop(&c->reading, &c->reading_tail)))
-                req_fail_conn(r, c->reason);
+            while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
+                zs_rq_fail_conn(r, c->reason);
             conn_emit_closed(c);
             continue;
         }
@@ -1567,6 +1401,13 @@ static int net_run(rd_net *n, int64_t deadline, int (*ready)(void *), void *arg)
     }
 }
 
+/* net_run as core's driver of test() and wait(). */
+static zs_err net_drive(void *n, int64_t deadline, int (*ready)(void *), void *arg)
+{
+    net_run(n, deadline, ready, arg);
+    return ZS_OK;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the interface */
 
@@ -1589,6 +1430,8 @@ static zs_err rd_open(zs_net **out)
         res = zs_error(ZS_ERR_IO, "rdma: epoll_ctl: %s", strerror(errno));
         goto fail_tcp;
     }
+    n->reqs =
+        (zs_rq_pool){.who = "rdma", .evq = &n->evq, .event_conn = event_conn, .run = net_drive};
     n->send_timeout_ms =
         env_int("ZS_RDMA_SEND_TIMEOUT_MS", RD_DEFAULT_SEND_TIMEOUT_MS, 10, INT_MAX / 2);
     n->log = (zs_log_limit){0};
@@ -1625,11 +1468,12 @@ static void rd_close(zs_net *nn)
         free(l);
     }
     while (n->mrs) {
-        rd_mr *m = n->mrs;
-        n->mrs = m->next;
+        rd_mr *m = (rd_mr *)n->mrs;
+        n->mrs = m->reg.next;
         ibv_dereg_mr(m->mr);
         free(m);
     }
+    zs_rq_pool_free(&n->reqs);
     zs_tcp_close(n->tcp);
     if (n->cq) {
         if (n->cq_events)
@@ -1707,49 +1551,26 @@ static void rd_listener_close(zs_listener *ll)
         n->listeners = l->next;
     if (l->next)
         l->next->prev = l->prev;
-    for (size_t i = 0; i < n->evq.len; i++) {
-        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
-        if (e->type && e->listener == ll)
-            e->listener = NULL;
-    }
+    zs_evq_forget_listener(&n->evq, ll);
     free(l);
 }
 
-typedef struct {
-    rd_net *n;
-    rd_listener *l;
-    rd_conn *got;
-} accept_arg;
-
 static int accept_ready(void *arg)
 {
-    accept_arg *a = arg;
-    zs_evq *q = &a->n->evq;
-    for (size_t i = 0; i < q->len; i++) {
-        zs_event *e = &q->ring[(q->head + i) % q->cap];
-        if (e->type == ZS_EV_ACCEPT && e->listener == (zs_listener *)a->l) {
-            a->got = (rd_conn *)e->conn;
-            e->type = 0;
-            q->live--;
-            return 1;
-        }
-    }
-    return 0;
+    void **a = arg; /* the listener, then the connection taken */
+    rd_listener *l = a[0];
+    return (a[1] = zs_evq_take_accept(&l->net->evq, a[0])) != NULL;
 }
 
 static zs_err rd_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
 {
     rd_listener *l = (rd_listener *)ll;
-    accept_arg a = {.n = l->net, .l = l};
+    void *a[2] = {l, NULL};
     *out = NULL;
-    if (net_run(l->net, zs_net_deadline(timeout_ms), accept_ready, &a))
-        *out = (zs_conn *)a.got;
+    if (net_run(l->net, zs_net_deadline(timeout_ms), accept_ready, a))
+        *out = a[1];
     return ZS_OK;
 }
-
-typedef struct {
-    zs_req *req;
-} req_arg;
 
 static zs_err rd_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)
 {
@@ -1759,7 +1580,7 @@ static zs_err rd_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts,
     resolve_opts(opts, &t);
     int timeout = opts && opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
     int64_t deadline = zs_net_now_ms() + timeout;
-    zs_conn_opts to = {.conns = 1, .connect_timeout_ms = timeout, .auth = opts ? opts->auth : NULL};
+    zs_conn_opts to = zs_setup_tcp_opts(opts, timeout);
     zs_conn *tc;
     ZS_CHECK(zs_tcp_connect(n->tcp, addr, &to, &tc));
     struct sockaddr_storage ss;
@@ -1782,57 +1603,16 @@ static zs_err rd_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts,
     ZS_CHECK_GOTO(conn_make_qp(c), res, fail);
     ZS_CHECK_GOTO(local_hello(c, &t, &self), res, fail);
     hello_encode(&self, c->hello);
-    zs_req *rr, *sr;
-    ZS_CHECK_GOTO(zs_tcp_irecv(tc, RD_HELLO_ID, c->hello_mr, 0, RD_HELLO_BYTES, NULL, &rr), res,
-                  fail);
-    c->hello_recv = rr;
-    zs_frame f = {
-        .op = ZS_OP_HELLO, .dtype = ZS_DTYPE_TEXT, .id = RD_HELLO_ID, .length = RD_HELLO_BYTES};
-    ZS_CHECK_GOTO(zs_tcp_isend(tc, &f, c->hello_mr, 0, NULL, &sr), res, fail);
-    int done = 0;
-    zs_frame got;
-    /* The hello goes out before the reply can come: once the send is done, the buffer takes
-     * the reply. */
-    res = zs_tcp_wait(sr, zs_net_remaining_ms(deadline), &done, NULL);
-    if (res != ZS_OK || !done) {
-        if (!done)
-            zs_tcp_cancel(sr);
-        if (res == ZS_OK)
-            res = zs_error(ZS_ERR_IO, "rdma %s: set-up: no room to send the hello", addr);
-        goto fail;
-    }
-    res = zs_tcp_wait(rr, zs_net_remaining_ms(deadline), &done, &got);
-    if (res == ZS_OK && !done) {
-        res = zs_error(ZS_ERR_IO, "rdma %s: set-up: no answer within %d ms", addr, timeout);
-        goto fail;
-    }
-    c->hello_recv = NULL;
-    if (res != ZS_OK)
-        goto fail;
-    if (got.op == ZS_OP_ERROR) {
-        char text[ZS_FRAME_MAX_ERROR_TEXT + 1];
-        size_t len = got.length < RD_HELLO_BYTES ? got.length : RD_HELLO_BYTES;
-        memcpy(text, c->hello, len);
-        text[len] = '\0';
-        res = zs_error(ZS_ERR_IO, "rdma %s: the server refused the set-up: %s%s", addr, text,
-                       got.length > len ? "..." : "");
-        goto fail;
-    }
-    if (got.op != ZS_OP_HELLO) {
-        res = zs_error(ZS_ERR_FORMAT, "rdma %s: set-up answered with a %s frame", addr,
-                       zs_frame_op_name(got.op));
-        goto fail;
-    }
-    ZS_CHECK_GOTO(hello_decode(c->hello, got.length, &peer, c->peer), res, fail);
+    uint64_t got;
+    ZS_CHECK_GOTO(zs_setup_exchange(tc, c->hello_mr, c->hello, RD_HELLO_BYTES, RD_HELLO_ID, "rdma",
+                                    addr, timeout, deadline, &got),
+                  res, fail);
+    ZS_CHECK_GOTO(hello_decode(c->hello, got, &peer, c->peer), res, fail);
     ZS_CHECK_GOTO(conn_connect_qp(c, &self, &peer), res, fail);
     c->ready = 1;
     *out = (zs_conn *)c;
     return ZS_OK;
 fail:
-    if (c->hello_recv) {
-        zs_tcp_cancel(c->hello_recv);
-        c->hello_recv = NULL;
-    }
     conn_free(c);
     return res;
 }
@@ -1892,14 +1672,7 @@ static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
                         "rdma: %s: ibv_reg_mr of %zu bytes: %s%s", n->dev_name, len, strerror(err),
                         err == ENOMEM ? " (raise the locked-memory limit: ulimit -l)" : "");
     }
-    m->net = n;
-    m->base = base;
-    m->len = len;
-    m->access = access;
-    m->next = n->mrs;
-    if (n->mrs)
-        n->mrs->prev = m;
-    n->mrs = m;
+    zs_region_add(&n->mrs, &m->reg, n, base, len, access);
     *out = (zs_mr *)m;
     return ZS_OK;
 }
@@ -1909,16 +1682,8 @@ static zs_err rd_dereg_mr(zs_mr *mm)
     rd_mr *m = (rd_mr *)mm;
     if (!m)
         return ZS_OK;
-    if (m->refs > 0)
-        return zs_error(ZS_ERR_INVALID, "rdma: region of %zu bytes is used by %ld request(s)",
-                        m->len, m->refs);
-    rd_net *n = m->net;
-    if (m->prev)
-        m->prev->next = m->next;
-    else
-        n->mrs = m->next;
-    if (m->next)
-        m->next->prev = m->prev;
+    rd_net *n = (rd_net *)m->reg.net;
+    ZS_CHECK(zs_region_remove(&n->mrs, &m->reg, "rdma"));
     ibv_dereg_mr(m->mr);
     free(m);
     return ZS_OK;
@@ -1927,11 +1692,7 @@ static zs_err rd_dereg_mr(zs_mr *mm)
 static zs_err check_region(const rd_conn *c, const char *what, const rd_mr *m, size_t off,
                            uint64_t len, int access)
 {
-    if (len && m && m->net != c->net)
-        return zs_error(ZS_ERR_INVALID, "rdma %s %s: the region belongs to another net", what,
-                        c->peer);
-    return zs_net_check_region("rdma", what, c->peer, m != NULL, m ? m->len : 0, m ? m->access : 0,
-                               off, len, access);
+    return zs_region_check("rdma", what, c->peer, c->net, m ? &m->reg : NULL, off, len, access);
 }
 
 static zs_err check_open(const rd_conn *c, const char *what)
@@ -1951,7 +1712,7 @@ static zs_err make_send(rd_conn *c, const zs_frame *f, zs_req **out, void *user,
     if (zs_frame_decode(hdr, &g) != ZS_OK)
         return zs_error(ZS_ERR_INVALID, "rdma %s: send of a bad frame: %s", c->peer,
                         zs_last_error());
-    rd_req *r = req_new(c->net, RQ_SEND, c, user, out != NULL);
+    rd_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_SEND, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
     r->frame = g;
@@ -1961,8 +1722,8 @@ static zs_err make_send(rd_conn *c, const zs_frame *f, zs_req **out, void *user,
 
 static void send_start(rd_conn *c, rd_req *r, zs_req **out)
 {
-    r->state = RQ_QUEUED;
-    fifo_push(&c->sendq, &c->sendq_tail, r);
+    r->state = ZS_RQ_QUEUED;
+    zs_rq_fifo_push(&c->sendq, &c->sendq_tail, r);
     if (out)
         *out = (zs_req *)r;
     send_frames(c);
@@ -1978,11 +1739,8 @@ static zs_err rd_isend(zs_conn *cc, const zs_frame *f, zs_mr *mm, size_t off, vo
     ZS_CHECK(check_region(c, "send", m, off, f->length, ZS_MR_SEND));
     rd_req *r;
     ZS_CHECK(make_send(c, f, out, user, &r));
-    if (f->length) {
-        r->mr = m;
-        m->refs++;
-        r->buf = m->base + off;
-    }
+    if (f->length)
+        zs_rq_use(r, &m->reg, off);
     send_start(c, r, out);
     return ZS_OK;
 }
@@ -2001,7 +1759,7 @@ static zs_err rd_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, 
     if (f->length) {
         r->inline_buf = malloc(f->length);
         if (!r->inline_buf) {
-            req_free(r);
+            zs_rq_release(r);
             return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
         }
         memcpy(r->inline_buf, data, f->length);
@@ -2018,26 +1776,8 @@ static zs_err rd_irecv(zs_conn *cc, uint64_t id, zs_mr *mm, size_t off, size_t c
     if (out)
         *out = NULL;
     ZS_CHECK(check_open(c, "receive"));
-    ZS_CHECK(check_region(c, "receive", m, off, cap, ZS_MR_RECV));
-    if (expect_find(c, id))
-        return zs_error(ZS_ERR_INVALID, "rdma %s: a receive for id %llu is already posted", c->peer,
-                        (unsigned long long)id);
-    rd_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
-    if (!r)
-        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
-    r->id = id;
-    r->frame.id = id;
-    r->len = cap;
-    if (cap) {
-        r->mr = m;
-        m->refs++;
-        r->buf = m->base + off;
-    }
-    r->state = RQ_EXPECTED;
-    list_add(&c->expect, r);
-    if (out)
-        *out = (zs_req *)r;
-    return ZS_OK;
+    return zs_rq_expect(&c->net->reqs, c->net, c, c->peer, &c->expect, id, m ? &m->reg : NULL, off,
+                        cap, user, out);
 }
 
 static zs_err pending_frame(rd_conn *c, const char *what, zs_frame *f)
@@ -2066,14 +1806,12 @@ static zs_err rd_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs
     zs_frame f;
     ZS_CHECK(pending_frame(c, "recv_payload", &f));
     ZS_CHECK(check_region(c, "receive", m, off, f.length, ZS_MR_RECV));
-    rd_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    rd_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_RECV, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
     r->frame = f;
     r->id = f.id;
-    r->mr = m;
-    m->refs++;
-    r->buf = m->base + off;
+    zs_rq_use(r, &m->reg, off);
     if (out)
         *out = (zs_req *)r;
     start_payload(c, c->pending, r);
@@ -2091,97 +1829,67 @@ static zs_err rd_discard(zs_conn *cc)
     return ZS_OK;
 }
 
-static zs_err report(rd_req *r, int *done, zs_frame *f)
-{
-    *done = r->state == RQ_DONE;
-    if (!*done)
-        return ZS_OK;
-    if (f)
-        *f = r->frame;
-    zs_err st = r->status;
-    if (st != ZS_OK)
-        zs_error(st, "%s", r->err);
-    req_free(r);
-    return st;
-}
-
-static int req_ready(void *arg)
-{
-    return ((rd_req *)arg)->state == RQ_DONE;
-}
-
 static zs_err rd_test(zs_req *rq, int *done, zs_frame *f)
 {
-    rd_req *r = (rd_req *)rq;
-    if (r->state != RQ_DONE)
-        net_turn(r->net);
-    return report(r, done, f);
+    return zs_rq_wait((rd_req *)rq, 0, done, f, "test");
 }
 
 static zs_err rd_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
 {
-    rd_req *r = (rd_req *)rq;
-    if (r->state != RQ_DONE)
-        net_run(r->net, zs_net_deadline(timeout_ms), req_ready, r);
-    return report(r, done, f);
+    return zs_rq_wait((rd_req *)rq, timeout_ms, done, f, "wait");
 }
 
 static int read_idle(void *arg)
 {
     rd_req *r = arg;
-    return r->state == RQ_DONE || r->reads_out == 0;
+    return r->state == ZS_RQ_DONE || r->reads_out == 0;
 }
 
 static zs_err rd_cancel(zs_req *rq)
 {
     rd_req *r = (rd_req *)rq;
+    ZS_CHECK(zs_rq_check_handle(r, "cancel"));
     rd_conn *c = r->conn;
     switch (r->state) {
-    case RQ_DONE:
-        req_free(r);
+    case ZS_RQ_DONE:
+        zs_rq_release(r);
         return ZS_OK;
-    case RQ_QUEUED:
-        fifo_remove(&c->sendq, &c->sendq_tail, r);
-        req_free(r);
+    case ZS_RQ_QUEUED:
+        zs_rq_fifo_remove(&c->sendq, &c->sendq_tail, r);
+        zs_rq_release(r);
         return ZS_OK;
-    case RQ_EXPECTED:
-        /* Kept without a buffer, so a late reply with this id is skipped. */
-        if (r->mr) {
-            r->mr->refs--;
-            r->mr = NULL;
-        }
-        r->buf = NULL;
-        r->silent = 1;
-        r->handle = 0;
+    case ZS_RQ_EXPECTED:
+        zs_rq_orphan(r);
         return ZS_OK;
-    case RQ_AWAIT:
+    case ZS_RQ_AWAIT:
         return zs_error(ZS_ERR_INVALID,
                         "rdma %s: send of %s id %llu is being read by the peer; it cannot be "
                         "recalled",
                         c->peer, zs_frame_op_name(r->frame.op), (unsigned long long)r->frame.id);
-    case RQ_READING: {
+    case ZS_RQ_ACTIVE: {
         /* The NIC writes into the destination until its READs complete: wait for them, and
          * stop them by failing the connection if they do not. */
         r->handle = 0;
         r->silent = 1;
-        if (!net_run(r->net, zs_net_now_ms() + RD_CANCEL_MS, read_idle, r) && r->state != RQ_DONE)
+        if (!net_run(r->net, zs_net_now_ms() + RD_CANCEL_MS, read_idle, r) &&
+            r->state != ZS_RQ_DONE)
             conn_fail(c, ZS_ERR_IO, "a cancelled receive's READ did not finish in %d ms",
                       RD_CANCEL_MS);
-        if (r->state != RQ_DONE && r->reads_out > 0 && c->qp) {
+        if (r->state != ZS_RQ_DONE && r->reads_out > 0 && c->qp) {
             ibv_destroy_qp(c->qp);
             c->qp = NULL;
             rd_req *q;
-            while ((q = fifo_pop(&c->reading, &c->reading_tail)))
-                req_fail_conn(q, c->reason); /* silent ones are freed */
+            while ((q = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
+                zs_rq_fail_conn(q, c->reason); /* silent ones are freed */
             if (c->closing)
                 conn_emit_closed(c);
             return ZS_OK;
         }
-        if (r->state != RQ_DONE) {
+        if (r->state != ZS_RQ_DONE) {
             /* Its bytes are read; only the bookkeeping remains: finish it silently. */
-            fifo_remove(&c->reading, &c->reading_tail, r);
+            zs_rq_fifo_remove(&c->reading, &c->reading_tail, r);
             queue_done(c, r->token, 0);
-            req_free(r);
+            zs_rq_release(r);
         }
         return ZS_OK;
     }

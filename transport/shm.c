@@ -32,6 +32,7 @@
 
 #include "common/log.h"
 #include "transport/core.h"
+#include "transport/setup.h"
 #include "transport/tcp.h"
 
 /* A packet: our 32-byte header, then for EAGER and RNDV the 64-byte frame header, and for
@@ -57,13 +58,12 @@
 #define SH_DEFAULT_SETUP_MS 5000
 
 enum { MSG_EAGER = 1, MSG_RNDV = 2, MSG_DONE = 3, MSG_KEY = 4, MSG_REGION = 5 };
-enum { RQ_SEND = 1, RQ_RECV = 2 };
-enum { RQ_IDLE, RQ_AWAIT, RQ_EXPECTED, RQ_DONE };
 enum { K_CONN = 1, K_LISTENER = 2, K_STRAY = 3 };
 
 typedef struct sh_net sh_net;
 typedef struct sh_conn sh_conn;
-typedef struct sh_req sh_req;
+/* Requests are core's (core.h); a rendezvous send awaits DONE in ZS_RQ_AWAIT. */
+typedef zs_rq sh_req;
 typedef struct sh_mr sh_mr;
 typedef struct sh_listener sh_listener;
 
@@ -75,11 +75,7 @@ typedef struct sh_pkt {
 } sh_pkt;
 
 struct sh_mr {
-    sh_net *net;
-    uint8_t *base;
-    size_t len;
-    int access;
-    long refs;
+    zs_region reg; /* first: the table links these */
     /* A region registered for sending whose pages were moved into a sealed memfd, which
      * peers map: id > 0, the memfd, and the page span it covers.  id 0: its payloads are
      * read with process_vm_readv instead. */
@@ -87,7 +83,6 @@ struct sh_mr {
     int memfd;
     uintptr_t span;
     size_t span_len;
-    sh_mr *prev, *next;
 };
 
 /* A peer's region mapped here (read-only): where it lies in the peer, and our mapping. */
@@ -97,22 +92,6 @@ typedef struct {
     size_t len;
     const uint8_t *map;
 } sh_peer_region;
-
-struct sh_req {
-    sh_net *net;
-    sh_conn *conn;
-    int kind, state, handle, silent;
-    zs_err status;
-    void *user;
-    zs_frame frame;
-    sh_mr *mr;
-    uint8_t *buf;
-    uint64_t len;
-    uint64_t id, token;
-    int64_t deadline;
-    sh_req *prev, *next;
-    char err[ZS_NET_REASON_MAX];
-};
 
 struct sh_conn {
     int kind; /* K_CONN: first, for epoll's pointer */
@@ -173,7 +152,8 @@ struct sh_net {
     sh_conn *conns;
     sh_listener *listeners;
     sh_stray *strays;
-    sh_mr *mrs;
+    zs_region *mrs;
+    zs_rq_pool reqs;
     uint32_t next_region;
     int send_timeout_ms;
     uint8_t cookie[SH_COOKIE]; /* read by peers to prove we share a host */
@@ -197,78 +177,11 @@ static int env_int(const char *name, int dflt, int lo, int hi)
 /* ---------------------------------------------------------------------------------------- */
 /* requests */
 
-static sh_req *req_new(sh_net *n, int kind, sh_conn *c, void *user, int handle)
+/* The connection a handle-less request's outcome names: none once the caller closed it. */
+static zs_conn *event_conn(void *conn)
 {
-    sh_req *r = calloc(1, sizeof *r);
-    if (!r)
-        return NULL;
-    r->net = n;
-    r->kind = kind;
-    r->conn = c;
-    r->user = user;
-    r->handle = handle;
-    return r;
-}
-
-static void req_free(sh_req *r)
-{
-    if (r->mr)
-        r->mr->refs--;
-    free(r);
-}
-
-static void req_finish(sh_req *r, zs_err st, const char *msg)
-{
-    if (r->mr) {
-        r->mr->refs--;
-        r->mr = NULL;
-    }
-    r->status = st;
-    if (st == ZS_OK)
-        r->err[0] = '\0';
-    else if (msg != r->err)
-        zs_net_copy_str(r->err, sizeof r->err, msg);
-    r->state = RQ_DONE;
-    r->prev = r->next = NULL;
-    if (r->silent) {
-        req_free(r);
-        return;
-    }
-    if (r->handle) {
-        r->conn = NULL;
-        return;
-    }
-    zs_evq_outcome(&r->net->evq, r->kind == RQ_SEND,
-                   r->conn && r->conn->ready ? (zs_conn *)r->conn : NULL, &r->frame, r->user, st,
-                   r->err, "shm");
-    req_free(r);
-}
-
-static void req_fail_conn(sh_req *r, const char *reason)
-{
-    char msg[ZS_NET_REASON_MAX];
-    zs_net_fail_text(msg, sizeof msg, r->kind == RQ_SEND, &r->frame, reason);
-    req_finish(r, ZS_ERR_IO, msg);
-}
-
-static void list_add(sh_req **head, sh_req *r)
-{
-    r->prev = NULL;
-    r->next = *head;
-    if (*head)
-        (*head)->prev = r;
-    *head = r;
-}
-
-static void list_del(sh_req **head, sh_req *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        *head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    r->prev = r->next = NULL;
+    sh_conn *c = conn;
+    return c && c->ready ? (zs_conn *)c : NULL;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -322,12 +235,12 @@ static void conn_fail(sh_conn *c, zs_err err, const char *why, ...)
     }
     sh_req *r;
     while ((r = c->await)) {
-        list_del(&c->await, r);
-        req_fail_conn(r, c->reason);
+        zs_rq_list_del(&c->await, r);
+        zs_rq_fail_conn(r, c->reason);
     }
     while ((r = c->expect)) {
-        list_del(&c->expect, r);
-        req_fail_conn(r, c->reason);
+        zs_rq_list_del(&c->expect, r);
+        zs_rq_fail_conn(r, c->reason);
     }
     free_pkts(c->out);
     free_pkts(c->backlog);
@@ -558,7 +471,7 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
     if (p[4] == MSG_EAGER || len == 0) {
         if (len)
             memcpy(r->buf, p + SH_HDR + ZS_FRAME_HEADER_BYTES, len);
-        req_finish(r, ZS_OK, NULL);
+        zs_rq_finish(r, ZS_OK, NULL);
         return;
     }
     uint32_t id = zs_le_get32(p + 12);
@@ -572,7 +485,7 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
         if (!g || addr < g->base || len > g->len || addr - g->base > g->len - len) {
             conn_fail(c, ZS_ERR_FORMAT, "a payload of %llu bytes at 0x%llx outside region %u",
                       (unsigned long long)len, (unsigned long long)addr, id);
-            req_fail_conn(r, c->reason);
+            zs_rq_fail_conn(r, c->reason);
             return;
         }
         memcpy(r->buf, g->map + (addr - g->base), len);
@@ -583,11 +496,11 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
         conn_fail(c, ZS_ERR_IO, "reading a %llu-byte payload from the peer's memory: %s%s",
                   (unsigned long long)len, strerror(err),
                   err == ESRCH ? " (the peer is gone; mid-payload)" : " (mid-payload)");
-        req_fail_conn(r, c->reason);
+        zs_rq_fail_conn(r, c->reason);
         return;
     }
     send_done(c, zs_le_get64(p + 16), 0);
-    req_finish(r, ZS_OK, NULL);
+    zs_rq_finish(r, ZS_OK, NULL);
 }
 
 static void skip_payload(sh_conn *c, const uint8_t *p)
@@ -596,26 +509,18 @@ static void skip_payload(sh_conn *c, const uint8_t *p)
         send_done(c, zs_le_get64(p + 16), 1);
 }
 
-static sh_req *expect_find(sh_conn *c, uint64_t id)
-{
-    for (sh_req *r = c->expect; r; r = r->next)
-        if (r->id == id)
-            return r;
-    return NULL;
-}
-
 /* Hands the frame in packet p (len bytes) to an irecv or to the caller; keeps a copy as the
  * pending header when it has a payload nobody expected. */
 static void deliver(sh_conn *c, const uint8_t *p, size_t len)
 {
     zs_frame f;
     zs_frame_decode(p + SH_HDR, &f); /* checked on arrival */
-    sh_req *r = expect_find(c, f.id);
+    sh_req *r = zs_rq_list_find(c->expect, f.id);
     if (r) {
-        list_del(&c->expect, r);
+        zs_rq_list_del(&c->expect, r);
         if (r->silent) {
             skip_payload(c, p);
-            req_free(r);
+            zs_rq_release(r);
         } else if (f.length > r->len) {
             r->frame = f;
             skip_payload(c, p);
@@ -624,7 +529,7 @@ static void deliver(sh_conn *c, const uint8_t *p, size_t len)
                        "shm %s: reply id %llu of %llu bytes exceeds the %llu posted", c->peer,
                        (unsigned long long)f.id, (unsigned long long)f.length,
                        (unsigned long long)r->len);
-            req_finish(r, ZS_ERR_INVALID, msg);
+            zs_rq_finish(r, ZS_ERR_INVALID, msg);
         } else {
             r->frame = f;
             take_payload(c, p, r);
@@ -722,16 +627,14 @@ static void on_packet(sh_conn *c, const uint8_t *p, size_t len, int fd)
     }
     if (kind == MSG_DONE) {
         uint64_t token = zs_le_get64(p + 16);
-        sh_req *r = c->await;
-        while (r && r->token != token)
-            r = r->next;
+        sh_req *r = zs_rq_list_token(c->await, token);
         if (!r) {
             conn_fail(c, ZS_ERR_FORMAT, "DONE for token %llu, which no send awaits",
                       (unsigned long long)token);
             return;
         }
-        list_del(&c->await, r);
-        req_finish(r, ZS_OK, NULL);
+        zs_rq_list_del(&c->await, r);
+        zs_rq_finish(r, ZS_OK, NULL);
         return;
     }
     zs_frame f;
@@ -855,22 +758,8 @@ static zs_err hello_check(const uint8_t *p, uint64_t len, const char *peer, pid_
 
 static void setup_refuse(sh_conn *c, const char *why)
 {
-    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_REFUSED, NULL, "shm");
-    if (e) {
-        e->listener = (zs_listener *)c->l;
-        zs_net_fmt(e->reason, sizeof e->reason, "shm %s: set-up failed: %s", c->peer, why);
-    }
-    if (c->tcp && !zs_tcp_conn_closed(c->tcp)) {
-        char text[ZS_NET_REASON_MAX];
-        zs_net_copy_str(text, sizeof text, why);
-        zs_frame f = {.op = ZS_OP_ERROR,
-                      .dtype = ZS_DTYPE_TEXT,
-                      .status = ZS_FS_BAD_FRAME,
-                      .id = SH_HELLO_ID,
-                      .length = strlen(text)};
-        zs_tcp_isend_inline(c->tcp, &f, text, NULL, NULL);
-        zs_tcp_flush(c->net->tcp);
-    }
+    zs_setup_refuse(&c->net->evq, c->net->tcp, c->tcp, (zs_listener *)c->l, SH_HELLO_ID, "shm",
+                    c->peer, why);
     conn_free(c);
 }
 
@@ -915,14 +804,9 @@ static void on_tcp_event(sh_net *n, zs_event *ev)
         nc->setup_deadline = zs_net_now_ms() + l->setup_ms;
         break;
     }
-    case ZS_EV_REFUSED: {
-        zs_event *e = zs_evq_push(&n->evq, ZS_EV_REFUSED, NULL, "shm");
-        if (e) {
-            e->listener = (zs_listener *)listener_of(n, ev->listener);
-            zs_net_copy_str(e->reason, sizeof e->reason, ev->reason);
-        }
+    case ZS_EV_REFUSED:
+        zs_setup_forward_refused(&n->evq, ev, (zs_listener *)listener_of(n, ev->listener), "shm");
         break;
-    }
     case ZS_EV_HEADER:
         if (!c)
             return;
@@ -1132,6 +1016,13 @@ static int net_run(sh_net *n, int64_t deadline, int (*ready)(void *), void *arg)
     }
 }
 
+/* net_run as core's driver of test() and wait(). */
+static zs_err net_drive(void *n, int64_t deadline, int (*ready)(void *), void *arg)
+{
+    net_run(n, deadline, ready, arg);
+    return ZS_OK;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the interface */
 
@@ -1158,6 +1049,8 @@ static zs_err sh_open(zs_net **out)
     /* Under Yama's ptrace_scope 1 a sibling could not read our memory; let any process of
      * this user do so (without Yama the call fails, and nothing needs lifting). */
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    n->reqs =
+        (zs_rq_pool){.who = "shm", .evq = &n->evq, .event_conn = event_conn, .run = net_drive};
     n->send_timeout_ms =
         env_int("ZS_SHM_SEND_TIMEOUT_MS", SH_DEFAULT_SEND_TIMEOUT_MS, 10, INT_MAX / 2);
     *out = (zs_net *)n;
@@ -1193,12 +1086,13 @@ static void sh_close(zs_net *nn)
         free(l);
     }
     while (n->mrs) {
-        sh_mr *m = n->mrs;
-        n->mrs = m->next;
+        sh_mr *m = (sh_mr *)n->mrs;
+        n->mrs = m->reg.next;
         if (m->memfd >= 0)
             close(m->memfd);
         free(m);
     }
+    zs_rq_pool_free(&n->reqs);
     zs_tcp_close(n->tcp);
     zs_evq_free(&n->evq);
     close(n->epfd);
@@ -1276,43 +1170,24 @@ static void sh_listener_close(zs_listener *ll)
         n->listeners = l->next;
     if (l->next)
         l->next->prev = l->prev;
-    for (size_t i = 0; i < n->evq.len; i++) {
-        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
-        if (e->type && e->listener == ll)
-            e->listener = NULL;
-    }
+    zs_evq_forget_listener(&n->evq, ll);
     free(l);
 }
 
-typedef struct {
-    sh_net *n;
-    sh_listener *l;
-    sh_conn *got;
-} accept_arg;
-
 static int accept_ready(void *arg)
 {
-    accept_arg *a = arg;
-    zs_evq *q = &a->n->evq;
-    for (size_t i = 0; i < q->len; i++) {
-        zs_event *e = &q->ring[(q->head + i) % q->cap];
-        if (e->type == ZS_EV_ACCEPT && e->listener == (zs_listener *)a->l) {
-            a->got = (sh_conn *)e->conn;
-            e->type = 0;
-            q->live--;
-            return 1;
-        }
-    }
-    return 0;
+    void **a = arg; /* the listener, then the connection taken */
+    sh_listener *l = a[0];
+    return (a[1] = zs_evq_take_accept(&l->net->evq, a[0])) != NULL;
 }
 
 static zs_err sh_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
 {
     sh_listener *l = (sh_listener *)ll;
-    accept_arg a = {.n = l->net, .l = l};
+    void *a[2] = {l, NULL};
     *out = NULL;
-    if (net_run(l->net, zs_net_deadline(timeout_ms), accept_ready, &a))
-        *out = (zs_conn *)a.got;
+    if (net_run(l->net, zs_net_deadline(timeout_ms), accept_ready, a))
+        *out = a[1];
     return ZS_OK;
 }
 
@@ -1322,7 +1197,7 @@ static zs_err sh_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts,
     *out = NULL;
     int timeout = opts && opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
     int64_t deadline = zs_net_now_ms() + timeout;
-    zs_conn_opts to = {.conns = 1, .connect_timeout_ms = timeout, .auth = opts ? opts->auth : NULL};
+    zs_conn_opts to = zs_setup_tcp_opts(opts, timeout);
     zs_conn *tc;
     ZS_CHECK(zs_tcp_connect(n->tcp, addr, &to, &tc));
     sh_conn *c;
@@ -1333,36 +1208,11 @@ static zs_err sh_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts,
     }
     zs_net_fmt(c->peer, sizeof c->peer, "%s", addr);
     hello_encode(n, c->hello, NULL, NULL);
-    zs_req *rr, *sr;
-    int done = 0;
-    zs_frame got;
-    ZS_CHECK_GOTO(zs_tcp_irecv(tc, SH_HELLO_ID, c->hello_mr, 0, SH_HELLO_BYTES, NULL, &rr), res,
-                  fail);
-    zs_frame f = {
-        .op = ZS_OP_HELLO, .dtype = ZS_DTYPE_TEXT, .id = SH_HELLO_ID, .length = SH_HELLO_BYTES};
-    res = zs_tcp_isend(tc, &f, c->hello_mr, 0, NULL, &sr);
-    if (res == ZS_OK)
-        res = zs_tcp_wait(sr, zs_net_remaining_ms(deadline), &done, NULL);
-    if (res == ZS_OK && !done)
-        res =
-            zs_error(ZS_ERR_IO, "shm %s: set-up: the hello did not go out in %d ms", addr, timeout);
-    if (res == ZS_OK)
-        res = zs_tcp_wait(rr, zs_net_remaining_ms(deadline), &done, &got);
-    if (res == ZS_OK && !done)
-        res = zs_error(ZS_ERR_IO, "shm %s: set-up: no answer within %d ms", addr, timeout);
-    if (!done)
-        zs_tcp_cancel(rr);
-    if (res != ZS_OK)
-        goto fail;
-    if (got.op == ZS_OP_ERROR) {
-        char text[SH_HELLO_BYTES + 1];
-        size_t len = got.length < SH_HELLO_BYTES ? got.length : SH_HELLO_BYTES;
-        memcpy(text, c->hello, len);
-        text[len] = '\0';
-        res = zs_error(ZS_ERR_IO, "shm %s: the server refused the set-up: %s", addr, text);
-        goto fail;
-    }
-    ZS_CHECK_GOTO(hello_check(c->hello, got.length, c->peer, &c->pid), res, fail);
+    uint64_t got;
+    ZS_CHECK_GOTO(zs_setup_exchange(tc, c->hello_mr, c->hello, SH_HELLO_BYTES, SH_HELLO_ID, "shm",
+                                    addr, timeout, deadline, &got),
+                  res, fail);
+    ZS_CHECK_GOTO(hello_check(c->hello, got, c->peer, &c->pid), res, fail);
     memcpy(c->key, c->hello + 56, SH_KEY);
     char name[SH_HELLO_BYTES];
     zs_net_copy_str(name, sizeof name, (const char *)c->hello + 72);
@@ -1471,12 +1321,12 @@ static int plain_anonymous(uintptr_t lo, uintptr_t hi)
  * pages (MADV_DONTFORK). */
 static void share_region(sh_net *n, sh_mr *m)
 {
-    if (m->len < SH_SHARE_MIN)
+    if (m->reg.len < SH_SHARE_MIN)
         return;
     long pg = sysconf(_SC_PAGESIZE);
-    uintptr_t lo = (uintptr_t)m->base & ~(uintptr_t)(pg - 1);
-    uintptr_t hi = ((uintptr_t)m->base + m->len + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-    for (sh_mr *o = n->mrs; o; o = o->next)
+    uintptr_t lo = (uintptr_t)m->reg.base & ~(uintptr_t)(pg - 1);
+    uintptr_t hi = ((uintptr_t)m->reg.base + m->reg.len + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+    for (sh_mr *o = (sh_mr *)n->mrs; o; o = (sh_mr *)o->reg.next)
         if (o->id && o->span < hi && lo < o->span + o->span_len)
             return;
     if (!plain_anonymous(lo, hi))
@@ -1500,7 +1350,7 @@ static void share_region(sh_net *n, sh_mr *m)
                    MAP_FAILED) {
         ZS_DEBUG("shm: region of %zu bytes stays private (%s); peers read it with "
                  "process_vm_readv",
-                 m->len, strerror(errno));
+                 m->reg.len, strerror(errno));
         close(fd);
         return;
     }
@@ -1518,17 +1368,12 @@ static zs_err sh_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
     sh_mr *m = calloc(1, sizeof *m);
     if (!m)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
-    m->net = n;
-    m->base = base;
-    m->len = len;
-    m->access = access;
+    m->reg.base = base;
+    m->reg.len = len;
     m->memfd = -1;
     if ((access & ZS_MR_SEND) && len > 0)
         share_region(n, m);
-    m->next = n->mrs;
-    if (n->mrs)
-        n->mrs->prev = m;
-    n->mrs = m;
+    zs_region_add(&n->mrs, &m->reg, n, base, len, access);
     *out = (zs_mr *)m;
     return ZS_OK;
 }
@@ -1538,20 +1383,18 @@ static zs_err sh_dereg_mr(zs_mr *mm)
     sh_mr *m = (sh_mr *)mm;
     if (!m)
         return ZS_OK;
-    if (m->refs > 0)
-        return zs_error(ZS_ERR_INVALID, "shm: region of %zu bytes is used by %ld request(s)",
-                        m->len, m->refs);
-    sh_net *n = m->net;
-    if (m->prev)
-        m->prev->next = m->next;
-    else
-        n->mrs = m->next;
-    if (m->next)
-        m->next->prev = m->prev;
+    sh_net *n = (sh_net *)m->reg.net;
+    ZS_CHECK(zs_region_remove(&n->mrs, &m->reg, "shm"));
     if (m->memfd >= 0)
         close(m->memfd); /* the pages stay mapped here; peers that mapped them keep theirs */
     free(m);
     return ZS_OK;
+}
+
+static zs_err check_region(const sh_conn *c, const char *what, const sh_mr *m, size_t off,
+                           uint64_t len, int access)
+{
+    return zs_region_check("shm", what, c->peer, c->net, m ? &m->reg : NULL, off, len, access);
 }
 
 static zs_err check_open(const sh_conn *c, const char *what)
@@ -1575,7 +1418,7 @@ static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_
     if (zs_frame_decode(pkt + SH_HDR, &f) != ZS_OK)
         return zs_error(ZS_ERR_INVALID, "shm %s: send of a bad frame: %s", c->peer,
                         zs_last_error());
-    sh_req *r = req_new(c->net, RQ_SEND, c, user, out != NULL);
+    sh_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_SEND, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
     r->frame = f;
@@ -1587,15 +1430,15 @@ static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_
         if (f.length)
             memcpy(pkt + len, src, f.length);
         send_pkt(c, pkt, len + f.length);
-        req_finish(r, c->closed ? ZS_ERR_IO : ZS_OK, c->reason);
+        zs_rq_finish(r, c->closed ? ZS_ERR_IO : ZS_OK, c->reason);
         return ZS_OK;
     }
     r->token = ++c->next_token;
-    r->mr = m;
-    m->refs++;
-    r->state = RQ_AWAIT;
+    r->mr = &m->reg;
+    m->reg.refs++;
+    r->state = ZS_RQ_AWAIT;
     r->deadline = zs_net_now_ms() + c->net->send_timeout_ms;
-    list_add(&c->await, r);
+    zs_rq_list_add(&c->await, r);
     header(pkt, MSG_RNDV, 0, r->token, (uintptr_t)src);
     if (m->id) {
         offer_region(c, m);
@@ -1612,9 +1455,8 @@ static zs_err sh_isend(zs_conn *cc, const zs_frame *f, zs_mr *mm, size_t off, vo
     sh_mr *m = (sh_mr *)mm;
     if (out)
         *out = NULL;
-    ZS_CHECK(zs_net_check_region("shm", "send", c->peer, m != NULL, m ? m->len : 0,
-                                 m ? m->access : 0, off, f->length, ZS_MR_SEND));
-    return send_frame(c, f, m, m ? m->base + off : NULL, user, out);
+    ZS_CHECK(check_region(c, "send", m, off, f->length, ZS_MR_SEND));
+    return send_frame(c, f, m, m ? m->reg.base + off : NULL, user, out);
 }
 
 static zs_err sh_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, void *user,
@@ -1638,27 +1480,8 @@ static zs_err sh_irecv(zs_conn *cc, uint64_t id, zs_mr *mm, size_t off, size_t c
     if (out)
         *out = NULL;
     ZS_CHECK(check_open(c, "receive"));
-    ZS_CHECK(zs_net_check_region("shm", "receive", c->peer, m != NULL, m ? m->len : 0,
-                                 m ? m->access : 0, off, cap, ZS_MR_RECV));
-    if (expect_find(c, id))
-        return zs_error(ZS_ERR_INVALID, "shm %s: a receive for id %llu is already posted", c->peer,
-                        (unsigned long long)id);
-    sh_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
-    if (!r)
-        return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
-    r->id = id;
-    r->frame.id = id;
-    r->len = cap;
-    if (cap) {
-        r->mr = m;
-        m->refs++;
-        r->buf = m->base + off;
-    }
-    r->state = RQ_EXPECTED;
-    list_add(&c->expect, r);
-    if (out)
-        *out = (zs_req *)r;
-    return ZS_OK;
+    return zs_rq_expect(&c->net->reqs, c->net, c, c->peer, &c->expect, id, m ? &m->reg : NULL, off,
+                        cap, user, out);
 }
 
 static zs_err pending_frame(sh_conn *c, const char *what, zs_frame *f)
@@ -1685,16 +1508,13 @@ static zs_err sh_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs
         *out = NULL;
     zs_frame f;
     ZS_CHECK(pending_frame(c, "recv_payload", &f));
-    ZS_CHECK(zs_net_check_region("shm", "receive", c->peer, m != NULL, m ? m->len : 0,
-                                 m ? m->access : 0, off, f.length, ZS_MR_RECV));
-    sh_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    ZS_CHECK(check_region(c, "receive", m, off, f.length, ZS_MR_RECV));
+    sh_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_RECV, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
     r->frame = f;
     r->id = f.id;
-    r->mr = m;
-    m->refs++;
-    r->buf = m->base + off;
+    zs_rq_use(r, &m->reg, off);
     if (out)
         *out = (zs_req *)r;
     sh_pkt *p = c->pending;
@@ -1715,63 +1535,32 @@ static zs_err sh_discard(zs_conn *cc)
     return ZS_OK;
 }
 
-static zs_err report(sh_req *r, int *done, zs_frame *f)
-{
-    *done = r->state == RQ_DONE;
-    if (!*done)
-        return ZS_OK;
-    if (f)
-        *f = r->frame;
-    zs_err st = r->status;
-    if (st != ZS_OK)
-        zs_error(st, "%s", r->err);
-    req_free(r);
-    return st;
-}
-
-static int req_ready(void *arg)
-{
-    return ((sh_req *)arg)->state == RQ_DONE;
-}
-
 static zs_err sh_test(zs_req *rq, int *done, zs_frame *f)
 {
-    sh_req *r = (sh_req *)rq;
-    if (r->state != RQ_DONE)
-        net_turn(r->net, 0);
-    return report(r, done, f);
+    return zs_rq_wait((sh_req *)rq, 0, done, f, "test");
 }
 
 static zs_err sh_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
 {
-    sh_req *r = (sh_req *)rq;
-    if (r->state != RQ_DONE)
-        net_run(r->net, zs_net_deadline(timeout_ms), req_ready, r);
-    return report(r, done, f);
+    return zs_rq_wait((sh_req *)rq, timeout_ms, done, f, "wait");
 }
 
 static zs_err sh_cancel(zs_req *rq)
 {
     sh_req *r = (sh_req *)rq;
+    ZS_CHECK(zs_rq_check_handle(r, "cancel"));
     switch (r->state) {
-    case RQ_EXPECTED:
-        /* Kept without a buffer, so a late reply with this id is skipped. */
-        if (r->mr) {
-            r->mr->refs--;
-            r->mr = NULL;
-        }
-        r->buf = NULL;
-        r->silent = 1;
-        r->handle = 0;
+    case ZS_RQ_EXPECTED:
+        zs_rq_orphan(r);
         return ZS_OK;
-    case RQ_AWAIT:
+    case ZS_RQ_AWAIT:
         return zs_error(ZS_ERR_INVALID,
                         "shm %s: send of %s id %llu is being read by the peer; it cannot be "
                         "recalled",
-                        r->conn->peer, zs_frame_op_name(r->frame.op),
+                        ((sh_conn *)r->conn)->peer, zs_frame_op_name(r->frame.op),
                         (unsigned long long)r->frame.id);
     default:
-        req_free(r);
+        zs_rq_release(r);
         return ZS_OK;
     }
 }

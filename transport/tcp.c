@@ -68,7 +68,6 @@
 #define TCP_EPOLL_BATCH 64
 #define TCP_ACCEPT_BATCH 64
 #define TCP_BACKLOG 1024
-#define TCP_REQ_SLAB 64
 #define TCP_PEER_MAX 80
 
 /* Defaults of the tunables (tcp.h). */
@@ -105,52 +104,16 @@ enum { HS_OK = 0, HS_UNKNOWN_MEMBER = 1, HS_BAD_HELLO = 2, HS_BAD_PROOF = 3, HS_
 enum { K_LISTENER = 1, K_SOCK = 2, K_HS = 3 };
 enum { HS_READ_HELLO, HS_WRITE_CHALLENGE, HS_READ_PROOF, HS_WRITE_RESULT, HS_WRITE_REFUSAL };
 enum { RS_HDR, RS_BODY, RS_SKIP, RS_PENDING, RS_PARKED };
-enum { RQ_SEND = 1, RQ_RECV = 2 };
-/* A request's state: on a send queue, expected (irecv posted), receiving its payload, done. */
-enum { RQ_IDLE, RQ_QUEUED, RQ_EXPECTED, RQ_ACTIVE, RQ_DONE };
 
 typedef struct tcp_net tcp_net;
 typedef struct tcp_conn tcp_conn;
 typedef struct tcp_sock tcp_sock;
-typedef struct tcp_req tcp_req;
-typedef struct tcp_mr tcp_mr;
+/* Requests and regions are core's (core.h): a request on a socket's send queue or being read
+ * from one has that socket in r->at (ZS_RQ_QUEUED, ZS_RQ_ACTIVE). */
+typedef zs_rq tcp_req;
+typedef zs_region tcp_mr;
 typedef struct tcp_listener tcp_listener;
 typedef struct tcp_hs tcp_hs;
-
-struct tcp_mr {
-    tcp_net *net;
-    uint8_t *base;
-    size_t len; /* bytes */
-    int access; /* ZS_MR_SEND | ZS_MR_RECV */
-    long refs;  /* requests using the region */
-    tcp_mr *prev, *next;
-};
-
-struct tcp_req {
-    tcp_net *net;
-    tcp_conn *conn;       /* NULL once done, for a handle */
-    tcp_sock *sock;       /* RQ_QUEUED: the send queue it is on; RQ_ACTIVE: the socket reading it */
-    int kind;             /* RQ_SEND, RQ_RECV */
-    int state;            /* RQ_* */
-    int handle;           /* the caller holds a zs_req: no event */
-    int silent;           /* a cancelled irecv kept to skip its late reply: no outcome at all */
-    zs_err status;        /* the outcome, once done */
-    void *user;           /* the caller's cookie */
-    zs_frame frame;       /* send: the frame sent; recv: the frame received (id only until then) */
-    uint8_t hdr[TCP_HDR]; /* send: the encoded header */
-    tcp_mr *mr;           /* the region buf lies in, referenced until done; NULL for inline */
-    uint8_t *buf;         /* send: payload source; recv: destination */
-    uint64_t len;         /* send: payload bytes; recv: capacity of buf */
-    uint8_t *inline_buf;  /* isend_inline's copy of the payload (owned) */
-    uint64_t id;          /* irecv: the id expected */
-    tcp_req *prev, *next; /* send queue, expected list or free list */
-    char err[ZS_NET_REASON_MAX];
-};
-
-typedef struct req_slab {
-    struct req_slab *next;
-    tcp_req reqs[TCP_REQ_SLAB];
-} req_slab;
 
 struct tcp_sock {
     int kind; /* K_SOCK: first, so that an epoll pointer tells listener from socket */
@@ -235,9 +198,8 @@ struct tcp_net {
     tcp_listener *listeners;
     tcp_hs *handshakes; /* accepted streams in their handshake */
     int n_handshakes;
-    tcp_mr *mrs;
-    tcp_req *free_reqs;
-    req_slab *slabs;
+    zs_region *mrs;
+    zs_rq_pool reqs;
     uint8_t *scratch; /* TCP_SCRATCH_BYTES */
     int batch_sends;  /* zs_net_opts.batch_sends resolved: sends wait for the next turn */
     int poll_skipped; /* the last poll() handed out queued events without a turn of I/O */
@@ -380,102 +342,6 @@ static zs_event *evq_push(tcp_net *n, zs_ev_type type, tcp_conn *c)
 /* ---------------------------------------------------------------------------------------- */
 /* requests */
 
-static tcp_req *req_new(tcp_net *n, int kind, tcp_conn *c, void *user, int handle)
-{
-    if (!n->free_reqs) {
-        req_slab *sl = calloc(1, sizeof *sl);
-        if (!sl)
-            return NULL;
-        sl->next = n->slabs;
-        n->slabs = sl;
-        for (int i = 0; i < TCP_REQ_SLAB; i++) {
-            sl->reqs[i].next = n->free_reqs;
-            n->free_reqs = &sl->reqs[i];
-        }
-    }
-    tcp_req *r = n->free_reqs;
-    n->free_reqs = r->next;
-    memset(r, 0, offsetof(tcp_req, err));
-    r->err[0] = '\0';
-    r->net = n;
-    r->kind = kind;
-    r->conn = c;
-    r->user = user;
-    r->handle = handle;
-    return r;
-}
-
-static void req_release(tcp_req *r)
-{
-    tcp_net *n = r->net;
-    if (r->mr) {
-        r->mr->refs--;
-        r->mr = NULL;
-    }
-    free(r->inline_buf);
-    r->inline_buf = NULL;
-    r->state = RQ_IDLE;
-    r->handle = 0;
-    r->next = n->free_reqs;
-    n->free_reqs = r;
-}
-
-/* Completes r with status st (message msg when st fails): a handle keeps the outcome for
- * test()/wait(); otherwise it becomes an event and the request is freed. */
-static void req_finish(tcp_req *r, zs_err st, const char *msg)
-{
-    if (r->mr) {
-        r->mr->refs--;
-        r->mr = NULL;
-    }
-    r->status = st;
-    if (st == ZS_OK)
-        r->err[0] = '\0';
-    else if (msg != r->err)
-        zs_net_copy_str(r->err, sizeof r->err, msg);
-    r->state = RQ_DONE;
-    r->sock = NULL;
-    r->prev = r->next = NULL;
-    if (r->silent) {
-        req_release(r);
-        return;
-    }
-    if (r->handle) {
-        r->conn = NULL;
-        return;
-    }
-    zs_evq_outcome(&r->net->evq, r->kind == RQ_SEND, (zs_conn *)r->conn, &r->frame, r->user, st,
-                   r->err, "tcp");
-    req_release(r);
-}
-
-/* Fails r because its connection went away: "send of push id 7: tcp PEER: reason". */
-static void req_fail_conn(tcp_req *r, const char *reason)
-{
-    char msg[ZS_NET_REASON_MAX];
-    zs_net_fail_text(msg, sizeof msg, r->kind == RQ_SEND, &r->frame, reason);
-    req_finish(r, ZS_ERR_IO, msg);
-}
-
-static void expect_unlink(tcp_conn *c, tcp_req *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        c->expect = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    r->prev = r->next = NULL;
-}
-
-static tcp_req *expect_find(tcp_conn *c, uint64_t id)
-{
-    for (tcp_req *r = c->expect; r; r = r->next)
-        if (r->id == id)
-            return r;
-    return NULL;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* connections */
 
@@ -566,21 +432,21 @@ static void conn_fail(tcp_conn *c, zs_err err, int notify, const char *why, ...)
         while (s->sq_head) {
             tcp_req *r = s->sq_head;
             s->sq_head = r->next;
-            req_fail_conn(r, c->reason);
+            zs_rq_fail_conn(r, c->reason);
         }
         s->sq_tail = NULL;
         s->sq_off = s->sq_bytes = 0;
         if (s->rreq) {
             tcp_req *r = s->rreq;
             s->rreq = NULL;
-            req_fail_conn(r, c->reason);
+            zs_rq_fail_conn(r, c->reason);
         }
         s->rstate = RS_HDR;
     }
     while (c->expect) {
         tcp_req *r = c->expect;
-        expect_unlink(c, r);
-        req_fail_conn(r, c->reason);
+        zs_rq_list_del(&c->expect, r);
+        zs_rq_fail_conn(r, c->reason);
     }
     c->pending = NULL;
     if (notify) {
@@ -702,7 +568,7 @@ static void sock_write(tcp_sock *s)
             s->sq_head = r->next;
             if (!s->sq_head)
                 s->sq_tail = NULL;
-            req_finish(r, ZS_OK, NULL);
+            zs_rq_finish(r, ZS_OK, NULL);
         }
         if ((uint64_t)w >= budget) {
             if (s->sq_head)
@@ -718,8 +584,8 @@ static void sock_write(tcp_sock *s)
 static void send_enqueue(tcp_conn *c, tcp_req *r)
 {
     tcp_sock *s = conn_pick(c);
-    r->sock = s;
-    r->state = RQ_QUEUED;
+    r->at = s;
+    r->state = ZS_RQ_QUEUED;
     r->next = NULL;
     if (s->sq_tail)
         s->sq_tail->next = r;
@@ -754,8 +620,8 @@ static void sock_start_body(tcp_sock *s, uint8_t *dst, tcp_req *r)
     s->rleft = s->frame.length;
     s->rgot = 0;
     if (r) {
-        r->state = RQ_ACTIVE;
-        r->sock = s;
+        r->state = ZS_RQ_ACTIVE;
+        r->at = s;
     }
 }
 
@@ -818,9 +684,9 @@ static void sock_on_header(tcp_sock *s)
         return;
     }
     s->frame = f;
-    tcp_req *r = expect_find(c, f.id);
+    tcp_req *r = zs_rq_list_find(c->expect, f.id);
     if (r) {
-        expect_unlink(c, r);
+        zs_rq_list_del(&c->expect, r);
         r->frame = f;
         if (f.length > r->len) {
             r->status = ZS_ERR_FORMAT;
@@ -831,7 +697,7 @@ static void sock_on_header(tcp_sock *s)
                        (unsigned long long)f.length, (unsigned long long)r->len);
             sock_start_body(s, NULL, r);
         } else if (f.length == 0) {
-            req_finish(r, ZS_OK, NULL);
+            zs_rq_finish(r, ZS_OK, NULL);
         } else {
             sock_start_body(s, r->buf, r);
         }
@@ -859,9 +725,9 @@ static void sock_on_body_done(tcp_sock *s)
     s->rdst = NULL;
     if (r) {
         if (was == RS_BODY)
-            req_finish(r, ZS_OK, NULL);
+            zs_rq_finish(r, ZS_OK, NULL);
         else
-            req_finish(r, r->status, r->err);
+            zs_rq_finish(r, r->status, r->err);
     }
 }
 
@@ -1023,6 +889,17 @@ static zs_err net_turn(tcp_net *n, int timeout_ms, int (*ready)(void *), void *a
     return ZS_OK;
 }
 
+/* Turns until ready(arg) or the deadline: the driver of core's test() and wait(). */
+static zs_err net_run(void *nn, int64_t deadline, int (*ready)(void *), void *arg)
+{
+    for (;;) {
+        int left = zs_net_remaining_ms(deadline);
+        ZS_CHECK(net_turn(nn, left, ready, arg));
+        if (ready(arg) || left == 0)
+            return ZS_OK;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the interface */
 
@@ -1043,6 +920,7 @@ zs_err zs_tcp_open(zs_net **out)
     if (!n)
         return zs_error(ZS_ERR_NOMEM, "tcp: out of memory for a net");
     n->batch_sends = batch == 1;
+    n->reqs = (zs_rq_pool){.who = "tcp", .evq = &n->evq, .run = net_run};
     n->scratch = malloc(TCP_SCRATCH_BYTES);
     if (!n->scratch)
         goto fail_scratch;
@@ -1074,13 +952,7 @@ void zs_tcp_close(zs_net *nn)
         n->mrs = m->next;
         free(m);
     }
-    while (n->slabs) {
-        req_slab *sl = n->slabs;
-        n->slabs = sl->next;
-        for (int i = 0; i < TCP_REQ_SLAB; i++)
-            free(sl->reqs[i].inline_buf);
-        free(sl);
-    }
+    zs_rq_pool_free(&n->reqs);
     zs_evq_free(&n->evq);
     free(n->scratch);
     close(n->epfd);
@@ -1182,16 +1054,7 @@ void zs_tcp_listener_close(zs_listener *ll)
         return;
     tcp_net *n = l->net;
     /* Queued ZS_EV_ACCEPT events keep their connections but lose the listener pointer. */
-    for (size_t i = 0; i < n->evq.len; i++) {
-        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
-        if (e->type == ZS_EV_ACCEPT && e->listener == ll)
-            e->listener = NULL;
-    }
-    for (size_t i = 0; i < n->evq.len; i++) {
-        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
-        if (e->type == ZS_EV_REFUSED && e->listener == ll)
-            e->listener = NULL;
-    }
+    zs_evq_forget_listener(&n->evq, ll);
     /* Its streams still in their handshake go with it, unreported. */
     for (tcp_hs *hs = n->handshakes, *nx; hs; hs = nx) {
         nx = hs->next;
@@ -1531,21 +1394,6 @@ typedef struct {
     zs_listener *l;
 } accept_arg;
 
-/* Takes the first queued ZS_EV_ACCEPT of a->l out of the queue; NULL if none. */
-static tcp_conn *take_accept(accept_arg *a)
-{
-    tcp_net *n = a->net;
-    for (size_t i = 0; i < n->evq.len; i++) {
-        zs_event *e = &n->evq.ring[(n->evq.head + i) % n->evq.cap];
-        if (e->type == ZS_EV_ACCEPT && e->listener == a->l) {
-            e->type = 0;
-            n->evq.live--;
-            return (tcp_conn *)e->conn;
-        }
-    }
-    return NULL;
-}
-
 static int accept_ready(void *arg)
 {
     accept_arg *a = arg;
@@ -1565,16 +1413,16 @@ zs_err zs_tcp_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
     int64_t deadline = zs_net_deadline(timeout_ms);
     *out = NULL;
     for (;;) {
-        tcp_conn *c = take_accept(&a);
+        zs_conn *c = zs_evq_take_accept(&a.net->evq, ll);
         if (c) {
-            *out = (zs_conn *)c;
+            *out = c;
             return ZS_OK;
         }
         int left = zs_net_remaining_ms(deadline);
         if (left == 0 && timeout_ms >= 0) {
             /* one last non-blocking turn so that timeout 0 still accepts what is waiting */
             ZS_CHECK(net_turn(l->net, 0, accept_ready, &a));
-            *out = (zs_conn *)take_accept(&a);
+            *out = zs_evq_take_accept(&a.net->evq, ll);
             return ZS_OK;
         }
         ZS_CHECK(net_turn(l->net, left, accept_ready, &a));
@@ -1846,17 +1694,10 @@ zs_err zs_tcp_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out
     if (access <= 0 || (access & ~(ZS_MR_SEND | ZS_MR_RECV)))
         return zs_error(ZS_ERR_INVALID, "tcp reg_mr: access %d is not ZS_MR_SEND | ZS_MR_RECV",
                         access);
-    tcp_mr *m = calloc(1, sizeof *m);
+    tcp_mr *m = malloc(sizeof *m);
     if (!m)
         return zs_error(ZS_ERR_NOMEM, "tcp reg_mr: out of memory");
-    m->net = n;
-    m->base = base;
-    m->len = len;
-    m->access = access;
-    m->next = n->mrs;
-    if (n->mrs)
-        n->mrs->prev = m;
-    n->mrs = m;
+    zs_region_add(&n->mrs, m, n, base, len, access);
     *out = (zs_mr *)m;
     return ZS_OK;
 }
@@ -1866,18 +1707,8 @@ zs_err zs_tcp_dereg_mr(zs_mr *mm)
     tcp_mr *m = (tcp_mr *)mm;
     if (!m)
         return ZS_OK;
-    if (m->refs)
-        return zs_error(ZS_ERR_INVALID,
-                        "tcp dereg_mr: region of %zu bytes at %p: %ld requests "
-                        "still use it",
-                        m->len, (void *)m->base, m->refs);
-    tcp_net *n = m->net;
-    if (m->prev)
-        m->prev->next = m->next;
-    else
-        n->mrs = m->next;
-    if (m->next)
-        m->next->prev = m->prev;
+    tcp_net *n = (tcp_net *)m->net;
+    ZS_CHECK(zs_region_remove(&n->mrs, m, "tcp"));
     free(m);
     return ZS_OK;
 }
@@ -1886,11 +1717,7 @@ zs_err zs_tcp_dereg_mr(zs_mr *mm)
 static zs_err check_region(const tcp_conn *c, const char *what, const tcp_mr *mr, size_t off,
                            uint64_t len, int access)
 {
-    if (len && mr && mr->net != c->net)
-        return zs_error(ZS_ERR_INVALID, "tcp %s %s: the region belongs to another net", what,
-                        c->peer);
-    return zs_net_check_region("tcp", what, c->peer, mr != NULL, mr ? mr->len : 0,
-                               mr ? mr->access : 0, off, len, access);
+    return zs_region_check("tcp", what, c->peer, c->net, mr, off, len, access);
 }
 
 static zs_err check_open(const tcp_conn *c, const char *what)
@@ -1921,18 +1748,15 @@ zs_err zs_tcp_isend(zs_conn *cc, const zs_frame *f, zs_mr *mm, size_t off, void 
     ZS_CHECK(check_open(c, "isend"));
     ZS_CHECK(encode_checked(c, "isend", f, hdr));
     ZS_CHECK(check_region(c, "isend", mr, off, f->length, ZS_MR_SEND));
-    tcp_req *r = req_new(c->net, RQ_SEND, c, user, out != NULL);
+    tcp_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_SEND, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "tcp isend %s: out of memory", c->peer);
     r->frame = *f;
     r->frame.version = ZS_FRAME_VERSION;
     memcpy(r->hdr, hdr, TCP_HDR);
     r->len = f->length;
-    if (f->length) {
-        r->mr = mr;
-        mr->refs++;
-        r->buf = mr->base + off;
-    }
+    if (f->length)
+        zs_rq_use(r, mr, off);
     if (out)
         *out = (zs_req *)r;
     send_enqueue(c, r); /* r may be finished, and freed if it has no handle */
@@ -1963,7 +1787,7 @@ zs_err zs_tcp_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, voi
             return zs_error(ZS_ERR_NOMEM, "tcp isend_inline %s: out of memory", c->peer);
         memcpy(copy, data, f->length);
     }
-    tcp_req *r = req_new(c->net, RQ_SEND, c, user, out != NULL);
+    tcp_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_SEND, c, user, out != NULL);
     if (!r) {
         free(copy);
         return zs_error(ZS_ERR_NOMEM, "tcp isend_inline %s: out of memory", c->peer);
@@ -1984,33 +1808,11 @@ zs_err zs_tcp_irecv(zs_conn *cc, uint64_t id, zs_mr *mm, size_t off, size_t cap,
                     zs_req **out)
 {
     tcp_conn *c = (tcp_conn *)cc;
-    tcp_mr *mr = (tcp_mr *)mm;
     if (out)
         *out = NULL;
     ZS_CHECK(check_open(c, "irecv"));
-    ZS_CHECK(check_region(c, "irecv", mr, off, cap, ZS_MR_RECV));
-    if (expect_find(c, id))
-        return zs_error(ZS_ERR_INVALID, "tcp irecv %s: id %llu is already expected", c->peer,
-                        (unsigned long long)id);
-    tcp_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
-    if (!r)
-        return zs_error(ZS_ERR_NOMEM, "tcp irecv %s: out of memory", c->peer);
-    r->id = id;
-    r->frame.id = id;
-    r->len = cap;
-    if (cap) {
-        r->mr = mr;
-        mr->refs++;
-        r->buf = mr->base + off;
-    }
-    r->state = RQ_EXPECTED;
-    r->next = c->expect;
-    if (c->expect)
-        c->expect->prev = r;
-    c->expect = r;
-    if (out)
-        *out = (zs_req *)r;
-    return ZS_OK;
+    return zs_rq_expect(&c->net->reqs, c->net, c, c->peer, &c->expect, id, (tcp_mr *)mm, off, cap,
+                        user, out);
 }
 
 zs_err zs_tcp_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs_req **out)
@@ -2027,15 +1829,13 @@ zs_err zs_tcp_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs_re
                         "pending",
                         c->peer);
     ZS_CHECK(check_region(c, "recv_payload", mr, off, s->frame.length, ZS_MR_RECV));
-    tcp_req *r = req_new(c->net, RQ_RECV, c, user, out != NULL);
+    tcp_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_RECV, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "tcp recv_payload %s: out of memory", c->peer);
     r->frame = s->frame;
     r->id = s->frame.id;
     r->len = s->frame.length;
-    r->mr = mr;
-    mr->refs++;
-    r->buf = mr->base + off;
+    zs_rq_use(r, mr, off);
     c->pending = NULL;
     sock_start_body(s, r->buf, r);
     sock_mark_dirty(s);
@@ -2060,78 +1860,26 @@ zs_err zs_tcp_discard(zs_conn *cc)
     return ZS_OK;
 }
 
-static int req_done(void *arg)
-{
-    return ((tcp_req *)arg)->state == RQ_DONE;
-}
-
-/* Reports a finished handle and frees it. */
-static zs_err req_report(tcp_req *r, int *done, zs_frame *f)
-{
-    *done = 1;
-    if (f)
-        *f = r->frame;
-    zs_err st = r->status;
-    if (st != ZS_OK)
-        zs_error(st, "%s", r->err);
-    req_release(r);
-    return st;
-}
-
-static zs_err check_handle(const tcp_req *r, const char *what)
-{
-    if (!r || !r->handle || r->state == RQ_IDLE)
-        return zs_error(ZS_ERR_INVALID, "tcp %s: not a live request handle", what);
-    return ZS_OK;
-}
-
 zs_err zs_tcp_test(zs_req *rq, int *done, zs_frame *f)
 {
-    tcp_req *r = (tcp_req *)rq;
-    *done = 0;
-    ZS_CHECK(check_handle(r, "test"));
-    if (r->state != RQ_DONE)
-        ZS_CHECK(net_turn(r->net, 0, req_done, r));
-    if (r->state != RQ_DONE)
-        return ZS_OK;
-    return req_report(r, done, f);
+    return zs_rq_wait((tcp_req *)rq, 0, done, f, "test");
 }
 
 zs_err zs_tcp_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
 {
-    tcp_req *r = (tcp_req *)rq;
-    *done = 0;
-    ZS_CHECK(check_handle(r, "wait"));
-    int64_t deadline = zs_net_deadline(timeout_ms);
-    while (r->state != RQ_DONE) {
-        int left = zs_net_remaining_ms(deadline);
-        ZS_CHECK(net_turn(r->net, left, req_done, r));
-        if (r->state != RQ_DONE && left == 0)
-            return ZS_OK;
-    }
-    return req_report(r, done, f);
+    return zs_rq_wait((tcp_req *)rq, timeout_ms, done, f, "wait");
 }
 
 zs_err zs_tcp_cancel(zs_req *rq)
 {
     tcp_req *r = (tcp_req *)rq;
-    ZS_CHECK(check_handle(r, "cancel"));
+    ZS_CHECK(zs_rq_check_handle(r, "cancel"));
     switch (r->state) {
-    case RQ_EXPECTED:
-        /* The reply may still come; the request stays expected, without a destination and
-         * without an owner, so that the reply is skipped (and the stream stays in sync)
-         * rather than surfacing as an unexpected header. */
-        if (r->mr) {
-            r->mr->refs--;
-            r->mr = NULL;
-        }
-        r->buf = NULL;
-        r->len = 0;
-        r->handle = 0;
-        r->silent = 1;
+    case ZS_RQ_EXPECTED:
+        zs_rq_orphan(r);
         return ZS_OK;
-    case RQ_ACTIVE: {
-        tcp_sock *s = r->sock;
+    case ZS_RQ_ACTIVE: {
+        tcp_sock *s = r->at;
         s->rreq = NULL;
         if (s->rstate == RS_BODY) {
             s->rstate = RS_SKIP;
@@ -2139,13 +1887,13 @@ zs_err zs_tcp_cancel(zs_req *rq)
         }
         break;
     }
-    case RQ_QUEUED: {
-        tcp_sock *s = r->sock;
+    case ZS_RQ_QUEUED: {
+        tcp_sock *s = r->at;
         if (s->sq_head == r && s->sq_off > 0)
             return zs_error(ZS_ERR_INVALID,
                             "tcp cancel %s: the send of %s id %llu is partly "
                             "written (%llu of %llu bytes) and cannot be recalled",
-                            r->conn->peer, zs_frame_op_name(r->frame.op),
+                            ((tcp_conn *)r->conn)->peer, zs_frame_op_name(r->frame.op),
                             (unsigned long long)r->frame.id, (unsigned long long)s->sq_off,
                             (unsigned long long)(TCP_HDR + r->len));
         tcp_req *prev = NULL;
@@ -2160,10 +1908,10 @@ zs_err zs_tcp_cancel(zs_req *rq)
         s->sq_bytes -= TCP_HDR + r->len;
         break;
     }
-    default: /* RQ_DONE: the outcome is dropped */
+    default: /* ZS_RQ_DONE: the outcome is dropped */
         break;
     }
-    req_release(r);
+    zs_rq_release(r);
     return ZS_OK;
 }
 
