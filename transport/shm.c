@@ -464,7 +464,11 @@ static int pull(pid_t pid, uint8_t *dst, uint64_t raddr, uint64_t len)
     return 0;
 }
 
-/* Completes receive r of the frame in packet p (its length checked by the caller). */
+/* Completes receive r of the frame in packet p (its length checked by the caller) on c, which
+ * is open.  r's outcome comes before anything that fails c: a failure puts r among c's
+ * expected receives first, so that conn_fail fails it before it queues ZS_EV_CLOSED, and a
+ * successful read completes r before the DONE that may find the peer gone (transport.h:
+ * "all its requests were completed (failed) before this event"). */
 static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
 {
     uint64_t len = r->frame.length;
@@ -483,9 +487,9 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
             if (c->regions[i].id == id)
                 g = &c->regions[i];
         if (!g || addr < g->base || len > g->len || addr - g->base > g->len - len) {
+            zs_rq_list_add(&c->expect, r);
             conn_fail(c, ZS_ERR_FORMAT, "a payload of %llu bytes at 0x%llx outside region %u",
                       (unsigned long long)len, (unsigned long long)addr, id);
-            zs_rq_fail_conn(r, c->reason);
             return;
         }
         memcpy(r->buf, g->map + (addr - g->base), len);
@@ -493,14 +497,14 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
         err = pull(c->pid, r->buf, addr, len);
     }
     if (err) {
+        zs_rq_list_add(&c->expect, r);
         conn_fail(c, ZS_ERR_IO, "reading a %llu-byte payload from the peer's memory: %s%s",
                   (unsigned long long)len, strerror(err),
                   err == ESRCH ? " (the peer is gone; mid-payload)" : " (mid-payload)");
-        zs_rq_fail_conn(r, c->reason);
         return;
     }
-    send_done(c, zs_le_get64(p + 16), 0);
     zs_rq_finish(r, ZS_OK, NULL);
+    send_done(c, zs_le_get64(p + 16), 0);
 }
 
 static void skip_payload(sh_conn *c, const uint8_t *p)
