@@ -26,8 +26,11 @@
  * usage: bench_data_plane ZSHARD [reps=5]
  */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -54,25 +57,49 @@ typedef struct {
 static void *writer(void *p)
 {
     writer_args *w = p;
-    for (size_t done = 0; done < w->total; done += w->msg) {
-        size_t len = w->total - done < w->msg ? w->total - done : w->msg;
-        size_t off = 0;
-        const char *from = w->src + (w->reuse ? 0 : done);
-        while (off < len) {
-            ssize_t n = write(w->fd, from + off, len - off);
-            if (n <= 0)
-                return NULL;
-            off += (size_t)n;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t done = 0; done < w->total; done += w->msg) {
+            size_t len = w->total - done < w->msg ? w->total - done : w->msg;
+            size_t off = 0;
+            const char *from = w->src + (w->reuse ? 0 : done);
+            while (off < len) {
+                ssize_t n = write(w->fd, from + off, len - off);
+                if (n <= 0)
+                    return NULL;
+                off += (size_t)n;
+            }
         }
-    }
     return NULL;
+}
+
+/* Reads total bytes from fd into dst, msg bytes per read() at the most (with reuse, into
+ * dst's first msg bytes over and over).  Non-blocking reads, each after poll() says there is
+ * data: how iperf3's server reads, and how the transport does (through epoll). */
+static int read_all(int fd, char *dst, size_t msg, size_t total, int reuse)
+{
+    for (size_t got = 0; got < total;) {
+        size_t want = total - got < msg ? total - got : msg;
+        ssize_t n = read(fd, dst + (reuse ? got % msg : got), reuse ? msg - got % msg : want);
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            if (poll(&p, 1, 10000) <= 0)
+                return -1;
+            continue;
+        }
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+    }
+    return 0;
 }
 
 /* GB/s of a plain loopback TCP copy of `total` bytes from src into dst, msg bytes per
  * write() and read(): the same bytes between buffers as large as the transport's (a copy
  * that reuses one small buffer stays in the cache and measures something else).  With reuse,
  * every write is from src's first msg bytes and every read into dst's, as iperf3 does: the
- * limit the issue names (iperf3 with 1 MiB writes). */
+ * limit the issue names (iperf3 with 1 MiB writes).  The bytes go over twice and only the
+ * second pass is timed: the transport's connections are long-lived, and a new connection's
+ * first hundred MiB measure TCP's start (slow start, buffer autotuning) instead. */
 static double plain_copy(const char *src, char *dst, size_t msg, size_t total, int reuse)
 {
     int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
@@ -86,23 +113,22 @@ static double plain_copy(const char *src, char *dst, size_t msg, size_t total, i
     int ss = accept(ls, NULL, NULL);
     setsockopt(cs, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(ss, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    fcntl(cs, F_SETFL, fcntl(cs, F_GETFL) | O_NONBLOCK);
     writer_args w = {.fd = ss, .src = src, .msg = msg, .total = total, .reuse = reuse};
-    double t0 = zs_now_s();
     pthread_t th;
     pthread_create(&th, NULL, writer, &w);
-    for (size_t got = 0; got < total;) {
-        size_t want = total - got < msg ? total - got : msg;
-        ssize_t n = read(cs, dst + (reuse ? got % msg : got), reuse ? msg - got % msg : want);
-        if (n <= 0)
-            break;
-        got += (size_t)n;
+    double gbs = 0;
+    if (read_all(cs, dst, msg, total, reuse) == 0) {
+        double t0 = zs_now_s();
+        if (read_all(cs, dst, msg, total, reuse) == 0)
+            gbs = (double)total / (zs_now_s() - t0) / 1e9;
     }
-    double dt = zs_now_s() - t0;
+    shutdown(cs, SHUT_RDWR); /* a writer stuck on a failed read ends too */
     pthread_join(th, NULL);
     close(cs);
     close(ss);
     close(ls);
-    return (double)total / dt / 1e9;
+    return gbs;
 }
 
 /* GB/s of iperf3 itself over loopback (1 MiB writes, 2 s), where it is installed; 0 where not.
@@ -145,19 +171,36 @@ static void keep_best(double *best, double g)
     *best = g > *best ? g : *best;
 }
 
+/* Waits for *op to finish (a pointer: the caller's call that sets it is an argument too, and
+ * C leaves the order of evaluating arguments open); 0 when it did and succeeded, -1 (with the
+ * reason on stderr) when issuing it (e: its result) or the wait failed: a measurement of failed
+ * operations would be wrong, and a bench that goes on after one measures nothing. */
+static int finish(zs_client *cl, zs_err e, zs_client_op **op)
+{
+    int done = 0;
+    if (e == ZS_OK)
+        e = zs_client_wait(cl, *op, 60000, &done);
+    if (e != ZS_OK || !done) {
+        fprintf(stderr, "bench_data_plane: %s\n",
+                e != ZS_OK ? zs_last_error() : "an operation took over 60 s");
+        return -1;
+    }
+    return 0;
+}
+
 /* One repetition of the four transfers over cl: the whole vector in 4 MiB shards (all in
  * flight), then in 64 KiB ranges (32 in flight); fetches of version 0, pushes of (0, chunk). */
-static void measure(zs_client *cl, size_t N, int chunk, float *buf, figures *fig)
+static int measure(zs_session *s, zs_client *cl, size_t N, int chunk, float *buf, figures *fig)
 {
     zs_client_op *op;
-    int done;
     double t0 = zs_now_s();
-    zs_client_fetch(cl, 0, N, 0, ZS_DTYPE_F32, buf, &op);
-    zs_client_wait(cl, op, 60000, &done);
+    if (finish(cl, zs_client_fetch(cl, 0, N, 0, ZS_DTYPE_F32, buf, &op), &op))
+        return -1;
     keep_best(&fig->fetch4, (double)N * 4 / (zs_now_s() - t0) / 1e9);
+    zs_session_heartbeat(s);
     t0 = zs_now_s();
-    zs_client_push(cl, 0, N, 0, chunk, buf, &op);
-    zs_client_wait(cl, op, 60000, &done);
+    if (finish(cl, zs_client_push(cl, 0, N, 0, chunk, buf, &op), &op))
+        return -1;
     keep_best(&fig->push4, (double)N * 4 / (zs_now_s() - t0) / 1e9);
     const size_t R = 16384;
     size_t n64 = N / R;
@@ -165,19 +208,30 @@ static void measure(zs_client *cl, size_t N, int chunk, float *buf, figures *fig
     for (int push = 0; push < 2; push++) {
         t0 = zs_now_s();
         for (size_t i = 0; i < n64; i += 32) {
-            int k = 0;
-            for (size_t j = i; j < n64 && k < 32; j++, k++) {
-                if (push)
-                    zs_client_push(cl, j * R, (j + 1) * R, 0, chunk, buf + j * R, &ops[k]);
+            int k = 0, bad = 0;
+            for (size_t j = i; j < n64 && k < 32 && !bad; j++) {
+                zs_err e =
+                    push ? zs_client_push(cl, j * R, (j + 1) * R, 0, chunk, buf + j * R, &ops[k])
+                         : zs_client_fetch(cl, j * R, (j + 1) * R, 0, ZS_DTYPE_F32, buf + j * R,
+                                           &ops[k]);
+                if (e == ZS_OK)
+                    k++;
                 else
-                    zs_client_fetch(cl, j * R, (j + 1) * R, 0, ZS_DTYPE_F32, buf + j * R, &ops[k]);
+                    bad = finish(cl, e, NULL);
             }
             for (int q = 0; q < k; q++)
-                zs_client_wait(cl, ops[q], 60000, &done);
+                bad |= finish(cl, ZS_OK, &ops[q]);
+            if (bad)
+                return -1;
+            /* A member whose heartbeats stop is dropped, and its connections with it: on a
+             * slow machine a pass takes longer than the timeout.  Cheap (the session sends one
+             * only when the interval has passed). */
+            zs_session_heartbeat(s);
         }
         keep_best(push ? &fig->push64 : &fig->fetch64,
                   (double)(n64 * R * 4) / (zs_now_s() - t0) / 1e9);
     }
+    return 0;
 }
 
 /* A job to measure: a coordinator and one server with `transport`, and a session holding
@@ -199,10 +253,12 @@ static int job_start(job *j, const char *zshard, const char *dir, const char *tr
     FILE *f = fopen(cfg, "w");
     if (!f)
         return -1;
+    /* The session can send no heartbeat while this program runs the plain copies and iperf3
+     * (seconds on a busy machine): a long timeout keeps it a member meanwhile. */
     fprintf(f,
             "{\"train_batch_size\": 1, \"model\": {\"n_layer\": 12, \"n_head\": 8, \"n_embd\": "
             "512, \"vocab_size\": 256, \"block_size\": 64}, \"cluster\": {\"transport\": "
-            "\"%s\"}}\n",
+            "\"%s\", \"heartbeat_timeout_ms\": 120000}}\n",
             transport);
     fclose(f);
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", zs_bench_free_port());
@@ -252,20 +308,22 @@ static void job_stop(job *j)
     zs_session_close(j->s);
 }
 
-/* p50 and p99 of n 4 KiB fetch round trips over cl, in us (lat: n entries, sorted). */
-static void latency(job *j, float *buf, double *lat, int n)
+/* n 4 KiB fetch round trips over cl, in us, sorted into lat (n entries); -1 when one
+ * failed. */
+static int latency(job *j, float *buf, double *lat, int n)
 {
     for (int i = 0; i < n; i++) {
         zs_client_op *op;
-        int done;
         double t0 = zs_now_s();
-        zs_client_fetch(j->cl, 4096, 4096 + 1024, 0, ZS_DTYPE_F32, buf, &op);
-        zs_client_wait(j->cl, op, 60000, &done);
+        if (finish(j->cl, zs_client_fetch(j->cl, 4096, 4096 + 1024, 0, ZS_DTYPE_F32, buf, &op),
+                   &op))
+            return -1;
         lat[i] = (zs_now_s() - t0) * 1e6;
         if (i % 200 == 0)
             zs_session_heartbeat(j->s);
     }
     qsort(lat, (size_t)n, sizeof *lat, zs_bench_cmp_double);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -318,11 +376,14 @@ int main(int argc, char **argv)
     figures one = {0}, two = {0}, shm = {0};
     double plain4 = 0, plain64 = 0, reused1 = 0, ip3 = 0;
     for (int r = 0; r < reps; r++) {
-        measure(cl, N, tj.chunk, buf, &one);
+        if (measure(tj.s, cl, N, tj.chunk, buf, &one))
+            goto out;
         zs_session_heartbeat(tj.s);
-        measure(cl2, N, tj.chunk, buf, &two);
+        if (measure(tj.s, cl2, N, tj.chunk, buf, &two))
+            goto out;
         zs_session_heartbeat(tj.s);
-        measure(sj.cl, N, sj.chunk, buf, &shm);
+        if (measure(sj.s, sj.cl, N, sj.chunk, buf, &shm))
+            goto out;
         zs_session_heartbeat(sj.s);
         zs_session_heartbeat(tj.s);
         keep_best(&plain4, plain_copy(src, dst, 4u << 20, N * 4, 0));
@@ -336,8 +397,8 @@ int main(int argc, char **argv)
     }
     enum { LAT = 2000 };
     double lat[LAT], slat[LAT];
-    latency(&tj, buf, lat, LAT);
-    latency(&sj, buf, slat, LAT);
+    if (latency(&tj, buf, lat, LAT) || latency(&sj, buf, slat, LAT))
+        goto out;
     printf("model vector %zu floats (%.0f MiB), 1 server, best of %d; limit: a plain loopback "
            "TCP copy of the same bytes between buffers of the same size\n",
            N, N * 4.0 / 1048576, reps);

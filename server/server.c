@@ -978,7 +978,8 @@ static void member_gone(server *sv, uint32_t member)
             doom(sv, sv->conns[i]);
             n++;
         }
-    ZS_DEBUG("server %u: member %u is gone; %d connections closed", sv->id, member, n);
+    ZS_INFO("server %u: member %u is gone (the coordinator says); %d connections closed", sv->id,
+            member, n);
 }
 
 static void track_conn(server *sv, zs_conn *c)
