@@ -1363,6 +1363,8 @@ static void on_data_event(server *sv, const zs_event *ev)
             maybe_apply(sv);
         }
         break;
+    case ZS_EV_WRITTEN: /* no region of a server's is open to remote writes: never */
+        break;
     case ZS_EV_CLOSED:
         /* A peer that closes between frames is a worker leaving (every job ends so);
          * anything else -- a cut frame, a reset, a malformed header -- is worth a warning. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "common/log.h"
@@ -133,6 +134,7 @@ void zs_region_add(zs_region **table, zs_region *m, const void *net, void *base,
     m->base = base;
     m->len = len;
     m->access = access;
+    m->key = access & (ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE) ? zs_region_new_key(*table) : 0;
     m->refs = 0;
     m->prev = NULL;
     m->next = *table;
@@ -157,6 +159,109 @@ zs_err zs_region_remove(zs_region **table, zs_region *m, const char *backend)
     return ZS_OK;
 }
 
+zs_err zs_region_check_access(const char *backend, int access)
+{
+    const int all = ZS_MR_SEND | ZS_MR_RECV | ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE;
+    if (access <= 0 || (access & ~all))
+        return zs_error(ZS_ERR_INVALID,
+                        "%s reg_mr: access %d is not a combination of ZS_MR_SEND, ZS_MR_RECV, "
+                        "ZS_MR_REMOTE_READ and ZS_MR_REMOTE_WRITE",
+                        backend, access);
+    return ZS_OK;
+}
+
+uint32_t zs_region_new_key(const zs_region *table)
+{
+    for (;;) {
+        uint32_t k = 0;
+        if (getrandom(&k, sizeof k, 0) != (ssize_t)sizeof k) {
+            /* No entropy to be had (a very early boot): a counter mixed with the clock still
+             * gives distinct keys, if guessable ones. */
+            static uint32_t n;
+            k = (uint32_t)zs_net_now_ms() * 2654435761u + ++n;
+        }
+        int taken = k == 0;
+        for (const zs_region *m = table; m && !taken; m = m->next)
+            taken = m->key == k;
+        if (!taken)
+            return k;
+    }
+}
+
+zs_err zs_region_export(const char *backend, const zs_region *m, zs_mr_desc *out)
+{
+    const int remote = ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE;
+    if (!m)
+        return zs_error(ZS_ERR_INVALID, "%s mr_export: no region", backend);
+    if (!(m->access & remote))
+        return zs_error(ZS_ERR_INVALID,
+                        "%s mr_export: the region of %zu bytes at %p is registered for neither "
+                        "ZS_MR_REMOTE_READ nor ZS_MR_REMOTE_WRITE",
+                        backend, m->len, (void *)m->base);
+    *out = (zs_mr_desc){.addr = (uint64_t)(uintptr_t)m->base,
+                        .len = m->len,
+                        .key = m->key,
+                        .access = (uint32_t)(m->access & remote)};
+    return ZS_OK;
+}
+
+zs_region *zs_region_lookup(zs_region *table, uint64_t key, uint64_t addr, uint64_t len, int access,
+                            char *why, size_t cap)
+{
+    const char *what = access == ZS_MR_REMOTE_WRITE ? "write" : "read";
+    zs_region *m = table;
+    while (m && (key == 0 || m->key != key))
+        m = m->next;
+    if (!m) {
+        zs_net_fmt(why, cap, "bad key: no region with key 0x%llx (deregistered, or never given)",
+                   (unsigned long long)key);
+        return NULL;
+    }
+    uint64_t base = (uint64_t)(uintptr_t)m->base;
+    if (addr < base || addr - base > m->len || len > m->len - (addr - base)) {
+        zs_net_fmt(why, cap,
+                   "bad key: %llu bytes at 0x%llx are outside the region with key 0x%llx "
+                   "(%zu bytes at 0x%llx)",
+                   (unsigned long long)len, (unsigned long long)addr, (unsigned long long)key,
+                   m->len, (unsigned long long)base);
+        return NULL;
+    }
+    if (!(m->access & access)) {
+        zs_net_fmt(why, cap, "bad key: the region with key 0x%llx is not open to remote %ss",
+                   (unsigned long long)key, what);
+        return NULL;
+    }
+    return m;
+}
+
+zs_err zs_rma_check(const char *backend, int write, const char *peer, const void *net,
+                    const zs_region *m, size_t off, const zs_mr_desc *rd, uint64_t remote_off,
+                    size_t len)
+{
+    const char *what = write ? "iwrite" : "iread";
+    if (!rd)
+        return zs_error(ZS_ERR_INVALID, "%s %s %s: no descriptor of the peer's region", backend,
+                        what, peer);
+    if (len == 0 || len > ZS_FRAME_MAX_PAYLOAD)
+        return zs_error(ZS_ERR_INVALID, "%s %s %s: %zu bytes; one operation moves 1 to %llu",
+                        backend, what, peer, len, (unsigned long long)ZS_FRAME_MAX_PAYLOAD);
+    ZS_CHECK(
+        zs_region_check(backend, what, peer, net, m, off, len, write ? ZS_MR_SEND : ZS_MR_RECV));
+    uint32_t need = write ? ZS_MR_REMOTE_WRITE : ZS_MR_REMOTE_READ;
+    if (!(rd->access & need))
+        return zs_error(ZS_ERR_INVALID,
+                        "%s %s %s: the peer's region (key 0x%x) is not open to "
+                        "remote %ss",
+                        backend, what, peer, rd->key, write ? "write" : "read");
+    if (remote_off > rd->len || len > rd->len - remote_off)
+        return zs_error(ZS_ERR_INVALID,
+                        "%s %s %s: %zu bytes at offset %llu are outside the peer's region of %llu "
+                        "bytes",
+                        backend, what, peer, len, (unsigned long long)remote_off,
+                        (unsigned long long)rd->len);
+    return ZS_OK;
+}
+
 zs_err zs_region_check(const char *backend, const char *what, const char *peer, const void *net,
                        const zs_region *m, size_t off, uint64_t len, int access)
 {
@@ -171,6 +276,7 @@ zs_err zs_region_check(const char *backend, const char *what, const char *peer, 
     if (!(m->access & access))
         return zs_error(ZS_ERR_INVALID, "%s %s %s: the region is not registered for %s", backend,
                         what, peer, access == ZS_MR_SEND ? "ZS_MR_SEND" : "ZS_MR_RECV");
+    /* remote access is checked by zs_region_lookup */
     if (off > m->len || len > m->len - off)
         return zs_error(ZS_ERR_INVALID,
                         "%s %s %s: %llu bytes at offset %zu are outside the region of %zu bytes",
@@ -329,6 +435,19 @@ zs_err zs_rq_wait(zs_rq *r, int timeout_ms, int *done, zs_frame *f, const char *
 
 zs_err zs_rq_expect(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_rq **expect,
                     uint64_t id, zs_region *m, size_t off, size_t cap, void *user, zs_req **out)
+{
+    if (out)
+        *out = NULL;
+    if (id >= ZS_RMA_ID_BASE)
+        return zs_error(ZS_ERR_INVALID,
+                        "%s irecv %s: id %llu is in the range the transport keeps for one-sided "
+                        "operations (from 2^63)",
+                        p->who, peer, (unsigned long long)id);
+    return zs_rq_expect_any(p, net, conn, peer, expect, id, m, off, cap, user, out);
+}
+
+zs_err zs_rq_expect_any(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_rq **expect,
+                        uint64_t id, zs_region *m, size_t off, size_t cap, void *user, zs_req **out)
 {
     if (out)
         *out = NULL;

@@ -61,9 +61,10 @@ void zs_net_fail_text(char *out, size_t cap, int is_send, const zs_frame *f, con
 typedef struct zs_region {
     const void *net; /* the backend net that registered it */
     uint8_t *base;
-    size_t len; /* bytes */
-    int access; /* ZS_MR_SEND | ZS_MR_RECV */
-    long refs;  /* requests using the region: dereg refuses while > 0 */
+    size_t len;   /* bytes */
+    int access;   /* ZS_MR_SEND | ZS_MR_RECV | ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE */
+    uint32_t key; /* what its descriptor names it by (rdma: the rkey); 0 without remote access */
+    long refs;    /* requests using the region: dereg refuses while > 0 */
     struct zs_region *prev, *next;
 } zs_region;
 
@@ -73,6 +74,27 @@ void zs_region_add(zs_region **table, zs_region *m, const void *net, void *base,
 /* Takes m out of *table, or refuses (ZS_ERR_INVALID, "BACKEND dereg_mr: region of N bytes at
  * P: K requests still use it") while requests use it; m is not freed. */
 zs_err zs_region_remove(zs_region **table, zs_region *m, const char *backend);
+/* The access bits reg_mr() takes; ZS_ERR_INVALID naming the backend for anything else. */
+zs_err zs_region_check_access(const char *backend, int access);
+/* A random key no region of table has, never 0: the key of a region with remote access on a
+ * backend without a NIC to issue one (tcp, shm).  Random, so that a descriptor of a region
+ * deregistered since does not name a new one by chance, and so that a peer cannot guess the
+ * key of a region it was not given. */
+uint32_t zs_region_new_key(const zs_region *table);
+/* mr_export(): m's descriptor, or ZS_ERR_INVALID when m has no remote access. */
+zs_err zs_region_export(const char *backend, const zs_region *m, zs_mr_desc *out);
+/* The region of table that a peer's one-sided operation names -- key, and the bytes
+ * [addr, addr + len) inside it, registered for `access` (ZS_MR_REMOTE_READ or
+ * ZS_MR_REMOTE_WRITE) -- or NULL with the reason in why[cap]. */
+zs_region *zs_region_lookup(zs_region *table, uint64_t key, uint64_t addr, uint64_t len, int access,
+                            char *why, size_t cap);
+/* Checks the arguments of iread() (write 0) or iwrite() (write 1) before anything starts: len
+ * bytes at off of the local region m, and at remote_off of the peer's region rd, inside both
+ * and within one frame's payload, each registered for the access the operation needs. */
+zs_err zs_rma_check(const char *backend, int write, const char *peer, const void *net,
+                    const zs_region *m, size_t off, const zs_mr_desc *rd, uint64_t remote_off,
+                    size_t len);
+
 /* Checks that [off, off + len) of m (NULL: no region was given) may be used for `access`
  * (ZS_MR_SEND or ZS_MR_RECV) by `what` ("send", "receive") on the connection to peer of net.
  * The message starts with "BACKEND WHAT PEER: ".  len 0 needs no region. */
@@ -83,6 +105,12 @@ zs_err zs_region_check(const char *backend, const char *what, const char *peer, 
 /* requests */
 
 enum { ZS_RQ_SEND = 1, ZS_RQ_RECV = 2 };
+/* zs_rq.rma: the initiator's iread and iwrite, and the target's part in a peer's (the reply a
+ * tcp net sends, the payload it receives), which no caller sees. */
+enum { ZS_RMA_READ = 1, ZS_RMA_WRITE = 2, ZS_RMA_SERVE = 3 };
+/* Frame ids from here up are the backends' own, for the frames of one-sided operations
+ * (tcp.c); irecv() refuses them, so a caller's ids never meet them. */
+#define ZS_RMA_ID_BASE ((uint64_t)1 << 63)
 /* A request's state.  Each backend uses the ones its protocol has. */
 enum {
     ZS_RQ_IDLE,     /* on the free list: not a live handle */
@@ -106,6 +134,7 @@ typedef struct zs_rq {
     int state;           /* ZS_RQ_* */
     int handle;          /* the caller holds a zs_req: no event */
     int silent;          /* a cancelled irecv kept to skip its late reply: no outcome at all */
+    int rma;             /* a one-sided operation: ZS_RMA_* (0: a send or receive) */
     zs_err status;       /* the outcome, once done */
     void *user;          /* the caller's cookie */
     zs_frame frame;      /* send: the frame sent; recv: the frame received (id only until then) */
@@ -169,10 +198,15 @@ zs_err zs_rq_wait(zs_rq *r, int timeout_ms, int *done, zs_frame *f, const char *
 zs_err zs_rq_check_handle(const zs_rq *r, const char *what);
 
 /* Posts an irecv for frame `id` on conn into m[off, off + cap): checks the region (the
- * connection's state is the caller's), refuses an id already expected, and puts the request
+ * connection's state is the caller's), refuses an id already expected and the ids from
+ * ZS_RMA_ID_BASE up, and puts the request
  * on *expect (ZS_RQ_EXPECTED). */
 zs_err zs_rq_expect(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_rq **expect,
                     uint64_t id, zs_region *m, size_t off, size_t cap, void *user, zs_req **out);
+/* As zs_rq_expect, ids from ZS_RMA_ID_BASE allowed: a backend's own one-sided frames. */
+zs_err zs_rq_expect_any(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_rq **expect,
+                        uint64_t id, zs_region *m, size_t off, size_t cap, void *user,
+                        zs_req **out);
 
 /* Doubly linked lists with a head pointer (expected receives, sends awaiting DONE). */
 void zs_rq_list_add(zs_rq **head, zs_rq *r);

@@ -9,6 +9,7 @@
 #include "transport/frame.h"
 
 #include "transport/core.h"
+#include "transport/transport.h"
 
 #include <string.h>
 
@@ -20,6 +21,7 @@ size_t zs_frame_dtype_size(zs_frame_dtype dt)
     case ZS_DTYPE_BF16:
         return 2;
     case ZS_DTYPE_TEXT:
+    case ZS_DTYPE_BYTES:
         return 1;
     }
     return 0;
@@ -40,6 +42,14 @@ const char *zs_frame_op_name(unsigned op)
         return "error";
     case ZS_OP_HELLO:
         return "hello";
+    case ZS_OP_RMA_READ:
+        return "rma_read";
+    case ZS_OP_RMA_DATA:
+        return "rma_data";
+    case ZS_OP_RMA_WRITE:
+        return "rma_write";
+    case ZS_OP_RMA_ACK:
+        return "rma_ack";
     }
     return "?";
 }
@@ -53,6 +63,8 @@ const char *zs_frame_dtype_name(unsigned dtype)
         return "bf16";
     case ZS_DTYPE_TEXT:
         return "text";
+    case ZS_DTYPE_BYTES:
+        return "bytes";
     }
     return "?";
 }
@@ -74,6 +86,8 @@ const char *zs_frame_status_name(unsigned status)
         return "not_assigned";
     case ZS_FS_SHUTDOWN:
         return "shutdown";
+    case ZS_FS_BAD_KEY:
+        return "bad_key";
     }
     return "?";
 }
@@ -121,7 +135,7 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
                         ZS_FRAME_MAGIC);
     if (f.version != ZS_FRAME_VERSION)
         return zs_error(ZS_ERR_FORMAT, "frame: version %u is not %u", f.version, ZS_FRAME_VERSION);
-    if (f.op < ZS_OP_FETCH || f.op > ZS_OP_HELLO)
+    if (f.op < ZS_OP_FETCH || f.op > ZS_OP_RMA_ACK)
         return zs_error(ZS_ERR_FORMAT, "frame: op %u is not a known op", f.op);
     size_t esize = zs_frame_dtype_size((zs_frame_dtype)f.dtype);
     if (esize == 0)
@@ -132,9 +146,20 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
                         "frame: dtype %u (text) is only valid with op %u (error) or %u (hello), "
                         "not op %u (%s)",
                         f.dtype, ZS_OP_ERROR, ZS_OP_HELLO, f.op, opn);
-    if (f.flags != 0 && f.flags != ZS_FRAME_FLAG_STATE)
-        return zs_error(ZS_ERR_FORMAT, "frame: flags 0x%02x must be 0 or 0x%02x (op %s)", f.flags,
-                        ZS_FRAME_FLAG_STATE, opn);
+    int rma = f.op >= ZS_OP_RMA_READ;
+    if (rma != (f.dtype == ZS_DTYPE_BYTES))
+        return zs_error(ZS_ERR_FORMAT,
+                        "frame: dtype %u (%s) with op %u (%s): the one-sided ops (%u..%u) and only "
+                        "they carry dtype %u (bytes)",
+                        f.dtype, zs_frame_dtype_name(f.dtype), f.op, opn, ZS_OP_RMA_READ,
+                        ZS_OP_RMA_ACK, ZS_DTYPE_BYTES);
+    if (f.flags != 0 && f.flags != ZS_FRAME_FLAG_STATE && f.flags != ZS_FRAME_FLAG_NOTIFY)
+        return zs_error(ZS_ERR_FORMAT, "frame: flags 0x%02x must be 0, 0x%02x or 0x%02x (op %s)",
+                        f.flags, ZS_FRAME_FLAG_STATE, ZS_FRAME_FLAG_NOTIFY, opn);
+    if (f.flags == ZS_FRAME_FLAG_NOTIFY && f.op != ZS_OP_RMA_WRITE)
+        return zs_error(ZS_ERR_FORMAT,
+                        "frame: flag 0x%02x (notify) needs op %u (rma_write), not %u (%s)",
+                        ZS_FRAME_FLAG_NOTIFY, ZS_OP_RMA_WRITE, f.op, opn);
     if (f.flags == ZS_FRAME_FLAG_STATE &&
         (f.op != ZS_OP_FETCH || f.dtype != ZS_DTYPE_F32 || f.chunk >= ZS_FRAME_STATE_ARRAYS))
         return zs_error(ZS_ERR_FORMAT,
@@ -144,10 +169,10 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
                         f.dtype, f.chunk);
     if (reserved != 0)
         return zs_error(ZS_ERR_FORMAT, "frame: reserved 0x%04x must be 0 (op %s)", reserved, opn);
-    if ((f.op == ZS_OP_FETCH || f.op == ZS_OP_PUSH || f.op == ZS_OP_HELLO) && f.status != 0)
+    if ((f.op == ZS_OP_FETCH || f.op == ZS_OP_PUSH || f.op == ZS_OP_HELLO || rma) && f.status != 0)
         return zs_error(ZS_ERR_FORMAT, "frame: status %u must be 0 in op %u (%s)", f.status, f.op,
                         opn);
-    if (f.status > ZS_FS_SHUTDOWN)
+    if (f.status > ZS_FS_BAD_KEY)
         return zs_error(ZS_ERR_FORMAT, "frame: status %u is not a known status (op %s)", f.status,
                         opn);
     if (f.offset + f.count < f.offset)
@@ -165,6 +190,8 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
     switch (f.op) {
     case ZS_OP_FETCH_REPLY:
     case ZS_OP_PUSH:
+    case ZS_OP_RMA_DATA:
+    case ZS_OP_RMA_WRITE:
         if (!bytes_ok)
             return zs_error(ZS_ERR_FORMAT, "frame: count %llu of %s overflows a byte count (op %s)",
                             (unsigned long long)f.count, zs_frame_dtype_name(f.dtype), opn);
@@ -185,10 +212,20 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
                             (unsigned long long)f.count, zs_frame_dtype_name(f.dtype),
                             (unsigned long long)ZS_FRAME_MAX_PAYLOAD);
         break;
+    case ZS_OP_RMA_READ:
+        if (f.count > ZS_FRAME_MAX_PAYLOAD)
+            return zs_error(ZS_ERR_FORMAT,
+                            "frame: count %llu in an rma_read exceeds the largest payload %llu",
+                            (unsigned long long)f.count, (unsigned long long)ZS_FRAME_MAX_PAYLOAD);
+        if (f.length != 0)
+            return zs_error(ZS_ERR_FORMAT, "frame: length %llu for op %u (%s), expected 0",
+                            (unsigned long long)f.length, f.op, opn);
+        break;
+    case ZS_OP_RMA_ACK:
     case ZS_OP_PUSH_REPLY:
         if (f.length != 0)
-            return zs_error(ZS_ERR_FORMAT, "frame: length %llu for op %u (push_reply), expected 0",
-                            (unsigned long long)f.length, f.op);
+            return zs_error(ZS_ERR_FORMAT, "frame: length %llu for op %u (%s), expected 0",
+                            (unsigned long long)f.length, f.op, opn);
         break;
     case ZS_OP_ERROR:
     case ZS_OP_HELLO:
@@ -203,5 +240,32 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
         break;
     }
     *out = f;
+    return ZS_OK;
+}
+
+void zs_mr_desc_encode(const zs_mr_desc *d, uint8_t out[ZS_MR_DESC_BYTES])
+{
+    zs_le_put64(out, d->addr);
+    zs_le_put64(out + 8, d->len);
+    zs_le_put32(out + 16, d->key);
+    zs_le_put32(out + 20, d->access);
+}
+
+zs_err zs_mr_desc_decode(const uint8_t in[ZS_MR_DESC_BYTES], zs_mr_desc *d)
+{
+    zs_mr_desc t = {.addr = zs_le_get64(in),
+                    .len = zs_le_get64(in + 8),
+                    .key = zs_le_get32(in + 16),
+                    .access = zs_le_get32(in + 20)};
+    const uint32_t remote = ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE;
+    if (t.access == 0 || (t.access & ~remote))
+        return zs_error(ZS_ERR_FORMAT,
+                        "region descriptor: access 0x%x must be remote read (0x%x), remote write "
+                        "(0x%x) or both",
+                        t.access, ZS_MR_REMOTE_READ, ZS_MR_REMOTE_WRITE);
+    if (t.addr + t.len < t.addr)
+        return zs_error(ZS_ERR_FORMAT, "region descriptor: address 0x%llx + %llu bytes wraps",
+                        (unsigned long long)t.addr, (unsigned long long)t.len);
+    *d = t;
     return ZS_OK;
 }

@@ -26,15 +26,18 @@
  * receiver's, which knows N.
  *
  * The rules, in the order zs_frame_decode() checks them (the first broken one is reported):
- *   magic == ZS_FRAME_MAGIC; version == ZS_FRAME_VERSION; 1 <= op <= ZS_OP_HELLO;
- *   dtype is a zs_frame_dtype, and ZS_DTYPE_TEXT only with ZS_OP_ERROR or ZS_OP_HELLO; flags == 0,
- * or ZS_FRAME_FLAG_STATE with op FETCH, dtype F32 and chunk < ZS_FRAME_STATE_ARRAYS; reserved == 0;
- * status == 0 in FETCH and PUSH, a zs_frame_status otherwise; offset + count does not overflow 64
- * bits; length <= ZS_FRAME_MAX_PAYLOAD; FETCH_REPLY, PUSH: length == count * dtype size (the
- * product checked for overflow); FETCH: length == 0 and count * dtype size <= ZS_FRAME_MAX_PAYLOAD
- * (the reply must fit); PUSH_REPLY: length == 0; ERROR: length <= ZS_FRAME_MAX_ERROR_TEXT, and
- * dtype TEXT when length > 0 (offset and count may echo the rejected request's range); HELLO:
- * length <= ZS_FRAME_MAX_ERROR_TEXT, and dtype TEXT when length > 0.
+ *   magic == ZS_FRAME_MAGIC; version == ZS_FRAME_VERSION; 1 <= op <= ZS_OP_RMA_ACK;
+ *   dtype is a zs_frame_dtype, and ZS_DTYPE_TEXT only with ZS_OP_ERROR or ZS_OP_HELLO; the RMA
+ * ops with ZS_DTYPE_BYTES and no other op with it; flags == 0, or ZS_FRAME_FLAG_STATE with op
+ * FETCH, dtype F32 and chunk < ZS_FRAME_STATE_ARRAYS, or ZS_FRAME_FLAG_NOTIFY with op RMA_WRITE;
+ * reserved == 0; status == 0 in FETCH, PUSH, HELLO and the RMA ops, a zs_frame_status otherwise;
+ * offset + count does not overflow 64 bits; length <= ZS_FRAME_MAX_PAYLOAD; FETCH_REPLY, PUSH:
+ * length == count * dtype size (the product checked for overflow); FETCH: length == 0 and count *
+ * dtype size <= ZS_FRAME_MAX_PAYLOAD (the reply must fit); PUSH_REPLY: length == 0; ERROR: length
+ * <= ZS_FRAME_MAX_ERROR_TEXT, and dtype TEXT when length > 0 (offset and count may echo the
+ * rejected request's range); HELLO: length <= ZS_FRAME_MAX_ERROR_TEXT, and dtype TEXT when length >
+ * 0; RMA_READ, RMA_ACK: length
+ * == 0; RMA_DATA, RMA_WRITE: length == count; RMA_READ: count <= ZS_FRAME_MAX_PAYLOAD.
  */
 #ifndef ZS_FRAME_H
 #define ZS_FRAME_H
@@ -59,9 +62,24 @@ typedef enum {
     ZS_OP_HELLO = 6,       /* backend set-up (rdma.c: queue pair data over the TCP stream that
                               authenticated the connection); consumed by the backend, never
                               handed to its callers; payload opaque bytes (dtype text) */
+    /* One-sided operations where the backend has no NIC to do them (tcp.c; transport.h,
+     * iread/iwrite): consumed by the peer's net, never handed to its callers.  dtype bytes;
+     * step = the region's key, offset = the first byte's address in the peer's memory, count =
+     * the bytes. */
+    ZS_OP_RMA_READ = 7,  /* send me those bytes; length 0 */
+    ZS_OP_RMA_DATA = 8,  /* the bytes read (the request's id); length == count */
+    ZS_OP_RMA_WRITE = 9, /* put these bytes there; length == count, chunk = the immediate value
+                            of a write with ZS_FRAME_FLAG_NOTIFY */
+    ZS_OP_RMA_ACK = 10,  /* the write's bytes are in place (the request's id); length 0 */
 } zs_frame_op;
 
-typedef enum { ZS_DTYPE_F32 = 0, ZS_DTYPE_BF16 = 1, ZS_DTYPE_TEXT = 2 } zs_frame_dtype;
+/* bytes: the payload of one-sided operations, and only theirs */
+typedef enum {
+    ZS_DTYPE_F32 = 0,
+    ZS_DTYPE_BF16 = 1,
+    ZS_DTYPE_TEXT = 2,
+    ZS_DTYPE_BYTES = 3
+} zs_frame_dtype;
 
 typedef enum {
     ZS_FS_OK = 0,
@@ -71,6 +89,8 @@ typedef enum {
     ZS_FS_STALE = 4,        /* push for a step that is not current, or fetch of a dropped version */
     ZS_FS_NOT_ASSIGNED = 5, /* push for a chunk not assigned to the sender */
     ZS_FS_SHUTDOWN = 6,     /* the server is stopping */
+    ZS_FS_BAD_KEY = 7,      /* a one-sided operation names no region of the peer's, bytes outside
+                               it, or access it was not registered for */
 } zs_frame_status;
 
 typedef struct {
@@ -94,6 +114,8 @@ typedef struct {
  * is an ordinary FETCH_REPLY. */
 #define ZS_FRAME_FLAG_STATE 0x01
 #define ZS_FRAME_STATE_ARRAYS 3
+/* An RMA_WRITE whose arrival the peer's net reports (ZS_EV_WRITTEN, transport.h). */
+#define ZS_FRAME_FLAG_NOTIFY 0x02
 
 /* The text of a push refused with ZS_FS_NOT_ASSIGNED: a worker that reads it in a failure
  * knows that its chunk went to another worker (a deadline), not that something broke. */

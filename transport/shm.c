@@ -843,6 +843,7 @@ static void on_tcp_event(sh_net *n, zs_event *ev)
             setup_refuse(c, ev->reason);
         break;
     case ZS_EV_SEND:
+    case ZS_EV_WRITTEN: /* the set-up stream carries no one-sided writes */
         break;
     }
 }

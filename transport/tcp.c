@@ -22,6 +22,14 @@
  * A connection fails as a whole (all its sockets) on the first error; conn_fail() completes
  * every request on it with the reason before it queues ZS_EV_CLOSED.
  *
+ * One-sided operations (transport.h, iread/iwrite) are frames too (frame.h, ZS_OP_RMA_*): the
+ * initiator expects the reply by an id of its own range (from ZS_RMA_ID_BASE) and sends the
+ * request; the target's net serves it in sock_on_header, before any caller sees it, from its
+ * region table: an RMA_DATA reply straight from the region, or the payload read straight into
+ * it and an RMA_ACK after it.  The target replies only after it has taken in the whole
+ * request, refusals included, so a write's reply always comes after the initiator's send of
+ * its payload completed and the initiator's buffer is free when the operation completes.
+ *
  * Requests come from a free list refilled in slabs of 64, so the hot path does not malloc
  * (except isend_inline's copy).  Events wait in a ring buffer until poll() hands them out;
  * conn_close() turns events that name the closed connection into tombstones.
@@ -69,6 +77,10 @@
 #define TCP_ACCEPT_BATCH 64
 #define TCP_BACKLOG 1024
 #define TCP_PEER_MAX 80
+/* Replies to a peer's one-sided operations one connection may have queued; beyond, the net
+ * reads no further frame from that connection until some are written, so a peer that asks and
+ * never reads holds this many requests here, not an unbounded queue. */
+#define TCP_RMA_MAX_OUT 64
 
 /* Defaults of the tunables (tcp.h). */
 #define TCP_DEFAULT_CONNS 1
@@ -152,6 +164,8 @@ struct tcp_conn {
     uint32_t member;                /* the member id proved in the handshake (0: none) */
     tcp_sock *pending; /* the socket whose reported header awaits recv_payload/discard */
     tcp_req *expect;   /* posted irecvs, a doubly linked list */
+    int rma_out;       /* replies to the peer's one-sided operations not yet written */
+    int rma_blocked;   /* reading stopped at TCP_RMA_MAX_OUT: resume when they drain */
     void *user;
     tcp_conn *prev, *next;
 };
@@ -200,9 +214,10 @@ struct tcp_net {
     int n_handshakes;
     zs_region *mrs;
     zs_rq_pool reqs;
-    uint8_t *scratch; /* TCP_SCRATCH_BYTES */
-    int batch_sends;  /* zs_net_opts.batch_sends resolved: sends wait for the next turn */
-    int poll_skipped; /* the last poll() handed out queued events without a turn of I/O */
+    uint8_t *scratch;     /* TCP_SCRATCH_BYTES */
+    int batch_sends;      /* zs_net_opts.batch_sends resolved: sends wait for the next turn */
+    int poll_skipped;     /* the last poll() handed out queued events without a turn of I/O */
+    uint64_t rma_next_id; /* the next one-sided operation's id, above ZS_RMA_ID_BASE */
 };
 
 static int hs_unlink(tcp_hs *hs);
@@ -524,6 +539,8 @@ static tcp_sock *conn_pick(tcp_conn *c)
 /* ---------------------------------------------------------------------------------------- */
 /* sending */
 
+static void rma_reply_written(tcp_conn *c);
+
 static void sock_write(tcp_sock *s)
 {
     tcp_conn *c = s->conn;
@@ -568,6 +585,8 @@ static void sock_write(tcp_sock *s)
             s->sq_head = r->next;
             if (!s->sq_head)
                 s->sq_tail = NULL;
+            if (r->rma == ZS_RMA_SERVE)
+                rma_reply_written(c);
             zs_rq_finish(r, ZS_OK, NULL);
         }
         if ((uint64_t)w >= budget) {
@@ -674,6 +693,256 @@ static void reject_bad_frame(tcp_sock *s, const char *why)
     conn_fail(c, ZS_ERR_FORMAT, 1, "%s", text);
 }
 
+/* ---- one-sided operations, the target's side ---- */
+
+static void rma_written(tcp_conn *c, tcp_req *r, int ok);
+
+/* Queues a reply to the peer's one-sided operation f: the frame `op` with the same id, key,
+ * address and bytes, carrying m's bytes at off when m is given (RMA_DATA), or a refusal
+ * (ZS_OP_ERROR, ZS_FS_BAD_KEY) with the reason why as its text. */
+static void rma_send_reply(tcp_conn *c, const zs_frame *f, int op, zs_region *m, size_t off,
+                           const char *why)
+{
+    tcp_net *n = c->net;
+    zs_frame rf = {.op = (uint16_t)op,
+                   .dtype = ZS_DTYPE_BYTES,
+                   .id = f->id,
+                   .step = f->step,
+                   .offset = f->offset,
+                   .count = f->count,
+                   .length = m ? f->count : 0};
+    size_t wl = why ? strlen(why) : 0;
+    if (op == ZS_OP_ERROR)
+        rf = (zs_frame){.op = ZS_OP_ERROR,
+                        .dtype = ZS_DTYPE_TEXT,
+                        .status = ZS_FS_BAD_KEY,
+                        .id = f->id,
+                        .offset = f->offset,
+                        .count = f->count,
+                        .length = wl};
+    tcp_req *r = zs_rq_new(&n->reqs, n, ZS_RQ_SEND, c, NULL, 0);
+    uint8_t *text = wl ? malloc(wl) : NULL;
+    if (!r || (wl && !text)) {
+        free(text);
+        if (r)
+            zs_rq_release(r);
+        conn_fail(c, ZS_ERR_NOMEM, 1, "out of memory answering a one-sided %s",
+                  zs_frame_op_name(f->op));
+        return;
+    }
+    r->silent = 1; /* nobody waits for it here */
+    r->rma = ZS_RMA_SERVE;
+    r->frame = rf;
+    r->frame.version = ZS_FRAME_VERSION;
+    zs_frame_encode(&rf, r->hdr);
+    r->len = rf.length;
+    if (m) {
+        zs_rq_use(r, m, off);
+    } else if (wl) {
+        memcpy(text, why, wl);
+        r->inline_buf = r->buf = text;
+    }
+    c->rma_out++;
+    send_enqueue(c, r);
+}
+
+/* A reply to the peer's one-sided operation was written: a net that stopped reading at
+ * TCP_RMA_MAX_OUT resumes. */
+static void rma_reply_written(tcp_conn *c)
+{
+    c->rma_out--;
+    if (c->rma_blocked && c->rma_out < TCP_RMA_MAX_OUT) {
+        c->rma_blocked = 0;
+        for (int i = 0; i < c->nsock; i++)
+            sock_mark_dirty(c->sock[i]);
+    }
+}
+
+/* The peer's RMA_READ or RMA_WRITE f arrived on s: checked against this net's regions and
+ * served without the caller.  A refused write's payload is skipped first, so that even a
+ * refusal follows the whole request. */
+static void rma_serve(tcp_sock *s, const zs_frame *f)
+{
+    tcp_conn *c = s->conn;
+    tcp_net *n = c->net;
+    int write = f->op == ZS_OP_RMA_WRITE;
+    char why[ZS_NET_REASON_MAX];
+    zs_region *m =
+        zs_region_lookup(n->mrs, f->step, f->offset, f->count,
+                         write ? ZS_MR_REMOTE_WRITE : ZS_MR_REMOTE_READ, why, sizeof why);
+    size_t off = m ? (size_t)(f->offset - (uint64_t)(uintptr_t)m->base) : 0;
+    if (!write) {
+        if (m)
+            rma_send_reply(c, f, ZS_OP_RMA_DATA, m, off, NULL);
+        else
+            rma_send_reply(c, f, ZS_OP_ERROR, NULL, 0, why);
+        return;
+    }
+    tcp_req *r = zs_rq_new(&n->reqs, n, ZS_RQ_RECV, c, NULL, 0);
+    if (!r) {
+        conn_fail(c, ZS_ERR_NOMEM, 1, "out of memory serving a one-sided write");
+        return;
+    }
+    r->silent = 1;
+    r->rma = ZS_RMA_SERVE;
+    r->frame = *f;
+    r->len = f->length;
+    if (!m) {
+        r->status = ZS_ERR_INVALID;
+        zs_net_copy_str(r->err, sizeof r->err, why);
+    } else if (f->length) {
+        zs_rq_use(r, m, off);
+    }
+    if (f->length == 0) {
+        rma_written(c, r, m != NULL);
+        return;
+    }
+    sock_start_body(s, m ? r->buf : NULL, r);
+}
+
+/* The payload of the peer's RMA_WRITE r is in its region (ok) or was skipped (refused, or the
+ * stream failed): acknowledge or refuse, and report a notifying write. */
+static void rma_written(tcp_conn *c, tcp_req *r, int ok)
+{
+    zs_frame f = r->frame;
+    char why[ZS_NET_REASON_MAX];
+    zs_net_copy_str(why, sizeof why, r->status != ZS_OK ? r->err : "");
+    ok = ok && r->status == ZS_OK;
+    zs_rq_finish(r, ZS_OK, NULL); /* silent: released */
+    if (c->closed)
+        return;
+    if (!ok) {
+        rma_send_reply(c, &f, ZS_OP_ERROR, NULL, 0, why);
+        return;
+    }
+    rma_send_reply(c, &f, ZS_OP_RMA_ACK, NULL, 0, NULL);
+    if (f.flags & ZS_FRAME_FLAG_NOTIFY) {
+        zs_event *e = evq_push(c->net, ZS_EV_WRITTEN, c);
+        if (e)
+            e->frame = f;
+    }
+}
+
+/* ---- one-sided operations, the initiator's side ---- */
+
+static zs_err check_open(const tcp_conn *c, const char *what);
+static zs_err encode_checked(const tcp_conn *c, const char *what, const zs_frame *f,
+                             uint8_t hdr[TCP_HDR]);
+
+/* The reply f to our one-sided operation r arrived on s (r is off the expect list). */
+static void rma_reply(tcp_sock *s, tcp_req *r, const zs_frame *f)
+{
+    tcp_conn *c = s->conn;
+    int write = r->rma == ZS_RMA_WRITE;
+    const char *what = write ? "iwrite" : "iread";
+    if (f->op == ZS_OP_ERROR) {
+        zs_net_fmt(r->err, sizeof r->err,
+                   "tcp %s %s: the peer refused %llu bytes at 0x%llx of its region with key "
+                   "0x%llx: %s",
+                   what, c->peer, (unsigned long long)r->frame.count,
+                   (unsigned long long)r->frame.offset, (unsigned long long)r->frame.step,
+                   f->status == ZS_FS_BAD_KEY
+                       ? "bad key (no such region, bytes outside it, or not open to this access)"
+                       : zs_frame_status_name(f->status));
+        r->status = ZS_ERR_INVALID;
+        if (f->length) {
+            sock_start_body(s, NULL, r); /* the text is skipped; the request fails after it */
+            return;
+        }
+        zs_rq_finish(r, r->status, r->err);
+        return;
+    }
+    int want = write ? ZS_OP_RMA_ACK : ZS_OP_RMA_DATA;
+    if (f->op != want || f->offset != r->frame.offset || f->count != r->frame.count) {
+        char why[ZS_NET_REASON_MAX];
+        zs_net_fmt(why, sizeof why,
+                   "%s id %llu (%llu bytes at 0x%llx) does not answer our %s of %llu bytes at "
+                   "0x%llx",
+                   zs_frame_op_name(f->op), (unsigned long long)f->id, (unsigned long long)f->count,
+                   (unsigned long long)f->offset, zs_frame_op_name(r->frame.op),
+                   (unsigned long long)r->frame.count, (unsigned long long)r->frame.offset);
+        zs_rq_finish(r, ZS_ERR_FORMAT, why);
+        reject_bad_frame(s, why);
+        return;
+    }
+    if (f->length == 0)
+        zs_rq_finish(r, ZS_OK, NULL);
+    else
+        sock_start_body(s, r->buf, r);
+}
+
+/* iread (write 0) and iwrite: the reply expected under a fresh id of the backend's range,
+ * then the request sent (a request of the net's own, without an outcome of its own). */
+static zs_err rma_start(zs_conn *cc, int write, zs_mr *mm, size_t off, const zs_mr_desc *rd,
+                        uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                        zs_req **out)
+{
+    tcp_conn *c = (tcp_conn *)cc;
+    tcp_net *n = c->net;
+    tcp_mr *m = (tcp_mr *)mm;
+    const char *what = write ? "iwrite" : "iread";
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, what));
+    ZS_CHECK(zs_rma_check("tcp", write, c->peer, n, m, off, rd, remote_off, len));
+    uint64_t id = ZS_RMA_ID_BASE | (n->rma_next_id++ & (ZS_RMA_ID_BASE - 1));
+    zs_frame f = {.op = write ? ZS_OP_RMA_WRITE : ZS_OP_RMA_READ,
+                  .dtype = ZS_DTYPE_BYTES,
+                  .flags = write && notify ? ZS_FRAME_FLAG_NOTIFY : 0,
+                  .id = id,
+                  .step = rd->key,
+                  .chunk = write ? imm : 0,
+                  .offset = rd->addr + remote_off,
+                  .count = len,
+                  .length = write ? len : 0};
+    uint8_t hdr[TCP_HDR];
+    ZS_CHECK(encode_checked(c, what, &f, hdr));
+    tcp_req *sr = zs_rq_new(&n->reqs, n, ZS_RQ_SEND, c, NULL, 0);
+    if (!sr)
+        return zs_error(ZS_ERR_NOMEM, "tcp %s %s: out of memory", what, c->peer);
+    zs_req *ur;
+    zs_err e = zs_rq_expect_any(&n->reqs, n, c, c->peer, &c->expect, id, write ? NULL : m,
+                                write ? 0 : off, write ? 0 : len, user, &ur);
+    if (e != ZS_OK) {
+        zs_rq_release(sr);
+        return e;
+    }
+    tcp_req *r = (tcp_req *)ur;
+    r->handle = out != NULL;
+    r->kind = write ? ZS_RQ_SEND : ZS_RQ_RECV;
+    r->rma = write ? ZS_RMA_WRITE : ZS_RMA_READ;
+    r->frame = f;
+    r->frame.version = ZS_FRAME_VERSION;
+    sr->silent = 1;
+    sr->frame = r->frame;
+    memcpy(sr->hdr, hdr, TCP_HDR);
+    sr->len = f.length;
+    if (write)
+        zs_rq_use(sr, m, off);
+    if (out)
+        *out = ur;
+    send_enqueue(c, sr);
+    return ZS_OK;
+}
+
+zs_err zs_tcp_iread(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                    uint64_t remote_off, size_t len, void *user, zs_req **req)
+{
+    return rma_start(c, 0, mr, off, remote, remote_off, len, 0, 0, user, req);
+}
+
+zs_err zs_tcp_iwrite(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                     uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                     zs_req **req)
+{
+    return rma_start(c, 1, mr, off, remote, remote_off, len, notify, imm, user, req);
+}
+
+zs_err zs_tcp_mr_export(zs_mr *mr, zs_mr_desc *out)
+{
+    return zs_region_export("tcp", (const zs_region *)mr, out);
+}
+
 /* The 64 header bytes of s are in: decode, and decide where the payload goes. */
 static void sock_on_header(tcp_sock *s)
 {
@@ -684,7 +953,23 @@ static void sock_on_header(tcp_sock *s)
         return;
     }
     s->frame = f;
+    if (f.op == ZS_OP_RMA_READ || f.op == ZS_OP_RMA_WRITE) {
+        rma_serve(s, &f);
+        return;
+    }
     tcp_req *r = zs_rq_list_find(c->expect, f.id);
+    if (r && r->rma) {
+        zs_rq_list_del(&c->expect, r);
+        rma_reply(s, r, &f);
+        return;
+    }
+    if (!r && (f.op == ZS_OP_RMA_DATA || f.op == ZS_OP_RMA_ACK)) {
+        char why[ZS_NET_REASON_MAX];
+        zs_net_fmt(why, sizeof why, "%s id %llu answers no one-sided operation of ours",
+                   zs_frame_op_name(f.op), (unsigned long long)f.id);
+        reject_bad_frame(s, why);
+        return;
+    }
     if (r) {
         zs_rq_list_del(&c->expect, r);
         r->frame = f;
@@ -723,6 +1008,10 @@ static void sock_on_body_done(tcp_sock *s)
     s->rstate = RS_HDR;
     s->rreq = NULL;
     s->rdst = NULL;
+    if (r && r->rma == ZS_RMA_SERVE) {
+        rma_written(s->conn, r, was == RS_BODY);
+        return;
+    }
     if (r) {
         if (was == RS_BODY)
             zs_rq_finish(r, ZS_OK, NULL);
@@ -760,6 +1049,10 @@ static void sock_read(tcp_sock *s)
             }
             if (frames++ == TCP_TURN_FRAMES) {
                 sock_mark_dirty(s);
+                return;
+            }
+            if (c->rma_out >= TCP_RMA_MAX_OUT) {
+                c->rma_blocked = 1; /* rma_reply_written() resumes it */
                 return;
             }
         }
@@ -1691,9 +1984,7 @@ zs_err zs_tcp_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out
     tcp_net *n = (tcp_net *)nn;
     if (!base || len == 0)
         return zs_error(ZS_ERR_INVALID, "tcp reg_mr: empty region (base %p, %zu bytes)", base, len);
-    if (access <= 0 || (access & ~(ZS_MR_SEND | ZS_MR_RECV)))
-        return zs_error(ZS_ERR_INVALID, "tcp reg_mr: access %d is not ZS_MR_SEND | ZS_MR_RECV",
-                        access);
+    ZS_CHECK(zs_region_check_access("tcp", access));
     tcp_mr *m = malloc(sizeof *m);
     if (!m)
         return zs_error(ZS_ERR_NOMEM, "tcp reg_mr: out of memory");
@@ -1874,6 +2165,11 @@ zs_err zs_tcp_cancel(zs_req *rq)
 {
     tcp_req *r = (tcp_req *)rq;
     ZS_CHECK(zs_rq_check_handle(r, "cancel"));
+    if (r->rma && r->state != ZS_RQ_DONE)
+        return zs_error(ZS_ERR_INVALID,
+                        "tcp cancel %s: a one-sided %s cannot be recalled (its bytes may "
+                        "still move); wait for it",
+                        ((tcp_conn *)r->conn)->peer, r->rma == ZS_RMA_WRITE ? "write" : "read");
     switch (r->state) {
     case ZS_RQ_EXPECTED:
         zs_rq_orphan(r);
@@ -1998,6 +2294,9 @@ const zs_transport_ops zs_tcp_ops = {
     .test = zs_tcp_test,
     .wait = zs_tcp_wait,
     .cancel = zs_tcp_cancel,
+    .mr_export = zs_tcp_mr_export,
+    .iread = zs_tcp_iread,
+    .iwrite = zs_tcp_iwrite,
     .flush = zs_tcp_flush,
     .poll = zs_tcp_poll,
     .wait_fd = zs_tcp_wait_fd,

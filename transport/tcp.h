@@ -83,6 +83,12 @@ zs_err zs_tcp_discard(zs_conn *c);
 zs_err zs_tcp_test(zs_req *req, int *done, zs_frame *f);
 zs_err zs_tcp_wait(zs_req *req, int timeout_ms, int *done, zs_frame *f);
 zs_err zs_tcp_cancel(zs_req *req);
+zs_err zs_tcp_mr_export(zs_mr *mr, zs_mr_desc *out);
+zs_err zs_tcp_iread(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                    uint64_t remote_off, size_t len, void *user, zs_req **req);
+zs_err zs_tcp_iwrite(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                     uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                     zs_req **req);
 zs_err zs_tcp_flush(zs_net *net);
 zs_err zs_tcp_poll(zs_net *net, zs_event *ev, int max, int timeout_ms, int *n);
 int zs_tcp_wait_fd(zs_net *net, int *timeout_ms);

@@ -76,7 +76,7 @@
 #include "common/secret.h"
 #include "transport/frame.h"
 
-#define ZS_TRANSPORT_OPS_VERSION 3
+#define ZS_TRANSPORT_OPS_VERSION 4
 
 struct zs_transport_ops;
 
@@ -94,8 +94,30 @@ typedef struct zs_conn zs_conn;
 typedef struct zs_mr zs_mr;
 typedef struct zs_req zs_req;
 
-/* Access a region is registered for (RDMA maps them to local/remote read/write rights). */
-enum { ZS_MR_SEND = 1, ZS_MR_RECV = 2 };
+/* Access a region is registered for (RDMA maps them to local/remote read/write rights).
+ * ZS_MR_REMOTE_READ and ZS_MR_REMOTE_WRITE open it to one-sided reads and writes by the peers
+ * this net is connected to, through the descriptor mr_export() gives. */
+enum { ZS_MR_SEND = 1, ZS_MR_RECV = 2, ZS_MR_REMOTE_READ = 4, ZS_MR_REMOTE_WRITE = 8 };
+
+/* A registered region as a peer names it in one-sided reads and writes: exported by
+ * mr_export() on the side that owns the memory, carried to the peer by the caller (in a frame's
+ * payload, on the control plane: zs_mr_desc_encode), and given to iread()/iwrite() on a
+ * connection to the owner.  addr is the region's first byte in the owner's address space,
+ * key names the registration (RDMA: the rkey; tcp and shm: a random key of the owner's net),
+ * so that a descriptor outlives nothing: once the owner deregisters the region, operations
+ * that name it fail. */
+typedef struct {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t key;
+    uint32_t access; /* ZS_MR_REMOTE_READ and/or ZS_MR_REMOTE_WRITE */
+} zs_mr_desc;
+
+/* A descriptor on the wire: addr, len, key, access, little-endian. */
+#define ZS_MR_DESC_BYTES 24
+void zs_mr_desc_encode(const zs_mr_desc *d, uint8_t out[ZS_MR_DESC_BYTES]);
+/* ZS_ERR_FORMAT when access has other bits than the remote ones or none, or addr + len wraps. */
+zs_err zs_mr_desc_decode(const uint8_t in[ZS_MR_DESC_BYTES], zs_mr_desc *d);
 
 /* Options of a net, given to set_opts() after open().  Zero in a field means: the backend's
  * tunable (read at open()) or its default. */
@@ -145,6 +167,10 @@ typedef enum {
                           requests were completed (failed) before this event */
     ZS_EV_REFUSED = 6, /* a stream accepted on ev.listener failed its handshake, stalled in it,
                           or found no room; it is closed (ev.conn NULL), ev.reason says why */
+    ZS_EV_WRITTEN = 7, /* the peer on ev.conn wrote into one of this net's regions with
+                          iwrite(..., notify): ev.frame.offset is the first byte's address,
+                          ev.frame.count the bytes, ev.frame.chunk the immediate value; the
+                          bytes are in place */
 } zs_ev_type;
 
 typedef struct {
@@ -219,7 +245,8 @@ typedef struct zs_transport_ops {
     /* Expects the frame with id `id` on c: its payload goes to mr[off, off+cap).  On arrival
      * the request completes with that frame's header (which may be a ZS_OP_ERROR with its
      * text in the buffer); a payload longer than cap is skipped and the request fails
-     * ("exceeds").  Post before sending the request the reply answers.  Does not block. */
+     * ("exceeds").  Post before sending the request the reply answers.  Ids from 2^63 up are
+     * the transport's own (one-sided operations) and refused.  Does not block. */
     zs_err (*irecv)(zs_conn *c, uint64_t id, zs_mr *mr, size_t off, size_t cap, void *user,
                     zs_req **req);
     /* Reads the payload of c's pending header (ZS_EV_HEADER) into mr at off; its length must
@@ -244,6 +271,33 @@ typedef struct zs_transport_ops {
      * is withdrawn.  A send partly written cannot be recalled: cancel fails (ZS_ERR_INVALID)
      * and the request stays.  A finished request's outcome is dropped. */
     zs_err (*cancel)(zs_req *req);
+
+    /* One-sided operations.  The peer's application takes no part: on RDMA the NICs move the
+     * bytes (RDMA READ, RDMA WRITE, WRITE_WITH_IMM), on tcp and shm the peer's net serves them
+     * inside its progress functions and hands its caller no event (but ZS_EV_WRITTEN for a
+     * notifying write).  The peer checks every operation against its registrations: an unknown
+     * or deregistered key, bytes outside the region, or access it was not registered for fail
+     * the request ("bad key"); on RDMA the NIC's remote access error also fails the connection
+     * (ZS_EV_CLOSED), as verbs do.  Nothing orders them against the peer's own use of the
+     * region: a read of bytes the peer is rewriting may see some of each (the caller's
+     * protocol, a version number or a notification, says when bytes are whole).
+     * Completions are as for sends and receives: a handle, or one ZS_EV_RECV (iread) or
+     * ZS_EV_SEND (iwrite) whose ev.frame.op is ZS_OP_RMA_READ or ZS_OP_RMA_WRITE.  cancel()
+     * fails (ZS_ERR_INVALID) once the operation may have started: its bytes may still move.
+     *
+     * Exports mr's descriptor; fails unless mr was registered with ZS_MR_REMOTE_READ or
+     * ZS_MR_REMOTE_WRITE.  Does not block. */
+    zs_err (*mr_export)(zs_mr *mr, zs_mr_desc *out);
+    /* Reads len bytes at byte remote_off of the peer's region `remote` into mr at off (mr
+     * registered for ZS_MR_RECV).  Completes when they are in mr.  Does not block. */
+    zs_err (*iread)(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                    uint64_t remote_off, size_t len, void *user, zs_req **req);
+    /* Writes len bytes of mr at off (registered for ZS_MR_SEND) to byte remote_off of the
+     * peer's region `remote`.  Completes when they are in the peer's memory.  With notify, the
+     * peer's net reports ZS_EV_WRITTEN carrying imm once they are.  Does not block. */
+    zs_err (*iwrite)(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                     uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                     zs_req **req);
 
     /* Writes what batched sends have queued (and resumes any other work that waits for a
      * turn of the loop) without blocking. */

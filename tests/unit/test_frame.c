@@ -9,6 +9,7 @@
 
 #include "test.h"
 #include "transport/frame.h"
+#include "transport/transport.h"
 
 /* A valid frame of each op. */
 static zs_frame sample(zs_frame_op op)
@@ -43,6 +44,23 @@ static zs_frame sample(zs_frame_op op)
         f.dtype = ZS_DTYPE_TEXT;
         f.length = 64;
         break;
+    case ZS_OP_RMA_READ:
+    case ZS_OP_RMA_ACK:
+        f.dtype = ZS_DTYPE_BYTES;
+        f.step = 0xdeadbeef; /* the region's key */
+        f.offset = 0x7f0012345000ull;
+        break;
+    case ZS_OP_RMA_DATA:
+    case ZS_OP_RMA_WRITE:
+        f.dtype = ZS_DTYPE_BYTES;
+        f.step = 0xdeadbeef;
+        f.offset = 0x7f0012345000ull;
+        f.length = 256;
+        if (op == ZS_OP_RMA_WRITE) {
+            f.flags = ZS_FRAME_FLAG_NOTIFY;
+            f.chunk = 0xfeedu; /* the immediate value */
+        }
+        break;
     }
     return f;
 }
@@ -71,7 +89,7 @@ static void put_le(uint8_t *p, int n, uint64_t v)
 
 static void test_round_trips(void)
 {
-    for (int op = ZS_OP_FETCH; op <= ZS_OP_HELLO; op++) {
+    for (int op = ZS_OP_FETCH; op <= ZS_OP_RMA_ACK; op++) {
         zs_frame f = sample((zs_frame_op)op), g;
         uint8_t buf[ZS_FRAME_HEADER_BYTES];
         memset(buf, 0xAB, sizeof buf);
@@ -154,7 +172,10 @@ static void test_sizes_and_names(void)
     CHECK_EQ_INT(zs_frame_dtype_size(ZS_DTYPE_F32), 4);
     CHECK_EQ_INT(zs_frame_dtype_size(ZS_DTYPE_BF16), 2);
     CHECK_EQ_INT(zs_frame_dtype_size(ZS_DTYPE_TEXT), 1);
-    CHECK_EQ_INT(zs_frame_dtype_size((zs_frame_dtype)3), 0);
+    CHECK_EQ_INT(zs_frame_dtype_size(ZS_DTYPE_BYTES), 1);
+    CHECK_EQ_INT(zs_frame_dtype_size((zs_frame_dtype)4), 0);
+    CHECK(!strcmp(zs_frame_op_name(ZS_OP_RMA_WRITE), "rma_write"));
+    CHECK(!strcmp(zs_frame_status_name(ZS_FS_BAD_KEY), "bad_key"));
     CHECK(!strcmp(zs_frame_op_name(ZS_OP_PUSH), "push"));
     CHECK(!strcmp(zs_frame_op_name(0), "?"));
     CHECK(!strcmp(zs_frame_dtype_name(ZS_DTYPE_BF16), "bf16"));
@@ -185,12 +206,42 @@ static void test_invalid_fields(void)
     CHECK_FAILS_WITH(decode_patched(push, 0, 4, 0x3146535b), "magic");
     CHECK_FAILS_WITH(decode_patched(push, 4, 2, 2), "version 2 is not 1");
     CHECK_FAILS_WITH(decode_patched(push, 4, 2, 0), "version 0");
-    CHECK_FAILS_WITH(decode_patched(push, 6, 2, 9), "frame: op 9 is not a known op");
+    CHECK_FAILS_WITH(decode_patched(push, 6, 2, 11), "frame: op 11 is not a known op");
     CHECK_FAILS_WITH(decode_patched(push, 6, 2, 0), "op 0 is not a known op");
     CHECK_FAILS_WITH(decode_patched(push, 6, 2, 0xffff), "op 65535");
-    CHECK_FAILS_WITH(decode_patched(push, 8, 1, 3), "dtype 3 is not a known dtype");
+    CHECK_FAILS_WITH(decode_patched(push, 8, 1, 4), "dtype 4 is not a known dtype");
     CHECK_FAILS_WITH(decode_patched(push, 8, 1, 0xff), "dtype 255");
-    CHECK_FAILS_WITH(decode_patched(push, 9, 1, 2), "flags 0x02 must be 0 or 0x01");
+    CHECK_FAILS_WITH(decode_patched(push, 9, 1, 4), "flags 0x04 must be 0, 0x01 or 0x02");
+    CHECK_FAILS_WITH(decode_patched(push, 9, 1, 2), "flag 0x02 (notify) needs op 9 (rma_write)");
+    /* Bytes are the one-sided ops' dtype, and only theirs. */
+    CHECK_FAILS_WITH(decode_patched(push, 8, 1, ZS_DTYPE_BYTES),
+                     "dtype 3 (bytes) with op 3 (push): the one-sided ops (7..10)");
+    for (int op = ZS_OP_RMA_READ; op <= ZS_OP_RMA_ACK; op++) {
+        f = sample((zs_frame_op)op);
+        f.dtype = ZS_DTYPE_F32;
+        CHECK_FAILS_WITH(decode_frame(f), "only they carry dtype 3 (bytes)");
+        f = sample((zs_frame_op)op);
+        f.status = ZS_FS_BAD_KEY;
+        CHECK_FAILS_WITH(decode_frame(f), "status 7 must be 0 in op");
+    }
+    f = sample(ZS_OP_RMA_DATA);
+    f.flags = ZS_FRAME_FLAG_NOTIFY;
+    CHECK_FAILS_WITH(decode_frame(f), "flag 0x02 (notify) needs op 9 (rma_write), not 8");
+    f = sample(ZS_OP_RMA_READ);
+    f.length = 8;
+    CHECK_FAILS_WITH(decode_frame(f), "length 8 for op 7 (rma_read), expected 0");
+    f = sample(ZS_OP_RMA_READ);
+    f.count = ZS_FRAME_MAX_PAYLOAD + 1;
+    CHECK_FAILS_WITH(decode_frame(f), "in an rma_read exceeds the largest payload");
+    f = sample(ZS_OP_RMA_ACK);
+    f.length = 1;
+    CHECK_FAILS_WITH(decode_frame(f), "length 1 for op 10 (rma_ack), expected 0");
+    f = sample(ZS_OP_RMA_WRITE);
+    f.length = 255;
+    CHECK_FAILS_WITH(decode_frame(f), "length 255 does not match count 256 x 1 bytes (bytes)");
+    f = sample(ZS_OP_RMA_DATA);
+    f.offset = UINT64_MAX - 100; /* the bytes would wrap the address space */
+    CHECK_FAILS_WITH(decode_frame(f), "overflows");
     /* The state flag: only on an f32 fetch naming one of the three arrays. */
     CHECK_FAILS_WITH(decode_patched(push, 9, 1, 1), "flag 0x01 (state) needs op 1 (fetch)");
     {
@@ -229,8 +280,8 @@ static void test_invalid_fields(void)
     f.status = ZS_FS_BAD_FRAME;
     CHECK_FAILS_WITH(decode_frame(f), "status 2 must be 0 in op 1 (fetch)");
     f = sample(ZS_OP_PUSH_REPLY);
-    f.status = 7;
-    CHECK_FAILS_WITH(decode_frame(f), "status 7 is not a known status");
+    f.status = 8;
+    CHECK_FAILS_WITH(decode_frame(f), "status 8 is not a known status");
     f = sample(ZS_OP_ERROR);
     f.status = 0x80000000u;
     CHECK_FAILS_WITH(decode_frame(f), "status 2147483648");
@@ -278,6 +329,34 @@ static void test_invalid_fields(void)
     f = sample(ZS_OP_ERROR);
     f.length = UINT64_MAX;
     CHECK_FAILS_WITH(decode_frame(f), "length 18446744073709551615 exceeds the largest payload");
+}
+
+/* Region descriptors: the wire layout, round trips, and what decode refuses. */
+static void test_mr_desc(void)
+{
+    zs_mr_desc d = {.addr = 0x7f0012345000ull,
+                    .len = 3u << 20,
+                    .key = 0x89abcdefu,
+                    .access = ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE},
+               g;
+    uint8_t b[ZS_MR_DESC_BYTES];
+    zs_mr_desc_encode(&d, b);
+    CHECK(le(b, 8) == d.addr && le(b + 8, 8) == d.len && le(b + 16, 4) == d.key &&
+          le(b + 20, 4) == d.access);
+    CHECK_OK(zs_mr_desc_decode(b, &g));
+    CHECK(g.addr == d.addr && g.len == d.len && g.key == d.key && g.access == d.access);
+    zs_mr_desc keep = g;
+    put_le(b + 20, 4, 0);
+    CHECK_FAILS_WITH(zs_mr_desc_decode(b, &g), "access 0x0 must be remote read");
+    put_le(b + 20, 4, ZS_MR_SEND | ZS_MR_REMOTE_READ);
+    CHECK_FAILS_WITH(zs_mr_desc_decode(b, &g), "access 0x5 must be");
+    CHECK(g.addr == keep.addr && g.key == keep.key && g.access == keep.access);
+    put_le(b + 20, 4, ZS_MR_REMOTE_READ);
+    put_le(b, 8, UINT64_MAX - 10);
+    CHECK_FAILS_WITH(zs_mr_desc_decode(b, &g), "wraps");
+    put_le(b, 8, 4096);
+    CHECK_OK(zs_mr_desc_decode(b, &g));
+    CHECK(g.addr == 4096 && g.access == ZS_MR_REMOTE_READ);
 }
 
 /* The decoder leaves the output alone on failure. */
@@ -368,5 +447,6 @@ int main(void)
     test_invalid_fields();
     test_output_untouched();
     test_garbage();
+    test_mr_desc();
     return zs_test_result("test_frame");
 }

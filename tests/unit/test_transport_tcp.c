@@ -201,6 +201,7 @@ static void *server_main(void *arg)
                 server_recv_done(s, &ev[i]);
                 break;
             case ZS_EV_SEND:
+            case ZS_EV_WRITTEN: /* counted by the one-sided tests' own server */
             case ZS_EV_REFUSED: /* no authentication here: never */
                 break;
             case ZS_EV_CLOSED:
@@ -687,7 +688,7 @@ static void test_bad_headers(server *s)
         const char *needle;
     } cases[] = {
         {0, 4, 0xdeadbeef, "magic 0xdeadbeef"},  {4, 2, 2, "version 2 is not 1"},
-        {6, 2, 9, "op 9 is not a known op"},     {9, 1, 4, "flags 0x04"},
+        {6, 2, 11, "op 11 is not a known op"},   {9, 1, 4, "flags 0x04"},
         {56, 8, 5, "length 5 for op 1 (fetch)"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -855,8 +856,8 @@ static void test_local_pair(void)
     CHECK_OK(T->reg_mr(net, b, 64, ZS_MR_SEND, &mro));
 
     /* API misuse is refused with a message and starts nothing. */
-    zs_frame bad = {.op = 9};
-    CHECK_FAILS_WITH(T->isend(cli, &bad, NULL, 0, NULL, NULL), "op 9 is not a known op");
+    zs_frame bad = {.op = 11};
+    CHECK_FAILS_WITH(T->isend(cli, &bad, NULL, 0, NULL, NULL), "op 11 is not a known op");
     zs_frame push = {
         .op = ZS_OP_PUSH, .dtype = ZS_DTYPE_F32, .id = 1, .count = len / 4 + 1, .length = len + 4};
     CHECK_FAILS_WITH(T->isend(cli, &push, ma, 0, NULL, NULL), "outside the region");
@@ -1292,6 +1293,20 @@ static void test_wait_fd(void)
     T->close(net);
 }
 
+/* The one-sided operations, served by the peer's net (rma_suite.h). */
+#define RMA_OPS (&zs_tcp_ops)
+#define RMA_NIC 0
+static const char *rma_addr = "127.0.0.1";
+static void rma_server_opts(zs_conn_opts *o)
+{
+    (void)o;
+}
+static void rma_client_opts(zs_conn_opts *o)
+{
+    (void)o;
+}
+#include "rma_suite.h"
+
 int main(void)
 {
     server s1, s2;
@@ -1312,6 +1327,7 @@ int main(void)
     test_bad_headers(&s1);
     test_random_bytes(&s2);
     test_disconnect_mid_frame(&s1);
+    rma_suite();
     server_stop(&s1);
     server_stop(&s2);
     return zs_test_result("test_transport_tcp");

@@ -66,6 +66,8 @@ typedef struct {
     pthread_mutex_t mu;
     int stop;
     int accepted, closed, refused, fetches, pushes_ok, pushes_failed, replies_done;
+    int written;           /* ZS_EV_WRITTEN events (one-sided writes with notify) */
+    zs_frame last_written; /* the last one's frame: address, bytes, immediate value */
     char last_closed[ZS_NET_REASON_MAX], last_refused[ZS_NET_REASON_MAX];
 } server;
 
@@ -144,6 +146,10 @@ static void *server_main(void *arg)
             switch (e->type) {
             case ZS_EV_ACCEPT:
                 s->accepted++;
+                break;
+            case ZS_EV_WRITTEN:
+                s->written++;
+                s->last_written = e->frame;
                 break;
             case ZS_EV_REFUSED:
                 s->refused++;
