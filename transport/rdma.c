@@ -58,7 +58,6 @@
 #define RD_HELLO_ID 1
 #define RD_DRAIN_MS 2000
 #define RD_CANCEL_MS 1000
-#define RD_PEER_MAX 80
 
 /* The locked-memory limit below which RDMA is not offered: registering a worker's layer slots
  * or a server's shards needs far more. */
@@ -89,21 +88,13 @@ typedef struct {
 } rd_done;
 
 struct rd_conn {
-    rd_net *net;
+    zs_setup_conn s; /* first: the set-up stream, the state every connection has (ready: the QP
+                        is in RTS and the caller knows the connection) */
     uint32_t id;
-    zs_conn *tcp;   /* the set-up stream, kept to notice a dead peer */
-    rd_listener *l; /* accepted: the listener, until the set-up finished */
-    int ready;      /* the QP is in RTS and the caller knows the connection */
-    int64_t setup_deadline;
-    char peer[RD_PEER_MAX];
-    uint32_t member;
-    void *user;
     struct ibv_qp *qp;
     uint8_t *slots; /* RD_RECV_SLOTS receive slots, then RD_SEND_SLOTS send slots */
     struct ibv_mr *slot_mr;
-    uint8_t hello[RD_HELLO_BYTES];
-    zs_mr *hello_mr; /* hello[] registered with the TCP net */
-    int max_reads;   /* READs in flight at once */
+    int max_reads; /* READs in flight at once */
     /* sending */
     int credits;        /* frames the peer can still take */
     int owed;           /* slots we freed and have not told the peer about */
@@ -113,24 +104,17 @@ struct rd_conn {
     int ring_head, ring_used;
     uint64_t ring_seq[RD_SEND_SLOTS];
     rd_req *sendq, *sendq_tail; /* frames waiting for a credit or a send slot */
-    rd_req *await;              /* RNDV sends waiting for DONE */
-    uint64_t next_token;
-    rd_done *ctl; /* DONE messages waiting for a send slot */
+    rd_done *ctl;               /* DONE messages waiting for a send slot */
     int n_ctl, cap_ctl;
     int bad_key; /* test hook */
     /* receiving */
-    rd_req *expect;                              /* posted irecvs */
     int backlog[RD_RECV_SLOTS], bl_head, bl_len; /* frames behind a reported header */
     int pending;                                 /* the slot of the reported header, or -1 */
     rd_req *reading, *reading_tail; /* receives in their READ phase, in posting order */
     /* failure */
-    int closed;
     int closing; /* failed, and ZS_EV_CLOSED waits for the QP to flush */
     zs_err close_err;
     int64_t drain_deadline;
-    char reason[ZS_NET_REASON_MAX];
-    int dirty;
-    rd_conn *prev, *next;
 };
 
 /* cluster.rdma resolved: the device, its port, the GID index (-1: chosen by address). */
@@ -141,16 +125,12 @@ typedef struct {
 } rd_opts;
 
 struct rd_listener {
-    rd_net *net;
-    zs_listener *tcp;
-    rd_opts opts; /* what its accepted connections use */
-    int setup_ms;
-    rd_listener *prev, *next;
+    zs_setup_listener s; /* first */
+    rd_opts opts;        /* what its accepted connections use */
 };
 
 struct rd_net {
-    zs_net *tcp;
-    int epfd;
+    zs_setup_net s; /* first: the TCP net, epoll, events, connections, regions, requests */
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_comp_channel *chan;
@@ -161,31 +141,16 @@ struct rd_net {
     char dev_name[64];
     struct ibv_port_attr port_attr;
     int max_rd_atomic;
-    zs_evq evq;
-    rd_conn *conns;
-    rd_listener *listeners;
-    zs_region *mrs;
-    zs_rq_pool reqs;
     uint32_t next_conn_id;
-    int send_timeout_ms;
     zs_log_limit log;
 };
 
 /* ---------------------------------------------------------------------------------------- */
 /* helpers */
 
-static int env_int(const char *name, int dflt, int lo, int hi)
+static rd_net *net_of(const rd_conn *c)
 {
-    const char *s = getenv(name);
-    if (!s || !*s)
-        return dflt;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*end || v < lo || v > hi) {
-        ZS_WARN("rdma: %s=%s is not a number in %d..%d; using %d", name, s, lo, hi, dflt);
-        return dflt;
-    }
-    return (int)v;
+    return (rd_net *)c->s.net;
 }
 
 static uint64_t wr_id(const rd_conn *c, int kind, uint64_t v)
@@ -195,7 +160,7 @@ static uint64_t wr_id(const rd_conn *c, int kind, uint64_t v)
 
 static rd_conn *conn_by_id(rd_net *n, uint32_t id)
 {
-    for (rd_conn *c = n->conns; c; c = c->next)
+    for (rd_conn *c = (rd_conn *)n->s.conns; c; c = (rd_conn *)c->s.next)
         if (c->id == id)
             return c;
     return NULL;
@@ -208,16 +173,6 @@ static uint8_t *recv_slot(rd_conn *c, int i)
 static uint8_t *send_slot(rd_conn *c, int i)
 {
     return c->slots + (size_t)(RD_RECV_SLOTS + i) * RD_SLOT;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* requests */
-
-/* The connection a handle-less request's outcome names: none once the caller closed it. */
-static zs_conn *event_conn(void *conn)
-{
-    rd_conn *c = conn;
-    return c && c->ready ? (zs_conn *)c : NULL;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -309,9 +264,10 @@ static void resolve_opts(const zs_conn_opts *o, rd_opts *t)
         b = o->backend;
     const char *dev = b && b->device && *b->device ? b->device : getenv("ZS_RDMA_DEVICE");
     zs_net_copy_str(t->device, sizeof t->device, dev ? dev : "");
-    t->port = b && b->port > 0 ? b->port : env_int("ZS_RDMA_PORT", 1, 1, 255);
-    t->gid_index =
-        b && b->gid_index >= 0 ? b->gid_index : env_int("ZS_RDMA_GID_INDEX", -1, -1, 1 << 20);
+    t->port = b && b->port > 0 ? b->port : zs_setup_env_int("rdma", "ZS_RDMA_PORT", 1, 1, 255);
+    t->gid_index = b && b->gid_index >= 0
+                       ? b->gid_index
+                       : zs_setup_env_int("rdma", "ZS_RDMA_GID_INDEX", -1, -1, 1 << 20);
 }
 
 /* Opens the net's device once: named, else holding ip (network order, 0: any), else the first
@@ -397,7 +353,7 @@ static zs_err open_device(rd_net *n, const rd_opts *t, uint32_t ip)
         int fl = fcntl(fds[i], F_GETFL);
         struct epoll_event ev = {.events = EPOLLIN, .data.u32 = 1 + i};
         if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) < 0 ||
-            epoll_ctl(n->epfd, EPOLL_CTL_ADD, fds[i], &ev) < 0) {
+            epoll_ctl(n->s.epfd, EPOLL_CTL_ADD, fds[i], &ev) < 0) {
             res = zs_error(ZS_ERR_IO, "rdma: %s: cannot watch its descriptors: %s", n->dev_name,
                            strerror(errno));
             goto fail_cq;
@@ -408,7 +364,7 @@ static zs_err open_device(rd_net *n, const rd_opts *t, uint32_t ip)
     ZS_DEBUG("rdma: opened %s port %d", n->dev_name, n->port);
     return ZS_OK;
 fail_cq:
-    epoll_ctl(n->epfd, EPOLL_CTL_DEL, n->chan->fd, NULL);
+    epoll_ctl(n->s.epfd, EPOLL_CTL_DEL, n->chan->fd, NULL);
     ibv_destroy_cq(n->cq);
     n->cq = NULL;
 fail_chan:
@@ -435,7 +391,7 @@ static zs_err post_recv(rd_conn *c, int slot)
     struct ibv_recv_wr *bad;
     int rc = ibv_post_recv(c->qp, &wr, &bad);
     if (rc)
-        return zs_error(ZS_ERR_IO, "rdma %s: ibv_post_recv: %s", c->peer, strerror(rc));
+        return zs_error(ZS_ERR_IO, "rdma %s: ibv_post_recv: %s", c->s.peer, strerror(rc));
     return ZS_OK;
 }
 
@@ -502,7 +458,7 @@ static void msg_header(rd_conn *c, uint8_t *p, int kind, uint32_t status, uint32
 /* Sends the DONE messages that wait for a slot, then a CREDIT message if many are owed. */
 static void send_control(rd_conn *c)
 {
-    while (c->n_ctl > 0 && !c->closed) {
+    while (c->n_ctl > 0 && !c->s.closed) {
         int s = take_slot(c);
         if (s < 0)
             return;
@@ -513,7 +469,7 @@ static void send_control(rd_conn *c)
         if (post_send_slot(c, s, RD_HDR) < 0)
             return;
     }
-    if (c->owed >= RD_CREDITS / 2 && !c->closed) {
+    if (c->owed >= RD_CREDITS / 2 && !c->s.closed) {
         int s = take_slot(c);
         if (s < 0)
             return;
@@ -524,7 +480,7 @@ static void send_control(rd_conn *c)
 
 static void queue_done(rd_conn *c, uint64_t token, uint32_t status)
 {
-    if (c->closed)
+    if (c->s.closed)
         return;
     if (c->n_ctl == c->cap_ctl) {
         int cap = c->cap_ctl ? 2 * c->cap_ctl : 16;
@@ -537,13 +493,13 @@ static void queue_done(rd_conn *c, uint64_t token, uint32_t status)
         c->cap_ctl = cap;
     }
     c->ctl[c->n_ctl++] = (rd_done){token, status};
-    c->dirty = 1;
+    c->s.dirty = 1;
 }
 
 /* Sends the frames queued on c while credits and slots last. */
 static void send_frames(rd_conn *c)
 {
-    while (c->sendq && !c->closed && c->credits > 0) {
+    while (c->sendq && !c->s.closed && c->credits > 0) {
         rd_req *r = c->sendq;
         int s = take_slot(c);
         if (s < 0)
@@ -560,22 +516,22 @@ static void send_frames(rd_conn *c)
                 memcpy(p + len, src, r->frame.length);
             len += r->frame.length;
         } else {
-            r->token = ++c->next_token;
+            r->token = ++c->s.next_token;
             uint32_t rkey = ((rd_mr *)r->mr)->mr->rkey + (c->bad_key ? 1 : 0);
             c->bad_key = 0;
             msg_header(c, p, MSG_RNDV, 0, rkey, r->token, (uintptr_t)r->buf);
         }
         zs_frame_encode(&r->frame, p + RD_HDR);
         if (post_send_slot(c, s, len) < 0) {
-            zs_rq_fail_conn(r, c->reason);
+            zs_rq_fail_conn(r, c->s.reason);
             return;
         }
         if (eager) {
             zs_rq_finish(r, ZS_OK, NULL);
         } else {
             r->state = ZS_RQ_AWAIT;
-            r->deadline = zs_net_now_ms() + c->net->send_timeout_ms;
-            zs_rq_list_add(&c->await, r);
+            r->deadline = zs_net_now_ms() + c->s.net->send_timeout_ms;
+            zs_rq_list_add(&c->s.await, r);
         }
     }
 }
@@ -586,7 +542,7 @@ static void issue_reads(rd_conn *c)
     int inflight = 0;
     for (rd_req *r = c->reading; r; r = r->next)
         inflight += r->reads_out;
-    for (rd_req *r = c->reading; r && !c->closed; r = r->next) {
+    for (rd_req *r = c->reading; r && !c->s.closed; r = r->next) {
         while (r->read_off < r->len && inflight < c->max_reads && sq_room(c) > 0) {
             uint64_t n = r->len - r->read_off;
             if (n > RD_READ_CHUNK)
@@ -625,13 +581,7 @@ static void issue_reads(rd_conn *c)
 static void conn_emit_closed(rd_conn *c)
 {
     c->closing = 0;
-    if (!c->ready)
-        return;
-    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_CLOSED, (zs_conn *)c, "rdma");
-    if (e) {
-        e->err = c->close_err;
-        zs_net_copy_str(e->reason, sizeof e->reason, c->reason);
-    }
+    zs_setup_emit_closed(&c->s, c->close_err);
 }
 
 /* Fails every request of c that no NIC work refers to; the ones with READs in flight fail as
@@ -640,21 +590,21 @@ static void fail_requests(rd_conn *c)
 {
     rd_req *r;
     while ((r = zs_rq_fifo_pop(&c->sendq, &c->sendq_tail)))
-        zs_rq_fail_conn(r, c->reason);
-    while ((r = c->await)) {
-        zs_rq_list_del(&c->await, r);
-        zs_rq_fail_conn(r, c->reason);
+        zs_rq_fail_conn(r, c->s.reason);
+    while ((r = c->s.await)) {
+        zs_rq_list_del(&c->s.await, r);
+        zs_rq_fail_conn(r, c->s.reason);
     }
-    while ((r = c->expect)) {
-        zs_rq_list_del(&c->expect, r);
-        zs_rq_fail_conn(r, c->reason);
+    while ((r = c->s.expect)) {
+        zs_rq_list_del(&c->s.expect, r);
+        zs_rq_fail_conn(r, c->s.reason);
     }
     rd_req *keep = NULL, *keep_tail = NULL;
     while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail))) {
         if (r->reads_out > 0)
             zs_rq_fifo_push(&keep, &keep_tail, r);
         else
-            zs_rq_fail_conn(r, c->reason);
+            zs_rq_fail_conn(r, c->s.reason);
     }
     c->reading = keep;
     c->reading_tail = keep_tail;
@@ -662,26 +612,18 @@ static void fail_requests(rd_conn *c)
 
 static void conn_fail(rd_conn *c, zs_err err, const char *why, ...)
 {
-    if (c->closed)
-        return;
-    char msg[ZS_NET_REASON_MAX];
     va_list ap;
     va_start(ap, why);
-    vsnprintf(msg, sizeof msg, why, ap);
+    int first = zs_setup_conn_fail(&c->s, why, ap); /* closes the set-up stream */
     va_end(ap);
-    c->closed = 1;
+    if (!first)
+        return;
     c->close_err = err;
-    zs_net_fmt(c->reason, sizeof c->reason, "rdma %s: %s", c->peer, msg);
     if (c->qp) {
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
         ibv_modify_qp(c->qp, &a, IBV_QP_STATE);
     }
     fail_requests(c);
-    /* The peer learns at once from its set-up stream, not after its QP's retries. */
-    if (c->tcp) {
-        zs_tcp_conn_close(c->tcp);
-        c->tcp = NULL;
-    }
     if (c->qp && (c->sq_posted > c->sq_done || c->reading)) {
         c->closing = 1;
         c->drain_deadline = zs_net_now_ms() + RD_DRAIN_MS;
@@ -692,30 +634,20 @@ static void conn_fail(rd_conn *c, zs_err err, const char *why, ...)
 
 static void conn_free(rd_conn *c)
 {
-    rd_net *n = c->net;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        n->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    zs_setup_conn_release(&c->s);
     if (c->qp)
         ibv_destroy_qp(c->qp); /* no NIC access to our memory after this */
     c->qp = NULL;
-    if (!c->closed)
-        zs_net_copy_str(c->reason, sizeof c->reason, "connection closed locally");
-    c->closed = 1;
+    if (!c->s.closed)
+        zs_net_copy_str(c->s.reason, sizeof c->s.reason, "connection closed locally");
+    c->s.closed = 1;
     fail_requests(c);
     rd_req *r;
     while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
-        zs_rq_fail_conn(r, c->reason);
+        zs_rq_fail_conn(r, c->s.reason);
     if (c->slot_mr)
         ibv_dereg_mr(c->slot_mr);
     free(c->slots);
-    if (c->tcp)
-        zs_tcp_conn_close(c->tcp);
-    if (c->hello_mr)
-        zs_tcp_dereg_mr(c->hello_mr);
     free(c->ctl);
     free(c);
 }
@@ -725,25 +657,15 @@ static zs_err conn_new(rd_net *n, zs_conn *tcp, rd_conn **out)
     rd_conn *c = calloc(1, sizeof *c);
     if (!c)
         return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
-    c->net = n;
     c->id = ++n->next_conn_id & 0xffffff;
     if (c->id == 0)
         c->id = ++n->next_conn_id & 0xffffff;
-    c->tcp = tcp;
     c->pending = -1;
-    c->member = zs_tcp_conn_member(tcp);
-    zs_net_copy_str(c->peer, sizeof c->peer, zs_tcp_conn_peer(tcp));
-    zs_tcp_conn_set_user(tcp, c);
-    zs_err res =
-        zs_tcp_reg_mr(n->tcp, c->hello, sizeof c->hello, ZS_MR_SEND | ZS_MR_RECV, &c->hello_mr);
+    zs_err res = zs_setup_conn_init(&n->s, &c->s, tcp);
     if (res != ZS_OK) {
         free(c);
         return res;
     }
-    c->next = n->conns;
-    if (n->conns)
-        n->conns->prev = c;
-    n->conns = c;
     *out = c;
     return ZS_OK;
 }
@@ -751,16 +673,16 @@ static zs_err conn_new(rd_net *n, zs_conn *tcp, rd_conn **out)
 /* Creates c's QP in INIT with its receive slots posted. */
 static zs_err conn_make_qp(rd_conn *c)
 {
-    rd_net *n = c->net;
+    rd_net *n = net_of(c);
     size_t bytes = (size_t)(RD_RECV_SLOTS + RD_SEND_SLOTS) * RD_SLOT;
     if (posix_memalign((void **)&c->slots, 4096, bytes) != 0)
-        return zs_error(ZS_ERR_NOMEM, "rdma %s: out of memory for %zu bytes of slots", c->peer,
+        return zs_error(ZS_ERR_NOMEM, "rdma %s: out of memory for %zu bytes of slots", c->s.peer,
                         bytes);
     memset(c->slots, 0, bytes);
     c->slot_mr = ibv_reg_mr(n->pd, c->slots, bytes, IBV_ACCESS_LOCAL_WRITE);
     if (!c->slot_mr)
-        return zs_error(ZS_ERR_IO, "rdma %s: ibv_reg_mr of %zu bytes of slots: %s", c->peer, bytes,
-                        strerror(errno));
+        return zs_error(ZS_ERR_IO, "rdma %s: ibv_reg_mr of %zu bytes of slots: %s", c->s.peer,
+                        bytes, strerror(errno));
     struct ibv_qp_init_attr ia = {
         .send_cq = n->cq,
         .recv_cq = n->cq,
@@ -773,7 +695,7 @@ static zs_err conn_make_qp(rd_conn *c)
     };
     c->qp = ibv_create_qp(n->pd, &ia);
     if (!c->qp)
-        return zs_error(ZS_ERR_IO, "rdma %s: ibv_create_qp on %s: %s", c->peer, n->dev_name,
+        return zs_error(ZS_ERR_IO, "rdma %s: ibv_create_qp on %s: %s", c->s.peer, n->dev_name,
                         strerror(errno));
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                             .pkey_index = 0,
@@ -782,7 +704,7 @@ static zs_err conn_make_qp(rd_conn *c)
     int rc = ibv_modify_qp(c->qp, &a,
                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (rc)
-        return zs_error(ZS_ERR_IO, "rdma %s: QP to INIT: %s", c->peer, strerror(rc));
+        return zs_error(ZS_ERR_IO, "rdma %s: QP to INIT: %s", c->s.peer, strerror(rc));
     for (int i = 0; i < RD_RECV_SLOTS; i++)
         ZS_CHECK(post_recv(c, i));
     return ZS_OK;
@@ -792,12 +714,12 @@ static zs_err conn_make_qp(rd_conn *c)
  * port's first IPv4 RoCE v2 GID, else 0. */
 static int conn_gid_index(rd_conn *c, const rd_opts *t)
 {
-    rd_net *n = c->net;
+    rd_net *n = net_of(c);
     if (t->gid_index >= 0)
         return t->gid_index;
     struct sockaddr_storage ss;
     uint32_t ip = 0;
-    if (zs_tcp_conn_local(c->tcp, &ss) == 0 && ss.ss_family == AF_INET)
+    if (zs_tcp_conn_local(c->s.tcp, &ss) == 0 && ss.ss_family == AF_INET)
         ip = ((struct sockaddr_in *)&ss)->sin_addr.s_addr;
     int g = ip ? find_gid(n->ctx, n->port, n->port_attr.gid_tbl_len, ip) : -1;
     if (g < 0)
@@ -855,12 +777,12 @@ static zs_err hello_decode(const uint8_t *p, size_t len, rd_hello *h, const char
 
 static zs_err local_hello(rd_conn *c, const rd_opts *t, rd_hello *h)
 {
-    rd_net *n = c->net;
+    rd_net *n = net_of(c);
     memset(h, 0, sizeof *h);
     int g = conn_gid_index(c, t);
     union ibv_gid gid;
     if (ibv_query_gid(n->ctx, (uint8_t)n->port, g, &gid) != 0)
-        return zs_error(ZS_ERR_INVALID, "rdma %s: %s port %d has no GID index %d", c->peer,
+        return zs_error(ZS_ERR_INVALID, "rdma %s: %s port %d has no GID index %d", c->s.peer,
                         n->dev_name, n->port, g);
     uint32_t psn;
     if (getrandom(&psn, sizeof psn, 0) != (ssize_t)sizeof psn)
@@ -882,19 +804,19 @@ static zs_err conn_connect_qp(rd_conn *c, const rd_hello *l, const rd_hello *r)
 {
     enum ibv_mtu mtu = (enum ibv_mtu)(l->mtu < r->mtu ? l->mtu : r->mtu);
     c->max_reads =
-        c->net->max_rd_atomic < (int)r->max_reads ? c->net->max_rd_atomic : (int)r->max_reads;
+        net_of(c)->max_rd_atomic < (int)r->max_reads ? net_of(c)->max_rd_atomic : (int)r->max_reads;
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_RTR,
         .path_mtu = mtu,
         .dest_qp_num = r->qpn,
         .rq_psn = r->psn,
-        .max_dest_rd_atomic = (uint8_t)c->net->max_rd_atomic,
+        .max_dest_rd_atomic = (uint8_t)net_of(c)->max_rd_atomic,
         .min_rnr_timer = 12,
         .ah_attr = {.is_global = 1,
                     .dlid = r->lid,
                     .sl = 0,
                     .src_path_bits = 0,
-                    .port_num = (uint8_t)c->net->port,
+                    .port_num = (uint8_t)net_of(c)->port,
                     .grh = {.hop_limit = 64, .sgid_index = l->gid_index}},
     };
     memcpy(a.ah_attr.grh.dgid.raw, r->gid, 16);
@@ -902,8 +824,8 @@ static zs_err conn_connect_qp(rd_conn *c, const rd_hello *l, const rd_hello *r)
                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (rc)
-        return zs_error(ZS_ERR_IO, "rdma %s: QP to RTR (peer qpn %u, mtu %d): %s", c->peer, r->qpn,
-                        128 << mtu, strerror(rc));
+        return zs_error(ZS_ERR_IO, "rdma %s: QP to RTR (peer qpn %u, mtu %d): %s", c->s.peer,
+                        r->qpn, 128 << mtu, strerror(rc));
     struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
                             .timeout = 14,
                             .retry_cnt = 7,
@@ -914,7 +836,7 @@ static zs_err conn_connect_qp(rd_conn *c, const rd_hello *l, const rd_hello *r)
                        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                            IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
     if (rc)
-        return zs_error(ZS_ERR_IO, "rdma %s: QP to RTS: %s", c->peer, strerror(rc));
+        return zs_error(ZS_ERR_IO, "rdma %s: QP to RTS: %s", c->s.peer, strerror(rc));
     c->credits = (int)r->credits;
     return ZS_OK;
 }
@@ -925,14 +847,14 @@ static zs_err conn_connect_qp(rd_conn *c, const rd_hello *l, const rd_hello *r)
 /* Gives slot back to the NIC: one more credit owed to the peer. */
 static void release_slot(rd_conn *c, int slot)
 {
-    if (c->closed)
+    if (c->s.closed)
         return;
     if (post_recv(c, slot) != ZS_OK) {
         conn_fail(c, ZS_ERR_IO, "%s", zs_last_error());
         return;
     }
     c->owed++;
-    c->dirty = 1;
+    c->s.dirty = 1;
 }
 
 /* Starts a receive of the frame in slot into r's buffer (length checked by the caller). */
@@ -953,7 +875,7 @@ static void start_payload(rd_conn *c, int slot, rd_req *r)
     r->reads_out = 0;
     r->state = ZS_RQ_ACTIVE;
     zs_rq_fifo_push(&c->reading, &c->reading_tail, r);
-    c->dirty = 1;
+    c->s.dirty = 1;
 }
 
 /* Skips the payload of the frame in slot: an RNDV sender is told it can reuse its buffer. */
@@ -970,29 +892,17 @@ static int deliver(rd_conn *c, int slot)
 {
     zs_frame f;
     zs_frame_decode(recv_slot(c, slot) + RD_HDR, &f); /* checked on arrival */
-    rd_req *r = zs_rq_list_find(c->expect, f.id);
-    if (r) {
-        zs_rq_list_del(&c->expect, r);
-        if (r->silent) {
-            skip_payload(c, slot);
-            zs_rq_release(r);
-        } else if (f.length > r->len) {
-            r->frame = f;
-            skip_payload(c, slot);
-            char msg[ZS_NET_REASON_MAX];
-            zs_net_fmt(msg, sizeof msg,
-                       "rdma %s: reply id %llu of %llu bytes exceeds the %llu posted", c->peer,
-                       (unsigned long long)f.id, (unsigned long long)f.length,
-                       (unsigned long long)r->len);
-            zs_rq_finish(r, ZS_ERR_INVALID, msg);
-        } else {
-            r->frame = f;
-            start_payload(c, slot, r);
-        }
+    int skip;
+    rd_req *r = zs_setup_expected(&c->s, &f, &skip);
+    if (r)
+        start_payload(c, slot, r);
+    else if (skip)
+        skip_payload(c, slot);
+    if (r || skip) {
         release_slot(c, slot);
         return 0;
     }
-    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_HEADER, (zs_conn *)c, "rdma");
+    zs_event *e = zs_evq_push(&c->s.net->evq, ZS_EV_HEADER, (zs_conn *)c, "rdma");
     if (e)
         e->frame = f;
     if (f.length == 0) {
@@ -1005,7 +915,7 @@ static int deliver(rd_conn *c, int slot)
 
 static void deliver_backlog(rd_conn *c)
 {
-    while (!c->closed && c->pending < 0 && c->bl_len > 0) {
+    while (!c->s.closed && c->pending < 0 && c->bl_len > 0) {
         int slot = c->backlog[c->bl_head];
         c->bl_head = (c->bl_head + 1) % RD_RECV_SLOTS;
         c->bl_len--;
@@ -1030,18 +940,18 @@ static void on_recv(rd_conn *c, int slot, uint32_t bytes)
     if (kind == MSG_DONE || kind == MSG_CREDIT) {
         if (kind == MSG_DONE) {
             uint64_t token = zs_le_get64(p + 16);
-            rd_req *r = zs_rq_list_token(c->await, token);
+            rd_req *r = zs_rq_list_token(c->s.await, token);
             if (!r) {
                 conn_fail(c, ZS_ERR_FORMAT, "DONE for token %llu, which no send awaits",
                           (unsigned long long)token);
                 return;
             }
-            zs_rq_list_del(&c->await, r);
+            zs_rq_list_del(&c->s.await, r);
             zs_rq_finish(r, ZS_OK, NULL);
         }
         if (post_recv(c, slot) != ZS_OK)
             conn_fail(c, ZS_ERR_IO, "%s", zs_last_error());
-        c->dirty = 1;
+        c->s.dirty = 1;
         return;
     }
     if (kind != MSG_EAGER && kind != MSG_RNDV) {
@@ -1084,15 +994,15 @@ static void on_read_done(rd_conn *c, int ok, const char *why)
     }
     /* Failed before the count drops, so that the connection's failure keeps this request for
      * the code below instead of freeing it. */
-    if (!ok && !c->closed)
+    if (!ok && !c->s.closed)
         conn_fail(c, ZS_ERR_IO, "RDMA READ of %llu bytes from the peer: %s (mid-payload)",
                   (unsigned long long)r->len, why);
     r->reads_out--;
     if (r->reads_out > 0)
         return;
-    if (c->closed) {
+    if (c->s.closed) {
         zs_rq_fifo_pop(&c->reading, &c->reading_tail);
-        zs_rq_fail_conn(r, c->reason);
+        zs_rq_fail_conn(r, c->s.reason);
         return;
     }
     if (r->read_off < r->len)
@@ -1120,7 +1030,7 @@ static void on_wc(rd_net *n, const struct ibv_wc *wc)
                 break;
             c->ring_used--;
         }
-        c->dirty = 1;
+        c->s.dirty = 1;
     }
     char why[160];
     if (!ok)
@@ -1129,13 +1039,13 @@ static void on_wc(rd_net *n, const struct ibv_wc *wc)
     if (kind == WR_READ) {
         on_read_done(c, ok, ok ? NULL : why);
     } else if (!ok) {
-        if (!c->closed && wc->status == IBV_WC_WR_FLUSH_ERR)
+        if (!c->s.closed && wc->status == IBV_WC_WR_FLUSH_ERR)
             conn_fail(c, ZS_ERR_IO,
                       "the queue pair went to the error state (a bad access on either side, a "
                       "lost peer, or the NIC)");
-        else if (!c->closed)
+        else if (!c->s.closed)
             conn_fail(c, ZS_ERR_IO, "%s failed: %s", kind == WR_RECV ? "receive" : "send", why);
-    } else if (kind == WR_RECV && !c->closed) {
+    } else if (kind == WR_RECV && !c->s.closed) {
         on_recv(c, (int)v, wc->byte_len);
     }
     if (c->closing && c->sq_done >= c->sq_posted && !c->reading)
@@ -1185,7 +1095,7 @@ static void drain_async(rd_net *n)
         case IBV_EVENT_QP_FATAL:
         case IBV_EVENT_QP_REQ_ERR:
         case IBV_EVENT_QP_ACCESS_ERR:
-            for (rd_conn *c = n->conns; c; c = c->next)
+            for (rd_conn *c = (rd_conn *)n->s.conns; c; c = (rd_conn *)c->s.next)
                 if (c->qp == ae.element.qp)
                     conn_fail(c, ZS_ERR_IO, "queue pair error: %s",
                               ibv_event_type_str(ae.event_type));
@@ -1207,22 +1117,20 @@ static void drain_async(rd_net *n)
 
 static void setup_refuse(rd_conn *c, const char *why)
 {
-    zs_setup_refuse(&c->net->evq, c->net->tcp, c->tcp, (zs_listener *)c->l, RD_HELLO_ID, "rdma",
-                    c->peer, why);
-    conn_free(c);
+    zs_setup_conn_refuse(&c->s, why);
 }
 
-/* An accepted stream's hello arrived in c->hello: answer it and make the connection. */
-static void setup_answer(rd_conn *c, uint64_t len)
+/* An accepted stream's hello arrived in c->s.hello: answer it and make the connection. */
+static void setup_answer(zs_setup_conn *sc, uint64_t len)
 {
-    rd_net *n = c->net;
+    rd_conn *c = (rd_conn *)sc;
     rd_hello peer, self;
-    if (!c->l) {
+    if (!c->s.l) {
         setup_refuse(c, "its listener was closed");
         return;
     }
-    rd_opts t = c->l->opts;
-    zs_err e = hello_decode(c->hello, len, &peer, c->peer);
+    rd_opts t = ((rd_listener *)c->s.l)->opts;
+    zs_err e = hello_decode(c->s.hello, len, &peer, c->s.peer);
     if (e == ZS_OK)
         e = conn_make_qp(c);
     if (e == ZS_OK)
@@ -1233,181 +1141,84 @@ static void setup_answer(rd_conn *c, uint64_t len)
         setup_refuse(c, zs_last_error());
         return;
     }
-    hello_encode(&self, c->hello);
-    zs_frame f = {
-        .op = ZS_OP_HELLO, .dtype = ZS_DTYPE_TEXT, .id = RD_HELLO_ID, .length = RD_HELLO_BYTES};
-    if (zs_tcp_isend(c->tcp, &f, c->hello_mr, 0, NULL, NULL) != ZS_OK) {
-        setup_refuse(c, zs_last_error());
-        return;
-    }
-    c->ready = 1;
-    zs_event *ev = zs_evq_push(&n->evq, ZS_EV_ACCEPT, (zs_conn *)c, "rdma");
-    if (ev)
-        ev->listener = (zs_listener *)c->l;
-    c->l = NULL;
-}
-
-static rd_listener *listener_of(rd_net *n, zs_listener *tl)
-{
-    for (rd_listener *l = n->listeners; l; l = l->next)
-        if (l->tcp == tl)
-            return l;
-    return NULL;
-}
-
-static void on_tcp_event(rd_net *n, zs_event *ev)
-{
-    rd_conn *c = ev->conn ? zs_tcp_conn_user(ev->conn) : NULL;
-    switch (ev->type) {
-    case ZS_EV_ACCEPT: {
-        rd_listener *l = listener_of(n, ev->listener);
-        rd_conn *nc;
-        if (!l || conn_new(n, ev->conn, &nc) != ZS_OK) {
-            zs_tcp_conn_close(ev->conn);
-            return;
-        }
-        nc->l = l;
-        nc->setup_deadline = zs_net_now_ms() + l->setup_ms;
-        break;
-    }
-    case ZS_EV_REFUSED:
-        zs_setup_forward_refused(&n->evq, ev, (zs_listener *)listener_of(n, ev->listener), "rdma");
-        break;
-    case ZS_EV_HEADER:
-        if (!c)
-            return;
-        if (c->ready || ev->frame.op != ZS_OP_HELLO || ev->frame.length != RD_HELLO_BYTES) {
-            if (c->ready)
-                conn_fail(c, ZS_ERR_FORMAT, "unexpected %s frame on the set-up stream",
-                          zs_frame_op_name(ev->frame.op));
-            else
-                setup_refuse(c, "the first frame was not a hello of the expected size");
-            return;
-        }
-        if (zs_tcp_recv_payload(c->tcp, c->hello_mr, 0, c, NULL) != ZS_OK)
-            setup_refuse(c, zs_last_error());
-        break;
-    case ZS_EV_RECV:
-        if (!ev->conn || !c || c->ready)
-            return;
-        if (ev->err != ZS_OK) {
-            setup_refuse(c, ev->reason);
-            return;
-        }
-        setup_answer(c, ev->frame.length);
-        break;
-    case ZS_EV_CLOSED:
-        if (!c)
-            return;
-        if (c->ready)
-            conn_fail(c, ZS_ERR_IO, "peer closed its set-up stream (%s)", ev->reason);
-        else
-            setup_refuse(c, ev->reason);
-        break;
-    case ZS_EV_SEND:
-    case ZS_EV_WRITTEN: /* the set-up stream carries no one-sided writes */
-        break;
-    }
+    hello_encode(&self, c->s.hello);
+    if (zs_setup_answer(&c->s) == ZS_OK)
+        zs_setup_conn_accepted(&c->s);
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* the loop */
+/* the loop: zs_setup_ops */
 
-static void net_turn(rd_net *n)
+static void io(zs_setup_net *sn, const struct epoll_event *ev, int k)
 {
-    zs_event ev[32];
-    int k;
-    while (zs_tcp_poll(n->tcp, ev, 32, 0, &k) == ZS_OK && k > 0)
-        for (int i = 0; i < k; i++)
-            on_tcp_event(n, &ev[i]);
-    drain_cq(n);
-    drain_async(n);
-    int64_t now = zs_net_now_ms();
+    (void)ev, (void)k; /* the channel and the async queue are drained whether they woke us */
+    drain_cq((rd_net *)sn);
+    drain_async((rd_net *)sn);
+}
+
+static void resume(zs_setup_conn *sc)
+{
+    rd_conn *c = (rd_conn *)sc;
+    deliver_backlog(c);
+    issue_reads(c);
+    send_control(c);
+    send_frames(c);
+}
+
+static void expire(zs_setup_net *sn, int64_t now)
+{
     rd_conn *next;
-    for (rd_conn *c = n->conns; c; c = next) {
-        next = c->next;
-        if (!c->ready && c->l && now >= c->setup_deadline) {
-            setup_refuse(c, "set-up stalled");
+    for (rd_conn *c = (rd_conn *)sn->conns; c; c = next) {
+        next = (rd_conn *)c->s.next;
+        if (!c->closing || now < c->drain_deadline)
             continue;
-        }
-        if (c->closing && now >= c->drain_deadline) {
-            /* The NIC did not flush in time: destroying the QP stops it for sure. */
-            ibv_destroy_qp(c->qp);
-            c->qp = NULL;
-            rd_req *r;
-            while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
-                zs_rq_fail_conn(r, c->reason);
-            conn_emit_closed(c);
-            continue;
-        }
-        if (c->closed || !c->ready)
-            continue;
-        for (rd_req *r = c->await; r; r = r->next)
-            if (now >= r->deadline) {
-                conn_fail(c, ZS_ERR_IO, "peer did not read a %llu-byte payload within %d ms",
-                          (unsigned long long)r->frame.length, n->send_timeout_ms);
-                break;
-            }
-        if (c->closed || !c->dirty)
-            continue;
-        c->dirty = 0;
-        deliver_backlog(c);
-        issue_reads(c);
-        send_control(c);
-        send_frames(c);
+        /* The NIC did not flush in time: destroying the QP stops it for sure. */
+        ibv_destroy_qp(c->qp);
+        c->qp = NULL;
+        rd_req *r;
+        while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
+            zs_rq_fail_conn(r, c->s.reason);
+        conn_emit_closed(c);
     }
 }
 
-/* The longest a wait may sleep before the net needs a turn: 0 with work ready. */
-static int net_timeout(rd_net *n)
+static int64_t next_timer(zs_setup_net *sn)
 {
-    if (n->evq.live)
-        return 0;
-    int tt;
-    zs_tcp_wait_fd(n->tcp, &tt);
-    int64_t next = tt < 0 ? -1 : zs_net_now_ms() + tt;
-    for (rd_conn *c = n->conns; c; c = c->next) {
-        if (c->dirty && !c->closed)
-            return 0;
-        int64_t d = -1;
-        if (!c->ready && c->l)
-            d = c->setup_deadline;
-        else if (c->closing)
-            d = c->drain_deadline;
-        for (rd_req *r = c->await; r; r = r->next)
-            if (d < 0 || r->deadline < d)
-                d = r->deadline;
-        if (d >= 0 && (next < 0 || d < next))
-            next = d;
-    }
-    return zs_net_remaining_ms(next);
+    int64_t next = -1;
+    for (rd_conn *c = (rd_conn *)sn->conns; c; c = (rd_conn *)c->s.next)
+        if (c->closing && (next < 0 || c->drain_deadline < next))
+            next = c->drain_deadline;
+    return next;
 }
 
-/* Runs turns until ready(arg) or the deadline; returns 1 if ready. */
-static int net_run(rd_net *n, int64_t deadline, int (*ready)(void *), void *arg)
+static zs_err conn_new_cb(zs_setup_net *n, zs_conn *tcp, zs_setup_conn **out)
 {
-    for (;;) {
-        net_turn(n);
-        if (ready(arg))
-            return 1;
-        int left = zs_net_remaining_ms(deadline);
-        if (left == 0)
-            return 0;
-        int t = net_timeout(n);
-        if (t < 0 || (left >= 0 && left < t))
-            t = left;
-        struct epoll_event ev[4];
-        if (epoll_wait(n->epfd, ev, 4, t) < 0 && errno != EINTR)
-            return 0;
-    }
+    return conn_new((rd_net *)n, tcp, (rd_conn **)out);
 }
 
-/* net_run as core's driver of test() and wait(). */
-static zs_err net_drive(void *n, int64_t deadline, int (*ready)(void *), void *arg)
+static void conn_free_cb(zs_setup_conn *c)
 {
-    net_run(n, deadline, ready, arg);
-    return ZS_OK;
+    conn_free((rd_conn *)c);
 }
+
+static void fail_cb(zs_setup_conn *c, zs_err err, const char *msg)
+{
+    conn_fail((rd_conn *)c, err, "%s", msg);
+}
+
+static const zs_setup_ops rd_setup_ops = {
+    .name = "rdma",
+    .hello_id = RD_HELLO_ID,
+    .hello_bytes = RD_HELLO_BYTES,
+    .conn_new = conn_new_cb,
+    .conn_free = conn_free_cb,
+    .answer = setup_answer,
+    .fail = fail_cb,
+    .io = io,
+    .resume = resume,
+    .expire = expire,
+    .next_timer = next_timer,
+};
 
 /* ---------------------------------------------------------------------------------------- */
 /* the interface */
@@ -1418,33 +1229,16 @@ static zs_err rd_open(zs_net **out)
     rd_net *n = calloc(1, sizeof *n);
     if (!n)
         return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
-    n->epfd = epoll_create1(EPOLL_CLOEXEC);
-    zs_err res = ZS_OK;
-    if (n->epfd < 0) {
-        res = zs_error(ZS_ERR_IO, "rdma: epoll_create1: %s", strerror(errno));
-        goto fail;
+    zs_err res = zs_setup_net_open(&n->s, &rd_setup_ops);
+    if (res != ZS_OK) {
+        free(n);
+        return res;
     }
-    ZS_CHECK_GOTO(zs_tcp_open(&n->tcp), res, fail_ep);
-    int tt;
-    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = 0};
-    if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, zs_tcp_wait_fd(n->tcp, &tt), &ev) < 0) {
-        res = zs_error(ZS_ERR_IO, "rdma: epoll_ctl: %s", strerror(errno));
-        goto fail_tcp;
-    }
-    n->reqs =
-        (zs_rq_pool){.who = "rdma", .evq = &n->evq, .event_conn = event_conn, .run = net_drive};
-    n->send_timeout_ms =
-        env_int("ZS_RDMA_SEND_TIMEOUT_MS", RD_DEFAULT_SEND_TIMEOUT_MS, 10, INT_MAX / 2);
+    n->s.send_timeout_ms = zs_setup_env_int("rdma", "ZS_RDMA_SEND_TIMEOUT_MS",
+                                            RD_DEFAULT_SEND_TIMEOUT_MS, 10, INT_MAX / 2);
     n->log = (zs_log_limit){0};
     *out = (zs_net *)n;
     return ZS_OK;
-fail_tcp:
-    zs_tcp_close(n->tcp);
-fail_ep:
-    close(n->epfd);
-fail:
-    free(n);
-    return res;
 }
 
 static zs_err rd_set_opts(zs_net *net, const zs_net_opts *opts)
@@ -1458,24 +1252,18 @@ static void rd_close(zs_net *nn)
     rd_net *n = (rd_net *)nn;
     if (!n)
         return;
-    while (n->conns) {
-        rd_conn *c = n->conns;
-        c->ready = 0; /* no events from a closing net */
-        conn_free(c);
-    }
-    while (n->listeners) {
-        rd_listener *l = n->listeners;
-        n->listeners = l->next;
+    zs_setup_net_close_conns(&n->s);
+    while (n->s.listeners) {
+        rd_listener *l = (rd_listener *)n->s.listeners;
+        n->s.listeners = l->s.next;
         free(l);
     }
-    while (n->mrs) {
-        rd_mr *m = (rd_mr *)n->mrs;
-        n->mrs = m->reg.next;
+    while (n->s.mrs) {
+        rd_mr *m = (rd_mr *)n->s.mrs;
+        n->s.mrs = m->reg.next;
         ibv_dereg_mr(m->mr);
         free(m);
     }
-    zs_rq_pool_free(&n->reqs);
-    zs_tcp_close(n->tcp);
     if (n->cq) {
         if (n->cq_events)
             ibv_ack_cq_events(n->cq, n->cq_events);
@@ -1487,8 +1275,7 @@ static void rd_close(zs_net *nn)
         ibv_dealloc_pd(n->pd);
     if (n->ctx)
         ibv_close_device(n->ctx);
-    zs_evq_free(&n->evq);
-    close(n->epfd);
+    zs_setup_net_close(&n->s);
     free(n);
 }
 
@@ -1516,61 +1303,20 @@ static zs_err rd_listen(zs_net *nn, const char *addr, const zs_conn_opts *opts, 
     rd_listener *l = calloc(1, sizeof *l);
     if (!l)
         return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
-    zs_conn_opts to = {.auth = opts ? opts->auth : NULL};
-    zs_err e = zs_tcp_listen(n->tcp, addr, &to, &l->tcp);
+    l->opts = t;
+    zs_err e = zs_setup_listen(&n->s, &l->s, addr, opts, "ZS_RDMA_SETUP_MS", RD_DEFAULT_SETUP_MS);
     if (e != ZS_OK) {
         free(l);
         return e;
     }
-    l->net = n;
-    l->opts = t;
-    l->setup_ms = env_int("ZS_RDMA_SETUP_MS", RD_DEFAULT_SETUP_MS, 10, INT_MAX / 2);
-    l->next = n->listeners;
-    if (n->listeners)
-        n->listeners->prev = l;
-    n->listeners = l;
     *out = (zs_listener *)l;
     return ZS_OK;
 }
 
-static int rd_listener_port(const zs_listener *l)
+static void rd_listener_close(zs_listener *l)
 {
-    return zs_tcp_listener_port(((const rd_listener *)l)->tcp);
-}
-
-static void rd_listener_close(zs_listener *ll)
-{
-    rd_listener *l = (rd_listener *)ll;
-    rd_net *n = l->net;
-    for (rd_conn *c = n->conns; c; c = c->next)
-        if (c->l == l)
-            c->l = NULL; /* its set-up goes on; ACCEPT names no listener */
-    zs_tcp_listener_close(l->tcp);
-    if (l->prev)
-        l->prev->next = l->next;
-    else
-        n->listeners = l->next;
-    if (l->next)
-        l->next->prev = l->prev;
-    zs_evq_forget_listener(&n->evq, ll);
+    zs_setup_listener_drop((zs_setup_listener *)l);
     free(l);
-}
-
-static int accept_ready(void *arg)
-{
-    void **a = arg; /* the listener, then the connection taken */
-    rd_listener *l = a[0];
-    return (a[1] = zs_evq_take_accept(&l->net->evq, a[0])) != NULL;
-}
-
-static zs_err rd_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
-{
-    rd_listener *l = (rd_listener *)ll;
-    void *a[2] = {l, NULL};
-    *out = NULL;
-    if (net_run(l->net, zs_net_deadline(timeout_ms), accept_ready, a))
-        *out = a[1];
-    return ZS_OK;
 }
 
 static zs_err rd_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)
@@ -1583,7 +1329,7 @@ static zs_err rd_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts,
     int64_t deadline = zs_net_now_ms() + timeout;
     zs_conn_opts to = zs_setup_tcp_opts(opts, timeout);
     zs_conn *tc;
-    ZS_CHECK(zs_tcp_connect(n->tcp, addr, &to, &tc));
+    ZS_CHECK(zs_tcp_connect(n->s.tcp, addr, &to, &tc));
     struct sockaddr_storage ss;
     uint32_t ip = 0;
     if (zs_tcp_conn_local(tc, &ss) == 0 && ss.ss_family == AF_INET)
@@ -1599,53 +1345,23 @@ static zs_err rd_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts,
         zs_tcp_conn_close(tc);
         return res;
     }
-    zs_net_fmt(c->peer, sizeof c->peer, "%s", addr);
+    zs_net_fmt(c->s.peer, sizeof c->s.peer, "%s", addr);
     rd_hello self, peer;
     ZS_CHECK_GOTO(conn_make_qp(c), res, fail);
     ZS_CHECK_GOTO(local_hello(c, &t, &self), res, fail);
-    hello_encode(&self, c->hello);
+    hello_encode(&self, c->s.hello);
     uint64_t got;
-    ZS_CHECK_GOTO(zs_setup_exchange(tc, c->hello_mr, c->hello, RD_HELLO_BYTES, RD_HELLO_ID, "rdma",
-                                    addr, timeout, deadline, &got),
+    ZS_CHECK_GOTO(zs_setup_exchange(tc, c->s.hello_mr, c->s.hello, RD_HELLO_BYTES, RD_HELLO_ID,
+                                    "rdma", addr, timeout, deadline, &got),
                   res, fail);
-    ZS_CHECK_GOTO(hello_decode(c->hello, got, &peer, c->peer), res, fail);
+    ZS_CHECK_GOTO(hello_decode(c->s.hello, got, &peer, c->s.peer), res, fail);
     ZS_CHECK_GOTO(conn_connect_qp(c, &self, &peer), res, fail);
-    c->ready = 1;
+    c->s.ready = 1;
     *out = (zs_conn *)c;
     return ZS_OK;
 fail:
     conn_free(c);
     return res;
-}
-
-static const char *rd_conn_peer(const zs_conn *c)
-{
-    return ((const rd_conn *)c)->peer;
-}
-static void rd_conn_set_user(zs_conn *c, void *user)
-{
-    ((rd_conn *)c)->user = user;
-}
-static void *rd_conn_user(const zs_conn *c)
-{
-    return ((const rd_conn *)c)->user;
-}
-static uint32_t rd_conn_member(const zs_conn *c)
-{
-    return ((const rd_conn *)c)->member;
-}
-static int rd_conn_closed(const zs_conn *c)
-{
-    return ((const rd_conn *)c)->closed;
-}
-
-static void rd_conn_close(zs_conn *cc)
-{
-    rd_conn *c = (rd_conn *)cc;
-    rd_net *n = c->net;
-    zs_evq_forget(&n->evq, cc);
-    c->ready = 0; /* its requests' events name no connection from now on */
-    conn_free(c);
 }
 
 static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out)
@@ -1673,7 +1389,7 @@ static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
                         "rdma: %s: ibv_reg_mr of %zu bytes: %s%s", n->dev_name, len, strerror(err),
                         err == ENOMEM ? " (raise the locked-memory limit: ulimit -l)" : "");
     }
-    zs_region_add(&n->mrs, &m->reg, n, base, len, access);
+    zs_region_add(&n->s.mrs, &m->reg, n, base, len, access);
     *out = (zs_mr *)m;
     return ZS_OK;
 }
@@ -1684,7 +1400,7 @@ static zs_err rd_dereg_mr(zs_mr *mm)
     if (!m)
         return ZS_OK;
     rd_net *n = (rd_net *)m->reg.net;
-    ZS_CHECK(zs_region_remove(&n->mrs, &m->reg, "rdma"));
+    ZS_CHECK(zs_region_remove(&n->s.mrs, &m->reg, "rdma"));
     ibv_dereg_mr(m->mr);
     free(m);
     return ZS_OK;
@@ -1693,15 +1409,12 @@ static zs_err rd_dereg_mr(zs_mr *mm)
 static zs_err check_region(const rd_conn *c, const char *what, const rd_mr *m, size_t off,
                            uint64_t len, int access)
 {
-    return zs_region_check("rdma", what, c->peer, c->net, m ? &m->reg : NULL, off, len, access);
+    return zs_region_check("rdma", what, c->s.peer, c->s.net, m ? &m->reg : NULL, off, len, access);
 }
 
 static zs_err check_open(const rd_conn *c, const char *what)
 {
-    if (c->closed)
-        return zs_error(ZS_ERR_IO, "rdma %s: %s on a failed connection: %s", c->peer, what,
-                        c->reason);
-    return ZS_OK;
+    return zs_setup_check_open(&c->s, what);
 }
 
 static zs_err make_send(rd_conn *c, const zs_frame *f, zs_req **out, void *user, rd_req **rq)
@@ -1711,9 +1424,9 @@ static zs_err make_send(rd_conn *c, const zs_frame *f, zs_req **out, void *user,
     zs_frame_encode(f, hdr);
     zs_frame g;
     if (zs_frame_decode(hdr, &g) != ZS_OK)
-        return zs_error(ZS_ERR_INVALID, "rdma %s: send of a bad frame: %s", c->peer,
+        return zs_error(ZS_ERR_INVALID, "rdma %s: send of a bad frame: %s", c->s.peer,
                         zs_last_error());
-    rd_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_SEND, c, user, out != NULL);
+    rd_req *r = zs_rq_new(&c->s.net->reqs, c->s.net, ZS_RQ_SEND, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
     r->frame = g;
@@ -1753,7 +1466,7 @@ static zs_err rd_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, 
     if (out)
         *out = NULL;
     if (f->length > ZS_NET_INLINE_MAX)
-        return zs_error(ZS_ERR_INVALID, "rdma %s: inline send of %llu bytes, at most %d", c->peer,
+        return zs_error(ZS_ERR_INVALID, "rdma %s: inline send of %llu bytes, at most %d", c->s.peer,
                         (unsigned long long)f->length, ZS_NET_INLINE_MAX);
     rd_req *r;
     ZS_CHECK(make_send(c, f, out, user, &r));
@@ -1769,23 +1482,11 @@ static zs_err rd_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, 
     return ZS_OK;
 }
 
-static zs_err rd_irecv(zs_conn *cc, uint64_t id, zs_mr *mm, size_t off, size_t cap, void *user,
-                       zs_req **out)
-{
-    rd_conn *c = (rd_conn *)cc;
-    rd_mr *m = (rd_mr *)mm;
-    if (out)
-        *out = NULL;
-    ZS_CHECK(check_open(c, "receive"));
-    return zs_rq_expect(&c->net->reqs, c->net, c, c->peer, &c->expect, id, m ? &m->reg : NULL, off,
-                        cap, user, out);
-}
-
 static zs_err pending_frame(rd_conn *c, const char *what, zs_frame *f)
 {
     ZS_CHECK(check_open(c, what));
     if (c->pending < 0)
-        return zs_error(ZS_ERR_INVALID, "rdma %s: %s without a pending header", c->peer, what);
+        return zs_error(ZS_ERR_INVALID, "rdma %s: %s without a pending header", c->s.peer, what);
     zs_frame_decode(recv_slot(c, c->pending) + RD_HDR, f);
     return ZS_OK;
 }
@@ -1795,7 +1496,7 @@ static void pending_done(rd_conn *c)
     int slot = c->pending;
     c->pending = -1;
     release_slot(c, slot);
-    c->dirty = 1;
+    c->s.dirty = 1;
 }
 
 static zs_err rd_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs_req **out)
@@ -1807,7 +1508,7 @@ static zs_err rd_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs
     zs_frame f;
     ZS_CHECK(pending_frame(c, "recv_payload", &f));
     ZS_CHECK(check_region(c, "receive", m, off, f.length, ZS_MR_RECV));
-    rd_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_RECV, c, user, out != NULL);
+    rd_req *r = zs_rq_new(&c->s.net->reqs, c->s.net, ZS_RQ_RECV, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
     r->frame = f;
@@ -1828,16 +1529,6 @@ static zs_err rd_discard(zs_conn *cc)
     skip_payload(c, c->pending);
     pending_done(c);
     return ZS_OK;
-}
-
-static zs_err rd_test(zs_req *rq, int *done, zs_frame *f)
-{
-    return zs_rq_wait((rd_req *)rq, 0, done, f, "test");
-}
-
-static zs_err rd_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
-{
-    return zs_rq_wait((rd_req *)rq, timeout_ms, done, f, "wait");
 }
 
 static int read_idle(void *arg)
@@ -1866,13 +1557,13 @@ static zs_err rd_cancel(zs_req *rq)
         return zs_error(ZS_ERR_INVALID,
                         "rdma %s: send of %s id %llu is being read by the peer; it cannot be "
                         "recalled",
-                        c->peer, zs_frame_op_name(r->frame.op), (unsigned long long)r->frame.id);
+                        c->s.peer, zs_frame_op_name(r->frame.op), (unsigned long long)r->frame.id);
     case ZS_RQ_ACTIVE: {
         /* The NIC writes into the destination until its READs complete: wait for them, and
          * stop them by failing the connection if they do not. */
         r->handle = 0;
         r->silent = 1;
-        if (!net_run(r->net, zs_net_now_ms() + RD_CANCEL_MS, read_idle, r) &&
+        if (!zs_setup_run(r->net, zs_net_now_ms() + RD_CANCEL_MS, read_idle, r) &&
             r->state != ZS_RQ_DONE)
             conn_fail(c, ZS_ERR_IO, "a cancelled receive's READ did not finish in %d ms",
                       RD_CANCEL_MS);
@@ -1881,7 +1572,7 @@ static zs_err rd_cancel(zs_req *rq)
             c->qp = NULL;
             rd_req *q;
             while ((q = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
-                zs_rq_fail_conn(q, c->reason); /* silent ones are freed */
+                zs_rq_fail_conn(q, c->s.reason); /* silent ones are freed */
             if (c->closing)
                 conn_emit_closed(c);
             return ZS_OK;
@@ -1898,43 +1589,13 @@ static zs_err rd_cancel(zs_req *rq)
     return zs_error(ZS_ERR_INVALID, "rdma: cancel of a request in state %d", r->state);
 }
 
-static zs_err rd_flush(zs_net *nn)
-{
-    net_turn((rd_net *)nn);
-    return ZS_OK;
-}
-
-static int events_ready(void *arg)
-{
-    return ((rd_net *)arg)->evq.live > 0;
-}
-
-static zs_err rd_poll(zs_net *nn, zs_event *ev, int max, int timeout_ms, int *n_out)
-{
-    rd_net *n = (rd_net *)nn;
-    *n_out = 0;
-    net_run(n, zs_net_deadline(timeout_ms), events_ready, n);
-    int k = 0;
-    while (k < max && zs_evq_pop(&n->evq, &ev[k]))
-        k++;
-    *n_out = k;
-    return ZS_OK;
-}
-
-static int rd_wait_fd(zs_net *nn, int *timeout_ms)
-{
-    rd_net *n = (rd_net *)nn;
-    *timeout_ms = net_timeout(n);
-    return n->epfd;
-}
-
 zs_err zs_rdma_test_break_qp(zs_conn *cc)
 {
     rd_conn *c = (rd_conn *)cc;
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
     int rc = c->qp ? ibv_modify_qp(c->qp, &a, IBV_QP_STATE) : EINVAL;
     if (rc)
-        return zs_error(ZS_ERR_IO, "rdma %s: QP to ERR: %s", c->peer, strerror(rc));
+        return zs_error(ZS_ERR_IO, "rdma %s: QP to ERR: %s", c->s.peer, strerror(rc));
     return ZS_OK;
 }
 
@@ -1950,27 +1611,27 @@ const zs_transport_ops zs_rdma_ops = {
     .set_opts = rd_set_opts,
     .close = rd_close,
     .listen = rd_listen,
-    .listener_port = rd_listener_port,
+    .listener_port = zs_setup_listener_port,
     .listener_close = rd_listener_close,
-    .accept = rd_accept,
+    .accept = zs_setup_accept,
     .connect = rd_connect,
-    .conn_peer = rd_conn_peer,
-    .conn_set_user = rd_conn_set_user,
-    .conn_user = rd_conn_user,
-    .conn_member = rd_conn_member,
-    .conn_closed = rd_conn_closed,
-    .conn_close = rd_conn_close,
+    .conn_peer = zs_setup_conn_peer,
+    .conn_set_user = zs_setup_conn_set_user,
+    .conn_user = zs_setup_conn_user,
+    .conn_member = zs_setup_conn_member,
+    .conn_closed = zs_setup_conn_closed,
+    .conn_close = zs_setup_conn_close,
     .reg_mr = rd_reg_mr,
     .dereg_mr = rd_dereg_mr,
     .isend = rd_isend,
     .isend_inline = rd_isend_inline,
-    .irecv = rd_irecv,
+    .irecv = zs_setup_irecv,
     .recv_payload = rd_recv_payload,
     .discard = rd_discard,
-    .test = rd_test,
-    .wait = rd_wait,
+    .test = zs_setup_test,
+    .wait = zs_setup_wait,
     .cancel = rd_cancel,
-    .flush = rd_flush,
-    .poll = rd_poll,
-    .wait_fd = rd_wait_fd,
+    .flush = zs_setup_flush,
+    .poll = zs_setup_poll,
+    .wait_fd = zs_setup_wait_fd,
 };

@@ -94,25 +94,13 @@ typedef struct {
 } sh_peer_region;
 
 struct sh_conn {
-    int kind; /* K_CONN: first, for epoll's pointer */
-    sh_net *net;
-    zs_conn *tcp;
-    sh_listener *l; /* accepted, until its set-up finished */
-    int ready;
-    int64_t setup_deadline;
-    char peer[80];
-    uint32_t member;
-    void *user;
-    int fd;    /* the Unix socket, -1 before it is joined */
-    pid_t pid; /* the peer's, proved by reading its cookie */
+    zs_setup_conn s; /* first: the set-up stream, the state every connection has */
+    int kind;        /* K_CONN: what epoll's pointer points at */
+    int fd;          /* the Unix socket, -1 before it is joined */
+    pid_t pid;       /* the peer's, proved by reading its cookie */
     uint8_t key[SH_KEY];
-    uint8_t hello[SH_HELLO_BYTES];
-    zs_mr *hello_mr;
     sh_pkt *out, *out_tail; /* packets the socket did not take yet */
     int epoll_events;
-    sh_req *await;
-    uint64_t next_token;
-    sh_req *expect;
     sh_pkt *pending; /* the reported header's packet */
     sh_pkt *backlog, *backlog_tail;
     int n_backlog;
@@ -120,20 +108,13 @@ struct sh_conn {
     int n_regions, cap_regions;
     uint32_t *sent; /* ids of our regions this peer was given */
     int n_sent, cap_sent;
-    int dirty;
-    int closed;
-    char reason[ZS_NET_REASON_MAX];
-    sh_conn *prev, *next;
 };
 
 struct sh_listener {
-    int kind; /* K_LISTENER */
-    sh_net *net;
-    zs_listener *tcp;
+    zs_setup_listener s; /* first */
+    int kind;            /* K_LISTENER: what epoll's pointer points at */
     int ufd;
     char name[64]; /* the abstract socket's name, after its leading NUL */
-    int setup_ms;
-    sh_listener *prev, *next;
 };
 
 /* An accepted Unix socket that has not sent its key yet. */
@@ -146,42 +127,19 @@ typedef struct sh_stray {
 } sh_stray;
 
 struct sh_net {
-    zs_net *tcp;
-    int epfd;
-    zs_evq evq;
-    sh_conn *conns;
-    sh_listener *listeners;
+    zs_setup_net s; /* first: the TCP net, epoll, events, connections, regions, requests */
     sh_stray *strays;
-    zs_region *mrs;
-    zs_rq_pool reqs;
     uint32_t next_region;
-    int send_timeout_ms;
     uint8_t cookie[SH_COOKIE]; /* read by peers to prove we share a host */
     uint8_t rbuf[SH_PKT];
 };
 
-static int env_int(const char *name, int dflt, int lo, int hi)
-{
-    const char *s = getenv(name);
-    if (!s || !*s)
-        return dflt;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*end || v < lo || v > hi) {
-        ZS_WARN("shm: %s=%s is not a number in %d..%d; using %d", name, s, lo, hi, dflt);
-        return dflt;
-    }
-    return (int)v;
-}
+/* The struct that holds the member `m` at p (epoll's pointer to a kind). */
+#define SH_OF(p, type, m) ((type *)((char *)(p)-offsetof(type, m)))
 
-/* ---------------------------------------------------------------------------------------- */
-/* requests */
-
-/* The connection a handle-less request's outcome names: none once the caller closed it. */
-static zs_conn *event_conn(void *conn)
+static sh_net *net_of(const sh_conn *c)
 {
-    sh_conn *c = conn;
-    return c && c->ready ? (zs_conn *)c : NULL;
+    return (sh_net *)c->s.net;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -194,8 +152,8 @@ static void set_events(sh_conn *c)
     int want = (c->n_backlog < SH_BACKLOG ? EPOLLIN : 0) | (c->out ? EPOLLOUT : 0);
     if (want == c->epoll_events)
         return;
-    struct epoll_event ev = {.events = (uint32_t)want, .data.ptr = c};
-    epoll_ctl(c->net->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+    struct epoll_event ev = {.events = (uint32_t)want, .data.ptr = &c->kind};
+    epoll_ctl(c->s.net->epfd, EPOLL_CTL_MOD, c->fd, &ev);
     c->epoll_events = want;
 }
 
@@ -215,32 +173,25 @@ static void conn_fail(sh_conn *c, zs_err err, const char *why, ...)
 
 static void conn_fail(sh_conn *c, zs_err err, const char *why, ...)
 {
-    if (c->closed)
-        return;
-    char msg[ZS_NET_REASON_MAX];
     va_list ap;
     va_start(ap, why);
-    vsnprintf(msg, sizeof msg, why, ap);
+    int first = zs_setup_conn_fail(&c->s, why, ap);
     va_end(ap);
-    c->closed = 1;
-    zs_net_fmt(c->reason, sizeof c->reason, "shm %s: %s", c->peer, msg);
+    if (!first)
+        return;
     if (c->fd >= 0) {
-        epoll_ctl(c->net->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        epoll_ctl(c->s.net->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
         c->fd = -1;
     }
-    if (c->tcp) {
-        zs_tcp_conn_close(c->tcp);
-        c->tcp = NULL;
-    }
     sh_req *r;
-    while ((r = c->await)) {
-        zs_rq_list_del(&c->await, r);
-        zs_rq_fail_conn(r, c->reason);
+    while ((r = c->s.await)) {
+        zs_rq_list_del(&c->s.await, r);
+        zs_rq_fail_conn(r, c->s.reason);
     }
-    while ((r = c->expect)) {
-        zs_rq_list_del(&c->expect, r);
-        zs_rq_fail_conn(r, c->reason);
+    while ((r = c->s.expect)) {
+        zs_rq_list_del(&c->s.expect, r);
+        zs_rq_fail_conn(r, c->s.reason);
     }
     free_pkts(c->out);
     free_pkts(c->backlog);
@@ -250,29 +201,15 @@ static void conn_fail(sh_conn *c, zs_err err, const char *why, ...)
     c->n_regions = 0;
     c->out = c->out_tail = c->backlog = c->backlog_tail = c->pending = NULL;
     c->n_backlog = 0;
-    if (c->ready) {
-        zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_CLOSED, (zs_conn *)c, "shm");
-        if (e) {
-            e->err = err;
-            zs_net_copy_str(e->reason, sizeof e->reason, c->reason);
-        }
-    }
+    zs_setup_emit_closed(&c->s, err);
 }
 
 static void conn_free(sh_conn *c)
 {
-    sh_net *n = c->net;
-    if (!c->closed)
-        c->ready = 0;
+    if (!c->s.closed)
+        c->s.ready = 0;
     conn_fail(c, ZS_ERR_IO, "connection closed locally");
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        n->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    if (c->hello_mr)
-        zs_tcp_dereg_mr(c->hello_mr);
+    zs_setup_conn_release(&c->s);
     free(c->regions);
     free(c->sent);
     free(c);
@@ -284,22 +221,12 @@ static zs_err conn_new(sh_net *n, zs_conn *tcp, sh_conn **out)
     if (!c)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
     c->kind = K_CONN;
-    c->net = n;
-    c->tcp = tcp;
     c->fd = -1;
-    c->member = zs_tcp_conn_member(tcp);
-    zs_net_copy_str(c->peer, sizeof c->peer, zs_tcp_conn_peer(tcp));
-    zs_tcp_conn_set_user(tcp, c);
-    zs_err e =
-        zs_tcp_reg_mr(n->tcp, c->hello, sizeof c->hello, ZS_MR_SEND | ZS_MR_RECV, &c->hello_mr);
+    zs_err e = zs_setup_conn_init(&n->s, &c->s, tcp);
     if (e != ZS_OK) {
         free(c);
         return e;
     }
-    c->next = n->conns;
-    if (n->conns)
-        n->conns->prev = c;
-    n->conns = c;
     *out = c;
     return ZS_OK;
 }
@@ -309,11 +236,11 @@ static zs_err conn_attach(sh_conn *c, int fd)
 {
     c->fd = fd;
     c->epoll_events = EPOLLIN;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-    if (epoll_ctl(c->net->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->kind};
+    if (epoll_ctl(c->s.net->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         c->fd = -1;
         close(fd);
-        return zs_error(ZS_ERR_IO, "shm %s: epoll_ctl: %s", c->peer, strerror(errno));
+        return zs_error(ZS_ERR_IO, "shm %s: epoll_ctl: %s", c->s.peer, strerror(errno));
     }
     return ZS_OK;
 }
@@ -351,7 +278,7 @@ static ssize_t put_pkt(int sock, const uint8_t *b, size_t len, int fd)
 /* Sends a packet, with a descriptor (REGION; -1: none) that the call does not take. */
 static void send_pkt_fd(sh_conn *c, const uint8_t *b, size_t len, int fd)
 {
-    if (c->closed)
+    if (c->s.closed)
         return;
     if (!c->out) {
         ssize_t k = put_pkt(c->fd, b, len, fd);
@@ -387,7 +314,7 @@ static void send_pkt(sh_conn *c, const uint8_t *b, size_t len)
 
 static void flush_out(sh_conn *c)
 {
-    while (c->out && !c->closed) {
+    while (c->out && !c->s.closed) {
         sh_pkt *p = c->out;
         ssize_t k = put_pkt(c->fd, p->b, p->len, p->fd);
         if (k == -EAGAIN)
@@ -487,7 +414,7 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
             if (c->regions[i].id == id)
                 g = &c->regions[i];
         if (!g || addr < g->base || len > g->len || addr - g->base > g->len - len) {
-            zs_rq_list_add(&c->expect, r);
+            zs_rq_list_add(&c->s.expect, r);
             conn_fail(c, ZS_ERR_FORMAT, "a payload of %llu bytes at 0x%llx outside region %u",
                       (unsigned long long)len, (unsigned long long)addr, id);
             return;
@@ -497,7 +424,7 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
         err = pull(c->pid, r->buf, addr, len);
     }
     if (err) {
-        zs_rq_list_add(&c->expect, r);
+        zs_rq_list_add(&c->s.expect, r);
         conn_fail(c, ZS_ERR_IO, "reading a %llu-byte payload from the peer's memory: %s%s",
                   (unsigned long long)len, strerror(err),
                   err == ESRCH ? " (the peer is gone; mid-payload)" : " (mid-payload)");
@@ -519,28 +446,15 @@ static void deliver(sh_conn *c, const uint8_t *p, size_t len)
 {
     zs_frame f;
     zs_frame_decode(p + SH_HDR, &f); /* checked on arrival */
-    sh_req *r = zs_rq_list_find(c->expect, f.id);
-    if (r) {
-        zs_rq_list_del(&c->expect, r);
-        if (r->silent) {
-            skip_payload(c, p);
-            zs_rq_release(r);
-        } else if (f.length > r->len) {
-            r->frame = f;
-            skip_payload(c, p);
-            char msg[ZS_NET_REASON_MAX];
-            zs_net_fmt(msg, sizeof msg,
-                       "shm %s: reply id %llu of %llu bytes exceeds the %llu posted", c->peer,
-                       (unsigned long long)f.id, (unsigned long long)f.length,
-                       (unsigned long long)r->len);
-            zs_rq_finish(r, ZS_ERR_INVALID, msg);
-        } else {
-            r->frame = f;
-            take_payload(c, p, r);
-        }
+    int skip;
+    sh_req *r = zs_setup_expected(&c->s, &f, &skip);
+    if (r)
+        take_payload(c, p, r);
+    else if (skip)
+        skip_payload(c, p);
+    if (r || skip)
         return;
-    }
-    zs_event *e = zs_evq_push(&c->net->evq, ZS_EV_HEADER, (zs_conn *)c, "shm");
+    zs_event *e = zs_evq_push(&c->s.net->evq, ZS_EV_HEADER, (zs_conn *)c, "shm");
     if (e)
         e->frame = f;
     if (f.length == 0)
@@ -559,7 +473,7 @@ static void deliver(sh_conn *c, const uint8_t *p, size_t len)
 
 static void deliver_backlog(sh_conn *c)
 {
-    while (!c->closed && !c->pending && c->backlog) {
+    while (!c->s.closed && !c->pending && c->backlog) {
         sh_pkt *p = c->backlog;
         c->backlog = p->next;
         if (!c->backlog)
@@ -631,13 +545,13 @@ static void on_packet(sh_conn *c, const uint8_t *p, size_t len, int fd)
     }
     if (kind == MSG_DONE) {
         uint64_t token = zs_le_get64(p + 16);
-        sh_req *r = zs_rq_list_token(c->await, token);
+        sh_req *r = zs_rq_list_token(c->s.await, token);
         if (!r) {
             conn_fail(c, ZS_ERR_FORMAT, "DONE for token %llu, which no send awaits",
                       (unsigned long long)token);
             return;
         }
-        zs_rq_list_del(&c->await, r);
+        zs_rq_list_del(&c->s.await, r);
         zs_rq_finish(r, ZS_OK, NULL);
         return;
     }
@@ -680,8 +594,8 @@ static void on_packet(sh_conn *c, const uint8_t *p, size_t len, int fd)
 
 static void conn_read(sh_conn *c)
 {
-    while (!c->closed && c->n_backlog < SH_BACKLOG) {
-        struct iovec iov = {.iov_base = c->net->rbuf, .iov_len = sizeof c->net->rbuf};
+    while (!c->s.closed && c->n_backlog < SH_BACKLOG) {
+        struct iovec iov = {.iov_base = net_of(c)->rbuf, .iov_len = sizeof net_of(c)->rbuf};
         union {
             char buf[CMSG_SPACE(sizeof(int))];
             struct cmsghdr align;
@@ -710,13 +624,13 @@ static void conn_read(sh_conn *c)
             conn_fail(c, ZS_ERR_IO, "%s", k == 0 ? "closed by peer" : strerror(errno));
             return;
         }
-        if ((size_t)k > sizeof c->net->rbuf) {
+        if ((size_t)k > sizeof net_of(c)->rbuf) {
             if (fd >= 0)
                 close(fd);
             conn_fail(c, ZS_ERR_FORMAT, "a packet of %zd bytes, more than %d", k, SH_PKT);
             return;
         }
-        on_packet(c, c->net->rbuf, (size_t)k, fd);
+        on_packet(c, net_of(c)->rbuf, (size_t)k, fd);
     }
 }
 
@@ -762,90 +676,24 @@ static zs_err hello_check(const uint8_t *p, uint64_t len, const char *peer, pid_
 
 static void setup_refuse(sh_conn *c, const char *why)
 {
-    zs_setup_refuse(&c->net->evq, c->net->tcp, c->tcp, (zs_listener *)c->l, SH_HELLO_ID, "shm",
-                    c->peer, why);
-    conn_free(c);
+    zs_setup_conn_refuse(&c->s, why);
 }
 
 /* An accepted stream's hello arrived: prove the peer, answer with our socket and a key. */
-static void setup_answer(sh_conn *c, uint64_t len)
+static void setup_answer(zs_setup_conn *sc, uint64_t len)
 {
-    if (hello_check(c->hello, len, c->peer, &c->pid) != ZS_OK || !c->l) {
-        setup_refuse(c, c->l ? zs_last_error() : "its listener was closed");
+    sh_conn *c = (sh_conn *)sc;
+    sh_listener *l = (sh_listener *)c->s.l;
+    if (hello_check(c->s.hello, len, c->s.peer, &c->pid) != ZS_OK || !l) {
+        setup_refuse(c, l ? zs_last_error() : "its listener was closed");
         return;
     }
     if (getrandom(c->key, SH_KEY, 0) != SH_KEY) {
         setup_refuse(c, "no random bytes for a key");
         return;
     }
-    hello_encode(c->net, c->hello, c->key, c->l->name);
-    zs_frame f = {
-        .op = ZS_OP_HELLO, .dtype = ZS_DTYPE_TEXT, .id = SH_HELLO_ID, .length = SH_HELLO_BYTES};
-    if (zs_tcp_isend(c->tcp, &f, c->hello_mr, 0, NULL, NULL) != ZS_OK)
-        setup_refuse(c, zs_last_error());
-}
-
-static sh_listener *listener_of(sh_net *n, zs_listener *tl)
-{
-    for (sh_listener *l = n->listeners; l; l = l->next)
-        if (l->tcp == tl)
-            return l;
-    return NULL;
-}
-
-static void on_tcp_event(sh_net *n, zs_event *ev)
-{
-    sh_conn *c = ev->conn ? zs_tcp_conn_user(ev->conn) : NULL;
-    switch (ev->type) {
-    case ZS_EV_ACCEPT: {
-        sh_listener *l = listener_of(n, ev->listener);
-        sh_conn *nc;
-        if (!l || conn_new(n, ev->conn, &nc) != ZS_OK) {
-            zs_tcp_conn_close(ev->conn);
-            return;
-        }
-        nc->l = l;
-        nc->setup_deadline = zs_net_now_ms() + l->setup_ms;
-        break;
-    }
-    case ZS_EV_REFUSED:
-        zs_setup_forward_refused(&n->evq, ev, (zs_listener *)listener_of(n, ev->listener), "shm");
-        break;
-    case ZS_EV_HEADER:
-        if (!c)
-            return;
-        if (c->ready || c->pid || ev->frame.op != ZS_OP_HELLO ||
-            ev->frame.length != SH_HELLO_BYTES) {
-            if (c->ready)
-                conn_fail(c, ZS_ERR_FORMAT, "unexpected %s frame on the set-up stream",
-                          zs_frame_op_name(ev->frame.op));
-            else
-                setup_refuse(c, "the first frame was not a hello of the expected size");
-            return;
-        }
-        if (zs_tcp_recv_payload(c->tcp, c->hello_mr, 0, c, NULL) != ZS_OK)
-            setup_refuse(c, zs_last_error());
-        break;
-    case ZS_EV_RECV:
-        if (!ev->conn || !c || c->ready)
-            return;
-        if (ev->err != ZS_OK)
-            setup_refuse(c, ev->reason);
-        else
-            setup_answer(c, ev->frame.length);
-        break;
-    case ZS_EV_CLOSED:
-        if (!c)
-            return;
-        if (c->ready)
-            conn_fail(c, ZS_ERR_IO, "peer closed its set-up stream (%s)", ev->reason);
-        else
-            setup_refuse(c, ev->reason);
-        break;
-    case ZS_EV_SEND:
-    case ZS_EV_WRITTEN: /* the set-up stream carries no one-sided writes */
-        break;
-    }
+    hello_encode(net_of(c), c->s.hello, c->key, l->name);
+    zs_setup_answer(&c->s); /* ready once the peer joins our socket with the key */
 }
 
 static void stray_free(sh_net *n, sh_stray *s, int close_fd)
@@ -857,7 +705,7 @@ static void stray_free(sh_net *n, sh_stray *s, int close_fd)
     if (s->next)
         s->next->prev = s->prev;
     if (close_fd) {
-        epoll_ctl(n->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+        epoll_ctl(n->s.epfd, EPOLL_CTL_DEL, s->fd, NULL);
         close(s->fd);
     }
     free(s);
@@ -865,14 +713,14 @@ static void stray_free(sh_net *n, sh_stray *s, int close_fd)
 
 static void listener_accept(sh_listener *l)
 {
-    sh_net *n = l->net;
+    sh_net *n = (sh_net *)l->s.net;
     for (;;) {
         int fd = accept4(l->ufd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return;
         sh_stray *s = calloc(1, sizeof *s);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = s};
-        if (!s || epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        if (!s || epoll_ctl(n->s.epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
             free(s);
             close(fd);
             continue;
@@ -880,7 +728,7 @@ static void listener_accept(sh_listener *l)
         s->kind = K_STRAY;
         s->fd = fd;
         s->l = l;
-        s->deadline = zs_net_now_ms() + l->setup_ms;
+        s->deadline = zs_net_now_ms() + l->s.setup_ms;
         s->next = n->strays;
         if (n->strays)
             n->strays->prev = s;
@@ -900,12 +748,12 @@ static void stray_key(sh_net *n, sh_stray *s)
         struct ucred cr;
         socklen_t cl = sizeof cr;
         int have_cred = getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0;
-        for (c = n->conns; c; c = c->next)
-            if (!c->ready && c->pid && c->fd < 0 && !c->closed &&
+        for (c = (sh_conn *)n->s.conns; c; c = (sh_conn *)c->s.next)
+            if (!c->s.ready && c->pid && c->fd < 0 && !c->s.closed &&
                 sodium_memcmp(c->key, p + SH_HDR, SH_KEY) == 0 && have_cred && cr.pid == c->pid)
                 break;
     }
-    epoll_ctl(n->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+    epoll_ctl(n->s.epfd, EPOLL_CTL_DEL, s->fd, NULL);
     int fd = s->fd;
     stray_free(n, s, 0);
     if (!c) {
@@ -916,117 +764,89 @@ static void stray_key(sh_net *n, sh_stray *s)
         setup_refuse(c, zs_last_error());
         return;
     }
-    c->ready = 1;
-    zs_event *e = zs_evq_push(&n->evq, ZS_EV_ACCEPT, (zs_conn *)c, "shm");
-    if (e)
-        e->listener = (zs_listener *)c->l;
-    c->l = NULL;
+    zs_setup_conn_accepted(&c->s);
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* the loop */
+/* the loop: zs_setup_ops */
 
-static void net_turn(sh_net *n, int timeout_ms)
+static void io(zs_setup_net *sn, const struct epoll_event *evs, int k)
 {
-    struct epoll_event evs[32];
-    int k = epoll_wait(n->epfd, evs, 32, timeout_ms);
-    zs_event tev[32];
-    int tk;
-    while (zs_tcp_poll(n->tcp, tev, 32, 0, &tk) == ZS_OK && tk > 0)
-        for (int i = 0; i < tk; i++)
-            on_tcp_event(n, &tev[i]);
+    sh_net *n = (sh_net *)sn;
     for (int i = 0; i < k; i++) {
         int *kind = evs[i].data.ptr;
         if (!kind)
-            continue; /* the TCP net: driven above */
+            continue; /* the TCP net: driven already */
         if (*kind == K_LISTENER) {
-            listener_accept((sh_listener *)kind);
+            listener_accept(SH_OF(kind, sh_listener, kind));
         } else if (*kind == K_STRAY) {
             stray_key(n, (sh_stray *)kind);
         } else {
-            sh_conn *c = (sh_conn *)kind;
+            sh_conn *c = SH_OF(kind, sh_conn, kind);
             if (evs[i].events & EPOLLOUT)
                 flush_out(c);
             if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
                 conn_read(c);
         }
     }
-    int64_t now = zs_net_now_ms();
-    sh_conn *next;
-    for (sh_conn *c = n->conns; c; c = next) {
-        next = c->next;
-        if (!c->ready && c->l && now >= c->setup_deadline) {
-            setup_refuse(c, "set-up stalled");
-            continue;
-        }
-        if (c->closed || !c->ready)
-            continue;
-        for (sh_req *r = c->await; r; r = r->next)
-            if (now >= r->deadline) {
-                conn_fail(c, ZS_ERR_IO, "peer did not read a %llu-byte payload within %d ms",
-                          (unsigned long long)r->frame.length, n->send_timeout_ms);
-                break;
-            }
-        if (c->dirty && !c->closed) {
-            c->dirty = 0;
-            deliver_backlog(c);
-            if (!c->closed && c->n_backlog < SH_BACKLOG)
-                conn_read(c);
-        }
-    }
-    sh_stray *sn;
-    for (sh_stray *s = n->strays; s; s = sn) {
-        sn = s->next;
+}
+
+static void resume(zs_setup_conn *sc)
+{
+    sh_conn *c = (sh_conn *)sc;
+    deliver_backlog(c);
+    if (!c->s.closed && c->n_backlog < SH_BACKLOG)
+        conn_read(c);
+}
+
+static void expire(zs_setup_net *sn, int64_t now)
+{
+    sh_net *n = (sh_net *)sn;
+    sh_stray *next;
+    for (sh_stray *s = n->strays; s; s = next) {
+        next = s->next;
         if (now >= s->deadline)
             stray_free(n, s, 1);
     }
 }
 
-static int net_timeout(sh_net *n)
+static int64_t next_timer(zs_setup_net *sn)
 {
-    if (n->evq.live)
-        return 0;
-    int tt;
-    zs_tcp_wait_fd(n->tcp, &tt);
-    int64_t next = tt < 0 ? -1 : zs_net_now_ms() + tt;
-    for (sh_conn *c = n->conns; c; c = c->next) {
-        if (c->dirty && !c->closed)
-            return 0;
-        int64_t d = !c->ready && c->l ? c->setup_deadline : -1;
-        for (sh_req *r = c->await; r; r = r->next)
-            if (d < 0 || r->deadline < d)
-                d = r->deadline;
-        if (d >= 0 && (next < 0 || d < next))
-            next = d;
-    }
-    for (sh_stray *s = n->strays; s; s = s->next)
+    int64_t next = -1;
+    for (sh_stray *s = ((sh_net *)sn)->strays; s; s = s->next)
         if (next < 0 || s->deadline < next)
             next = s->deadline;
-    return zs_net_remaining_ms(next);
+    return next;
 }
 
-static int net_run(sh_net *n, int64_t deadline, int (*ready)(void *), void *arg)
+static zs_err conn_new_cb(zs_setup_net *n, zs_conn *tcp, zs_setup_conn **out)
 {
-    net_turn(n, 0);
-    for (;;) {
-        if (ready(arg))
-            return 1;
-        int left = zs_net_remaining_ms(deadline);
-        if (left == 0)
-            return 0;
-        int t = net_timeout(n);
-        if (t < 0 || (left >= 0 && left < t))
-            t = left;
-        net_turn(n, t);
-    }
+    return conn_new((sh_net *)n, tcp, (sh_conn **)out);
 }
 
-/* net_run as core's driver of test() and wait(). */
-static zs_err net_drive(void *n, int64_t deadline, int (*ready)(void *), void *arg)
+static void conn_free_cb(zs_setup_conn *c)
 {
-    net_run(n, deadline, ready, arg);
-    return ZS_OK;
+    conn_free((sh_conn *)c);
 }
+
+static void fail_cb(zs_setup_conn *c, zs_err err, const char *msg)
+{
+    conn_fail((sh_conn *)c, err, "%s", msg);
+}
+
+static const zs_setup_ops sh_setup_ops = {
+    .name = "shm",
+    .hello_id = SH_HELLO_ID,
+    .hello_bytes = SH_HELLO_BYTES,
+    .conn_new = conn_new_cb,
+    .conn_free = conn_free_cb,
+    .answer = setup_answer,
+    .fail = fail_cb,
+    .io = io,
+    .resume = resume,
+    .expire = expire,
+    .next_timer = next_timer,
+};
 
 /* ---------------------------------------------------------------------------------------- */
 /* the interface */
@@ -1037,34 +857,24 @@ static zs_err sh_open(zs_net **out)
     sh_net *n = calloc(1, sizeof *n);
     if (!n)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
-    zs_err res = ZS_OK;
-    n->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (n->epfd < 0 || getrandom(n->cookie, SH_COOKIE, 0) != SH_COOKIE) {
-        res = zs_error(ZS_ERR_IO, "shm: epoll_create1 or getrandom: %s", strerror(errno));
-        goto fail;
+    zs_err res = zs_setup_net_open(&n->s, &sh_setup_ops);
+    if (res != ZS_OK) {
+        free(n);
+        return res;
     }
-    ZS_CHECK_GOTO(zs_tcp_open(&n->tcp), res, fail);
-    int tt;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
-    if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, zs_tcp_wait_fd(n->tcp, &tt), &ev) < 0) {
-        res = zs_error(ZS_ERR_IO, "shm: epoll_ctl: %s", strerror(errno));
-        zs_tcp_close(n->tcp);
-        goto fail;
+    if (getrandom(n->cookie, SH_COOKIE, 0) != SH_COOKIE) {
+        res = zs_error(ZS_ERR_IO, "shm: getrandom: %s", strerror(errno));
+        zs_setup_net_close(&n->s);
+        free(n);
+        return res;
     }
     /* Under Yama's ptrace_scope 1 a sibling could not read our memory; let any process of
      * this user do so (without Yama the call fails, and nothing needs lifting). */
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-    n->reqs =
-        (zs_rq_pool){.who = "shm", .evq = &n->evq, .event_conn = event_conn, .run = net_drive};
-    n->send_timeout_ms =
-        env_int("ZS_SHM_SEND_TIMEOUT_MS", SH_DEFAULT_SEND_TIMEOUT_MS, 10, INT_MAX / 2);
+    n->s.send_timeout_ms = zs_setup_env_int("shm", "ZS_SHM_SEND_TIMEOUT_MS",
+                                            SH_DEFAULT_SEND_TIMEOUT_MS, 10, INT_MAX / 2);
     *out = (zs_net *)n;
     return ZS_OK;
-fail:
-    if (n->epfd >= 0)
-        close(n->epfd);
-    free(n);
-    return res;
 }
 
 static zs_err sh_set_opts(zs_net *net, const zs_net_opts *opts)
@@ -1078,29 +888,23 @@ static void sh_close(zs_net *nn)
     sh_net *n = (sh_net *)nn;
     if (!n)
         return;
-    while (n->conns) {
-        n->conns->ready = 0;
-        conn_free(n->conns);
-    }
+    zs_setup_net_close_conns(&n->s);
     while (n->strays)
         stray_free(n, n->strays, 1);
-    while (n->listeners) {
-        sh_listener *l = n->listeners;
-        n->listeners = l->next;
+    while (n->s.listeners) {
+        sh_listener *l = (sh_listener *)n->s.listeners;
+        n->s.listeners = l->s.next;
         close(l->ufd);
         free(l);
     }
-    while (n->mrs) {
-        sh_mr *m = (sh_mr *)n->mrs;
-        n->mrs = m->reg.next;
+    while (n->s.mrs) {
+        sh_mr *m = (sh_mr *)n->s.mrs;
+        n->s.mrs = m->reg.next;
         if (m->memfd >= 0)
             close(m->memfd);
         free(m);
     }
-    zs_rq_pool_free(&n->reqs);
-    zs_tcp_close(n->tcp);
-    zs_evq_free(&n->evq);
-    close(n->epfd);
+    zs_setup_net_close(&n->s);
     free(n);
 }
 
@@ -1112,9 +916,7 @@ static zs_err sh_listen(zs_net *nn, const char *addr, const zs_conn_opts *opts, 
     if (!l)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
     l->kind = K_LISTENER;
-    l->net = n;
-    zs_conn_opts to = {.auth = opts ? opts->auth : NULL};
-    zs_err e = zs_tcp_listen(n->tcp, addr, &to, &l->tcp);
+    zs_err e = zs_setup_listen(&n->s, &l->s, addr, opts, "ZS_SHM_SETUP_MS", SH_DEFAULT_SETUP_MS);
     if (e != ZS_OK) {
         free(l);
         return e;
@@ -1123,77 +925,40 @@ static zs_err sh_listen(zs_net *nn, const char *addr, const zs_conn_opts *opts, 
     if (getrandom(rnd, sizeof rnd, 0) != sizeof rnd)
         memset(rnd, 0, sizeof rnd);
     zs_net_fmt(l->name, sizeof l->name, "zshard-shm/%d/%d/%02x%02x%02x%02x", (int)getpid(),
-               zs_tcp_listener_port(l->tcp), rnd[0], rnd[1], rnd[2], rnd[3]);
+               zs_tcp_listener_port(l->s.tcp), rnd[0], rnd[1], rnd[2], rnd[3]);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     size_t nl = strlen(l->name);
     memcpy(sa.sun_path + 1, l->name, nl); /* abstract: sun_path[0] is NUL */
     socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
     l->ufd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = l};
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &l->kind};
     if (l->ufd < 0 || bind(l->ufd, (struct sockaddr *)&sa, sl) < 0 || listen(l->ufd, 256) < 0 ||
-        epoll_ctl(n->epfd, EPOLL_CTL_ADD, l->ufd, &ev) < 0) {
+        epoll_ctl(n->s.epfd, EPOLL_CTL_ADD, l->ufd, &ev) < 0) {
         e = zs_error(ZS_ERR_IO, "shm: Unix socket @%s: %s", l->name, strerror(errno));
         if (l->ufd >= 0)
             close(l->ufd);
-        zs_tcp_listener_close(l->tcp);
+        zs_setup_listener_drop(&l->s);
         free(l);
         return e;
     }
-    l->setup_ms = env_int("ZS_SHM_SETUP_MS", SH_DEFAULT_SETUP_MS, 10, INT_MAX / 2);
-    l->next = n->listeners;
-    if (n->listeners)
-        n->listeners->prev = l;
-    n->listeners = l;
     *out = (zs_listener *)l;
     return ZS_OK;
-}
-
-static int sh_listener_port(const zs_listener *l)
-{
-    return zs_tcp_listener_port(((const sh_listener *)l)->tcp);
 }
 
 static void sh_listener_close(zs_listener *ll)
 {
     sh_listener *l = (sh_listener *)ll;
-    sh_net *n = l->net;
-    for (sh_conn *c = n->conns; c; c = c->next)
-        if (c->l == l)
-            c->l = NULL;
+    sh_net *n = (sh_net *)l->s.net;
     sh_stray *sn;
     for (sh_stray *s = n->strays; s; s = sn) {
         sn = s->next;
         if (s->l == l)
             stray_free(n, s, 1);
     }
-    zs_tcp_listener_close(l->tcp);
-    epoll_ctl(n->epfd, EPOLL_CTL_DEL, l->ufd, NULL);
+    epoll_ctl(n->s.epfd, EPOLL_CTL_DEL, l->ufd, NULL);
     close(l->ufd);
-    if (l->prev)
-        l->prev->next = l->next;
-    else
-        n->listeners = l->next;
-    if (l->next)
-        l->next->prev = l->prev;
-    zs_evq_forget_listener(&n->evq, ll);
+    zs_setup_listener_drop(&l->s);
     free(l);
-}
-
-static int accept_ready(void *arg)
-{
-    void **a = arg; /* the listener, then the connection taken */
-    sh_listener *l = a[0];
-    return (a[1] = zs_evq_take_accept(&l->net->evq, a[0])) != NULL;
-}
-
-static zs_err sh_accept(zs_listener *ll, int timeout_ms, zs_conn **out)
-{
-    sh_listener *l = (sh_listener *)ll;
-    void *a[2] = {l, NULL};
-    *out = NULL;
-    if (net_run(l->net, zs_net_deadline(timeout_ms), accept_ready, a))
-        *out = a[1];
-    return ZS_OK;
 }
 
 static zs_err sh_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts, zs_conn **out)
@@ -1204,23 +969,23 @@ static zs_err sh_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts,
     int64_t deadline = zs_net_now_ms() + timeout;
     zs_conn_opts to = zs_setup_tcp_opts(opts, timeout);
     zs_conn *tc;
-    ZS_CHECK(zs_tcp_connect(n->tcp, addr, &to, &tc));
-    sh_conn *c;
+    ZS_CHECK(zs_tcp_connect(n->s.tcp, addr, &to, &tc));
+    sh_conn *c = NULL;
     zs_err res = conn_new(n, tc, &c);
     if (res != ZS_OK) {
         zs_tcp_conn_close(tc);
         return res;
     }
-    zs_net_fmt(c->peer, sizeof c->peer, "%s", addr);
-    hello_encode(n, c->hello, NULL, NULL);
+    zs_net_fmt(c->s.peer, sizeof c->s.peer, "%s", addr);
+    hello_encode(n, c->s.hello, NULL, NULL);
     uint64_t got;
-    ZS_CHECK_GOTO(zs_setup_exchange(tc, c->hello_mr, c->hello, SH_HELLO_BYTES, SH_HELLO_ID, "shm",
-                                    addr, timeout, deadline, &got),
+    ZS_CHECK_GOTO(zs_setup_exchange(tc, c->s.hello_mr, c->s.hello, SH_HELLO_BYTES, SH_HELLO_ID,
+                                    "shm", addr, timeout, deadline, &got),
                   res, fail);
-    ZS_CHECK_GOTO(hello_check(c->hello, got, c->peer, &c->pid), res, fail);
-    memcpy(c->key, c->hello + 56, SH_KEY);
+    ZS_CHECK_GOTO(hello_check(c->s.hello, got, c->s.peer, &c->pid), res, fail);
+    memcpy(c->key, c->s.hello + 56, SH_KEY);
     char name[SH_HELLO_BYTES];
-    zs_net_copy_str(name, sizeof name, (const char *)c->hello + 72);
+    zs_net_copy_str(name, sizeof name, (const char *)c->s.hello + 72);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     size_t nl = strnlen(name, sizeof sa.sun_path - 1);
     memcpy(sa.sun_path + 1, name, nl);
@@ -1250,41 +1015,12 @@ static zs_err sh_connect(zs_net *nn, const char *addr, const zs_conn_opts *opts,
         goto fail;
     }
     ZS_CHECK_GOTO(conn_attach(c, fd), res, fail);
-    c->ready = 1;
+    c->s.ready = 1;
     *out = (zs_conn *)c;
     return ZS_OK;
 fail:
     conn_free(c);
     return res;
-}
-
-static const char *sh_conn_peer(const zs_conn *c)
-{
-    return ((const sh_conn *)c)->peer;
-}
-static void sh_conn_set_user(zs_conn *c, void *user)
-{
-    ((sh_conn *)c)->user = user;
-}
-static void *sh_conn_user(const zs_conn *c)
-{
-    return ((const sh_conn *)c)->user;
-}
-static uint32_t sh_conn_member(const zs_conn *c)
-{
-    return ((const sh_conn *)c)->member;
-}
-static int sh_conn_closed(const zs_conn *c)
-{
-    return ((const sh_conn *)c)->closed;
-}
-
-static void sh_conn_close(zs_conn *cc)
-{
-    sh_conn *c = (sh_conn *)cc;
-    zs_evq_forget(&c->net->evq, cc);
-    c->ready = 0;
-    conn_free(c);
 }
 
 /* 1 if every mapping of [lo, hi) is private anonymous read-write memory outside the brk heap
@@ -1331,7 +1067,7 @@ static void share_region(sh_net *n, sh_mr *m)
     long pg = sysconf(_SC_PAGESIZE);
     uintptr_t lo = (uintptr_t)m->reg.base & ~(uintptr_t)(pg - 1);
     uintptr_t hi = ((uintptr_t)m->reg.base + m->reg.len + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-    for (sh_mr *o = (sh_mr *)n->mrs; o; o = (sh_mr *)o->reg.next)
+    for (sh_mr *o = (sh_mr *)n->s.mrs; o; o = (sh_mr *)o->reg.next)
         if (o->id && o->span < hi && lo < o->span + o->span_len)
             return;
     if (!plain_anonymous(lo, hi))
@@ -1378,7 +1114,7 @@ static zs_err sh_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
     m->memfd = -1;
     if ((access & ZS_MR_SEND) && len > 0)
         share_region(n, m);
-    zs_region_add(&n->mrs, &m->reg, n, base, len, access);
+    zs_region_add(&n->s.mrs, &m->reg, n, base, len, access);
     *out = (zs_mr *)m;
     return ZS_OK;
 }
@@ -1389,7 +1125,7 @@ static zs_err sh_dereg_mr(zs_mr *mm)
     if (!m)
         return ZS_OK;
     sh_net *n = (sh_net *)m->reg.net;
-    ZS_CHECK(zs_region_remove(&n->mrs, &m->reg, "shm"));
+    ZS_CHECK(zs_region_remove(&n->s.mrs, &m->reg, "shm"));
     if (m->memfd >= 0)
         close(m->memfd); /* the pages stay mapped here; peers that mapped them keep theirs */
     free(m);
@@ -1399,15 +1135,12 @@ static zs_err sh_dereg_mr(zs_mr *mm)
 static zs_err check_region(const sh_conn *c, const char *what, const sh_mr *m, size_t off,
                            uint64_t len, int access)
 {
-    return zs_region_check("shm", what, c->peer, c->net, m ? &m->reg : NULL, off, len, access);
+    return zs_region_check("shm", what, c->s.peer, c->s.net, m ? &m->reg : NULL, off, len, access);
 }
 
 static zs_err check_open(const sh_conn *c, const char *what)
 {
-    if (c->closed)
-        return zs_error(ZS_ERR_IO, "shm %s: %s on a failed connection: %s", c->peer, what,
-                        c->reason);
-    return ZS_OK;
+    return zs_setup_check_open(&c->s, what);
 }
 
 /* Sends frame f with its payload at src (len bytes), eager or by rendezvous. */
@@ -1421,9 +1154,9 @@ static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_
     zs_frame_encode(fin, pkt + SH_HDR);
     zs_frame f;
     if (zs_frame_decode(pkt + SH_HDR, &f) != ZS_OK)
-        return zs_error(ZS_ERR_INVALID, "shm %s: send of a bad frame: %s", c->peer,
+        return zs_error(ZS_ERR_INVALID, "shm %s: send of a bad frame: %s", c->s.peer,
                         zs_last_error());
-    sh_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_SEND, c, user, out != NULL);
+    sh_req *r = zs_rq_new(&c->s.net->reqs, c->s.net, ZS_RQ_SEND, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
     r->frame = f;
@@ -1435,15 +1168,15 @@ static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_
         if (f.length)
             memcpy(pkt + len, src, f.length);
         send_pkt(c, pkt, len + f.length);
-        zs_rq_finish(r, c->closed ? ZS_ERR_IO : ZS_OK, c->reason);
+        zs_rq_finish(r, c->s.closed ? ZS_ERR_IO : ZS_OK, c->s.reason);
         return ZS_OK;
     }
-    r->token = ++c->next_token;
+    r->token = ++c->s.next_token;
     r->mr = &m->reg;
     m->reg.refs++;
     r->state = ZS_RQ_AWAIT;
-    r->deadline = zs_net_now_ms() + c->net->send_timeout_ms;
-    zs_rq_list_add(&c->await, r);
+    r->deadline = zs_net_now_ms() + c->s.net->send_timeout_ms;
+    zs_rq_list_add(&c->s.await, r);
     header(pkt, MSG_RNDV, 0, r->token, (uintptr_t)src);
     if (m->id) {
         offer_region(c, m);
@@ -1471,29 +1204,17 @@ static zs_err sh_isend_inline(zs_conn *cc, const zs_frame *f, const void *data, 
     if (f->length > ZS_NET_INLINE_MAX) {
         if (out)
             *out = NULL;
-        return zs_error(ZS_ERR_INVALID, "shm %s: inline send of %llu bytes, at most %d", c->peer,
+        return zs_error(ZS_ERR_INVALID, "shm %s: inline send of %llu bytes, at most %d", c->s.peer,
                         (unsigned long long)f->length, ZS_NET_INLINE_MAX);
     }
     return send_frame(c, f, NULL, data, user, out);
-}
-
-static zs_err sh_irecv(zs_conn *cc, uint64_t id, zs_mr *mm, size_t off, size_t cap, void *user,
-                       zs_req **out)
-{
-    sh_conn *c = (sh_conn *)cc;
-    sh_mr *m = (sh_mr *)mm;
-    if (out)
-        *out = NULL;
-    ZS_CHECK(check_open(c, "receive"));
-    return zs_rq_expect(&c->net->reqs, c->net, c, c->peer, &c->expect, id, m ? &m->reg : NULL, off,
-                        cap, user, out);
 }
 
 static zs_err pending_frame(sh_conn *c, const char *what, zs_frame *f)
 {
     ZS_CHECK(check_open(c, what));
     if (!c->pending)
-        return zs_error(ZS_ERR_INVALID, "shm %s: %s without a pending header", c->peer, what);
+        return zs_error(ZS_ERR_INVALID, "shm %s: %s without a pending header", c->s.peer, what);
     zs_frame_decode(c->pending->b + SH_HDR, f);
     return ZS_OK;
 }
@@ -1502,7 +1223,7 @@ static void pending_done(sh_conn *c)
 {
     free(c->pending);
     c->pending = NULL;
-    c->dirty = 1;
+    c->s.dirty = 1;
 }
 
 static zs_err sh_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs_req **out)
@@ -1514,7 +1235,7 @@ static zs_err sh_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs
     zs_frame f;
     ZS_CHECK(pending_frame(c, "recv_payload", &f));
     ZS_CHECK(check_region(c, "receive", m, off, f.length, ZS_MR_RECV));
-    sh_req *r = zs_rq_new(&c->net->reqs, c->net, ZS_RQ_RECV, c, user, out != NULL);
+    sh_req *r = zs_rq_new(&c->s.net->reqs, c->s.net, ZS_RQ_RECV, c, user, out != NULL);
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
     r->frame = f;
@@ -1526,7 +1247,7 @@ static zs_err sh_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs
     c->pending = NULL;
     take_payload(c, p->b, r);
     free(p);
-    c->dirty = 1;
+    c->s.dirty = 1;
     return ZS_OK;
 }
 
@@ -1538,16 +1259,6 @@ static zs_err sh_discard(zs_conn *cc)
     skip_payload(c, c->pending->b);
     pending_done(c);
     return ZS_OK;
-}
-
-static zs_err sh_test(zs_req *rq, int *done, zs_frame *f)
-{
-    return zs_rq_wait((sh_req *)rq, 0, done, f, "test");
-}
-
-static zs_err sh_wait(zs_req *rq, int timeout_ms, int *done, zs_frame *f)
-{
-    return zs_rq_wait((sh_req *)rq, timeout_ms, done, f, "wait");
 }
 
 static zs_err sh_cancel(zs_req *rq)
@@ -1562,41 +1273,12 @@ static zs_err sh_cancel(zs_req *rq)
         return zs_error(ZS_ERR_INVALID,
                         "shm %s: send of %s id %llu is being read by the peer; it cannot be "
                         "recalled",
-                        ((sh_conn *)r->conn)->peer, zs_frame_op_name(r->frame.op),
+                        ((sh_conn *)r->conn)->s.peer, zs_frame_op_name(r->frame.op),
                         (unsigned long long)r->frame.id);
     default:
         zs_rq_release(r);
         return ZS_OK;
     }
-}
-
-static zs_err sh_flush(zs_net *nn)
-{
-    net_turn((sh_net *)nn, 0);
-    return ZS_OK;
-}
-
-static int events_ready(void *arg)
-{
-    return ((sh_net *)arg)->evq.live > 0;
-}
-
-static zs_err sh_poll(zs_net *nn, zs_event *ev, int max, int timeout_ms, int *n_out)
-{
-    sh_net *n = (sh_net *)nn;
-    net_run(n, zs_net_deadline(timeout_ms), events_ready, n);
-    int k = 0;
-    while (k < max && zs_evq_pop(&n->evq, &ev[k]))
-        k++;
-    *n_out = k;
-    return ZS_OK;
-}
-
-static int sh_wait_fd(zs_net *nn, int *timeout_ms)
-{
-    sh_net *n = (sh_net *)nn;
-    *timeout_ms = net_timeout(n);
-    return n->epfd;
 }
 
 const zs_transport_ops zs_shm_ops = {
@@ -1606,27 +1288,27 @@ const zs_transport_ops zs_shm_ops = {
     .set_opts = sh_set_opts,
     .close = sh_close,
     .listen = sh_listen,
-    .listener_port = sh_listener_port,
+    .listener_port = zs_setup_listener_port,
     .listener_close = sh_listener_close,
-    .accept = sh_accept,
+    .accept = zs_setup_accept,
     .connect = sh_connect,
-    .conn_peer = sh_conn_peer,
-    .conn_set_user = sh_conn_set_user,
-    .conn_user = sh_conn_user,
-    .conn_member = sh_conn_member,
-    .conn_closed = sh_conn_closed,
-    .conn_close = sh_conn_close,
+    .conn_peer = zs_setup_conn_peer,
+    .conn_set_user = zs_setup_conn_set_user,
+    .conn_user = zs_setup_conn_user,
+    .conn_member = zs_setup_conn_member,
+    .conn_closed = zs_setup_conn_closed,
+    .conn_close = zs_setup_conn_close,
     .reg_mr = sh_reg_mr,
     .dereg_mr = sh_dereg_mr,
     .isend = sh_isend,
     .isend_inline = sh_isend_inline,
-    .irecv = sh_irecv,
+    .irecv = zs_setup_irecv,
     .recv_payload = sh_recv_payload,
     .discard = sh_discard,
-    .test = sh_test,
-    .wait = sh_wait,
+    .test = zs_setup_test,
+    .wait = zs_setup_wait,
     .cancel = sh_cancel,
-    .flush = sh_flush,
-    .poll = sh_poll,
-    .wait_fd = sh_wait_fd,
+    .flush = zs_setup_flush,
+    .poll = zs_setup_poll,
+    .wait_fd = zs_setup_wait_fd,
 };
