@@ -1604,6 +1604,34 @@ void zs_rdma_test_bad_key(zs_conn *c)
     ((rd_conn *)c)->bad_key = 1;
 }
 
+/* One-sided operations: not built for this backend yet (docs/transport.md). */
+static zs_err rd_mr_export(zs_mr *mr, zs_mr_desc *out)
+{
+    (void)mr;
+    (void)out;
+    return zs_rma_not_built("rdma", "mr_export");
+}
+
+static zs_err rd_iread(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                       uint64_t remote_off, size_t len, void *user, zs_req **req)
+{
+    (void)c, (void)mr, (void)off, (void)remote, (void)remote_off, (void)len, (void)user;
+    if (req)
+        *req = NULL;
+    return zs_rma_not_built("rdma", "iread");
+}
+
+static zs_err rd_iwrite(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                        uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                        zs_req **req)
+{
+    (void)c, (void)mr, (void)off, (void)remote, (void)remote_off, (void)len, (void)notify;
+    (void)imm, (void)user;
+    if (req)
+        *req = NULL;
+    return zs_rma_not_built("rdma", "iwrite");
+}
+
 const zs_transport_ops zs_rdma_ops = {
     .version = ZS_TRANSPORT_OPS_VERSION,
     .name = "rdma",
@@ -1631,6 +1659,9 @@ const zs_transport_ops zs_rdma_ops = {
     .test = zs_setup_test,
     .wait = zs_setup_wait,
     .cancel = rd_cancel,
+    .mr_export = rd_mr_export,
+    .iread = rd_iread,
+    .iwrite = rd_iwrite,
     .flush = zs_setup_flush,
     .poll = zs_setup_poll,
     .wait_fd = zs_setup_wait_fd,

@@ -1281,6 +1281,34 @@ static zs_err sh_cancel(zs_req *rq)
     }
 }
 
+/* One-sided operations: not built for this backend yet (docs/transport.md). */
+static zs_err sh_mr_export(zs_mr *mr, zs_mr_desc *out)
+{
+    (void)mr;
+    (void)out;
+    return zs_rma_not_built("shm", "mr_export");
+}
+
+static zs_err sh_iread(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                       uint64_t remote_off, size_t len, void *user, zs_req **req)
+{
+    (void)c, (void)mr, (void)off, (void)remote, (void)remote_off, (void)len, (void)user;
+    if (req)
+        *req = NULL;
+    return zs_rma_not_built("shm", "iread");
+}
+
+static zs_err sh_iwrite(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
+                        uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                        zs_req **req)
+{
+    (void)c, (void)mr, (void)off, (void)remote, (void)remote_off, (void)len, (void)notify;
+    (void)imm, (void)user;
+    if (req)
+        *req = NULL;
+    return zs_rma_not_built("shm", "iwrite");
+}
+
 const zs_transport_ops zs_shm_ops = {
     .version = ZS_TRANSPORT_OPS_VERSION,
     .name = "shm",
@@ -1308,6 +1336,9 @@ const zs_transport_ops zs_shm_ops = {
     .test = zs_setup_test,
     .wait = zs_setup_wait,
     .cancel = sh_cancel,
+    .mr_export = sh_mr_export,
+    .iread = sh_iread,
+    .iwrite = sh_iwrite,
     .flush = zs_setup_flush,
     .poll = zs_setup_poll,
     .wait_fd = zs_setup_wait_fd,

@@ -101,6 +101,20 @@ static void test_client_killed(server *s)
     client_close(&cl);
 }
 
+/* One-sided operations are not built for shm yet: each says so instead of doing nothing. */
+static void test_rma_refused(server *s)
+{
+    client cl;
+    CHECK_OK(client_open(&cl, s->port, NULL));
+    zs_mr_desc d = {.addr = 4096, .len = 4096, .key = 1, .access = ZS_MR_REMOTE_READ};
+    zs_req *r = (zs_req *)&d;
+    CHECK_FAILS_WITH(T->mr_export(cl.mr, &d), "not built for the shm backend");
+    CHECK_FAILS_WITH(T->iread(cl.c, cl.mr, 0, &d, 0, 64, NULL, &r), "not built");
+    CHECK(r == NULL);
+    CHECK_FAILS_WITH(T->iwrite(cl.c, cl.mr, 0, &d, 0, 64, 1, 7, NULL, NULL), "not built");
+    client_close(&cl);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -113,6 +127,7 @@ int main(void)
     test_wait_fd(&s);
     test_client_killed(&s);
     test_garbage_setup(&s);
+    test_rma_refused(&s);
     server_close(&s);
     test_auth();
     test_accept();
