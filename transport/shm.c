@@ -54,6 +54,10 @@
 /* Regions smaller than this are read with process_vm_readv: moving them into a memfd is not
  * worth a mapping per peer, and small blocks share pages with others. */
 #define SH_SHARE_MIN ((size_t)1 << 20)
+/* Rendezvous replies to a peer's one-sided reads one connection may have awaiting the peer's
+ * DONE; beyond, its next packets wait in the backlog (and reading stops when that is full)
+ * until some are done: a peer that asks and never reads holds this many here. */
+#define SH_RMA_MAX_OUT 64
 #define SH_DEFAULT_SEND_TIMEOUT_MS 120000
 #define SH_DEFAULT_SETUP_MS 5000
 
@@ -108,6 +112,7 @@ struct sh_conn {
     int n_regions, cap_regions;
     uint32_t *sent; /* ids of our regions this peer was given */
     int n_sent, cap_sent;
+    int rma_out; /* rendezvous replies to the peer's one-sided reads awaiting its DONE */
 };
 
 struct sh_listener {
@@ -130,6 +135,7 @@ struct sh_net {
     zs_setup_net s; /* first: the TCP net, epoll, events, connections, regions, requests */
     sh_stray *strays;
     uint32_t next_region;
+    uint64_t rma_next_id;      /* the next one-sided operation's id, above ZS_RMA_ID_BASE */
     uint8_t cookie[SH_COOKIE]; /* read by peers to prove we share a host */
     uint8_t rbuf[SH_PKT];
 };
@@ -440,12 +446,31 @@ static void skip_payload(sh_conn *c, const uint8_t *p)
         send_done(c, zs_le_get64(p + 16), 1);
 }
 
+static void rma_serve(sh_conn *c, const uint8_t *p, const zs_frame *f);
+static void rma_reply(sh_conn *c, const uint8_t *p, sh_req *r, const zs_frame *f);
+
 /* Hands the frame in packet p (len bytes) to an irecv or to the caller; keeps a copy as the
  * pending header when it has a payload nobody expected. */
 static void deliver(sh_conn *c, const uint8_t *p, size_t len)
 {
     zs_frame f;
     zs_frame_decode(p + SH_HDR, &f); /* checked on arrival */
+    if (f.op == ZS_OP_RMA_READ || f.op == ZS_OP_RMA_WRITE) {
+        rma_serve(c, p, &f);
+        return;
+    }
+    sh_req *x = zs_rq_list_find(c->s.expect, f.id);
+    if (x && x->rma) {
+        zs_rq_list_del(&c->s.expect, x);
+        rma_reply(c, p, x, &f);
+        return;
+    }
+    if (!x && (f.op == ZS_OP_RMA_DATA || f.op == ZS_OP_RMA_ACK)) {
+        skip_payload(c, p);
+        conn_fail(c, ZS_ERR_FORMAT, "%s id %llu answers no one-sided operation of ours",
+                  zs_frame_op_name(f.op), (unsigned long long)f.id);
+        return;
+    }
     int skip;
     sh_req *r = zs_setup_expected(&c->s, &f, &skip);
     if (r)
@@ -473,7 +498,7 @@ static void deliver(sh_conn *c, const uint8_t *p, size_t len)
 
 static void deliver_backlog(sh_conn *c)
 {
-    while (!c->s.closed && !c->pending && c->backlog) {
+    while (!c->s.closed && !c->pending && c->backlog && c->rma_out < SH_RMA_MAX_OUT) {
         sh_pkt *p = c->backlog;
         c->backlog = p->next;
         if (!c->backlog)
@@ -552,6 +577,8 @@ static void on_packet(sh_conn *c, const uint8_t *p, size_t len, int fd)
             return;
         }
         zs_rq_list_del(&c->s.await, r);
+        if (r->rma == ZS_RMA_SERVE && c->rma_out-- == SH_RMA_MAX_OUT)
+            c->s.dirty = 1; /* the backlog moves again (resume) */
         zs_rq_finish(r, ZS_OK, NULL);
         return;
     }
@@ -570,7 +597,7 @@ static void on_packet(sh_conn *c, const uint8_t *p, size_t len, int fd)
                   (unsigned long long)f.length);
         return;
     }
-    if (c->pending || c->backlog) {
+    if (c->pending || c->backlog || c->rma_out >= SH_RMA_MAX_OUT) {
         sh_pkt *k = malloc(sizeof *k + len);
         if (!k) {
             conn_fail(c, ZS_ERR_NOMEM, "out of memory for the backlog");
@@ -1053,9 +1080,9 @@ static int plain_anonymous(uintptr_t lo, uintptr_t hi)
     return ok && covered >= hi;
 }
 
-/* Moves the pages under a region registered for sending into a sealed memfd mapped at the
- * same address (MAP_FIXED over a copy of their bytes), so that peers can map them and read
- * payloads with one memcpy.  Only for regions of SH_SHARE_MIN or more on private anonymous
+/* Moves the pages under a region registered for sending (or remote reads) into a sealed memfd
+ * mapped at the same address (MAP_FIXED over a copy of their bytes), so that peers can map them and
+ * read payloads with one memcpy.  Only for regions of SH_SHARE_MIN or more on private anonymous
  * mmap pages that no other region of ours covers; otherwise the region stays as it is and
  * peers read it with process_vm_readv.  The caller must not write the region during
  * registration (it is registered before use), and a child forked later does not get these
@@ -1112,7 +1139,7 @@ static zs_err sh_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
     m->reg.base = base;
     m->reg.len = len;
     m->memfd = -1;
-    if ((access & ZS_MR_SEND) && len > 0)
+    if ((access & (ZS_MR_SEND | ZS_MR_REMOTE_READ)) && len > 0)
         share_region(n, m);
     zs_region_add(&n->s.mrs, &m->reg, n, base, len, access);
     *out = (zs_mr *)m;
@@ -1143,9 +1170,11 @@ static zs_err check_open(const sh_conn *c, const char *what)
     return zs_setup_check_open(&c->s, what);
 }
 
-/* Sends frame f with its payload at src (len bytes), eager or by rendezvous. */
-static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_t *src, void *user,
-                         zs_req **out)
+/* Sends frame f with its payload at src (len bytes), eager or by rendezvous; rma: ZS_RMA_SERVE
+ * for a reply to the peer's one-sided operation, ZS_RMA_READ or ZS_RMA_WRITE for our own
+ * operation's request, which then has no outcome of its own (silent); 0 for a caller's send. */
+static zs_err send_frame_as(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_t *src, int rma,
+                            void *user, zs_req **out)
 {
     if (out)
         *out = NULL;
@@ -1160,6 +1189,8 @@ static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
     r->frame = f;
+    r->rma = rma;
+    r->silent = rma != 0;
     if (out)
         *out = (zs_req *)r;
     size_t len = SH_HDR + ZS_FRAME_HEADER_BYTES;
@@ -1177,6 +1208,8 @@ static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_
     r->state = ZS_RQ_AWAIT;
     r->deadline = zs_net_now_ms() + c->s.net->send_timeout_ms;
     zs_rq_list_add(&c->s.await, r);
+    if (rma == ZS_RMA_SERVE)
+        c->rma_out++;
     header(pkt, MSG_RNDV, 0, r->token, (uintptr_t)src);
     if (m->id) {
         offer_region(c, m);
@@ -1184,6 +1217,13 @@ static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_
     }
     send_pkt(c, pkt, len); /* a failure fails r with the connection */
     return ZS_OK;
+}
+
+/* A caller's send. */
+static zs_err send_frame(sh_conn *c, const zs_frame *fin, sh_mr *m, const uint8_t *src, void *user,
+                         zs_req **out)
+{
+    return send_frame_as(c, fin, m, src, 0, user, out);
 }
 
 static zs_err sh_isend(zs_conn *cc, const zs_frame *f, zs_mr *mm, size_t off, void *user,
@@ -1265,6 +1305,11 @@ static zs_err sh_cancel(zs_req *rq)
 {
     sh_req *r = (sh_req *)rq;
     ZS_CHECK(zs_rq_check_handle(r, "cancel"));
+    if (r->rma && r->state != ZS_RQ_DONE)
+        return zs_error(ZS_ERR_INVALID,
+                        "shm cancel %s: a one-sided %s cannot be recalled (its bytes may "
+                        "still move); wait for it",
+                        ((sh_conn *)r->conn)->s.peer, r->rma == ZS_RMA_WRITE ? "write" : "read");
     switch (r->state) {
     case ZS_RQ_EXPECTED:
         zs_rq_orphan(r);
@@ -1281,32 +1326,184 @@ static zs_err sh_cancel(zs_req *rq)
     }
 }
 
-/* One-sided operations: not built for this backend yet (docs/transport.md). */
+/* ---------------------------------------------------------------------------------------- */
+/* one-sided operations: the tcp scheme (tcp.c) over our packets.  The owner's net checks each
+ * against its regions and answers with frames; the bytes move as any payload does here, read
+ * by the receiving side out of the sender's memory (the mapped memfd, or process_vm_readv). */
+
+/* Answers the peer's one-sided operation f: frame `op` with the same id, key, address and
+ * bytes, carrying m's bytes at off (RMA_DATA), or a refusal (ZS_OP_ERROR, ZS_FS_BAD_KEY) with
+ * why as its text. */
+static void rma_answer(sh_conn *c, const zs_frame *f, int op, sh_mr *m, size_t off, const char *why)
+{
+    zs_frame rf = {.op = (uint16_t)op,
+                   .dtype = ZS_DTYPE_BYTES,
+                   .id = f->id,
+                   .step = f->step,
+                   .offset = f->offset,
+                   .count = f->count,
+                   .length = m ? f->count : 0};
+    if (op == ZS_OP_ERROR) {
+        size_t wl = strlen(why);
+        rf = (zs_frame){.op = ZS_OP_ERROR,
+                        .dtype = ZS_DTYPE_TEXT,
+                        .status = ZS_FS_BAD_KEY,
+                        .id = f->id,
+                        .offset = f->offset,
+                        .count = f->count,
+                        .length = wl < SH_EAGER_MAX ? wl : SH_EAGER_MAX};
+    }
+    const uint8_t *src = m ? m->reg.base + off : (const uint8_t *)why;
+    if (send_frame_as(c, &rf, m, src, ZS_RMA_SERVE, NULL, NULL) != ZS_OK && !c->s.closed)
+        conn_fail(c, ZS_ERR_NOMEM, "answering a one-sided %s: %s", zs_frame_op_name(f->op),
+                  zs_last_error());
+}
+
+/* The peer's RMA_READ or RMA_WRITE f in packet p: checked against this net's regions and
+ * carried out without the caller.  A write's answer comes after its payload was taken (or
+ * skipped), and so after the DONE that frees the peer's buffer. */
+static void rma_serve(sh_conn *c, const uint8_t *p, const zs_frame *f)
+{
+    sh_net *n = net_of(c);
+    int write = f->op == ZS_OP_RMA_WRITE;
+    char why[ZS_NET_REASON_MAX];
+    sh_mr *m =
+        (sh_mr *)zs_region_lookup(n->s.mrs, f->step, f->offset, f->count,
+                                  write ? ZS_MR_REMOTE_WRITE : ZS_MR_REMOTE_READ, why, sizeof why);
+    size_t off = m ? (size_t)(f->offset - (uint64_t)(uintptr_t)m->reg.base) : 0;
+    if (!write) {
+        rma_answer(c, f, m ? ZS_OP_RMA_DATA : ZS_OP_ERROR, m, off, why);
+        return;
+    }
+    if (!m) {
+        skip_payload(c, p);
+        rma_answer(c, f, ZS_OP_ERROR, NULL, 0, why);
+        return;
+    }
+    sh_req *r = zs_rq_new(&n->s.reqs, n, ZS_RQ_RECV, c, NULL, 0);
+    if (!r) {
+        skip_payload(c, p);
+        conn_fail(c, ZS_ERR_NOMEM, "out of memory serving a one-sided write");
+        return;
+    }
+    r->silent = 1;
+    r->rma = ZS_RMA_SERVE;
+    r->frame = *f;
+    r->len = f->length;
+    zs_rq_use(r, &m->reg, off);
+    take_payload(c, p, r); /* done (released) or, on a failure, failed with the connection */
+    if (c->s.closed)
+        return;
+    rma_answer(c, f, ZS_OP_RMA_ACK, NULL, 0, NULL);
+    if (f->flags & ZS_FRAME_FLAG_NOTIFY) {
+        zs_event *e = zs_evq_push(&n->s.evq, ZS_EV_WRITTEN, (zs_conn *)c, "shm");
+        if (e)
+            e->frame = *f;
+    }
+}
+
+/* The answer f (in packet p) to our one-sided operation r, which is off the expect list. */
+static void rma_reply(sh_conn *c, const uint8_t *p, sh_req *r, const zs_frame *f)
+{
+    int write = r->rma == ZS_RMA_WRITE;
+    if (f->op == ZS_OP_ERROR) {
+        skip_payload(c, p);
+        zs_net_fmt(r->err, sizeof r->err,
+                   "shm %s %s: the peer refused %llu bytes at 0x%llx of its region with key "
+                   "0x%llx: %s",
+                   write ? "iwrite" : "iread", c->s.peer, (unsigned long long)r->frame.count,
+                   (unsigned long long)r->frame.offset, (unsigned long long)r->frame.step,
+                   f->status == ZS_FS_BAD_KEY
+                       ? "bad key (no such region, bytes outside it, or not open to this access)"
+                       : zs_frame_status_name(f->status));
+        zs_rq_finish(r, ZS_ERR_INVALID, r->err);
+        return;
+    }
+    if (f->op != (write ? ZS_OP_RMA_ACK : ZS_OP_RMA_DATA) || f->offset != r->frame.offset ||
+        f->count != r->frame.count) {
+        skip_payload(c, p);
+        char why[ZS_NET_REASON_MAX];
+        zs_net_fmt(why, sizeof why,
+                   "%s id %llu (%llu bytes at 0x%llx) does not answer our %s of %llu bytes at "
+                   "0x%llx",
+                   zs_frame_op_name(f->op), (unsigned long long)f->id, (unsigned long long)f->count,
+                   (unsigned long long)f->offset, zs_frame_op_name(r->frame.op),
+                   (unsigned long long)r->frame.count, (unsigned long long)r->frame.offset);
+        zs_rq_finish(r, ZS_ERR_FORMAT, why);
+        conn_fail(c, ZS_ERR_FORMAT, "%s", why);
+        return;
+    }
+    r->frame.length = f->length; /* what take_payload copies; the op stays ours */
+    take_payload(c, p, r);
+}
+
+/* iread (write 0) and iwrite: the answer expected under a fresh id of the backend's range,
+ * then the request sent (silent: the operation's outcome is the answer's). */
+static zs_err rma_start(zs_conn *cc, int write, zs_mr *mm, size_t off, const zs_mr_desc *rd,
+                        uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                        zs_req **out)
+{
+    sh_conn *c = (sh_conn *)cc;
+    sh_net *n = net_of(c);
+    sh_mr *m = (sh_mr *)mm;
+    const char *what = write ? "iwrite" : "iread";
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, what));
+    ZS_CHECK(
+        zs_rma_check("shm", write, c->s.peer, n, m ? &m->reg : NULL, off, rd, remote_off, len));
+    uint64_t id = ZS_RMA_ID_BASE | (n->rma_next_id++ & (ZS_RMA_ID_BASE - 1));
+    zs_frame f = {.op = write ? ZS_OP_RMA_WRITE : ZS_OP_RMA_READ,
+                  .dtype = ZS_DTYPE_BYTES,
+                  .flags = write && notify ? ZS_FRAME_FLAG_NOTIFY : 0,
+                  .id = id,
+                  .step = rd->key,
+                  .chunk = write ? imm : 0,
+                  .offset = rd->addr + remote_off,
+                  .count = len,
+                  .length = write ? len : 0};
+    uint8_t hdr[ZS_FRAME_HEADER_BYTES];
+    zs_frame back;
+    zs_frame_encode(&f, hdr);
+    if (zs_frame_decode(hdr, &back) != ZS_OK)
+        return zs_error_context(ZS_ERR_INVALID, "shm %s %s", what, c->s.peer);
+    zs_req *ur;
+    ZS_CHECK(zs_rq_expect_any(&n->s.reqs, n, c, c->s.peer, &c->s.expect, id, write ? NULL : &m->reg,
+                              write ? 0 : off, write ? 0 : len, user, &ur));
+    sh_req *r = (sh_req *)ur;
+    r->handle = out != NULL;
+    r->kind = write ? ZS_RQ_SEND : ZS_RQ_RECV;
+    r->rma = write ? ZS_RMA_WRITE : ZS_RMA_READ;
+    r->frame = f;
+    r->frame.version = ZS_FRAME_VERSION;
+    zs_err e = send_frame_as(c, &f, write ? m : NULL, write ? m->reg.base + off : NULL, r->rma,
+                             NULL, NULL);
+    if (e != ZS_OK) {
+        zs_rq_list_del(&c->s.expect, r);
+        zs_rq_release(r);
+        return e;
+    }
+    if (out)
+        *out = ur;
+    return ZS_OK;
+}
+
 static zs_err sh_mr_export(zs_mr *mr, zs_mr_desc *out)
 {
-    (void)mr;
-    (void)out;
-    return zs_rma_not_built("shm", "mr_export");
+    return zs_region_export("shm", mr ? &((sh_mr *)mr)->reg : NULL, out);
 }
 
 static zs_err sh_iread(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
                        uint64_t remote_off, size_t len, void *user, zs_req **req)
 {
-    (void)c, (void)mr, (void)off, (void)remote, (void)remote_off, (void)len, (void)user;
-    if (req)
-        *req = NULL;
-    return zs_rma_not_built("shm", "iread");
+    return rma_start(c, 0, mr, off, remote, remote_off, len, 0, 0, user, req);
 }
 
 static zs_err sh_iwrite(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
                         uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
                         zs_req **req)
 {
-    (void)c, (void)mr, (void)off, (void)remote, (void)remote_off, (void)len, (void)notify;
-    (void)imm, (void)user;
-    if (req)
-        *req = NULL;
-    return zs_rma_not_built("shm", "iwrite");
+    return rma_start(c, 1, mr, off, remote, remote_off, len, notify, imm, user, req);
 }
 
 const zs_transport_ops zs_shm_ops = {

@@ -272,10 +272,10 @@ typedef struct zs_transport_ops {
      * and the request stays.  A finished request's outcome is dropped. */
     zs_err (*cancel)(zs_req *req);
 
-    /* One-sided operations.  The peer's application takes no part: on tcp the peer's net serves
-     * them inside its progress functions and hands its caller no event (but ZS_EV_WRITTEN for
-     * a notifying write).  (rdma and shm do not carry them out yet and refuse them with
-     * ZS_ERR_INVALID: docs/transport.md.)  The peer checks every operation against its
+    /* One-sided operations.  The peer's application takes no part: on tcp and shm the peer's
+     * net serves them inside its progress functions and hands its caller no event (but
+     * ZS_EV_WRITTEN for a notifying write).  (rdma does not carry them out yet and refuses them
+     * with ZS_ERR_INVALID: docs/transport.md.)  The peer checks every operation against its
      * registrations: an unknown or deregistered key, bytes outside the region, or access it was not
      * registered for fail the request ("bad key"); on RDMA the NIC's remote access error also fails
      * the connection (ZS_EV_CLOSED), as verbs do.  Nothing orders them against the peer's own use
