@@ -234,14 +234,6 @@ zs_region *zs_region_lookup(zs_region *table, uint64_t key, uint64_t addr, uint6
     return m;
 }
 
-zs_err zs_rma_not_built(const char *backend, const char *what)
-{
-    return zs_error(ZS_ERR_INVALID,
-                    "%s %s: one-sided operations are not built for the %s backend yet (tcp has "
-                    "them)",
-                    backend, what, backend);
-}
-
 zs_err zs_rma_check(const char *backend, int write, const char *peer, const void *net,
                     const zs_region *m, size_t off, const zs_mr_desc *rd, uint64_t remote_off,
                     size_t len)

@@ -95,10 +95,6 @@ zs_err zs_rma_check(const char *backend, int write, const char *peer, const void
                     const zs_region *m, size_t off, const zs_mr_desc *rd, uint64_t remote_off,
                     size_t len);
 
-/* What a backend that does not carry out one-sided operations yet (rdma, shm) answers to
- * mr_export, iread and iwrite: ZS_ERR_INVALID, saying so (docs/transport.md). */
-zs_err zs_rma_not_built(const char *backend, const char *what);
-
 /* Checks that [off, off + len) of m (NULL: no region was given) may be used for `access`
  * (ZS_MR_SEND or ZS_MR_RECV) by `what` ("send", "receive") on the connection to peer of net.
  * The message starts with "BACKEND WHAT PEER: ".  len 0 needs no region. */

@@ -156,10 +156,11 @@ zs_err zs_frame_decode(const uint8_t in[ZS_FRAME_HEADER_BYTES], zs_frame *out)
     if (f.flags != 0 && f.flags != ZS_FRAME_FLAG_STATE && f.flags != ZS_FRAME_FLAG_NOTIFY)
         return zs_error(ZS_ERR_FORMAT, "frame: flags 0x%02x must be 0, 0x%02x or 0x%02x (op %s)",
                         f.flags, ZS_FRAME_FLAG_STATE, ZS_FRAME_FLAG_NOTIFY, opn);
-    if (f.flags == ZS_FRAME_FLAG_NOTIFY && f.op != ZS_OP_RMA_WRITE)
+    if (f.flags == ZS_FRAME_FLAG_NOTIFY && f.op != ZS_OP_RMA_WRITE && f.op != ZS_OP_RMA_ACK)
         return zs_error(ZS_ERR_FORMAT,
-                        "frame: flag 0x%02x (notify) needs op %u (rma_write), not %u (%s)",
-                        ZS_FRAME_FLAG_NOTIFY, ZS_OP_RMA_WRITE, f.op, opn);
+                        "frame: flag 0x%02x (notify) needs op %u (rma_write) or %u (rma_ack), not "
+                        "%u (%s)",
+                        ZS_FRAME_FLAG_NOTIFY, ZS_OP_RMA_WRITE, ZS_OP_RMA_ACK, f.op, opn);
     if (f.flags == ZS_FRAME_FLAG_STATE &&
         (f.op != ZS_OP_FETCH || f.dtype != ZS_DTYPE_F32 || f.chunk >= ZS_FRAME_STATE_ARRAYS))
         return zs_error(ZS_ERR_FORMAT,

@@ -29,7 +29,8 @@
  *   magic == ZS_FRAME_MAGIC; version == ZS_FRAME_VERSION; 1 <= op <= ZS_OP_RMA_ACK;
  *   dtype is a zs_frame_dtype, and ZS_DTYPE_TEXT only with ZS_OP_ERROR or ZS_OP_HELLO; the RMA
  * ops with ZS_DTYPE_BYTES and no other op with it; flags == 0, or ZS_FRAME_FLAG_STATE with op
- * FETCH, dtype F32 and chunk < ZS_FRAME_STATE_ARRAYS, or ZS_FRAME_FLAG_NOTIFY with op RMA_WRITE;
+ * FETCH, dtype F32 and chunk < ZS_FRAME_STATE_ARRAYS, or ZS_FRAME_FLAG_NOTIFY with op RMA_WRITE
+ * or RMA_ACK;
  * reserved == 0; status == 0 in FETCH, PUSH, HELLO and the RMA ops, a zs_frame_status otherwise;
  * offset + count does not overflow 64 bits; length <= ZS_FRAME_MAX_PAYLOAD; FETCH_REPLY, PUSH:
  * length == count * dtype size (the product checked for overflow); FETCH: length == 0 and count *
@@ -70,7 +71,9 @@ typedef enum {
     ZS_OP_RMA_DATA = 8,  /* the bytes read (the request's id); length == count */
     ZS_OP_RMA_WRITE = 9, /* put these bytes there; length == count, chunk = the immediate value
                             of a write with ZS_FRAME_FLAG_NOTIFY */
-    ZS_OP_RMA_ACK = 10,  /* the write's bytes are in place (the request's id); length 0 */
+    ZS_OP_RMA_ACK = 10,  /* the write's bytes are in place (the request's id); length 0.  With
+                            ZS_FRAME_FLAG_NOTIFY it goes the other way (rdma.c, where the NIC
+                            wrote them): the writer tells the owner, chunk = the immediate */
 } zs_frame_op;
 
 /* bytes: the payload of one-sided operations, and only theirs */
@@ -114,7 +117,8 @@ typedef struct {
  * is an ordinary FETCH_REPLY. */
 #define ZS_FRAME_FLAG_STATE 0x01
 #define ZS_FRAME_STATE_ARRAYS 3
-/* An RMA_WRITE whose arrival the peer's net reports (ZS_EV_WRITTEN, transport.h). */
+/* An RMA_WRITE whose arrival the peer's net reports (ZS_EV_WRITTEN, transport.h), or the
+ * RMA_ACK that reports a write the NIC made (rdma). */
 #define ZS_FRAME_FLAG_NOTIFY 0x02
 
 /* The text of a push refused with ZS_FS_NOT_ASSIGNED: a worker that reads it in a failure

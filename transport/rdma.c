@@ -10,7 +10,14 @@
  * timers.
  *
  * Work request ids: conn id (24 bits) << 40 | kind (4 bits) << 36 | value (36 bits), where the
- * value is a receive slot's index or a send-queue sequence number.  Connections are found by
+ * value is a receive slot's index or a send-queue sequence number.
+ *
+ * One-sided operations (transport.h, iread/iwrite) are RDMA READ and RDMA WRITE posted straight
+ * against the descriptor's address and rkey, each signaled (WR_RMA); the NIC of the region's
+ * owner checks the key.  A notifying write is followed on the same queue pair by an eager
+ * RMA_ACK frame with the notify flag, carrying the address, the bytes and the immediate value:
+ * RC delivers it after the WRITE's bytes are placed, and unlike WRITE_WITH_IMM's 32 bits it can
+ * say where they went.  It takes a credit like any frame.  Connections are found by
  * id, so a completion that arrives after its connection was closed is recognised and dropped.
  */
 #include "transport/rdma.h"
@@ -67,7 +74,7 @@
 #define RD_DEFAULT_SETUP_MS 5000
 
 enum { MSG_EAGER = 1, MSG_RNDV = 2, MSG_DONE = 3, MSG_CREDIT = 4 };
-enum { WR_RECV = 1, WR_SEND = 2, WR_READ = 3 };
+enum { WR_RECV = 1, WR_SEND = 2, WR_READ = 3, WR_RMA = 4 };
 
 typedef struct rd_net rd_net;
 typedef struct rd_conn rd_conn;
@@ -111,6 +118,10 @@ struct rd_conn {
     int backlog[RD_RECV_SLOTS], bl_head, bl_len; /* frames behind a reported header */
     int pending;                                 /* the slot of the reported header, or -1 */
     rd_req *reading, *reading_tail; /* receives in their READ phase, in posting order */
+    /* one-sided operations */
+    rd_req *rmaq, *rmaq_tail;   /* waiting for room on the QP (or for a READ slot) */
+    rd_req *rma_out, *rma_tail; /* posted, in posting order (r->token: the sequence number) */
+    int rma_reads;              /* READs of them in flight */
     /* failure */
     int closing; /* failed, and ZS_EV_CLOSED waits for the QP to flush */
     zs_err close_err;
@@ -539,7 +550,7 @@ static void send_frames(rd_conn *c)
 /* Posts the READs of receives in their READ phase, in order, while the QP has room. */
 static void issue_reads(rd_conn *c)
 {
-    int inflight = 0;
+    int inflight = c->rma_reads;
     for (rd_req *r = c->reading; r; r = r->next)
         inflight += r->reads_out;
     for (rd_req *r = c->reading; r && !c->s.closed; r = r->next) {
@@ -575,6 +586,100 @@ static void issue_reads(rd_conn *c)
     }
 }
 
+/* Posts the one-sided operations waiting on c, in order, while the QP has room (and, for
+ * READs, while fewer than max_reads READs are in flight); queues a notifying write's RMA_ACK
+ * right behind its WRITE. */
+static void issue_rma(rd_conn *c)
+{
+    while (c->rmaq && !c->s.closed && sq_room(c) > 0) {
+        rd_req *r = c->rmaq;
+        int read = r->rma == ZS_RMA_READ;
+        if (read) {
+            int inflight = c->rma_reads;
+            for (rd_req *q = c->reading; q; q = q->next)
+                inflight += q->reads_out;
+            if (inflight >= c->max_reads)
+                return;
+        }
+        rd_req *note = NULL;
+        if (r->frame.flags & ZS_FRAME_FLAG_NOTIFY) {
+            note = zs_rq_new(&c->s.net->reqs, c->s.net, ZS_RQ_SEND, c, NULL, 0);
+            if (!note) {
+                conn_fail(c, ZS_ERR_NOMEM, "out of memory for a write notification");
+                return;
+            }
+            note->silent = 1;
+            note->frame = r->frame;
+            note->frame.op = ZS_OP_RMA_ACK;
+            note->frame.length = 0;
+        }
+        struct ibv_sge sge = {.addr = (uintptr_t)r->buf,
+                              .length = (uint32_t)r->len,
+                              .lkey = ((rd_mr *)r->mr)->mr->lkey};
+        uint64_t seq = ++c->sq_posted;
+        struct ibv_send_wr wr = {.wr_id = wr_id(c, WR_RMA, seq),
+                                 .sg_list = &sge,
+                                 .num_sge = 1,
+                                 .opcode = read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
+                                 .send_flags = IBV_SEND_SIGNALED,
+                                 .wr.rdma = {.remote_addr = r->raddr, .rkey = r->rkey}};
+        struct ibv_send_wr *bad;
+        int rc = ibv_post_send(c->qp, &wr, &bad);
+        if (rc) {
+            c->sq_posted--;
+            if (note)
+                zs_rq_release(note);
+            conn_fail(c, ZS_ERR_IO, "ibv_post_send(RDMA %s): %s", read ? "READ" : "WRITE",
+                      strerror(rc));
+            return;
+        }
+        c->since_signal = 0;
+        zs_rq_fifo_pop(&c->rmaq, &c->rmaq_tail);
+        r->token = seq;
+        r->state = ZS_RQ_ACTIVE;
+        zs_rq_fifo_push(&c->rma_out, &c->rma_tail, r);
+        c->rma_reads += read;
+        if (note) {
+            note->state = ZS_RQ_QUEUED;
+            zs_rq_fifo_push(&c->sendq, &c->sendq_tail, note);
+            c->s.dirty = 1;
+        }
+    }
+}
+
+/* The oldest posted one-sided operation completed (ok) or failed with status st; v is the
+ * completion's sequence number. */
+static void on_rma_done(rd_conn *c, uint64_t v, int ok, enum ibv_wc_status st, const char *why)
+{
+    rd_req *r = c->rma_out;
+    if (!r || r->token != v) {
+        if (!c->s.closed)
+            conn_fail(c, ZS_ERR_IO, "a one-sided completion (%llu) that no operation waits for",
+                      (unsigned long long)v);
+        return;
+    }
+    zs_rq_fifo_pop(&c->rma_out, &c->rma_tail);
+    c->rma_reads -= r->rma == ZS_RMA_READ;
+    if (ok) {
+        zs_rq_finish(r, ZS_OK, NULL);
+    } else {
+        char msg[ZS_NET_REASON_MAX];
+        zs_net_fmt(msg, sizeof msg,
+                   "rdma %s %s: %llu bytes at 0x%llx of the peer's region with key 0x%llx: %s",
+                   r->rma == ZS_RMA_READ ? "iread" : "iwrite", c->s.peer,
+                   (unsigned long long)r->frame.count, (unsigned long long)r->frame.offset,
+                   (unsigned long long)r->frame.step,
+                   st == IBV_WC_REM_ACCESS_ERR
+                       ? "the peer's NIC refused it: bad key (no such region, bytes outside it, "
+                         "or not open to this access)"
+                       : why);
+        zs_rq_finish(r, ZS_ERR_INVALID, msg);
+        if (!c->s.closed)
+            conn_fail(c, ZS_ERR_IO, "%s", msg);
+    }
+    c->s.dirty = 1; /* room on the QP for what waits */
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* connections */
 
@@ -589,6 +694,8 @@ static void conn_emit_closed(rd_conn *c)
 static void fail_requests(rd_conn *c)
 {
     rd_req *r;
+    while ((r = zs_rq_fifo_pop(&c->rmaq, &c->rmaq_tail)))
+        zs_rq_fail_conn(r, c->s.reason);
     while ((r = zs_rq_fifo_pop(&c->sendq, &c->sendq_tail)))
         zs_rq_fail_conn(r, c->s.reason);
     while ((r = c->s.await)) {
@@ -645,6 +752,8 @@ static void conn_free(rd_conn *c)
     rd_req *r;
     while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
         zs_rq_fail_conn(r, c->s.reason);
+    while ((r = zs_rq_fifo_pop(&c->rma_out, &c->rma_tail)))
+        zs_rq_fail_conn(r, c->s.reason);
     if (c->slot_mr)
         ibv_dereg_mr(c->slot_mr);
     free(c->slots);
@@ -700,7 +809,7 @@ static zs_err conn_make_qp(rd_conn *c)
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                             .pkey_index = 0,
                             .port_num = (uint8_t)n->port,
-                            .qp_access_flags = IBV_ACCESS_REMOTE_READ};
+                            .qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE};
     int rc = ibv_modify_qp(c->qp, &a,
                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (rc)
@@ -892,6 +1001,27 @@ static int deliver(rd_conn *c, int slot)
 {
     zs_frame f;
     zs_frame_decode(recv_slot(c, slot) + RD_HDR, &f); /* checked on arrival */
+    if (f.op >= ZS_OP_RMA_READ) {
+        /* The peer's NIC wrote into one of our regions and says so: report it, once we know
+         * the bytes are in a region open to remote writes.  Other one-sided frames are tcp's
+         * and shm's, never ours. */
+        char why[ZS_NET_REASON_MAX] = "";
+        int ok = f.op == ZS_OP_RMA_ACK && (f.flags & ZS_FRAME_FLAG_NOTIFY) &&
+                 zs_region_lookup(c->s.net->mrs, f.step, f.offset, f.count, ZS_MR_REMOTE_WRITE, why,
+                                  sizeof why) != NULL;
+        if (!ok) {
+            conn_fail(c, ZS_ERR_FORMAT, "a %s frame that does not report a write of ours%s%s",
+                      zs_frame_op_name(f.op), *why ? ": " : "", why);
+            return 0;
+        }
+        zs_event *e = zs_evq_push(&c->s.net->evq, ZS_EV_WRITTEN, (zs_conn *)c, "rdma");
+        if (e) {
+            e->frame = f;
+            e->frame.op = ZS_OP_RMA_WRITE;
+        }
+        release_slot(c, slot);
+        return 0;
+    }
     int skip;
     rd_req *r = zs_setup_expected(&c->s, &f, &skip);
     if (r)
@@ -1020,7 +1150,7 @@ static void on_wc(rd_net *n, const struct ibv_wc *wc)
     int kind = (int)(wc->wr_id >> 36 & 0xf);
     uint64_t v = wc->wr_id & ((1ull << 36) - 1);
     int ok = wc->status == IBV_WC_SUCCESS;
-    if (kind == WR_SEND || kind == WR_READ) {
+    if (kind == WR_SEND || kind == WR_READ || kind == WR_RMA) {
         /* Send-queue work completes in order: everything up to v is done. */
         if (v > c->sq_done)
             c->sq_done = v;
@@ -1036,7 +1166,9 @@ static void on_wc(rd_net *n, const struct ibv_wc *wc)
     if (!ok)
         zs_net_fmt(why, sizeof why, "%s (vendor error 0x%x)", ibv_wc_status_str(wc->status),
                    wc->vendor_err);
-    if (kind == WR_READ) {
+    if (kind == WR_RMA) {
+        on_rma_done(c, v, ok, wc->status, why);
+    } else if (kind == WR_READ) {
         on_read_done(c, ok, ok ? NULL : why);
     } else if (!ok) {
         if (!c->s.closed && wc->status == IBV_WC_WR_FLUSH_ERR)
@@ -1161,6 +1293,7 @@ static void resume(zs_setup_conn *sc)
     rd_conn *c = (rd_conn *)sc;
     deliver_backlog(c);
     issue_reads(c);
+    issue_rma(c);
     send_control(c);
     send_frames(c);
 }
@@ -1178,6 +1311,9 @@ static void expire(zs_setup_net *sn, int64_t now)
         rd_req *r;
         while ((r = zs_rq_fifo_pop(&c->reading, &c->reading_tail)))
             zs_rq_fail_conn(r, c->s.reason);
+        while ((r = zs_rq_fifo_pop(&c->rma_out, &c->rma_tail)))
+            zs_rq_fail_conn(r, c->s.reason);
+        c->rma_reads = 0;
         conn_emit_closed(c);
     }
 }
@@ -1376,11 +1512,14 @@ static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
     rd_mr *m = calloc(1, sizeof *m);
     if (!m)
         return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    ZS_CHECK(zs_region_check_access("rdma", access));
     int flags = 0;
-    if (access & ZS_MR_RECV)
-        flags |= IBV_ACCESS_LOCAL_WRITE;
-    if (access & ZS_MR_SEND)
+    if (access & (ZS_MR_RECV | ZS_MR_REMOTE_WRITE))
+        flags |= IBV_ACCESS_LOCAL_WRITE; /* verbs wants it beside remote write */
+    if (access & (ZS_MR_SEND | ZS_MR_REMOTE_READ))
         flags |= IBV_ACCESS_REMOTE_READ;
+    if (access & ZS_MR_REMOTE_WRITE)
+        flags |= IBV_ACCESS_REMOTE_WRITE;
     m->mr = ibv_reg_mr(n->pd, base, len, flags);
     if (!m->mr) {
         int err = errno;
@@ -1390,6 +1529,8 @@ static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
                         err == ENOMEM ? " (raise the locked-memory limit: ulimit -l)" : "");
     }
     zs_region_add(&n->s.mrs, &m->reg, n, base, len, access);
+    if (access & (ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE))
+        m->reg.key = m->mr->rkey; /* what peers' NICs name it by */
     *out = (zs_mr *)m;
     return ZS_OK;
 }
@@ -1542,6 +1683,11 @@ static zs_err rd_cancel(zs_req *rq)
     rd_req *r = (rd_req *)rq;
     ZS_CHECK(zs_rq_check_handle(r, "cancel"));
     rd_conn *c = r->conn;
+    if (r->rma && r->state != ZS_RQ_DONE)
+        return zs_error(ZS_ERR_INVALID,
+                        "rdma cancel %s: a one-sided %s cannot be recalled (its bytes may "
+                        "still move); wait for it",
+                        c->s.peer, r->rma == ZS_RMA_WRITE ? "write" : "read");
     switch (r->state) {
     case ZS_RQ_DONE:
         zs_rq_release(r);
@@ -1604,32 +1750,61 @@ void zs_rdma_test_bad_key(zs_conn *c)
     ((rd_conn *)c)->bad_key = 1;
 }
 
-/* One-sided operations: not built for this backend yet (docs/transport.md). */
+/* iread (write 0) and iwrite: queued behind the ones before it and posted as the QP has room
+ * (issue_rma). */
+static zs_err rma_start(zs_conn *cc, int write, zs_mr *mm, size_t off, const zs_mr_desc *rd,
+                        uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                        zs_req **out)
+{
+    rd_conn *c = (rd_conn *)cc;
+    rd_mr *m = (rd_mr *)mm;
+    const char *what = write ? "iwrite" : "iread";
+    if (out)
+        *out = NULL;
+    ZS_CHECK(check_open(c, what));
+    ZS_CHECK(zs_rma_check("rdma", write, c->s.peer, c->s.net, m ? &m->reg : NULL, off, rd,
+                          remote_off, len));
+    rd_req *r =
+        zs_rq_new(&c->s.net->reqs, c->s.net, write ? ZS_RQ_SEND : ZS_RQ_RECV, c, user, out != NULL);
+    if (!r)
+        return zs_error(ZS_ERR_NOMEM, "rdma %s %s: out of memory", what, c->s.peer);
+    r->rma = write ? ZS_RMA_WRITE : ZS_RMA_READ;
+    r->frame = (zs_frame){.version = ZS_FRAME_VERSION,
+                          .op = write ? ZS_OP_RMA_WRITE : ZS_OP_RMA_READ,
+                          .dtype = ZS_DTYPE_BYTES,
+                          .flags = write && notify ? ZS_FRAME_FLAG_NOTIFY : 0,
+                          .step = rd->key,
+                          .chunk = write ? imm : 0,
+                          .offset = rd->addr + remote_off,
+                          .count = len};
+    r->len = len;
+    r->raddr = rd->addr + remote_off;
+    r->rkey = rd->key;
+    zs_rq_use(r, &m->reg, off);
+    r->state = ZS_RQ_QUEUED;
+    zs_rq_fifo_push(&c->rmaq, &c->rmaq_tail, r);
+    if (out)
+        *out = (zs_req *)r;
+    issue_rma(c); /* a failure from here on fails r with the connection */
+    return ZS_OK;
+}
+
 static zs_err rd_mr_export(zs_mr *mr, zs_mr_desc *out)
 {
-    (void)mr;
-    (void)out;
-    return zs_rma_not_built("rdma", "mr_export");
+    return zs_region_export("rdma", mr ? &((rd_mr *)mr)->reg : NULL, out);
 }
 
 static zs_err rd_iread(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
                        uint64_t remote_off, size_t len, void *user, zs_req **req)
 {
-    (void)c, (void)mr, (void)off, (void)remote, (void)remote_off, (void)len, (void)user;
-    if (req)
-        *req = NULL;
-    return zs_rma_not_built("rdma", "iread");
+    return rma_start(c, 0, mr, off, remote, remote_off, len, 0, 0, user, req);
 }
 
 static zs_err rd_iwrite(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
                         uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
                         zs_req **req)
 {
-    (void)c, (void)mr, (void)off, (void)remote, (void)remote_off, (void)len, (void)notify;
-    (void)imm, (void)user;
-    if (req)
-        *req = NULL;
-    return zs_rma_not_built("rdma", "iwrite");
+    return rma_start(c, 1, mr, off, remote, remote_off, len, notify, imm, user, req);
 }
 
 const zs_transport_ops zs_rdma_ops = {

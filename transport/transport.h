@@ -274,12 +274,12 @@ typedef struct zs_transport_ops {
 
     /* One-sided operations.  The peer's application takes no part: on tcp and shm the peer's
      * net serves them inside its progress functions and hands its caller no event (but
-     * ZS_EV_WRITTEN for a notifying write).  (rdma does not carry them out yet and refuses them
-     * with ZS_ERR_INVALID: docs/transport.md.)  The peer checks every operation against its
-     * registrations: an unknown or deregistered key, bytes outside the region, or access it was not
-     * registered for fail the request ("bad key"); on RDMA the NIC's remote access error also fails
-     * the connection (ZS_EV_CLOSED), as verbs do.  Nothing orders them against the peer's own use
-     * of the region: a read of bytes the peer is rewriting may see some of each (the caller's
+     * ZS_EV_WRITTEN for a notifying write); on rdma the NICs do (RDMA READ and WRITE, and a
+     * frame behind a notifying write: docs/transport.md).  The peer checks every operation against
+     * its registrations: an unknown or deregistered key, bytes outside the region, or access it was
+     * not registered for fail the request ("bad key"); on RDMA the NIC's remote access error also
+     * fails the connection (ZS_EV_CLOSED), as verbs do.  Nothing orders them against the peer's own
+     * use of the region: a read of bytes the peer is rewriting may see some of each (the caller's
      * protocol, a version number or a notification, says when bytes are whole).
      * Completions are as for sends and receives: a handle, or one ZS_EV_RECV (iread) or
      * ZS_EV_SEND (iwrite) whose ev.frame.op is ZS_OP_RMA_READ or ZS_OP_RMA_WRITE.  cancel()

@@ -212,7 +212,8 @@ static void test_invalid_fields(void)
     CHECK_FAILS_WITH(decode_patched(push, 8, 1, 4), "dtype 4 is not a known dtype");
     CHECK_FAILS_WITH(decode_patched(push, 8, 1, 0xff), "dtype 255");
     CHECK_FAILS_WITH(decode_patched(push, 9, 1, 4), "flags 0x04 must be 0, 0x01 or 0x02");
-    CHECK_FAILS_WITH(decode_patched(push, 9, 1, 2), "flag 0x02 (notify) needs op 9 (rma_write)");
+    CHECK_FAILS_WITH(decode_patched(push, 9, 1, 2),
+                     "flag 0x02 (notify) needs op 9 (rma_write) or 10 (rma_ack)");
     /* Bytes are the one-sided ops' dtype, and only theirs. */
     CHECK_FAILS_WITH(decode_patched(push, 8, 1, ZS_DTYPE_BYTES),
                      "dtype 3 (bytes) with op 3 (push): the one-sided ops (7..10)");
@@ -226,7 +227,12 @@ static void test_invalid_fields(void)
     }
     f = sample(ZS_OP_RMA_DATA);
     f.flags = ZS_FRAME_FLAG_NOTIFY;
-    CHECK_FAILS_WITH(decode_frame(f), "flag 0x02 (notify) needs op 9 (rma_write), not 8");
+    CHECK_FAILS_WITH(decode_frame(f),
+                     "flag 0x02 (notify) needs op 9 (rma_write) or 10 (rma_ack), not 8");
+    f = sample(ZS_OP_RMA_ACK);
+    f.flags = ZS_FRAME_FLAG_NOTIFY;
+    f.chunk = 99;
+    CHECK_OK(decode_frame(f));
     f = sample(ZS_OP_RMA_READ);
     f.length = 8;
     CHECK_FAILS_WITH(decode_frame(f), "length 8 for op 7 (rma_read), expected 0");

@@ -9,7 +9,8 @@
  * The tests every rendezvous backend passes are in transport_suite.h; the server there runs
  * on DEV0 and the client on DEV1, so every byte crosses between the two devices.  Failures are made
  * for real: a bad rkey, a QP moved to the error state, a server process killed while its reply is
- * being read, garbage on the set-up port, an unknown member.  No assertion depends on timing;
+ * being read, garbage on the set-up port, an unknown member.  The one-sided operations run
+ * rma_suite.h, as tcp's and shm's do.  No assertion depends on timing;
  * deadlines are there so that a bug fails instead of hanging.
  */
 #include <arpa/inet.h>
@@ -107,6 +108,15 @@ static void test_no_device(void)
     T->close(n);
 }
 
+/* The one-sided operations (rma_suite.h) as RDMA READ and WRITE between the two devices; the
+ * owner's NIC checks the keys, and a refusal fails the connection (a remote access error). */
+#define RMA_OPS (&zs_rdma_ops)
+#define RMA_NIC 1
+#define rma_addr suite_addr
+#define rma_server_opts suite_server_opts
+#define rma_client_opts suite_client_opts
+#include "rma_suite.h"
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -138,5 +148,6 @@ int main(void)
     test_auth();
     test_accept();
     test_peer_killed();
+    rma_suite();
     return zs_test_result("test_transport_rdma");
 }
