@@ -41,7 +41,9 @@
  * Tunables (read at open(), set_opts(), connect() or listen() for an option field left 0):
  *   ZS_TCP_BATCH_SENDS         1 batches sends (default 0)
  *   ZS_TCP_CONNS               sockets per connection (default 1, at most ZS_NET_MAX_CONNS)
- *   ZS_TCP_SNDBUF, ZS_TCP_RCVBUF   socket buffer bytes (default: kernel autotuning)
+ *   ZS_TCP_SNDBUF, ZS_TCP_RCVBUF   socket buffer bytes, -1 for kernel autotuning (default:
+ *                              autotuning, but a send buffer of 512 KiB towards a peer on
+ *                              this host: docs/transport.md)
  *   ZS_TCP_CONNECT_TIMEOUT_MS  connect timeout (default 10000)
  *   ZS_TCP_HANDSHAKE_MS        how long an accepted socket's handshake may take (default 5000)
  */
@@ -53,7 +55,8 @@
 /* TCP's own options of connect() and listen(): zs_conn_opts.backend, with backend_name "tcp"
  * (options meant for another backend are ignored).  Zero: the tunable, or the default. */
 typedef struct {
-    int sndbuf_bytes; /* per socket SO_SNDBUF; -1 = kernel default (autotuning) */
+    int sndbuf_bytes; /* per socket SO_SNDBUF; -1 = kernel default (autotuning); 0 = 512 KiB
+                         for a peer on this host, autotuning for others (tcp.c) */
     int rcvbuf_bytes; /* per socket SO_RCVBUF; -1 = kernel default (autotuning) */
 } zs_tcp_conn_opts;
 
