@@ -68,6 +68,8 @@ static void *writer(void *p)
             const char *from = w->src + (w->reuse ? 0 : done);
             while (off < len) {
                 ssize_t n = write(w->fd, from + off, len - off);
+                if (n < 0 && errno == EINTR)
+                    continue;
                 if (n <= 0)
                     return NULL;
                 off += (size_t)n;
@@ -84,9 +86,14 @@ static int read_all(int fd, char *dst, size_t msg, size_t total, int reuse)
     for (size_t got = 0; got < total;) {
         size_t want = total - got < msg ? total - got : msg;
         ssize_t n = read(fd, dst + (reuse ? got % msg : got), reuse ? msg - got % msg : want);
+        if (n < 0 && errno == EINTR)
+            continue; /* a child (iperf3's server) ended: SIGCHLD */
         if (n < 0 && errno == EAGAIN) {
             struct pollfd p = {.fd = fd, .events = POLLIN};
-            if (poll(&p, 1, 10000) <= 0)
+            int k = poll(&p, 1, 10000);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0)
                 return -1;
             continue;
         }
