@@ -234,6 +234,71 @@ zs_region *zs_region_lookup(zs_region *table, uint64_t key, uint64_t addr, uint6
     return m;
 }
 
+zs_frame zs_rma_request(int write, uint64_t id, const zs_mr_desc *rd, uint64_t remote_off,
+                        size_t len, int notify, uint32_t imm)
+{
+    return (zs_frame){.version = ZS_FRAME_VERSION,
+                      .op = write ? ZS_OP_RMA_WRITE : ZS_OP_RMA_READ,
+                      .dtype = ZS_DTYPE_BYTES,
+                      .flags = write && notify ? ZS_FRAME_FLAG_NOTIFY : 0,
+                      .id = id,
+                      .step = rd->key,
+                      .chunk = write ? imm : 0,
+                      .offset = rd->addr + remote_off,
+                      .count = len,
+                      .length = write ? len : 0};
+}
+
+zs_frame zs_rma_answer(const zs_frame *f, int op, size_t text_len)
+{
+    if (op == ZS_OP_ERROR)
+        return (zs_frame){.version = ZS_FRAME_VERSION,
+                          .op = ZS_OP_ERROR,
+                          .dtype = ZS_DTYPE_TEXT,
+                          .status = ZS_FS_BAD_KEY,
+                          .id = f->id,
+                          .offset = f->offset,
+                          .count = f->count,
+                          .length = text_len};
+    return (zs_frame){.version = ZS_FRAME_VERSION,
+                      .op = (uint16_t)op,
+                      .dtype = ZS_DTYPE_BYTES,
+                      .id = f->id,
+                      .step = f->step,
+                      .offset = f->offset,
+                      .count = f->count,
+                      .length = op == ZS_OP_RMA_DATA ? f->count : 0};
+}
+
+zs_err zs_rma_check_answer(const char *backend, const char *peer, const struct zs_rq *r,
+                           const zs_frame *f, char *msg, size_t cap)
+{
+    const zs_frame *q = &r->frame;
+    int write = r->rma == ZS_RMA_WRITE;
+    if (f->op == ZS_OP_ERROR) {
+        zs_net_fmt(msg, cap,
+                   "%s %s %s: the peer refused %llu bytes at 0x%llx of its region with key "
+                   "0x%llx: %s",
+                   backend, write ? "iwrite" : "iread", peer, (unsigned long long)q->count,
+                   (unsigned long long)q->offset, (unsigned long long)q->step,
+                   f->status == ZS_FS_BAD_KEY
+                       ? "bad key (no such region, bytes outside it, or not open to this access)"
+                       : zs_frame_status_name(f->status));
+        return ZS_ERR_INVALID;
+    }
+    if (f->op != (write ? ZS_OP_RMA_ACK : ZS_OP_RMA_DATA) || f->offset != q->offset ||
+        f->count != q->count) {
+        zs_net_fmt(msg, cap,
+                   "%s id %llu (%llu bytes at 0x%llx) does not answer our %s of %llu bytes at "
+                   "0x%llx",
+                   zs_frame_op_name(f->op), (unsigned long long)f->id, (unsigned long long)f->count,
+                   (unsigned long long)f->offset, zs_frame_op_name(q->op),
+                   (unsigned long long)q->count, (unsigned long long)q->offset);
+        return ZS_ERR_FORMAT;
+    }
+    return ZS_OK;
+}
+
 zs_err zs_rma_check(const char *backend, int write, const char *peer, const void *net,
                     const zs_region *m, size_t off, const zs_mr_desc *rd, uint64_t remote_off,
                     size_t len)

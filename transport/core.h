@@ -95,6 +95,23 @@ zs_err zs_rma_check(const char *backend, int write, const char *peer, const void
                     const zs_region *m, size_t off, const zs_mr_desc *rd, uint64_t remote_off,
                     size_t len);
 
+struct zs_rq;
+
+/* The request frame of a one-sided operation (write 0: a read) of len bytes at remote_off of
+ * the peer's region rd, under frame id `id` (tcp, shm send it; rdma keeps it as the request's
+ * record). */
+zs_frame zs_rma_request(int write, uint64_t id, const zs_mr_desc *rd, uint64_t remote_off,
+                        size_t len, int notify, uint32_t imm);
+/* The owner's answer to the peer's request f: op RMA_DATA (carrying the bytes) or RMA_ACK, or
+ * ZS_OP_ERROR with status bad_key and text_len bytes of text. */
+zs_frame zs_rma_answer(const zs_frame *f, int op, size_t text_len);
+/* Checks the answer f to our one-sided operation r (its request in r->frame): ZS_OK when f
+ * answers it (RMA_DATA for a read, RMA_ACK for a write, the same address and bytes);
+ * ZS_ERR_INVALID when the owner refused it; ZS_ERR_FORMAT when f answers something else (a
+ * confused peer: its connection should fail).  msg[cap] says why, naming backend and peer. */
+zs_err zs_rma_check_answer(const char *backend, const char *peer, const struct zs_rq *r,
+                           const zs_frame *f, char *msg, size_t cap);
+
 /* Checks that [off, off + len) of m (NULL: no region was given) may be used for `access`
  * (ZS_MR_SEND or ZS_MR_RECV) by `what` ("send", "receive") on the connection to peer of net.
  * The message starts with "BACKEND WHAT PEER: ".  len 0 needs no region. */

@@ -1769,14 +1769,8 @@ static zs_err rma_start(zs_conn *cc, int write, zs_mr *mm, size_t off, const zs_
     if (!r)
         return zs_error(ZS_ERR_NOMEM, "rdma %s %s: out of memory", what, c->s.peer);
     r->rma = write ? ZS_RMA_WRITE : ZS_RMA_READ;
-    r->frame = (zs_frame){.version = ZS_FRAME_VERSION,
-                          .op = write ? ZS_OP_RMA_WRITE : ZS_OP_RMA_READ,
-                          .dtype = ZS_DTYPE_BYTES,
-                          .flags = write && notify ? ZS_FRAME_FLAG_NOTIFY : 0,
-                          .step = rd->key,
-                          .chunk = write ? imm : 0,
-                          .offset = rd->addr + remote_off,
-                          .count = len};
+    r->frame = zs_rma_request(write, 0, rd, remote_off, len, notify, imm);
+    r->frame.length = 0; /* the NIC moves the bytes: no frame carries them */
     r->len = len;
     r->raddr = rd->addr + remote_off;
     r->rkey = rd->key;

@@ -1479,23 +1479,8 @@ static zs_err sh_cancel(zs_req *rq)
  * why as its text. */
 static void rma_answer(sh_conn *c, const zs_frame *f, int op, sh_mr *m, size_t off, const char *why)
 {
-    zs_frame rf = {.op = (uint16_t)op,
-                   .dtype = ZS_DTYPE_BYTES,
-                   .id = f->id,
-                   .step = f->step,
-                   .offset = f->offset,
-                   .count = f->count,
-                   .length = m ? f->count : 0};
-    if (op == ZS_OP_ERROR) {
-        size_t wl = strlen(why);
-        rf = (zs_frame){.op = ZS_OP_ERROR,
-                        .dtype = ZS_DTYPE_TEXT,
-                        .status = ZS_FS_BAD_KEY,
-                        .id = f->id,
-                        .offset = f->offset,
-                        .count = f->count,
-                        .length = wl < SH_EAGER_MAX ? wl : SH_EAGER_MAX};
-    }
+    size_t wl = op == ZS_OP_ERROR ? strlen(why) : 0;
+    zs_frame rf = zs_rma_answer(f, op, wl < SH_EAGER_MAX ? wl : SH_EAGER_MAX);
     const uint8_t *src = m ? m->reg.base + off : (const uint8_t *)why;
     if (send_frame_as(c, &rf, m, src, ZS_RMA_SERVE, NULL, NULL) != ZS_OK && !c->s.closed)
         conn_fail(c, ZS_ERR_NOMEM, "answering a one-sided %s: %s", zs_frame_op_name(f->op),
@@ -1548,32 +1533,13 @@ static void rma_serve(sh_conn *c, const uint8_t *p, const zs_frame *f)
 /* The answer f (in packet p) to our one-sided operation r, which is off the expect list. */
 static void rma_reply(sh_conn *c, const uint8_t *p, sh_req *r, const zs_frame *f)
 {
-    int write = r->rma == ZS_RMA_WRITE;
-    if (f->op == ZS_OP_ERROR) {
+    char why[ZS_NET_REASON_MAX];
+    zs_err e = zs_rma_check_answer("shm", c->s.peer, r, f, why, sizeof why);
+    if (e != ZS_OK) {
         skip_payload(c, p);
-        zs_net_fmt(r->err, sizeof r->err,
-                   "shm %s %s: the peer refused %llu bytes at 0x%llx of its region with key "
-                   "0x%llx: %s",
-                   write ? "iwrite" : "iread", c->s.peer, (unsigned long long)r->frame.count,
-                   (unsigned long long)r->frame.offset, (unsigned long long)r->frame.step,
-                   f->status == ZS_FS_BAD_KEY
-                       ? "bad key (no such region, bytes outside it, or not open to this access)"
-                       : zs_frame_status_name(f->status));
-        zs_rq_finish(r, ZS_ERR_INVALID, r->err);
-        return;
-    }
-    if (f->op != (write ? ZS_OP_RMA_ACK : ZS_OP_RMA_DATA) || f->offset != r->frame.offset ||
-        f->count != r->frame.count) {
-        skip_payload(c, p);
-        char why[ZS_NET_REASON_MAX];
-        zs_net_fmt(why, sizeof why,
-                   "%s id %llu (%llu bytes at 0x%llx) does not answer our %s of %llu bytes at "
-                   "0x%llx",
-                   zs_frame_op_name(f->op), (unsigned long long)f->id, (unsigned long long)f->count,
-                   (unsigned long long)f->offset, zs_frame_op_name(r->frame.op),
-                   (unsigned long long)r->frame.count, (unsigned long long)r->frame.offset);
-        zs_rq_finish(r, ZS_ERR_FORMAT, why);
-        conn_fail(c, ZS_ERR_FORMAT, "%s", why);
+        zs_rq_finish(r, e, why);
+        if (e != ZS_ERR_INVALID) /* not a refusal: a confused peer */
+            conn_fail(c, e, "%s", why);
         return;
     }
     r->frame.length = f->length; /* what take_payload copies; the op stays ours */
@@ -1596,15 +1562,7 @@ static zs_err rma_start(zs_conn *cc, int write, zs_mr *mm, size_t off, const zs_
     ZS_CHECK(
         zs_rma_check("shm", write, c->s.peer, n, m ? &m->reg : NULL, off, rd, remote_off, len));
     uint64_t id = ZS_RMA_ID_BASE | (n->rma_next_id++ & (ZS_RMA_ID_BASE - 1));
-    zs_frame f = {.op = write ? ZS_OP_RMA_WRITE : ZS_OP_RMA_READ,
-                  .dtype = ZS_DTYPE_BYTES,
-                  .flags = write && notify ? ZS_FRAME_FLAG_NOTIFY : 0,
-                  .id = id,
-                  .step = rd->key,
-                  .chunk = write ? imm : 0,
-                  .offset = rd->addr + remote_off,
-                  .count = len,
-                  .length = write ? len : 0};
+    zs_frame f = zs_rma_request(write, id, rd, remote_off, len, notify, imm);
     uint8_t hdr[ZS_FRAME_HEADER_BYTES];
     zs_frame back;
     zs_frame_encode(&f, hdr);

@@ -743,22 +743,8 @@ static void rma_send_reply(tcp_conn *c, const zs_frame *f, int op, zs_region *m,
                            const char *why)
 {
     tcp_net *n = c->net;
-    zs_frame rf = {.op = (uint16_t)op,
-                   .dtype = ZS_DTYPE_BYTES,
-                   .id = f->id,
-                   .step = f->step,
-                   .offset = f->offset,
-                   .count = f->count,
-                   .length = m ? f->count : 0};
-    size_t wl = why ? strlen(why) : 0;
-    if (op == ZS_OP_ERROR)
-        rf = (zs_frame){.op = ZS_OP_ERROR,
-                        .dtype = ZS_DTYPE_TEXT,
-                        .status = ZS_FS_BAD_KEY,
-                        .id = f->id,
-                        .offset = f->offset,
-                        .count = f->count,
-                        .length = wl};
+    size_t wl = op == ZS_OP_ERROR ? strlen(why) : 0;
+    zs_frame rf = zs_rma_answer(f, op, wl);
     tcp_req *r = zs_rq_new(&n->reqs, n, ZS_RQ_SEND, c, NULL, 0);
     uint8_t *text = wl ? malloc(wl) : NULL;
     if (!r || (wl && !text)) {
@@ -871,36 +857,20 @@ static zs_err encode_checked(const tcp_conn *c, const char *what, const zs_frame
 /* The reply f to our one-sided operation r arrived on s (r is off the expect list). */
 static void rma_reply(tcp_sock *s, tcp_req *r, const zs_frame *f)
 {
-    tcp_conn *c = s->conn;
-    int write = r->rma == ZS_RMA_WRITE;
-    const char *what = write ? "iwrite" : "iread";
-    if (f->op == ZS_OP_ERROR) {
-        zs_net_fmt(r->err, sizeof r->err,
-                   "tcp %s %s: the peer refused %llu bytes at 0x%llx of its region with key "
-                   "0x%llx: %s",
-                   what, c->peer, (unsigned long long)r->frame.count,
-                   (unsigned long long)r->frame.offset, (unsigned long long)r->frame.step,
-                   f->status == ZS_FS_BAD_KEY
-                       ? "bad key (no such region, bytes outside it, or not open to this access)"
-                       : zs_frame_status_name(f->status));
-        r->status = ZS_ERR_INVALID;
+    zs_err e = zs_rma_check_answer("tcp", s->conn->peer, r, f, r->err, sizeof r->err);
+    if (e == ZS_ERR_INVALID) { /* refused */
+        r->status = e;
         if (f->length) {
             sock_start_body(s, NULL, r); /* the text is skipped; the request fails after it */
             return;
         }
-        zs_rq_finish(r, r->status, r->err);
+        zs_rq_finish(r, e, r->err);
         return;
     }
-    int want = write ? ZS_OP_RMA_ACK : ZS_OP_RMA_DATA;
-    if (f->op != want || f->offset != r->frame.offset || f->count != r->frame.count) {
+    if (e != ZS_OK) {
         char why[ZS_NET_REASON_MAX];
-        zs_net_fmt(why, sizeof why,
-                   "%s id %llu (%llu bytes at 0x%llx) does not answer our %s of %llu bytes at "
-                   "0x%llx",
-                   zs_frame_op_name(f->op), (unsigned long long)f->id, (unsigned long long)f->count,
-                   (unsigned long long)f->offset, zs_frame_op_name(r->frame.op),
-                   (unsigned long long)r->frame.count, (unsigned long long)r->frame.offset);
-        zs_rq_finish(r, ZS_ERR_FORMAT, why);
+        zs_net_copy_str(why, sizeof why, r->err);
+        zs_rq_finish(r, e, why);
         reject_bad_frame(s, why);
         return;
     }
@@ -925,15 +895,7 @@ static zs_err rma_start(zs_conn *cc, int write, zs_mr *mm, size_t off, const zs_
     ZS_CHECK(check_open(c, what));
     ZS_CHECK(zs_rma_check("tcp", write, c->peer, n, m, off, rd, remote_off, len));
     uint64_t id = ZS_RMA_ID_BASE | (n->rma_next_id++ & (ZS_RMA_ID_BASE - 1));
-    zs_frame f = {.op = write ? ZS_OP_RMA_WRITE : ZS_OP_RMA_READ,
-                  .dtype = ZS_DTYPE_BYTES,
-                  .flags = write && notify ? ZS_FRAME_FLAG_NOTIFY : 0,
-                  .id = id,
-                  .step = rd->key,
-                  .chunk = write ? imm : 0,
-                  .offset = rd->addr + remote_off,
-                  .count = len,
-                  .length = write ? len : 0};
+    zs_frame f = zs_rma_request(write, id, rd, remote_off, len, notify, imm);
     uint8_t hdr[TCP_HDR];
     ZS_CHECK(encode_checked(c, what, &f, hdr));
     tcp_req *sr = zs_rq_new(&n->reqs, n, ZS_RQ_SEND, c, NULL, 0);
