@@ -1936,6 +1936,17 @@ int zs_tcp_conn_local(const zs_conn *cc, struct sockaddr_storage *out)
     return getsockname(c->sock[0]->fd, (struct sockaddr *)out, &len);
 }
 
+int zs_tcp_conn_sndbuf(const zs_conn *cc)
+{
+    const tcp_conn *c = (const tcp_conn *)cc;
+    int v = -1;
+    socklen_t len = sizeof v;
+    if (c->nsock < 1 || c->sock[0]->fd < 0 ||
+        getsockopt(c->sock[0]->fd, SOL_SOCKET, SO_SNDBUF, &v, &len) != 0)
+        return -1;
+    return v;
+}
+
 uint32_t zs_tcp_conn_member(const zs_conn *c)
 {
     return ((const tcp_conn *)c)->member;

@@ -101,6 +101,10 @@ int zs_tcp_wait_fd(zs_net *net, int *timeout_ms);
 struct sockaddr_storage;
 int zs_tcp_conn_local(const zs_conn *c, struct sockaddr_storage *out);
 
+/* SO_SNDBUF of c's first stream as the kernel reports it (twice what was set), or -1: for
+ * tests of the send buffer a stream gets (tcp.c, TCP_LOCAL_SNDBUF). */
+int zs_tcp_conn_sndbuf(const zs_conn *c);
+
 /* Makes a connection of an already connected stream socket fd (TCP, or one end of an
  * AF_UNIX socketpair in tests and the fuzzer), with peer name `peer` for messages, without a
  * handshake: the caller vouches that it is member `member` (0: none).  On success the

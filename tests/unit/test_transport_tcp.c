@@ -1030,6 +1030,38 @@ static void test_batch_flush(void)
     unsetenv("ZS_TCP_BATCH_SENDS");
 }
 
+/* The send buffer a stream gets: 512 KiB towards a peer on this host unless asked otherwise
+ * (the kernel reports twice what was set), autotuning with -1, what was asked for otherwise;
+ * on both ends. */
+static void test_sndbuf(void)
+{
+    const struct {
+        int ask, want;
+    } cases[] = {{0, 2 * 512 * 1024}, {-1, 0}, {64 * 1024, 2 * 64 * 1024}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        zs_net *net;
+        zs_listener *l;
+        zs_conn *cli = NULL, *srv = NULL;
+        zs_tcp_conn_opts bufs = {.sndbuf_bytes = cases[k].ask};
+        zs_conn_opts o = {.backend = &bufs, .backend_name = "tcp"};
+        CHECK_OK(T->open(&net));
+        CHECK_OK(T->listen(net, "127.0.0.1:0", &o, &l));
+        char addr[32];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", T->listener_port(l));
+        CHECK_OK(T->connect(net, addr, &o, &cli));
+        CHECK_OK(T->accept(l, DEADLINE_MS, &srv));
+        int c = cli ? zs_tcp_conn_sndbuf(cli) : -1, s = srv ? zs_tcp_conn_sndbuf(srv) : -1;
+        if (cases[k].want) {
+            CHECK_EQ_INT(c, cases[k].want);
+            CHECK_EQ_INT(s, cases[k].want);
+        } else { /* autotuning: whatever the kernel chose (4 MiB on loopback here), not ours */
+            CHECK(c > 0 && c != 2 * 512 * 1024);
+            CHECK(s > 0 && s != 2 * 512 * 1024);
+        }
+        T->close(net);
+    }
+}
+
 static void test_connect_errors(void)
 {
     zs_net *net;
@@ -1316,6 +1348,7 @@ int main(void)
         return 1;
     }
     test_connect_errors();
+    test_sndbuf();
     test_handshake();
     test_batch_flush();
     test_local_pair();
