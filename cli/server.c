@@ -18,7 +18,8 @@ static const char server_usage[] =
     "fetches and pushes on the data plane.\n"
     "\n"
     "  --coord tcp://HOST:PORT  the coordinator's control endpoint\n"
-    "  --listen HOST:PORT       data-plane address (port 0: any free port)\n"
+    "  --listen HOST:PORT       data-plane address (port 0: any free port; HOST * for all,\n"
+    "                           announced as this host's address towards the coordinator)\n"
     "  --init DIR               initialize from DIR/model.safetensors instead of the seed\n"
     "  --threads T              AdamW threads (default: all CPUs available)\n" ZS_CLI_SECRET_USAGE
     "  --log-level LEVEL        error, warn, info (default) or debug\n"

@@ -2164,16 +2164,25 @@ static zs_err server_setup(server *sv)
         zs_conn_opts lo = sv->conn_opts;
         lo.auth = &sv->auth;
         ZS_CHECK(sv->ops->listen(sv->net, sv->opts->listen, &lo, &sv->listener));
-        /* Register the address with the port actually bound. */
-        char host[96];
-        snprintf(host, sizeof host, "%s", sv->opts->listen);
-        char *colon = strrchr(host, ':');
-        if (colon)
-            *colon = '\0';
-        if (!*host || strcmp(host, "*") == 0 || strcmp(host, "0.0.0.0") == 0)
-            snprintf(host, sizeof host, "127.0.0.1");
-        snprintf(sv->endpoint, sizeof sv->endpoint, "%s:%d", host,
-                 sv->ops->listener_port(sv->listener));
+        /* Register the endpoint the backend names for the listener: the address it is bound
+         * to, or, bound to all of them, this host's address on the route to the coordinator
+         * (which the workers reach too). */
+        char toward[256] = "";
+        const char *c = sv->opts->coord ? strstr(sv->opts->coord, "://") : NULL;
+        if (c) {
+            snprintf(toward, sizeof toward, "%s", c + 3);
+            char *colon = strrchr(toward, ':');
+            if (colon)
+                *colon = '\0';
+            if (toward[0] == '[') { /* [v6] */
+                memmove(toward, toward + 1, strlen(toward));
+                char *end = strchr(toward, ']');
+                if (end)
+                    *end = '\0';
+            }
+        }
+        ZS_CHECK(sv->ops->listener_endpoint(sv->listener, *toward ? toward : NULL, sv->endpoint,
+                                            sizeof sv->endpoint));
     }
     sv->ctx = (zs_msg_ctx){.self = ZS_MSG_SERVER};
     if (sv->opts->coord) {

@@ -1809,6 +1809,7 @@ const zs_transport_ops zs_rdma_ops = {
     .close = rd_close,
     .listen = rd_listen,
     .listener_port = zs_setup_listener_port,
+    .listener_endpoint = zs_setup_listener_endpoint,
     .listener_close = rd_listener_close,
     .accept = zs_setup_accept,
     .connect = rd_connect,

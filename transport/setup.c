@@ -508,6 +508,11 @@ int zs_setup_run(zs_setup_net *n, int64_t deadline, int (*ready)(void *), void *
 /* ---------------------------------------------------------------------------------------- */
 /* the interface */
 
+zs_err zs_setup_listener_endpoint(const zs_listener *l, const char *toward, char *out, size_t cap)
+{
+    return zs_tcp_listener_endpoint(((const zs_setup_listener *)l)->tcp, toward, out, cap);
+}
+
 int zs_setup_listener_port(const zs_listener *l)
 {
     return zs_tcp_listener_port(((const zs_setup_listener *)l)->tcp);

@@ -169,6 +169,8 @@ int zs_setup_run(zs_setup_net *n, int64_t deadline, int (*ready)(void *), void *
 
 /* Interface functions both backends use as they are (transport.h says what they do). */
 int zs_setup_listener_port(const zs_listener *l);
+/* The set-up listener's endpoint (tcp.c's): where peers connect to. */
+zs_err zs_setup_listener_endpoint(const zs_listener *l, const char *toward, char *out, size_t cap);
 zs_err zs_setup_accept(zs_listener *l, int timeout_ms, zs_conn **out);
 const char *zs_setup_conn_peer(const zs_conn *c);
 void zs_setup_conn_set_user(zs_conn *c, void *user);

@@ -1615,6 +1615,7 @@ const zs_transport_ops zs_shm_ops = {
     .close = sh_close,
     .listen = sh_listen,
     .listener_port = zs_setup_listener_port,
+    .listener_endpoint = zs_setup_listener_endpoint,
     .listener_close = sh_listener_close,
     .accept = zs_setup_accept,
     .connect = sh_connect,

@@ -1337,6 +1337,68 @@ fail_alloc:
     return res;
 }
 
+/* The local address the route to `toward` leaves from, of family fam: a UDP socket connected
+ * to it (which sends nothing) and getsockname.  0, or -1. */
+static int route_source(const char *toward, int fam, struct sockaddr_storage *out)
+{
+    struct addrinfo hints = {.ai_family = fam, .ai_socktype = SOCK_DGRAM};
+    struct addrinfo *ai = NULL;
+    if (!toward || !*toward || getaddrinfo(toward, "9", &hints, &ai) != 0)
+        return -1;
+    int ok = -1;
+    for (struct addrinfo *a = ai; a && ok < 0; a = a->ai_next) {
+        int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        socklen_t len = sizeof *out;
+        if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)out, &len) == 0)
+            ok = 0;
+        if (fd >= 0)
+            close(fd);
+    }
+    freeaddrinfo(ai);
+    return ok;
+}
+
+zs_err zs_tcp_listener_endpoint(const zs_listener *ll, const char *toward, char *out, size_t cap)
+{
+    const tcp_listener *l = (const tcp_listener *)ll;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(l->fd, (struct sockaddr *)&ss, &len) != 0)
+        return zs_error(ZS_ERR_IO, "tcp listener %s: getsockname: %s", l->addr, strerror(errno));
+    int any = ss.ss_family == AF_INET6
+                  ? IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&ss)->sin6_addr)
+                  : ((struct sockaddr_in *)&ss)->sin_addr.s_addr == htonl(INADDR_ANY);
+    char name[TCP_PEER_MAX + 256];
+    int named = 0; /* name holds the host's name */
+    if (any) {
+        struct sockaddr_storage src;
+        if (route_source(toward, ss.ss_family == AF_INET6 ? AF_UNSPEC : AF_INET, &src) == 0) {
+            int port = l->port;
+            ss = src;
+            if (ss.ss_family == AF_INET6)
+                ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)port);
+            else
+                ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
+        } else {
+            char host[256];
+            if (gethostname(host, sizeof host) != 0)
+                return zs_error(ZS_ERR_IO, "tcp listener %s: gethostname: %s", l->addr,
+                                strerror(errno));
+            host[sizeof host - 1] = '\0';
+            zs_net_fmt(name, sizeof name, "%s:%d", host, l->port);
+            named = 1;
+        }
+    }
+    if (!named)
+        format_sockaddr((struct sockaddr *)&ss, name, sizeof name);
+    if (strlen(name) + 1 > cap)
+        return zs_error(ZS_ERR_INVALID, "tcp listener %s: endpoint %s does not fit %zu bytes",
+                        l->addr, name, cap);
+    zs_net_copy_str(out, cap, name);
+    return ZS_OK;
+}
+
 int zs_tcp_listener_port(const zs_listener *l)
 {
     return ((const tcp_listener *)l)->port;
@@ -2290,6 +2352,7 @@ const zs_transport_ops zs_tcp_ops = {
     .close = zs_tcp_close,
     .listen = zs_tcp_listen,
     .listener_port = zs_tcp_listener_port,
+    .listener_endpoint = zs_tcp_listener_endpoint,
     .listener_close = zs_tcp_listener_close,
     .accept = zs_tcp_accept,
     .connect = zs_tcp_connect,

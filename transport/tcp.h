@@ -86,6 +86,7 @@ zs_err zs_tcp_discard(zs_conn *c);
 zs_err zs_tcp_test(zs_req *req, int *done, zs_frame *f);
 zs_err zs_tcp_wait(zs_req *req, int timeout_ms, int *done, zs_frame *f);
 zs_err zs_tcp_cancel(zs_req *req);
+zs_err zs_tcp_listener_endpoint(const zs_listener *l, const char *toward, char *out, size_t cap);
 zs_err zs_tcp_mr_export(zs_mr *mr, zs_mr_desc *out);
 zs_err zs_tcp_iread(zs_conn *c, zs_mr *mr, size_t off, const zs_mr_desc *remote,
                     uint64_t remote_off, size_t len, void *user, zs_req **req);

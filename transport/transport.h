@@ -202,6 +202,15 @@ typedef struct zs_transport_ops {
     zs_err (*listen)(zs_net *net, const char *addr, const zs_conn_opts *opts, zs_listener **out);
     /* The port a listener is bound to (the chosen one for port 0). */
     int (*listener_port)(const zs_listener *l);
+    /* The endpoint peers give connect() to reach l, as the backend names it (tcp, rdma and
+     * shm: "HOST:PORT", "[V6]:PORT"; their set-up runs over TCP).  The control plane carries
+     * it as an opaque string from the server that listens to the workers that connect.  A
+     * listener bound to one address names that address; one bound to all of them names the
+     * address of this host that the route to `toward` leaves from (a host or address the
+     * peers are known to reach, such as the coordinator's), else the host's name, so that
+     * peers on other hosts can reach it.  Does not block (toward is resolved numerically or
+     * by the resolver's cache: a name may block briefly). */
+    zs_err (*listener_endpoint)(const zs_listener *l, const char *toward, char *out, size_t cap);
     /* Stops listening; connections accepted from it stay open. */
     void (*listener_close)(zs_listener *l);
     /* Blocks up to timeout_ms (-1: forever) for a new connection on l, driving all progress

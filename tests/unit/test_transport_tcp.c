@@ -1062,6 +1062,40 @@ static void test_sndbuf(void)
     }
 }
 
+/* The endpoint a listener names for its peers: its own address, or for one bound to all of
+ * them the address on the route to `toward`, else the host name; connect() takes it. */
+static void test_endpoint(void)
+{
+    zs_net *net;
+    zs_listener *l1, *l2;
+    CHECK_OK(T->open(&net));
+    CHECK_OK(T->listen(net, "127.0.0.1:0", NULL, &l1));
+    CHECK_OK(T->listen(net, "0.0.0.0:0", NULL, &l2));
+    char ep[128], want[192], host[64];
+    CHECK_OK(T->listener_endpoint(l1, "192.0.2.1", ep, sizeof ep));
+    snprintf(want, sizeof want, "127.0.0.1:%d", T->listener_port(l1));
+    CHECK(!strcmp(ep, want));
+    CHECK_OK(T->listener_endpoint(l2, "127.0.0.1", ep, sizeof ep));
+    snprintf(want, sizeof want, "127.0.0.1:%d", T->listener_port(l2));
+    CHECK(!strcmp(ep, want));
+    zs_conn *c = NULL, *s = NULL;
+    CHECK_OK(T->connect(net, ep, NULL, &c));
+    CHECK_OK(T->accept(l2, DEADLINE_MS, &s));
+    CHECK(c && s);
+    CHECK_OK(T->listener_endpoint(l2, NULL, ep, sizeof ep));
+    CHECK(gethostname(host, sizeof host) == 0);
+    snprintf(want, sizeof want, "%s:%d", host, T->listener_port(l2));
+    CHECK(!strcmp(ep, want));
+    CHECK_FAILS_WITH(T->listener_endpoint(l1, NULL, ep, 8), "does not fit");
+    zs_listener *l6;
+    if (T->listen(net, "[::1]:0", NULL, &l6) == ZS_OK) { /* where the host has IPv6 */
+        CHECK_OK(T->listener_endpoint(l6, NULL, ep, sizeof ep));
+        snprintf(want, sizeof want, "[::1]:%d", T->listener_port(l6));
+        CHECK(!strcmp(ep, want));
+    }
+    T->close(net);
+}
+
 static void test_connect_errors(void)
 {
     zs_net *net;
@@ -1349,6 +1383,7 @@ int main(void)
     }
     test_connect_errors();
     test_sndbuf();
+    test_endpoint();
     test_handshake();
     test_batch_flush();
     test_local_pair();

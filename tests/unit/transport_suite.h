@@ -216,6 +216,14 @@ static int server_open(server *s, int use_auth)
         return -1;
     }
     s->port = T->listener_port(s->l);
+    /* The endpoint the backend names for peers: the address it listens on (the set-up
+     * stream's listener). */
+    char ep[128], want[128];
+    snprintf(want, sizeof want, "%s:%d", suite_addr, s->port);
+    if (T->listener_endpoint(s->l, NULL, ep, sizeof ep) != ZS_OK || strcmp(ep, want) != 0) {
+        fprintf(stderr, "server: endpoint \"%s\", expected \"%s\"\n", ep, want);
+        return -1;
+    }
     return 0;
 }
 
