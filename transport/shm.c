@@ -30,6 +30,9 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common/log.h"
 #include "transport/core.h"
@@ -409,13 +412,47 @@ static void send_done(sh_conn *c, uint64_t token, uint32_t status)
     send_pkt(c, p, sizeof p);
 }
 
-/* Copies one part: memcpy from our mapping of the peer's region, or process_vm_readv from the
+/* Payloads of this size or more are copied with non-temporal stores where the CPU has them:
+ * the destination's lines are written without being read first (memcpy reads them, for
+ * sizes below glibc's threshold, which follows the last-level cache and is far above a
+ * shard here).  One thread copied 6.6-6.9 GB/s with memcpy and 8.7-8.9 GB/s so, two 12.0-13.4
+ * and 15.0-15.8 (/tmp/mc3, a scratch test, 144 MiB).  A payload this large is out of the
+ * cache once copied anyway. */
+#define SH_STREAM_MIN ((uint64_t)256 << 10)
+
+/* memcpy for large copies: non-temporal 16-byte stores to the 16-byte aligned middle. */
+static void copy_stream(uint8_t *dst, const uint8_t *src, uint64_t len)
+{
+#if defined(__SSE2__)
+    if (len >= SH_STREAM_MIN) {
+        uint64_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+        memcpy(dst, src, head);
+        uint64_t i = head;
+        for (; i + 64 <= len; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+            _mm_stream_si128((__m128i *)(dst + i), a);
+            _mm_stream_si128((__m128i *)(dst + i + 16), b);
+            _mm_stream_si128((__m128i *)(dst + i + 32), c);
+            _mm_stream_si128((__m128i *)(dst + i + 48), d);
+        }
+        _mm_sfence(); /* the stores are visible before the copy is reported done */
+        memcpy(dst + i, src + i, len - i);
+        return;
+    }
+#endif
+    memcpy(dst, src, len);
+}
+
+/* Copies one part: from our mapping of the peer's region, or with process_vm_readv from the
  * peer's memory (one copy, by the kernel).  Sets p->err to 0 or an errno. */
 static void copy_part(sh_part *p)
 {
     p->err = 0;
     if (!p->pid) {
-        memcpy(p->dst, p->src, p->len);
+        copy_stream(p->dst, p->src, p->len);
         return;
     }
     uint64_t done = 0;
