@@ -118,7 +118,8 @@ typedef struct {
     uint8_t *dst;
     const uint8_t *src; /* pid 0: our mapping; else the address in the peer */
     uint64_t len;
-    int err; /* the errno of a failed read */
+    int stream; /* pid 0: may use non-temporal stores (copy_stream) */
+    int err;    /* the errno of a failed read */
 } sh_part;
 
 struct sh_conn {
@@ -468,7 +469,10 @@ static void copy_part(sh_part *p)
 {
     p->err = 0;
     if (!p->pid) {
-        copy_stream(p->dst, p->src, p->len);
+        if (p->stream)
+            copy_stream(p->dst, p->src, p->len);
+        else
+            memcpy(p->dst, p->src, p->len);
         return;
     }
     uint64_t done = 0;
@@ -595,7 +599,8 @@ static void copy_parts(sh_net *n, sh_part *parts, int count)
 /* Copies len bytes from src (our mapping when pid is 0, else an address in process pid) to
  * dst, split over the net's helpers and this thread when it is large.  Returns 0 or the errno
  * of a failed read. */
-static int copy_split(sh_net *n, pid_t pid, uint8_t *dst, const uint8_t *src, uint64_t len)
+static int copy_split(sh_net *n, pid_t pid, uint8_t *dst, const uint8_t *src, uint64_t len,
+                      int stream)
 {
     if (len >= SH_SPLIT_MIN)
         start_helpers(n);
@@ -605,6 +610,7 @@ static int copy_split(sh_net *n, pid_t pid, uint8_t *dst, const uint8_t *src, ui
     int k = 0;
     for (uint64_t at = 0; at < len && k < count; at += each, k++)
         parts[k] = (sh_part){.pid = pid,
+                             .stream = stream,
                              .dst = dst + at,
                              .src = src + at,
                              .len = k == count - 1 || len - at < each ? len - at : each};
@@ -622,7 +628,10 @@ static int copy_split(sh_net *n, pid_t pid, uint8_t *dst, const uint8_t *src, ui
  * "all its requests were completed (failed) before this event"). */
 static int flush_batch(sh_conn *c, sh_req *also);
 
-static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
+/* stream: the destination is read later, if at all (an expected reply's): copy with
+ * non-temporal stores; 0 for one the caller reads at once and over again (recv_payload: a
+ * server's scratch buffer, accumulated right after), which the cache keeps. */
+static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r, int stream)
 {
     uint64_t len = r->frame.length;
     if (p[4] == MSG_EAGER || len == 0) {
@@ -657,7 +666,8 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
             if (c->n_batch == SH_BATCH && flush_batch(c, r) < 0)
                 return;
             int k = c->n_batch++;
-            c->batch[k] = (sh_part){.pid = pid, .dst = r->buf, .src = src, .len = len};
+            c->batch[k] =
+                (sh_part){.pid = pid, .stream = stream, .dst = r->buf, .src = src, .len = len};
             c->batch_rq[k] = r;
             c->batch_token[k] = zs_le_get64(p + 16);
             return;
@@ -665,7 +675,7 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r)
     }
     if (c->n_batch && flush_batch(c, r) < 0) /* DONEs go out in the order payloads came */
         return;
-    int err = copy_split(net_of(c), pid, r->buf, src, len);
+    int err = copy_split(net_of(c), pid, r->buf, src, len, stream);
     if (err) {
         zs_rq_list_add(&c->s.expect, r);
         conn_fail(c, ZS_ERR_IO, "reading a %llu-byte payload from the peer's memory: %s%s",
@@ -749,7 +759,7 @@ static void deliver(sh_conn *c, const uint8_t *p, size_t len)
     int skip;
     sh_req *r = zs_setup_expected(&c->s, &f, &skip);
     if (r)
-        take_payload(c, p, r);
+        take_payload(c, p, r, 1);
     else if (skip)
         skip_payload(c, p);
     if (r || skip)
@@ -1571,7 +1581,7 @@ static zs_err sh_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs
         *out = (zs_req *)r;
     sh_pkt *p = c->pending;
     c->pending = NULL;
-    take_payload(c, p->b, r);
+    take_payload(c, p->b, r, 0);
     free(p);
     c->s.dirty = 1;
     return ZS_OK;
@@ -1662,7 +1672,7 @@ static void rma_serve(sh_conn *c, const uint8_t *p, const zs_frame *f)
     r->frame = *f;
     r->len = f->length;
     zs_rq_use(r, &m->reg, off);
-    take_payload(c, p, r); /* done (released) or, on a failure, failed with the connection */
+    take_payload(c, p, r, 0); /* done (released) or, on a failure, failed with the connection */
     if (c->s.closed)
         return;
     rma_answer(c, f, ZS_OP_RMA_ACK, NULL, 0, NULL);
@@ -1686,7 +1696,7 @@ static void rma_reply(sh_conn *c, const uint8_t *p, sh_req *r, const zs_frame *f
         return;
     }
     r->frame.length = f->length; /* what take_payload copies; the op stays ours */
-    take_payload(c, p, r);
+    take_payload(c, p, r, 1);
 }
 
 /* iread (write 0) and iwrite: the answer expected under a fresh id of the backend's range,
