@@ -249,6 +249,31 @@ zs_frame zs_rma_request(int write, uint64_t id, const zs_mr_desc *rd, uint64_t r
                       .length = write ? len : 0};
 }
 
+zs_err zs_rma_expect(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_rq **expect,
+                     uint64_t *next_id, int write, zs_region *m, size_t off, const zs_mr_desc *rd,
+                     uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                     int handle, zs_rq **out)
+{
+    ZS_CHECK(zs_rma_check(p->who, write, peer, net, m, off, rd, remote_off, len));
+    uint64_t id = ZS_RMA_ID_BASE | ((*next_id)++ & (ZS_RMA_ID_BASE - 1));
+    zs_frame f = zs_rma_request(write, id, rd, remote_off, len, notify, imm), back;
+    uint8_t hdr[ZS_FRAME_HEADER_BYTES];
+    zs_frame_encode(&f, hdr);
+    if (zs_frame_decode(hdr, &back) != ZS_OK) /* the address and bytes wrap */
+        return zs_error_context(ZS_ERR_INVALID, "%s %s %s", p->who, write ? "iwrite" : "iread",
+                                peer);
+    zs_req *ur;
+    ZS_CHECK(zs_rq_expect_any(p, net, conn, peer, expect, id, write ? NULL : m, write ? 0 : off,
+                              write ? 0 : len, user, &ur));
+    zs_rq *r = (zs_rq *)ur;
+    r->handle = handle;
+    r->kind = write ? ZS_RQ_SEND : ZS_RQ_RECV; /* completes as ZS_EV_SEND or ZS_EV_RECV */
+    r->rma = write ? ZS_RMA_WRITE : ZS_RMA_READ;
+    r->frame = f;
+    *out = r;
+    return ZS_OK;
+}
+
 zs_frame zs_rma_answer(const zs_frame *f, int op, size_t text_len)
 {
     if (op == ZS_OP_ERROR)

@@ -224,6 +224,15 @@ zs_err zs_rq_expect(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_r
 zs_err zs_rq_expect_any(zs_rq_pool *p, void *net, void *conn, const char *peer, zs_rq **expect,
                         uint64_t id, zs_region *m, size_t off, size_t cap, void *user,
                         zs_req **out);
+/* Starts a one-sided operation's bookkeeping for tcp and shm, which carry it in frames:
+ * checks the arguments (zs_rma_check), takes the next id of the backend's range from
+ * *next_id, and posts the receive of the owner's answer on *expect -- into m[off, off + len)
+ * for a read, nothing for a write -- as the operation's request (a handle when `handle`),
+ * whose frame is the request frame to send.  Nothing is started when it fails. */
+zs_err zs_rma_expect(zs_rq_pool *p, void *net, void *conn, const char *peer, struct zs_rq **expect,
+                     uint64_t *next_id, int write, zs_region *m, size_t off, const zs_mr_desc *rd,
+                     uint64_t remote_off, size_t len, int notify, uint32_t imm, void *user,
+                     int handle, struct zs_rq **out);
 
 /* Doubly linked lists with a head pointer (expected receives, sends awaiting DONE). */
 void zs_rq_list_add(zs_rq **head, zs_rq *r);

@@ -1708,37 +1708,22 @@ static zs_err rma_start(zs_conn *cc, int write, zs_mr *mm, size_t off, const zs_
     sh_conn *c = (sh_conn *)cc;
     sh_net *n = net_of(c);
     sh_mr *m = (sh_mr *)mm;
-    const char *what = write ? "iwrite" : "iread";
     if (out)
         *out = NULL;
-    ZS_CHECK(check_open(c, what));
-    ZS_CHECK(
-        zs_rma_check("shm", write, c->s.peer, n, m ? &m->reg : NULL, off, rd, remote_off, len));
-    uint64_t id = ZS_RMA_ID_BASE | (n->rma_next_id++ & (ZS_RMA_ID_BASE - 1));
-    zs_frame f = zs_rma_request(write, id, rd, remote_off, len, notify, imm);
-    uint8_t hdr[ZS_FRAME_HEADER_BYTES];
-    zs_frame back;
-    zs_frame_encode(&f, hdr);
-    if (zs_frame_decode(hdr, &back) != ZS_OK)
-        return zs_error_context(ZS_ERR_INVALID, "shm %s %s", what, c->s.peer);
-    zs_req *ur;
-    ZS_CHECK(zs_rq_expect_any(&n->s.reqs, n, c, c->s.peer, &c->s.expect, id, write ? NULL : &m->reg,
-                              write ? 0 : off, write ? 0 : len, user, &ur));
-    sh_req *r = (sh_req *)ur;
-    r->handle = out != NULL;
-    r->kind = write ? ZS_RQ_SEND : ZS_RQ_RECV;
-    r->rma = write ? ZS_RMA_WRITE : ZS_RMA_READ;
-    r->frame = f;
-    r->frame.version = ZS_FRAME_VERSION;
-    zs_err e = send_frame_as(c, &f, write ? m : NULL, write ? m->reg.base + off : NULL, r->rma,
-                             NULL, NULL);
+    ZS_CHECK(check_open(c, write ? "iwrite" : "iread"));
+    sh_req *r;
+    ZS_CHECK(zs_rma_expect(&n->s.reqs, n, c, c->s.peer, &c->s.expect, &n->rma_next_id, write,
+                           m ? &m->reg : NULL, off, rd, remote_off, len, notify, imm, user,
+                           out != NULL, &r));
+    zs_err e = send_frame_as(c, &r->frame, write ? m : NULL, write ? m->reg.base + off : NULL,
+                             r->rma, NULL, NULL);
     if (e != ZS_OK) {
         zs_rq_list_del(&c->s.expect, r);
         zs_rq_release(r);
         return e;
     }
     if (out)
-        *out = ur;
+        *out = (zs_req *)r;
     return ZS_OK;
 }
 

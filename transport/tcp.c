@@ -851,8 +851,6 @@ static void rma_written(tcp_conn *c, tcp_req *r, int ok)
 /* ---- one-sided operations, the initiator's side ---- */
 
 static zs_err check_open(const tcp_conn *c, const char *what);
-static zs_err encode_checked(const tcp_conn *c, const char *what, const zs_frame *f,
-                             uint8_t hdr[TCP_HDR]);
 
 /* The reply f to our one-sided operation r arrived on s (r is off the expect list). */
 static void rma_reply(tcp_sock *s, tcp_req *r, const zs_frame *f)
@@ -889,39 +887,27 @@ static zs_err rma_start(zs_conn *cc, int write, zs_mr *mm, size_t off, const zs_
     tcp_conn *c = (tcp_conn *)cc;
     tcp_net *n = c->net;
     tcp_mr *m = (tcp_mr *)mm;
-    const char *what = write ? "iwrite" : "iread";
     if (out)
         *out = NULL;
-    ZS_CHECK(check_open(c, what));
-    ZS_CHECK(zs_rma_check("tcp", write, c->peer, n, m, off, rd, remote_off, len));
-    uint64_t id = ZS_RMA_ID_BASE | (n->rma_next_id++ & (ZS_RMA_ID_BASE - 1));
-    zs_frame f = zs_rma_request(write, id, rd, remote_off, len, notify, imm);
-    uint8_t hdr[TCP_HDR];
-    ZS_CHECK(encode_checked(c, what, &f, hdr));
+    ZS_CHECK(check_open(c, write ? "iwrite" : "iread"));
     tcp_req *sr = zs_rq_new(&n->reqs, n, ZS_RQ_SEND, c, NULL, 0);
     if (!sr)
-        return zs_error(ZS_ERR_NOMEM, "tcp %s %s: out of memory", what, c->peer);
-    zs_req *ur;
-    zs_err e = zs_rq_expect_any(&n->reqs, n, c, c->peer, &c->expect, id, write ? NULL : m,
-                                write ? 0 : off, write ? 0 : len, user, &ur);
+        return zs_error(ZS_ERR_NOMEM, "tcp %s: out of memory", c->peer);
+    tcp_req *r;
+    zs_err e = zs_rma_expect(&n->reqs, n, c, c->peer, &c->expect, &n->rma_next_id, write, m, off,
+                             rd, remote_off, len, notify, imm, user, out != NULL, &r);
     if (e != ZS_OK) {
         zs_rq_release(sr);
         return e;
     }
-    tcp_req *r = (tcp_req *)ur;
-    r->handle = out != NULL;
-    r->kind = write ? ZS_RQ_SEND : ZS_RQ_RECV;
-    r->rma = write ? ZS_RMA_WRITE : ZS_RMA_READ;
-    r->frame = f;
-    r->frame.version = ZS_FRAME_VERSION;
     sr->silent = 1;
     sr->frame = r->frame;
-    memcpy(sr->hdr, hdr, TCP_HDR);
-    sr->len = f.length;
+    zs_frame_encode(&sr->frame, sr->hdr);
+    sr->len = r->frame.length;
     if (write)
         zs_rq_use(sr, m, off);
     if (out)
-        *out = ur;
+        *out = (zs_req *)r;
     send_enqueue(c, sr);
     return ZS_OK;
 }

@@ -297,7 +297,9 @@ static void rma_suite(void)
     CHECK_OK(rma_write(&cl, 0, &big, 0, 1, 1, 7));
     CHECK(rma_wait_count(&t, &t.written, 2));
     CHECK_EQ_INT(rma_get(&t, &t.written), 2);
+    pthread_mutex_lock(&t.mu);
     CHECK_EQ_INT(t.last_written.chunk, 7);
+    pthread_mutex_unlock(&t.mu);
 
     /* What the initiator can tell by itself is refused before anything starts. */
     CHECK_FAILS_WITH(RT->iread(cl.c, cl.mr, 0, &big, 0, 0, NULL, NULL), "1 to");
