@@ -104,15 +104,6 @@ static void test_client_killed(server *s)
 /* The one-sided operations (rma_suite.h). */
 #define RMA_OPS (&zs_shm_ops)
 #define RMA_NIC 0
-static const char *rma_addr = "127.0.0.1";
-static void rma_server_opts(zs_conn_opts *o)
-{
-    (void)o;
-}
-static void rma_client_opts(zs_conn_opts *o)
-{
-    (void)o;
-}
 #include "rma_suite.h"
 
 /* One-sided operations across address spaces, as in a job: the owner is another process

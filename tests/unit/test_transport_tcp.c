@@ -1362,15 +1362,6 @@ static void test_wait_fd(void)
 /* The one-sided operations, served by the peer's net (rma_suite.h). */
 #define RMA_OPS (&zs_tcp_ops)
 #define RMA_NIC 0
-static const char *rma_addr = "127.0.0.1";
-static void rma_server_opts(zs_conn_opts *o)
-{
-    (void)o;
-}
-static void rma_client_opts(zs_conn_opts *o)
-{
-    (void)o;
-}
 #include "rma_suite.h"
 
 int main(void)
