@@ -146,6 +146,55 @@ static double plain_copy(const char *src, char *dst, size_t msg, size_t total, i
     return gbs;
 }
 
+/* ---- the memory's limit: what shm's copies can reach ---- */
+
+typedef struct {
+    const char *src;
+    char *dst;
+    size_t total, piece;
+    int part, parts; /* this thread copies part of every piece's `parts` equal parts */
+} copy_args;
+
+static void *copy_parts(void *p)
+{
+    const copy_args *a = p;
+    for (size_t at = 0; at < a->total; at += a->piece) {
+        size_t n = a->total - at < a->piece ? a->total - at : a->piece;
+        size_t lo = n * (size_t)a->part / (size_t)a->parts;
+        size_t hi = n * (size_t)(a->part + 1) / (size_t)a->parts;
+        memcpy(a->dst + at + lo, a->src + at + lo, hi - lo);
+    }
+    return NULL;
+}
+
+/* GB/s of memcpy from src into dst (total bytes, 4 MiB pieces, each split over `threads`
+ * threads as shm splits a payload: transport/shm.c, copy_split), the second of two passes.
+ * The shared-memory transport moves each payload with one such copy, and TCP over loopback
+ * with two (into the kernel and out of it, on the two ends' threads), so on a machine with two
+ * cores the copy with two threads bounds shm, and shm / TCP can reach at most this figure over
+ * TCP's; it is printed beside the target. */
+static double memory_copy(const char *src, char *dst, size_t total, int threads)
+{
+    enum { MAXT = 8 };
+    threads = threads < 1 ? 1 : threads > MAXT ? MAXT : threads;
+    double gbs = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        copy_args a[MAXT];
+        pthread_t th[MAXT];
+        double t0 = zs_now_s();
+        for (int t = 0; t < threads; t++) {
+            a[t] = (copy_args){src, dst, total, 4u << 20, t, threads};
+            if (t > 0 && pthread_create(&th[t], NULL, copy_parts, &a[t]) != 0)
+                return 0;
+        }
+        copy_parts(&a[0]);
+        for (int t = 1; t < threads; t++)
+            pthread_join(th[t], NULL);
+        gbs = (double)total / (zs_now_s() - t0) / 1e9;
+    }
+    return gbs;
+}
+
 /* GB/s of iperf3 itself over loopback (1 MiB writes, 2 s), where it is installed; 0 where not.
  * Its JSON's end.sum_received.bits_per_second. */
 static double iperf3(void)
@@ -397,7 +446,7 @@ int main(int argc, char **argv)
     /* The runs alternate (the worker's client, 2 streams, shared memory, plain copies, iperf3) so
      * that a slow spell of the machine hits all alike. */
     figures one = {0}, two = {0}, shm = {0};
-    double plain4 = 0, plain64 = 0, reused1 = 0, ip3 = 0;
+    double plain4 = 0, plain64 = 0, reused1 = 0, ip3 = 0, mem1 = 0, mem2 = 0;
     for (int r = 0; r < reps; r++) {
         if (measure(tj.s, cl, N, tj.chunk, buf, &one))
             goto out;
@@ -412,6 +461,8 @@ int main(int argc, char **argv)
         keep_best(&plain4, plain_copy(src, dst, 4u << 20, N * 4, 0));
         keep_best(&plain64, plain_copy(src, dst, 64u << 10, N * 4, 0));
         keep_best(&reused1, plain_copy(src, dst, 1u << 20, N * 4, 1));
+        keep_best(&mem1, memory_copy(src, dst, N * 4, 1));
+        keep_best(&mem2, memory_copy(src, dst, N * 4, 2));
         zs_session_heartbeat(tj.s);
         zs_session_heartbeat(sj.s);
         keep_best(&ip3, iperf3());
@@ -454,6 +505,11 @@ int main(int argc, char **argv)
            "(%.2fx); target >= 2x\n",
            shm.fetch4, shm.fetch4 / one.fetch4, shm.push4, shm.push4 / one.push4, shm.fetch64,
            shm.fetch64 / one.fetch64, shm.push64, shm.push64 / one.push64);
+    double best_tcp4 = one.fetch4 > one.push4 ? one.fetch4 : one.push4;
+    printf("memory copy (memcpy of the vector in 4 MiB pieces): 1 thread %.2f GB/s, 2 threads "
+           "%.2f GB/s; shm fetch / push 4 MiB at %.2f / %.2f of the 2-thread copy; TCP's faster "
+           "4 MiB figure at %.2f of the 1-thread copy; shm / TCP can reach at most %.2fx here\n",
+           mem1, mem2, shm.fetch4 / mem2, shm.push4 / mem2, best_tcp4 / mem1, mem2 / best_tcp4);
     printf("4 KiB fetch latency over %d: tcp p50 %.1f us, p99 %.1f us; shm p50 %.1f us, p99 "
            "%.1f us\n",
            LAT, lat[LAT / 2], lat[LAT * 99 / 100], slat[LAT / 2], slat[LAT * 99 / 100]);
