@@ -4,7 +4,8 @@
 #
 # With --rdma-guest it also installs what tests/rdma/run.sh needs to boot a Debian kernel in
 # qemu with soft-RoCE devices (docs/testing.md); those come without apt's recommended
-# packages, which for qemu would pull in a desktop's worth of GUI libraries.
+# packages, which for qemu would pull in a desktop's worth of GUI libraries.  With --slurm, what
+# tests/slurm/run.sh needs to run a private Slurm cluster (docs/slurm.md), also without them.
 #
 # Everything this script and the programs it runs print goes to stderr.  deploy/build.sh
 # runs it, and callers capture build.sh's stdout as the build directory
@@ -14,11 +15,13 @@ exec 1>&2
 set -euo pipefail
 
 rdma_guest=0
+slurm=0
 for arg in "$@"; do
   case $arg in
     --rdma-guest) rdma_guest=1 ;;
+    --slurm) slurm=1 ;;
     *)
-      echo "zshard: install-deps.sh: unknown option '$arg' (the only one is --rdma-guest)" >&2
+      echo "zshard: install-deps.sh: unknown option '$arg' (the options are --rdma-guest and --slurm)" >&2
       exit 2
       ;;
   esac
@@ -51,6 +54,10 @@ guest_packages=(
   rdmacm-utils         # rping, for tests of the rdma_cm connection path
 )
 
+# tests/slurm/run.sh: slurmctld and slurmd for a private cluster on loopback, sbatch and the other
+# commands (munge comes as a dependency; the test cluster does not use it).
+slurm_packages=(slurmctld slurmd slurm-client)
+
 # missing_of PACKAGE...: sets missing to those not installed (one dpkg-query each).
 missing_of() {
   missing=()
@@ -70,6 +77,13 @@ if [ $rdma_guest -eq 1 ]; then
   guest_missing=("${missing[@]}")
   missing=("${base_missing[@]}")
 fi
+if [ $slurm -eq 1 ]; then
+  # Installed, like the guest's packages, without recommended packages.
+  base_missing=("${missing[@]}")
+  missing_of "${slurm_packages[@]}"
+  guest_missing+=("${missing[@]}")
+  missing=("${base_missing[@]}")
+fi
 if [ ${#missing[@]} -eq 0 ] && [ ${#guest_missing[@]} -eq 0 ]; then
   exit 0
 fi
@@ -85,19 +99,25 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
   sudo_cmd=(sudo)
 fi
+# Engineers sharing a machine install through the same lock, so that one's apt-get does not
+# fail on another's dpkg lock.
+lock=()
+if command -v flock >/dev/null; then
+  lock=(flock /tmp/zs-apt.lock)
+fi
 # `env` passes DEBIAN_FRONTEND through sudo, whose env_reset would otherwise drop it.
-if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then
+if ! "${sudo_cmd[@]}" "${lock[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then
   echo "zshard: apt-get update failed (no network, or a broken /etc/apt/sources.list?);" \
     "cannot install ${all_missing[*]}" >&2
   exit 1
 fi
 if [ ${#missing[@]} -gt 0 ] &&
-  ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; then
+  ! "${sudo_cmd[@]}" "${lock[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; then
   echo "zshard: apt-get install ${missing[*]} failed" >&2
   exit 1
 fi
 if [ ${#guest_missing[@]} -gt 0 ] &&
-  ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+  ! "${sudo_cmd[@]}" "${lock[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
     --no-install-recommends "${guest_missing[@]}"; then
   echo "zshard: apt-get install ${guest_missing[*]} failed" >&2
   exit 1

@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# tests/slurm/run.sh BUILD_DIR: the tests of deploy/slurm/ against a real Slurm that this
+# script starts (tests/slurm/cluster.sh: slurmctld and three slurmd on loopback) and stops.
+#   (a) `sbatch --wait deploy/slurm/zshard.sbatch --config CFG --data PATH --steps N --out DIR`
+#       gives zshard train's model, bit for bit; also with --ntasks-per-node=2 on sbatch's
+#       command line (2 servers, 2 workers); no process is left once the job has ended.
+#   (b) worker jobs (zshard-worker.sbatch) attach to a running elastic job: one is cancelled
+#       with scancel after it computed chunks, which changes no bit of the result;
+#   (c) the other one joins, computes chunks and ends with the job (exit 0).
+#   (d) a job cancelled after a checkpoint and run again as Slurm reruns a requeued job
+#       (SLURM_RESTART_COUNT=1) resumes from the checkpoint: the same bits again.
+# Installs Slurm's Debian packages first (deploy/install-deps.sh --slurm); if they cannot be
+# installed, says so and exits 0 (skipped).  The exit status is 1 if a check failed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)
+[ $# -eq 1 ] && [ -x "$1/zshard" ] || {
+  echo "usage: tests/slurm/run.sh BUILD_DIR (with BUILD_DIR/zshard)" >&2
+  exit 2
+}
+zshard=$(cd "$1" >/dev/null && pwd)/zshard
+if ! "$root/deploy/install-deps.sh" --slurm; then
+  echo "tests/slurm/run.sh: SKIPPED: Slurm's packages (slurmctld slurmd slurm-client) could" \
+    "not be installed" >&2
+  exit 0
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/zs-slurm.XXXXXX")
+# lib.sh: fail, finish, metrics_compared, now_ms, wait_until, alive; it makes $tmp/t.
+# shellcheck source=tests/integration/lib.sh
+source "$root/tests/integration/lib.sh" "$zshard" "$tmp/t"
+# The jobs make and use their own secret (DIR/secret), as a user's would.
+unset ZSHARD_SECRET_FILE
+export ZSHARD=$zshard SLURM_CONF=$tmp/cluster/etc/slurm.conf
+cluster_up=0
+
+# leftovers: the pids of processes whose command line names $tmp (every role of every job
+# here gets paths under it), other than this script and its children that are not zshard.
+leftovers() { pgrep -f -- "zshard .*$tmp" || true; }
+
+cleanup() {
+  local st=$?
+  if [ $cluster_up -eq 1 ]; then
+    scancel --full --signal=KILL --user="$(id -un)" >/dev/null 2>&1 || true
+    bash "$root/tests/slurm/cluster.sh" "$tmp/cluster" down || true
+  fi
+  local p
+  for p in $(leftovers); do kill -KILL "$p" 2>/dev/null || true; done
+  kill_started
+  rm -rf "$tmp"
+  exit $st
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+t0=$(now_ms)
+bash "$root/tests/slurm/cluster.sh" "$tmp/cluster" up || {
+  echo "tests/slurm/run.sh: the test cluster did not start; its logs:" >&2
+  tail -n 20 "$tmp"/cluster/log/* >&2 || true
+  exit 1
+}
+cluster_up=1
+echo "tests/slurm/run.sh: cluster up in $(($(now_ms) - t0)) ms: $(sinfo -h -o '%D nodes %t')"
+
+sbatch_script=$root/deploy/slurm/zshard.sbatch
+worker_script=$root/deploy/slurm/zshard-worker.sbatch
+data=$DATA/tiny.txt
+
+none_running() { [ -z "$(leftovers)" ]; }
+
+# poll SECONDS CMD...: runs CMD every 200 ms until it succeeds; 1 if SECONDS pass first.  For
+# the checks that start programs (zshard status), which at lib.sh's 20 ms would take a core.
+poll() {
+  local end=$(($(now_ms) + $1 * 1000))
+  shift
+  until "$@"; do
+    [ "$(now_ms)" -lt $end ] || return 1
+    sleep 0.2
+  done
+}
+
+# no_leftovers NAME: a check that within 10 s no process of the jobs is left.
+no_leftovers() {
+  checks=$((checks + 1))
+  if ! wait_until 10 none_running; then
+    fail "$1: processes left after the job ended: $(pgrep -a -f -- "zshard .*$tmp")"
+  fi
+}
+
+# job_id FILE: the job id sbatch printed into FILE ("Submitted batch job N"), polled for 10 s.
+job_id() {
+  local end=$(($(now_ms) + 10000)) id=
+  while [ -z "$id" ]; do
+    id=$(sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$1" 2>/dev/null)
+    [ -n "$id" ] || [ "$(now_ms)" -lt $end ] || return 1
+    [ -n "$id" ] || sleep 0.05
+  done
+  echo "$id"
+}
+
+# job_gone ID: squeue no longer lists the job.
+job_gone() { [ -z "$(squeue -h -j "$1" -o %i 2>/dev/null)" ]; }
+
+# last_step DIR: the step of DIR/metrics.jsonl's last line (0 if none).
+last_step() {
+  local l
+  l=$(tail -n 1 "$1/metrics.jsonl" 2>/dev/null) || l=
+  l=${l#\{\"step\": }
+  echo "${l%%,*}" | grep -E '^[0-9]+$' || echo 0
+}
+
+# worker_id LOG: the worker number the coordinator gave the worker logging to LOG.
+worker_id() { sed -nE 's/.* INFO worker ([0-9]+): data .*/\1/p' "$1" 2>/dev/null | head -n 1; }
+
+# joined LOG: the worker logging to LOG has joined (it names its worker number).
+joined() { [ -n "$(worker_id "$1")" ]; }
+
+# has_chunks EP SECRET ID: member ID has done at least one chunk.
+has_chunks() { [ "$(chunks_done "$@")" -gt 0 ]; }
+
+# chunks_done EP SECRET ID: chunks the coordinator at EP counts for member ID so far.
+chunks_done() {
+  "$zshard" status --coord "$1" --secret "$2" --json 2>/dev/null | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+print(next((m.get("chunks_done", 0) for m in j["members"] if m["id"] == int(sys.argv[1])), 0))
+' "$3" 2>/dev/null || echo 0
+}
+
+# ---- (a) sbatch --wait gives zshard train's bits ----
+"$zshard" train --config "$DATA/tiny.json" --data "$data" --steps 4 --threads 1 \
+  --out "$tmp/train4" 2>"$tmp/train4.err" || fail "zshard train: $(tail -n 3 "$tmp/train4.err")"
+for shape in default:1 ntasks-per-node=2:2; do
+  opt=${shape%:*} n=${shape#*:} out=$tmp/a-$n
+  sbatch_opts=(--wait -o "$tmp/a-$n.out")
+  [ "$opt" = default ] || sbatch_opts+=("--$opt")
+  t0=$(now_ms)
+  rc=0
+  (cd "$tmp" && timeout -k 10 120 sbatch "${sbatch_opts[@]}" "$sbatch_script" \
+    --config "$DATA/tiny.json" --data "$data" --steps 4 --out "$out") >/dev/null || rc=$?
+  echo "(a) sbatch ${sbatch_opts[*]:2} zshard.sbatch --steps 4 ($n servers, $n workers):" \
+    "exit $rc in $(($(now_ms) - t0)) ms"
+  checks=$((checks + 1))
+  [ $rc -eq 0 ] || { fail "(a) $opt: sbatch --wait exit $rc: $(tail -n 20 "$tmp/a-$n.out")"; continue; }
+  same_bits "(a) $opt" "$out" "$tmp/train4"
+  expect_log "(a) $opt" "$tmp/a-$n.out" "coordinator on tcp://127\\.0\\.0\\.1:[0-9]+ .*; $n servers, $n workers"
+  checks=$((checks + 2))
+  [ "$(stat -c %a "$out/secret" 2>/dev/null)" = 600 ] || fail "(a) $opt: no $out/secret of mode 0600"
+  [ ! -e "$out/coord.endpoint" ] || fail "(a) $opt: $out/coord.endpoint is still there after the job"
+  no_leftovers "(a) $opt"
+done
+
+# ---- (b), (c): worker jobs attach to a running elastic job; one is cancelled ----
+STEPS=3000
+# 4 chunks a step (micro-batches of 2), so that each of 3 workers has work in every step.
+sed -e 's/"gradient_clipping"/"elasticity": {"enabled": true}, "checkpoint": {"interval_steps": 500}, "gradient_clipping"/' \
+  -e 's/"train_micro_batch_size_per_gpu": 4/"train_micro_batch_size_per_gpu": 2/' \
+  "$DATA/tiny.json" >"$tmp/elastic.json"
+"$zshard" train --config "$tmp/elastic.json" --data "$data" --steps $STEPS --threads 1 \
+  --out "$tmp/train" 2>"$tmp/train.err" || fail "zshard train: $(tail -n 3 "$tmp/train.err")"
+out=$tmp/b
+t0=$(now_ms)
+timeout -k 10 240 sbatch --wait -o "$tmp/b.out" "$sbatch_script" --config "$tmp/elastic.json" \
+  --data "$data" --steps $STEPS --out "$out" >"$tmp/b.sub" &
+main_pid=$!
+PIDS+=("$main_pid")
+main=$(job_id "$tmp/b.sub") || fail "(b) sbatch printed no job id: $(cat "$tmp/b.sub")"
+# Both worker jobs wait for DIR/coord.endpoint, so they may be submitted at once.
+timeout -k 10 240 sbatch --wait -o "$tmp/wa.out" "$worker_script" --out "$out" --wait 60 \
+  >"$tmp/wa.sub" &
+wa_pid=$!
+timeout -k 10 240 sbatch --wait -o "$tmp/wb.out" "$worker_script" --out "$out" --wait 60 \
+  >"$tmp/wb.sub" &
+wb_pid=$!
+PIDS+=("$wa_pid" "$wb_pid")
+wa=$(job_id "$tmp/wa.sub") || fail "(b) worker job A: no job id"
+wb=$(job_id "$tmp/wb.sub") || fail "(c) worker job B: no job id"
+echo "(b) main job $main, worker jobs $wa (cancelled once it computed chunks) and $wb"
+checks=$((checks + 1))
+wait_until 30 test -s "$out/coord.endpoint" || fail "(b) no $out/coord.endpoint after 30 s"
+ep=$(head -n 1 "$out/coord.endpoint" 2>/dev/null) || ep=
+secret=$out/secret
+# (c) each worker job's worker registered and computed chunks.
+for j in "$wa" "$wb"; do
+  log=$out/logs/slurm-$j/worker-0.log
+  checks=$((checks + 1))
+  if ! wait_until 30 joined "$log"; then
+    fail "(c) worker job $j: its worker did not join in 30 s: $(tail -n 5 "$log" 2>&1)"
+    continue
+  fi
+  id=$(worker_id "$log")
+  checks=$((checks + 1))
+  poll 30 has_chunks "$ep" "$secret" "$id" ||
+    fail "(c) worker job $j (worker $id): no chunk done after 30 s"
+done
+at=$(last_step "$out")
+scancel "$wa"
+checks=$((checks + 1))
+wait_until 30 job_gone "$wa" || fail "(b) worker job $wa still in squeue 30 s after scancel"
+gone_at=$(last_step "$out")
+echo "(b) worker job $wa cancelled at step $at; gone by step $gone_at of $STEPS"
+checks=$((checks + 1))
+[ "$gone_at" -lt $STEPS ] ||
+  fail "(b) the run ended (step $gone_at) before the cancelled worker job was gone: make STEPS larger"
+rc=0
+wait "$main_pid" || rc=$?
+echo "(b) main job $main: exit $rc, $STEPS steps in $(($(now_ms) - t0)) ms"
+checks=$((checks + 1))
+[ $rc -eq 0 ] || fail "(b) main job exit $rc: $(tail -n 20 "$tmp/b.out")"
+same_bits "(b)" "$out" "$tmp/train"
+rc=0
+wait "$wb_pid" || rc=$?
+checks=$((checks + 1))
+[ $rc -eq 0 ] || fail "(c) worker job $wb, which stayed to the end: exit $rc: $(tail -n 5 "$tmp/wb.out")"
+wait "$wa_pid" || true
+checks=$((checks + 1))
+grep -qE '"workers": 3[,}]' "$out/metrics.jsonl" ||
+  fail "(c) no step had 3 workers (the job's own and both worker jobs')"
+no_leftovers "(b)"
+
+# ---- (d) cancelled after a checkpoint, run again as Slurm reruns a requeued job ----
+out=$tmp/d
+t0=$(now_ms)
+timeout -k 10 240 sbatch --wait -o "$tmp/d1.out" "$sbatch_script" --config "$tmp/elastic.json" \
+  --data "$data" --steps $STEPS --out "$out" >"$tmp/d1.sub" &
+d1_pid=$!
+PIDS+=("$d1_pid")
+d1=$(job_id "$tmp/d1.sub") || fail "(d) sbatch printed no job id"
+checks=$((checks + 1))
+wait_until 60 test -s "$out/checkpoints/latest" || fail "(d) no checkpoint after 60 s"
+scancel "$d1"
+wait "$d1_pid" || true
+killed_at=$(last_step "$out")
+echo "(d) job $d1 cancelled at step $killed_at, checkpoint $(cat "$out/checkpoints/latest" 2>&1)"
+no_leftovers "(d) cancelled"
+checks=$((checks + 1))
+[ "$killed_at" -lt $STEPS ] || fail "(d) the run had ended (step $killed_at) before scancel"
+rc=0
+SLURM_RESTART_COUNT=1 timeout -k 10 240 sbatch --wait -o "$tmp/d2.out" "$sbatch_script" \
+  --config "$tmp/elastic.json" --data "$data" --steps $STEPS --out "$out" >/dev/null || rc=$?
+echo "(d) rerun: exit $rc; both runs in $(($(now_ms) - t0)) ms"
+checks=$((checks + 1))
+[ $rc -eq 0 ] || fail "(d) rerun exit $rc: $(tail -n 20 "$tmp/d2.out")"
+expect_log "(d)" "$tmp/d2.out" "restart 1 of job [0-9]+: resuming from $out/checkpoints"
+same_bits "(d)" "$out" "$tmp/train"
+no_leftovers "(d)"
+finish
