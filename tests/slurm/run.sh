@@ -4,11 +4,12 @@
 #   (a) `sbatch --wait deploy/slurm/zshard.sbatch --config CFG --data PATH --steps N --out DIR`
 #       gives zshard train's model, bit for bit; also with --ntasks-per-node=2 on sbatch's
 #       command line (2 servers, 2 workers); no process is left once the job has ended.
+#   (a') a configuration with an unknown key fails the job, and its output names the key.
 #   (b) worker jobs (zshard-worker.sbatch) attach to a running elastic job: one is cancelled
 #       with scancel after it computed chunks, which changes no bit of the result;
 #   (c) the other one joins, computes chunks and ends with the job (exit 0).
-#   (d) a job cancelled after a checkpoint and run again as Slurm reruns a requeued job
-#       (SLURM_RESTART_COUNT=1) resumes from the checkpoint: the same bits again.
+#   (d) a job requeued (scontrol requeue) after a checkpoint resumes from it when Slurm runs
+#       it again: the same bits again.
 # Installs Slurm's Debian packages first (deploy/install-deps.sh --slurm); if they cannot be
 # installed, says so and exits 0 (skipped).  The exit status is 1 if a check failed.
 set -euo pipefail
@@ -138,7 +139,7 @@ for shape in default:1 ntasks-per-node=2:2; do
   rc=0
   (cd "$tmp" && timeout -k 10 120 sbatch "${sbatch_opts[@]}" "$sbatch_script" \
     --config "$DATA/tiny.json" --data "$data" --steps 4 --out "$out") >/dev/null || rc=$?
-  echo "(a) sbatch ${sbatch_opts[*]:2} zshard.sbatch --steps 4 ($n servers, $n workers):" \
+  echo "(a) sbatch ${sbatch_opts[*]:3} zshard.sbatch --steps 4 ($n servers, $n workers):" \
     "exit $rc in $(($(now_ms) - t0)) ms"
   checks=$((checks + 1))
   [ $rc -eq 0 ] || { fail "(a) $opt: sbatch --wait exit $rc: $(tail -n 20 "$tmp/a-$n.out")"; continue; }
@@ -149,6 +150,19 @@ for shape in default:1 ntasks-per-node=2:2; do
   [ ! -e "$out/coord.endpoint" ] || fail "(a) $opt: $out/coord.endpoint is still there after the job"
   no_leftovers "(a) $opt"
 done
+
+# ---- (a') a bad configuration: the job fails, naming the key, and leaves nothing ----
+sed 's/"gradient_clipping"/"gradient_clippin": 1, "gradient_clipping"/' "$DATA/tiny.json" \
+  >"$tmp/bad.json"
+rc=0
+timeout -k 10 120 sbatch --wait -o "$tmp/bad.out" "$sbatch_script" --config "$tmp/bad.json" \
+  --data "$data" --steps 4 --out "$tmp/bad" >/dev/null || rc=$?
+echo "(a') a configuration with an unknown key: exit $rc"
+checks=$((checks + 1))
+[ $rc -ne 0 ] || fail "(a') a job with an unknown configuration key exited 0"
+expect_log "(a')" "$tmp/bad.out" 'the coordinator did not start'
+expect_log "(a')" "$tmp/bad.out" 'unknown key "gradient_clippin"'
+no_leftovers "(a')"
 
 # ---- (b), (c): worker jobs attach to a running elastic job; one is cancelled ----
 STEPS=3000
@@ -218,30 +232,29 @@ grep -qE '"workers": 3[,}]' "$out/metrics.jsonl" ||
   fail "(c) no step had 3 workers (the job's own and both worker jobs')"
 no_leftovers "(b)"
 
-# ---- (d) cancelled after a checkpoint, run again as Slurm reruns a requeued job ----
+# ---- (d) requeued after a checkpoint (scontrol requeue): resumes, same bits ----
 out=$tmp/d
 t0=$(now_ms)
-timeout -k 10 240 sbatch --wait -o "$tmp/d1.out" "$sbatch_script" --config "$tmp/elastic.json" \
-  --data "$data" --steps $STEPS --out "$out" >"$tmp/d1.sub" &
-d1_pid=$!
-PIDS+=("$d1_pid")
-d1=$(job_id "$tmp/d1.sub") || fail "(d) sbatch printed no job id"
+timeout -k 10 240 sbatch --wait -o "$tmp/d.out" "$sbatch_script" --config "$tmp/elastic.json" \
+  --data "$data" --steps $STEPS --out "$out" >"$tmp/d.sub" &
+d_pid=$!
+PIDS+=("$d_pid")
+d=$(job_id "$tmp/d.sub") || fail "(d) sbatch printed no job id"
 checks=$((checks + 1))
 wait_until 60 test -s "$out/checkpoints/latest" || fail "(d) no checkpoint after 60 s"
-scancel "$d1"
-wait "$d1_pid" || true
-killed_at=$(last_step "$out")
-echo "(d) job $d1 cancelled at step $killed_at, checkpoint $(cat "$out/checkpoints/latest" 2>&1)"
-no_leftovers "(d) cancelled"
+scontrol requeue "$d"
+requeued_at=$(last_step "$out")
+echo "(d) job $d requeued at step $requeued_at, checkpoint $(cat "$out/checkpoints/latest" 2>&1)"
 checks=$((checks + 1))
-[ "$killed_at" -lt $STEPS ] || fail "(d) the run had ended (step $killed_at) before scancel"
+[ "$requeued_at" -lt $STEPS ] || fail "(d) the run had ended (step $requeued_at) before the requeue"
+# sbatch --wait follows the job through its requeue and exits with the final run's status.
 rc=0
-SLURM_RESTART_COUNT=1 timeout -k 10 240 sbatch --wait -o "$tmp/d2.out" "$sbatch_script" \
-  --config "$tmp/elastic.json" --data "$data" --steps $STEPS --out "$out" >/dev/null || rc=$?
-echo "(d) rerun: exit $rc; both runs in $(($(now_ms) - t0)) ms"
+wait "$d_pid" || rc=$?
+echo "(d) job $d after its requeue: exit $rc; in all $(($(now_ms) - t0)) ms"
 checks=$((checks + 1))
-[ $rc -eq 0 ] || fail "(d) rerun exit $rc: $(tail -n 20 "$tmp/d2.out")"
-expect_log "(d)" "$tmp/d2.out" "restart 1 of job [0-9]+: resuming from $out/checkpoints"
+[ $rc -eq 0 ] || fail "(d) requeued job: exit $rc: $(tail -n 20 "$tmp/d.out")"
+expect_log "(d)" "$tmp/d.out" "CANCELLED AT .* DUE TO JOB REQUEUE"
+expect_log "(d)" "$tmp/d.out" "restart 1 of job $d: resuming from $out/checkpoints"
 same_bits "(d)" "$out" "$tmp/train"
 no_leftovers "(d)"
 finish
