@@ -39,13 +39,15 @@ cluster_up=0
 leftovers() { pgrep -f -- "zshard .*$tmp" || true; }
 
 cleanup() {
-  local st=$?
+  local st=$? p
+  # The timeouts around sbatch --wait pass SIGTERM on to it (SIGKILL would orphan it, polling
+  # a controller that is gone).
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   if [ $cluster_up -eq 1 ]; then
     scancel --full --signal=KILL --user="$(id -un)" >/dev/null 2>&1 || true
     bash "$root/tests/slurm/cluster.sh" "$tmp/cluster" down || true
   fi
-  local p
-  for p in $(leftovers); do kill -KILL "$p" 2>/dev/null || true; done
+  for p in $(leftovers) $(pgrep -f -- "sbatch .*$tmp"); do kill -KILL "$p" 2>/dev/null || true; done
   kill_started
   rm -rf "$tmp"
   exit $st
@@ -54,6 +56,16 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# A run of this stage from another checkout on the same machine holds the default ports: take
+# the first of a few port bases where nothing listens (ZS_SLURM_PORT, when set, decides).
+if [ -z "${ZS_SLURM_PORT:-}" ] && command -v ss >/dev/null; then
+  for base in 26817 27017 27217 27417 27617; do
+    if [ -z "$(ss -Hltn "sport >= :$base and sport <= :$((base + 182))" 2>/dev/null)" ]; then
+      export ZS_SLURM_PORT=$base
+      break
+    fi
+  done
+fi
 t0=$(now_ms)
 bash "$root/tests/slurm/cluster.sh" "$tmp/cluster" up || {
   echo "tests/slurm/run.sh: the test cluster did not start; its logs:" >&2
@@ -61,7 +73,8 @@ bash "$root/tests/slurm/cluster.sh" "$tmp/cluster" up || {
   exit 1
 }
 cluster_up=1
-echo "tests/slurm/run.sh: cluster up in $(($(now_ms) - t0)) ms: $(sinfo -h -o '%D nodes %t')"
+echo "tests/slurm/run.sh: cluster up in $(($(now_ms) - t0)) ms: $(sinfo -h -o '%D nodes %t')," \
+  "slurmctld on port ${ZS_SLURM_PORT:-26817}"
 
 sbatch_script=$root/deploy/slurm/zshard.sbatch
 worker_script=$root/deploy/slurm/zshard-worker.sbatch
@@ -180,8 +193,9 @@ main_pid=$!
 PIDS+=("$main_pid")
 main=$(job_id "$tmp/b.sub") || fail "(b) sbatch printed no job id: $(cat "$tmp/b.sub")"
 # Both worker jobs wait for DIR/coord.endpoint, so they may be submitted at once.
+# (sbatch --wait of a cancelled job may say the job is no longer found: 2> wa.err.)
 timeout -k 10 240 sbatch --wait -o "$tmp/wa.out" "$worker_script" --out "$out" --wait 60 \
-  >"$tmp/wa.sub" &
+  >"$tmp/wa.sub" 2>"$tmp/wa.err" &
 wa_pid=$!
 timeout -k 10 240 sbatch --wait -o "$tmp/wb.out" "$worker_script" --out "$out" --wait 60 \
   >"$tmp/wb.sub" &
