@@ -2,8 +2,8 @@
 # tests/slurm/cluster.sh DIR up|down: a throwaway Slurm cluster under DIR, one slurmctld and
 # three slurmd (emulated nodes n1..n3, all at 127.0.0.1, each on a port of its own), for the
 # tests of deploy/slurm/ (tests/slurm/run.sh; docs/slurm.md).  After `up`, use it with
-# SLURM_CONF=DIR/etc/slurm.conf.  `down` stops every daemon it started (scontrol shutdown,
-# SIGKILL to those still there 5 s later).
+# SLURM_CONF=DIR/etc/slurm.conf.  `down` cancels the jobs, stops every daemon it started and
+# the jobs' slurmstepd (scontrol shutdown, SIGTERM; SIGKILL to those still there 5 s later).
 #
 # Ports: slurmctld on ZS_SLURM_PORT (default 26817), the nodes on the next three, srun on
 # ZS_SLURM_PORT+83..+182: below the kernel's ephemeral range, where the tests' own processes
@@ -34,7 +34,20 @@ up)
   ;;
 down)
   pids=$(cat "$base"/run/*.pid 2>/dev/null || true)
+  # Jobs first, while slurmd still runs to end their steps; then the daemons.  A step's
+  # slurmstepd outlives slurmd, so those still there (their working directory is under
+  # DIR) are killed.
+  scancel --user="$(id -un)" >/dev/null 2>&1 || true
+  for _ in $(seq 50); do
+    [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+    sleep 0.1
+  done
   scontrol shutdown >/dev/null 2>&1 || true
+  for p in $(pgrep -x slurmstepd || true); do
+    case $(readlink "/proc/$p/cwd" 2>/dev/null) in
+    "$base"/*) kill -KILL "$p" 2>/dev/null || true ;;
+    esac
+  done
   alive=
   for _ in $(seq 50); do
     alive=

@@ -250,7 +250,7 @@ no_leftovers "(b)"
 out=$tmp/d
 t0=$(now_ms)
 timeout -k 10 240 sbatch --wait -o "$tmp/d.out" "$sbatch_script" --config "$tmp/elastic.json" \
-  --data "$data" --steps $STEPS --out "$out" >"$tmp/d.sub" &
+  --data "$data" --steps $STEPS --out "$out" --log-level warn >"$tmp/d.sub" &
 d_pid=$!
 PIDS+=("$d_pid")
 d=$(job_id "$tmp/d.sub") || fail "(d) sbatch printed no job id"
@@ -270,5 +270,12 @@ checks=$((checks + 1))
 expect_log "(d)" "$tmp/d.out" "CANCELLED AT .* DUE TO JOB REQUEUE"
 expect_log "(d)" "$tmp/d.out" "restart 1 of job $d: resuming from $out/checkpoints"
 same_bits "(d)" "$out" "$tmp/train"
+# --log-level warn reaches servers and workers; the coordinator still logs at info (the
+# script reads its endpoint there).
+checks=$((checks + 2))
+! grep -q ' INFO ' "$out/logs/slurm-$d/server-0.log" "$out/logs/slurm-$d/worker-0.log" ||
+  fail "(d) --log-level warn: INFO lines in the server's or worker's log"
+grep -q ' INFO coord: listening on' "$out/logs/slurm-$d.1/coord.log" ||
+  fail "(d) the restarted run's coordinator log lacks its endpoint: $(tail -n 5 "$out/logs/slurm-$d.1/coord.log")"
 no_leftovers "(d)"
 finish
