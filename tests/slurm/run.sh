@@ -10,6 +10,8 @@
 #   (c) the other one joins, computes chunks and ends with the job (exit 0).
 #   (d) a job requeued (scontrol requeue) after a checkpoint resumes from it when Slurm runs
 #       it again: the same bits again.
+#   (e) a job whose coordinator is killed (SIGKILL) after a checkpoint requeues itself
+#       (--requeue-on-failure 1) and resumes: the same bits again.
 # Installs Slurm's Debian packages first (deploy/install-deps.sh --slurm); if they cannot be
 # installed, says so and exits 0 (skipped).  The exit status is 1 if a check failed.
 set -euo pipefail
@@ -278,4 +280,31 @@ checks=$((checks + 2))
 grep -q ' INFO coord: listening on' "$out/logs/slurm-$d.1/coord.log" ||
   fail "(d) the restarted run's coordinator log lacks its endpoint: $(tail -n 5 "$out/logs/slurm-$d.1/coord.log")"
 no_leftovers "(d)"
+# ---- (e) the coordinator killed after a checkpoint: --requeue-on-failure requeues the job ----
+out=$tmp/e
+t0=$(now_ms)
+timeout -k 10 240 sbatch --wait -o "$tmp/e.out" "$sbatch_script" --config "$tmp/elastic.json" \
+  --data "$data" --steps $STEPS --out "$out" --requeue-on-failure 1 >"$tmp/e.sub" &
+e_pid=$!
+PIDS+=("$e_pid")
+e=$(job_id "$tmp/e.sub") || fail "(e) sbatch printed no job id"
+checks=$((checks + 1))
+wait_until 60 test -s "$out/checkpoints/latest" || fail "(e) no checkpoint after 60 s"
+# The coordinator's pid, from its log's first line ("... zshard[PID] INFO coord: listening").
+coord_pid=$(sed -nE '1s/.* zshard\[([0-9]+)\] .*/\1/p' "$out/logs/slurm-$e/coord.log")
+checks=$((checks + 1))
+if [ -n "$coord_pid" ] && kill -KILL "$coord_pid"; then
+  echo "(e) job $e: coordinator (pid $coord_pid) killed at step $(last_step "$out")"
+else
+  fail "(e) no coordinator pid in $out/logs/slurm-$e/coord.log"
+fi
+rc=0
+wait "$e_pid" || rc=$?
+echo "(e) job $e after requeueing itself: exit $rc; in all $(($(now_ms) - t0)) ms"
+checks=$((checks + 1))
+[ $rc -eq 0 ] || fail "(e) exit $rc: $(tail -n 20 "$tmp/e.out")"
+expect_log "(e)" "$tmp/e.out" "the run failed \(exit [0-9]+\); requeueing job $e \(restart 1 of at most 1\)"
+expect_log "(e)" "$tmp/e.out" "restart 1 of job $e: resuming from $out/checkpoints"
+same_bits "(e)" "$out" "$tmp/train"
+no_leftovers "(e)"
 finish
