@@ -103,19 +103,42 @@ no_leftovers() {
   fi
 }
 
-# job_id FILE: the job id sbatch printed into FILE ("Submitted batch job N"), polled for 10 s.
-job_id() {
-  local end=$(($(now_ms) + 10000)) id=
-  while [ -z "$id" ]; do
-    id=$(sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' "$1" 2>/dev/null)
-    [ -n "$id" ] || [ "$(now_ms)" -lt $end ] || return 1
-    [ -n "$id" ] || sleep 0.05
-  done
-  echo "$id"
+# submit NAME SBATCH_ARGS...: sbatch --parsable, output in $tmp/NAME.out; sets JOB (empty, and
+# a failed check, if sbatch refused).
+submit() {
+  local name=$1
+  shift
+  JOB=$(sbatch --parsable -o "$tmp/$name.out" "$@" 2>"$tmp/$name.sub") || JOB=
+  JOB=${JOB%%;*}
+  [ -n "$JOB" ] || fail "$name: sbatch refused: $(cat "$tmp/$name.sub")"
 }
 
-# job_gone ID: squeue no longer lists the job.
-job_gone() { [ -z "$(squeue -h -j "$1" -o %i 2>/dev/null)" ]; }
+# job_wait ID SECONDS [RESTARTS]: polls every 200 ms until every component of job ID has ended
+# after at least RESTARTS requeues (default 0); sets RC to its batch script's exit status
+# (128 + the signal if a signal ended it).  1 (RC=124) if that did not happen in SECONDS.
+# Not `sbatch --wait`: it polls at growing intervals (up to ~30 s late here).
+job_wait() {
+  local id=$1 end=$(($(now_ms) + $2 * 1000)) min=${3:-0} info code
+  RC=124
+  while :; do
+    info=$(scontrol show job -o "$id" 2>/dev/null | head -n 1) || info=
+    if [ -n "$info" ] && job_gone "$id" &&
+      [ "$(sed -nE 's/.* Restarts=([0-9]+) .*/\1/p' <<<"$info")" -ge "$min" ]; then
+      code=$(sed -nE 's/.* ExitCode=([0-9]+:[0-9]+) .*/\1/p' <<<"$info")
+      RC=${code%:*}
+      [ "${code#*:}" = 0 ] || RC=$((128 + ${code#*:}))
+      return 0
+    fi
+    [ "$(now_ms)" -lt $end ] || return 1
+    sleep 0.2
+  done
+}
+
+# job_gone ID: every component of the job has ended (or its record is gone).
+job_gone() {
+  ! scontrol show job -o "$1" 2>/dev/null |
+    grep -qE 'JobState=(PENDING|CONFIGURING|RUNNING|COMPLETING|SUSPENDED|REQUEUE|RESIZING)'
+}
 
 # last_step DIR: the step of DIR/metrics.jsonl's last line (0 if none).
 last_step() {
@@ -189,22 +212,13 @@ sed -e 's/"gradient_clipping"/"elasticity": {"enabled": true}, "checkpoint": {"i
   --out "$tmp/train" 2>"$tmp/train.err" || fail "zshard train: $(tail -n 3 "$tmp/train.err")"
 out=$tmp/b
 t0=$(now_ms)
-timeout -k 10 240 sbatch --wait -o "$tmp/b.out" "$sbatch_script" --config "$tmp/elastic.json" \
-  --data "$data" --steps $STEPS --out "$out" >"$tmp/b.sub" &
-main_pid=$!
-PIDS+=("$main_pid")
-main=$(job_id "$tmp/b.sub") || fail "(b) sbatch printed no job id: $(cat "$tmp/b.sub")"
+submit b "$sbatch_script" --config "$tmp/elastic.json" --data "$data" --steps $STEPS --out "$out"
+main=$JOB
 # Both worker jobs wait for DIR/coord.endpoint, so they may be submitted at once.
-# (sbatch --wait of a cancelled job may say the job is no longer found: 2> wa.err.)
-timeout -k 10 240 sbatch --wait -o "$tmp/wa.out" "$worker_script" --out "$out" --wait 60 \
-  >"$tmp/wa.sub" 2>"$tmp/wa.err" &
-wa_pid=$!
-timeout -k 10 240 sbatch --wait -o "$tmp/wb.out" "$worker_script" --out "$out" --wait 60 \
-  >"$tmp/wb.sub" &
-wb_pid=$!
-PIDS+=("$wa_pid" "$wb_pid")
-wa=$(job_id "$tmp/wa.sub") || fail "(b) worker job A: no job id"
-wb=$(job_id "$tmp/wb.sub") || fail "(c) worker job B: no job id"
+submit wa "$worker_script" --out "$out" --wait 60
+wa=$JOB
+submit wb "$worker_script" --out "$out" --wait 60
+wb=$JOB
 echo "(b) main job $main, worker jobs $wa (cancelled once it computed chunks) and $wb"
 checks=$((checks + 1))
 wait_until 30 test -s "$out/coord.endpoint" || fail "(b) no $out/coord.endpoint after 30 s"
@@ -232,17 +246,16 @@ echo "(b) worker job $wa cancelled at step $at; gone by step $gone_at of $STEPS"
 checks=$((checks + 1))
 [ "$gone_at" -lt $STEPS ] ||
   fail "(b) the run ended (step $gone_at) before the cancelled worker job was gone: make STEPS larger"
-rc=0
-wait "$main_pid" || rc=$?
+job_wait "$main" 240 || fail "(b) main job $main still running after 240 s"
+rc=$RC
 echo "(b) main job $main: exit $rc, $STEPS steps in $(($(now_ms) - t0)) ms"
 checks=$((checks + 1))
 [ $rc -eq 0 ] || fail "(b) main job exit $rc: $(tail -n 20 "$tmp/b.out")"
 same_bits "(b)" "$out" "$tmp/train"
-rc=0
-wait "$wb_pid" || rc=$?
+job_wait "$wb" 30 || fail "(c) worker job $wb still running 30 s after the main job ended"
+rc=$RC
 checks=$((checks + 1))
 [ $rc -eq 0 ] || fail "(c) worker job $wb, which stayed to the end: exit $rc: $(tail -n 5 "$tmp/wb.out")"
-wait "$wa_pid" || true
 checks=$((checks + 1))
 grep -qE '"workers": 3[,}]' "$out/metrics.jsonl" ||
   fail "(c) no step had 3 workers (the job's own and both worker jobs')"
@@ -251,11 +264,9 @@ no_leftovers "(b)"
 # ---- (d) requeued after a checkpoint (scontrol requeue): resumes, same bits ----
 out=$tmp/d
 t0=$(now_ms)
-timeout -k 10 240 sbatch --wait -o "$tmp/d.out" "$sbatch_script" --config "$tmp/elastic.json" \
-  --data "$data" --steps $STEPS --out "$out" --log-level warn >"$tmp/d.sub" &
-d_pid=$!
-PIDS+=("$d_pid")
-d=$(job_id "$tmp/d.sub") || fail "(d) sbatch printed no job id"
+submit d "$sbatch_script" --config "$tmp/elastic.json" --data "$data" --steps $STEPS \
+  --out "$out" --log-level warn
+d=$JOB
 checks=$((checks + 1))
 wait_until 60 test -s "$out/checkpoints/latest" || fail "(d) no checkpoint after 60 s"
 scontrol requeue "$d"
@@ -263,9 +274,8 @@ requeued_at=$(last_step "$out")
 echo "(d) job $d requeued at step $requeued_at, checkpoint $(cat "$out/checkpoints/latest" 2>&1)"
 checks=$((checks + 1))
 [ "$requeued_at" -lt $STEPS ] || fail "(d) the run had ended (step $requeued_at) before the requeue"
-# sbatch --wait follows the job through its requeue and exits with the final run's status.
-rc=0
-wait "$d_pid" || rc=$?
+job_wait "$d" 240 1 || fail "(d) job $d not ended after a restart within 240 s"
+rc=$RC
 echo "(d) job $d after its requeue: exit $rc; in all $(($(now_ms) - t0)) ms"
 checks=$((checks + 1))
 [ $rc -eq 0 ] || fail "(d) requeued job: exit $rc: $(tail -n 20 "$tmp/d.out")"
@@ -283,11 +293,9 @@ no_leftovers "(d)"
 # ---- (e) the coordinator killed after a checkpoint: --requeue-on-failure requeues the job ----
 out=$tmp/e
 t0=$(now_ms)
-timeout -k 10 240 sbatch --wait -o "$tmp/e.out" "$sbatch_script" --config "$tmp/elastic.json" \
-  --data "$data" --steps $STEPS --out "$out" --requeue-on-failure 1 >"$tmp/e.sub" &
-e_pid=$!
-PIDS+=("$e_pid")
-e=$(job_id "$tmp/e.sub") || fail "(e) sbatch printed no job id"
+submit e "$sbatch_script" --config "$tmp/elastic.json" --data "$data" --steps $STEPS \
+  --out "$out" --requeue-on-failure 1
+e=$JOB
 checks=$((checks + 1))
 wait_until 60 test -s "$out/checkpoints/latest" || fail "(e) no checkpoint after 60 s"
 # The coordinator's pid, from its log's first line ("... zshard[PID] INFO coord: listening").
@@ -298,8 +306,8 @@ if [ -n "$coord_pid" ] && kill -KILL "$coord_pid"; then
 else
   fail "(e) no coordinator pid in $out/logs/slurm-$e/coord.log"
 fi
-rc=0
-wait "$e_pid" || rc=$?
+job_wait "$e" 240 1 || fail "(e) job $e not ended after a restart within 240 s"
+rc=$RC
 echo "(e) job $e after requeueing itself: exit $rc; in all $(($(now_ms) - t0)) ms"
 checks=$((checks + 1))
 [ $rc -eq 0 ] || fail "(e) exit $rc: $(tail -n 20 "$tmp/e.out")"
