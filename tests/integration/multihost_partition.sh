@@ -14,6 +14,8 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/../multihost/netns.sh"
 why=$(mh_can 2>&1) || { echo "multihost_partition: skipped: $why"; exit 77; }
 trap 'mh_kill_all; mh_down' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 STEPS=60
 TIMEOUT_MS=1000
 
