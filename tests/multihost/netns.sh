@@ -56,13 +56,22 @@ mh_can() {
   return $ok
 }
 
+# mh_has_netem: whether this kernel has netem (sch_netem), tried on a scratch namespace's lo.
+mh_has_netem() {
+  local probe="$MH_PREFIX-netem" ok=1
+  ip netns add "$probe" 2>/dev/null || return 1
+  tc -n "$probe" qdisc add dev lo root netem delay 1ms 2>/dev/null && ok=0
+  ip netns del "$probe"
+  return $ok
+}
+
 # mh_shape NS DEV RATE DELAY LOSS: the root qdisc of DEV in NS.
 mh_shape() {
   local ns=$1 dev=$2 rate=$3 delay=$4 loss=$5
   [ -n "$rate" ] || [ -n "$delay" ] || [ -n "$loss" ] || return 0
   if [ -n "$delay" ] || [ -n "$loss" ]; then
     # netem's own rate; a limit large enough for a window at that rate.
-    ip netns exec "$ns" tc qdisc replace dev "$dev" root netem limit 100000 \
+    tc -n "$ns" qdisc replace dev "$dev" root netem limit 100000 \
       ${delay:+delay "$delay"} ${loss:+loss "$loss"} ${rate:+rate "$rate"} || {
       echo "mh_up: tc netem failed on $ns $dev (no sch_netem in this kernel?)" >&2
       return 1
@@ -73,7 +82,7 @@ mh_shape() {
     bits=$(mh_rate_bits "$rate") || return 1
     local burst=$((bits / 8 / 1000))
     [ $burst -ge 131072 ] || burst=131072
-    ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" \
+    tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" \
       latency 20ms || {
       echo "mh_up: tc tbf failed on $ns $dev" >&2
       return 1
@@ -173,7 +182,7 @@ mh_bytes() {
 }
 
 # mh_job_start ZSHARD CONFIG DATA STEPS OUT LOGS S W: a job over the namespaces of mh_up S W:
-# `zshard coord` in c on 10.77.0.1:7000, `zshard server` in s<i> (data plane on its own
+# `zshard coord` in c on 10.77.0.1:7000, `zshard server` in s<i> (data plane over TCP on its own
 # address), `zshard worker` in w<i>, each with 1 thread, stderr in LOGS/<name>.log; the job's
 # secret from ZSHARD_SECRET_FILE.  Sets MH_PIDS (the coordinator's first) and MH_COORD.  Fails
 # when the coordinator does not say it listens within 15 s.
@@ -197,7 +206,7 @@ mh_job_start() {
   }
   for ((i = 1; i <= S; i++)); do
     (mh_exec "s$i" "$zs" server --coord tcp://10.77.0.1:7000 --listen "$(mh_addr "s$i"):0" \
-      --threads 1) 2>"$logs/s$i.log" &
+      --threads 1 --transport tcp) 2>"$logs/s$i.log" &
     MH_PIDS+=($!)
   done
   for ((i = 1; i <= W; i++)); do
