@@ -27,9 +27,24 @@
 # with the largest |ratio - 1|.  Needs root.  Takes about 1-2 minutes.
 #
 # usage: bench/bench_multihost.sh BUILD_DIR [steps=6]
+#
+# With --latency (where the kernel has sch_netem: in the qemu guest of tests/rdma/run.sh,
+#   tests/rdma/run.sh build -- bench/bench_multihost.sh build --latency [steps=8]):
+# the round trips on a step's critical path, measured.  1 server, 1 worker, the test model
+# (tests/data/tiny.json: 2 layers, 2 chunks), unshaped, then with a one-way delay D on every
+# link in both directions (D at each end of a link: a round trip between two hosts is 4 D).
+# R = (step(D) - step(0)) / 4D, D = 20 and 50 ms (large: the guest is slow and noisy), beside
+# the model's count: where a layer's compute takes longer than a round trip (the guest: the
+# layers' fetches hide behind it), what is left is the step's first fetch, its last push's
+# answer and about 4 control-plane messages at the step boundary: about 6.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." >/dev/null && pwd)
-BUILD=$(cd "${1:?usage: bench_multihost.sh BUILD_DIR [steps]}" && pwd)
+BUILD=$(cd "${1:?usage: bench_multihost.sh BUILD_DIR [--latency] [steps]}" && pwd)
+LATENCY=0
+if [ "${2:-}" = --latency ]; then
+  LATENCY=1
+  shift
+fi
 STEPS=${2:-6}
 ZSHARD=$BUILD/zshard
 source "$root/tests/multihost/netns.sh"
@@ -48,6 +63,37 @@ cat >"$WORK/job.json" <<JSON
  "gradient_clipping": 1.0,
  "model": {"n_layer": $L, "n_head": 4, "n_embd": $D, "vocab_size": $V, "block_size": $T}}
 JSON
+
+# latency_point D: median step (ms) of steps 2..N with one-way delay D (ms; 0: no netem).
+latency_point() {
+  local d=$1 name="lat-$1ms"
+  if [ "$d" = 0 ]; then mh_up 1 1; else mh_up 1 1 "" "${d}ms"; fi ||
+    { echo "bench_multihost: mh_up failed" >&2; exit 1; }
+  MH_PIDS=()
+  mh_job_start "$ZSHARD" "$root/tests/data/tiny.json" "$DATA" "$STEPS" "$WORK/$name" "$WORK/$name.logs" 1 1 ||
+    exit 1
+  mh_job_wait 600 || true
+  [ "$MH_RC" = 0 ] || { echo "bench_multihost: $name: coordinator exited $MH_RC" >&2; exit 1; }
+  mh_down
+  python3 -c 'import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])][1:]
+print(statistics.median(r["step_ms"] for r in rows))' "$WORK/$name/metrics.jsonl"
+}
+
+if [ $LATENCY = 1 ]; then
+  mh_has_netem || { echo "bench_multihost: --latency needs netem (sch_netem), which this kernel lacks" >&2; exit 1; }
+  base=$(latency_point 0)
+  echo "no delay: step $base ms"
+  for d in 20 50; do
+    t=$(latency_point $d)
+    python3 -c 'import sys
+base, t, d = map(float, sys.argv[1:])
+rtt = 4 * d
+print(f"one-way delay {d:g} ms a link end (RTT {rtt:g} ms): step {t:.1f} ms, +{t - base:.1f} ms: "
+      f"R = {(t - base) / rtt:.1f} round trips a step (model: about 6)")' "$base" "$t" "$d"
+  done
+  exit 0
+fi
 
 A=$("$BUILD/bench/bench_adamw" 1 4 3 2>/dev/null | sed -nE 's/^bench_adamw: ([0-9.e+]+) params\/s$/\1/p')
 [ -n "$A" ] || { echo "bench_multihost: bench_adamw gave no params/s" >&2; exit 1; }
