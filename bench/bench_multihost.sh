@@ -51,6 +51,8 @@ source "$root/tests/multihost/netns.sh"
 why=$(mh_can 2>&1) || { echo "bench_multihost: cannot run: $why" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/bench_multihost.XXXXXX)
 trap 'mh_kill_all; mh_down; rm -rf "$WORK"' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 "$ZSHARD" keygen "$WORK/secret" 2>/dev/null
 export ZSHARD_SECRET_FILE=$WORK/secret
 DATA=$root/tests/data/tiny.txt
