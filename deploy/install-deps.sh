@@ -4,8 +4,10 @@
 #
 # With --rdma-guest it also installs what tests/rdma/run.sh needs to boot a Debian kernel in
 # qemu with soft-RoCE devices (docs/testing.md); those come without apt's recommended
-# packages, which for qemu would pull in a desktop's worth of GUI libraries.  With --slurm, what
-# tests/slurm/run.sh needs to run a private Slurm cluster (docs/slurm.md), also without them.
+# packages, which for qemu would pull in a desktop's worth of GUI libraries.
+# With --tests, the tools only the test suite uses (tests/run.sh passes it), also without them.
+# With --slurm, what tests/slurm/run.sh needs to run a private Slurm cluster (docs/slurm.md),
+# also without them.
 #
 # Everything this script and the programs it runs print goes to stderr.  deploy/build.sh
 # runs it, and callers capture build.sh's stdout as the build directory
@@ -15,13 +17,15 @@ exec 1>&2
 set -euo pipefail
 
 rdma_guest=0
+tests=0
 slurm=0
 for arg in "$@"; do
   case $arg in
     --rdma-guest) rdma_guest=1 ;;
+    --tests) tests=1 ;;
     --slurm) slurm=1 ;;
     *)
-      echo "zshard: install-deps.sh: unknown option '$arg' (the options are --rdma-guest and --slurm)" >&2
+      echo "zshard: install-deps.sh: unknown option '$arg' (they are --rdma-guest, --tests and --slurm)" >&2
       exit 2
       ;;
   esac
@@ -40,6 +44,7 @@ packages=(
   clang libomp-dev     # the libFuzzer targets
   clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
   python3              # the integration tests' file edits and JSON checks (nonfinite.sh, checkpoint_*.sh)
+  iproute2             # ip and tc: the emulated multi-host tests' namespaces, bridge and shaping
 )
 
 # The test guest of tests/rdma/run.sh: a stock kernel booted by qemu from a busybox initramfs,
@@ -52,6 +57,13 @@ guest_packages=(
   iproute2             # ip (veth pair) and rdma (soft-RoCE links) inside the guest
   rdma-core ibverbs-utils ibverbs-providers   # ibv_devinfo, ibv_rc_pingpong, the rxe provider
   rdmacm-utils         # rping, for tests of the rdma_cm connection path
+)
+
+# Tools only the test suite runs (tests/run.sh asks for them with --tests), without apt's
+# recommended packages.
+test_packages=(
+  systemd              # systemd-analyze verify of deploy/systemd (tests/integration/systemd_units.sh)
+  python3-kubernetes python3-yaml   # the offline schema check of deploy/k8s (k8s_manifests.sh)
 )
 
 # tests/slurm/run.sh: slurmctld and slurmd for a private cluster on loopback, sbatch and the other
@@ -69,21 +81,17 @@ missing_of() {
   done
 }
 
-missing_of "${packages[@]}"
+# The groups installed without recommended packages: the guest's, the tests' tools, Slurm's.
+lean=()
+[ $rdma_guest -eq 0 ] || lean+=("${guest_packages[@]}")
+[ $tests -eq 0 ] || lean+=("${test_packages[@]}")
+[ $slurm -eq 0 ] || lean+=("${slurm_packages[@]}")
 guest_missing=()
-if [ $rdma_guest -eq 1 ]; then
-  base_missing=("${missing[@]}")
-  missing_of "${guest_packages[@]}"
+if [ ${#lean[@]} -gt 0 ]; then
+  missing_of "${lean[@]}"
   guest_missing=("${missing[@]}")
-  missing=("${base_missing[@]}")
 fi
-if [ $slurm -eq 1 ]; then
-  # Installed, like the guest's packages, without recommended packages.
-  base_missing=("${missing[@]}")
-  missing_of "${slurm_packages[@]}"
-  guest_missing+=("${missing[@]}")
-  missing=("${base_missing[@]}")
-fi
+missing_of "${packages[@]}"
 if [ ${#missing[@]} -eq 0 ] && [ ${#guest_missing[@]} -eq 0 ]; then
   exit 0
 fi
@@ -99,25 +107,22 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
   sudo_cmd=(sudo)
 fi
-# Engineers sharing a machine install through the same lock, so that one's apt-get does not
-# fail on another's dpkg lock.
-lock=()
-if command -v flock >/dev/null; then
-  lock=(flock /tmp/zs-apt.lock)
-fi
-# `env` passes DEBIAN_FRONTEND through sudo, whose env_reset would otherwise drop it.
-if ! "${sudo_cmd[@]}" "${lock[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then
+# `env` passes DEBIAN_FRONTEND through sudo, whose env_reset would otherwise drop it.  Every
+# apt-get holds /tmp/zs-apt.lock (flock, util-linux: essential), which the project's shared
+# machines use so that concurrent installs queue instead of failing on apt's own lock.
+sudo_cmd+=(flock /tmp/zs-apt.lock)
+if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then
   echo "zshard: apt-get update failed (no network, or a broken /etc/apt/sources.list?);" \
     "cannot install ${all_missing[*]}" >&2
   exit 1
 fi
 if [ ${#missing[@]} -gt 0 ] &&
-  ! "${sudo_cmd[@]}" "${lock[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; then
+  ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; then
   echo "zshard: apt-get install ${missing[*]} failed" >&2
   exit 1
 fi
 if [ ${#guest_missing[@]} -gt 0 ] &&
-  ! "${sudo_cmd[@]}" "${lock[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+  ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
     --no-install-recommends "${guest_missing[@]}"; then
   echo "zshard: apt-get install ${guest_missing[*]} failed" >&2
   exit 1
