@@ -281,6 +281,8 @@ checks=$((checks + 1))
 [ $rc -eq 0 ] || fail "(d) requeued job: exit $rc: $(tail -n 20 "$tmp/d.out")"
 expect_log "(d)" "$tmp/d.out" "CANCELLED AT .* DUE TO JOB REQUEUE"
 expect_log "(d)" "$tmp/d.out" "restart 1 of job $d: resuming from $out/checkpoints"
+# The bits alone would not tell a resume from a fresh start.
+expect_log "(d)" "$out/logs/slurm-$d.1/coord.log" "coord: resuming run [0-9a-f]+ from .*step-0*[1-9][0-9]* \\(step [1-9][0-9]* of $STEPS\\)"
 same_bits "(d)" "$out" "$tmp/train"
 # --log-level warn reaches servers and workers; the coordinator still logs at info (the
 # script reads its endpoint there).
@@ -313,6 +315,8 @@ checks=$((checks + 1))
 [ $rc -eq 0 ] || fail "(e) exit $rc: $(tail -n 20 "$tmp/e.out")"
 expect_log "(e)" "$tmp/e.out" "the run failed \(exit [0-9]+\); requeueing job $e \(restart 1 of at most 1\)"
 expect_log "(e)" "$tmp/e.out" "restart 1 of job $e: resuming from $out/checkpoints"
+# The bits alone would not tell a resume from a fresh start.
+expect_log "(e)" "$out/logs/slurm-$e.1/coord.log" "coord: resuming run [0-9a-f]+ from .*step-0*[1-9][0-9]* \\(step [1-9][0-9]* of $STEPS\\)"
 same_bits "(e)" "$out" "$tmp/train"
 no_leftovers "(e)"
 finish
