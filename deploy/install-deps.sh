@@ -33,10 +33,17 @@ packages=(
   libxxhash-dev        # XXH3 checksums of checkpoint files
   libsodium-dev        # job secrets, key derivation, the data plane's challenge-response
   liburing-dev         # io_uring: the partition servers' NVMe tier (server/nvme.h)
+  libmicrohttpd-dev    # the Prometheus /metrics endpoint (server/metrics_http.h)
   libibverbs-dev ibverbs-providers   # the RDMA data plane (transport/rdma.c): libibverbs and its soft-RoCE provider
   clang libomp-dev     # the libFuzzer targets
   clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
   python3              # the integration tests' file edits and JSON checks (nonfinite.sh, checkpoint_*.sh)
+)
+
+# Test-only tools, installed without apt's recommended packages: prometheus recommends
+# prometheus-node-exporter, a daemon the tests do not need.
+test_tools=(
+  prometheus           # tests/integration/metrics_prometheus.sh scrapes a running job with it
 )
 
 # The test guest of tests/rdma/run.sh: a stock kernel booted by qemu from a busybox initramfs,
@@ -63,13 +70,15 @@ missing_of() {
 }
 
 missing_of "${packages[@]}"
-guest_missing=()
+base_missing=("${missing[@]}")
+# guest_missing: those installed without recommends, the test tools and the guest's.
+norec=("${test_tools[@]}")
 if [ $rdma_guest -eq 1 ]; then
-  base_missing=("${missing[@]}")
-  missing_of "${guest_packages[@]}"
-  guest_missing=("${missing[@]}")
-  missing=("${base_missing[@]}")
+  norec+=("${guest_packages[@]}")
 fi
+missing_of "${norec[@]}"
+guest_missing=("${missing[@]}")
+missing=("${base_missing[@]}")
 if [ ${#missing[@]} -eq 0 ] && [ ${#guest_missing[@]} -eq 0 ]; then
   exit 0
 fi
@@ -84,6 +93,10 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
   fi
   sudo_cmd=(sudo)
+fi
+# Engineers sharing one machine serialize their apt runs on this lock (flock waits for it).
+if command -v flock >/dev/null; then
+  sudo_cmd+=(flock /tmp/zs-apt.lock)
 fi
 # `env` passes DEBIAN_FRONTEND through sudo, whose env_reset would otherwise drop it.
 if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/prom.h"
 #include "proto/ctrl.h"
 
 typedef struct {
@@ -41,6 +42,8 @@ typedef struct {
     long steps;         /* N: the run's total, also when it resumes */
     const char *resume; /* a checkpoint, or a checkpoint directory (meaning its newest valid
                            one), to continue from; NULL: a fresh start */
+    zs_prom *prom;      /* the registry the coordinator's zshard_* series go into (a scrape
+                           endpoint reads it, server/metrics_http.h); NULL: none */
 } zs_coord_opts;
 
 typedef struct zs_coord zs_coord;
