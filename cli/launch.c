@@ -26,6 +26,12 @@
  * naming the failed child and its last lines.  A second signal sends SIGKILL at once.  A
  * launcher killed outright takes its children with it (PR_SET_PDEATHSIG, see procs.h).
  *
+ * --metrics HOST:PORT: the coordinator serves Prometheus metrics at HOST:PORT and server i at
+ * HOST:PORT+i (port 0: each a free one).  Each child prints "metrics: http://HOST:PORT/metrics";
+ * the launcher writes those addresses to OUT/metrics-targets.json (Prometheus file_sd) as they
+ * come, and looks for the coordinator's control port among its listening sockets only once it
+ * knows which one is the metrics port.
+ *
  * Elastic mode (the config's "elasticity": {"enabled": true}, or --elastic-script): a worker
  * that exits or dies is an event, not a failure: the coordinator gives its chunks to the
  * others, and with no worker left the job waits for one.  Coordinator and server failures stay
