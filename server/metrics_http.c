@@ -13,6 +13,8 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +182,14 @@ zs_err zs_metrics_http_start(const char *addr, zs_prom *reg, zs_metrics_http **o
     zs_err res = bind_addr(addr, &h->fd, &h->port, h->target, sizeof h->target);
     if (res != ZS_OK)
         goto fail;
+    /* The daemon's thread takes our signal mask: it blocks the signals that stop a process,
+     * so that they reach the loop's thread and interrupt its wait, not this idle one. */
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &stop, &old);
     /* No MHD_USE_ERROR_LOG: what clients do wrong is theirs, and would fill our log. */
     h->daemon = MHD_start_daemon(
         MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, on_request, h,
@@ -187,6 +197,7 @@ zs_err zs_metrics_http_start(const char *addr, zs_prom *reg, zs_metrics_http **o
         (unsigned)MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)MAX_PER_IP,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)CONNECTION_MEMORY, MHD_OPTION_END);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!h->daemon) {
         res = zs_error(ZS_ERR_IO, "metrics address \"%s\": libmicrohttpd could not start", addr);
         goto fail;
