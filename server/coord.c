@@ -1818,6 +1818,9 @@ static void prom_refresh(coord *co, uint64_t now)
         zs_prom_set(co->prom.hb_age[ro], (double)oldest[ro] / 1e3);
     }
     zs_prom_set(co->prom.workers_live, co->cs ? zs_coord_live_workers(co->cs) : 0);
+    /* After a recovery the steps since the checkpoint run again: the step goes back. */
+    if (co->cs)
+        zs_prom_set(co->prom.step, (double)zs_coord_step(co->cs));
     if (co->prom.ckpt_at > 0)
         zs_prom_set(co->prom.ckpt_age, zs_now_s() - co->prom.ckpt_at);
 }

@@ -936,11 +936,11 @@ static void on_push_done(server *sv, int slot, zs_err err)
                           .length = 0};
             if (s->conn && !sv->ops->conn_closed(s->conn))
                 sv->ops->isend(s->conn, &r, NULL, 0, NULL, NULL);
-            if (st == ZS_FS_DUPLICATE)
+            if (st == ZS_FS_DUPLICATE) {
                 zs_prom_add(sv->prom.refused[ZS_FS_DUPLICATE], 1);
-            if (st == ZS_FS_DUPLICATE)
                 ZS_DEBUG("server %u: duplicate push dropped (step %llu chunk %u)", sv->id,
                          (unsigned long long)s->frame.step, s->frame.chunk);
+            }
         } else if (s->conn && !sv->ops->conn_closed(s->conn)) {
             reply_error(sv, s->conn, &s->frame, st, why);
         }
@@ -1293,7 +1293,6 @@ static const char *ckpt_in_place(server *sv, long v, char *dir, size_t n)
     return dir;
 }
 
-/* Applies a pending verdict once no send reads the weights any more, then publishes. */
 /* The series that show the state after an apply or a new map: the version, the fetches held
  * for the next one, the replica, and what the NVMe tier read and wrote since last time. */
 static void prom_state(server *sv)
@@ -1318,6 +1317,7 @@ static void prom_state(server *sv)
     }
 }
 
+/* Applies a pending verdict once no send reads the weights any more, then publishes. */
 static void maybe_apply(server *sv)
 {
     /* Fetches waiting for the NVMe window are for this version: served first. */
