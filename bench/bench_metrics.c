@@ -150,7 +150,10 @@ int main(int argc, char **argv)
         pid_t p = start(oargv, olog);
         if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0 ||
             read_steps(odir, off, &n_off) < 2) {
-            fprintf(stderr, "bench_metrics: zshard launch failed (log %s)\n", olog);
+            fprintf(stderr, "bench_metrics: zshard launch failed; the end of its log:\n");
+            snprintf(cmd, sizeof cmd, "tail -n 20 %s >&2", olog);
+            if (system(cmd) != 0)
+                fprintf(stderr, "bench_metrics: cannot show %s\n", olog);
             goto out;
         }
         p = start(margv, mlog);
@@ -171,7 +174,10 @@ int main(int argc, char **argv)
             nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
         }
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || read_steps(mdir, on, &n_on) < 2) {
-            fprintf(stderr, "bench_metrics: zshard launch --metrics failed (log %s)\n", mlog);
+            fprintf(stderr, "bench_metrics: zshard launch --metrics failed; the end of its log:\n");
+            snprintf(cmd, sizeof cmd, "tail -n 20 %s >&2", mlog);
+            if (system(cmd) != 0)
+                fprintf(stderr, "bench_metrics: cannot show %s\n", mlog);
             goto out;
         }
         snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", odir, mdir);
