@@ -10,8 +10,8 @@
 
 static const char coord_usage[] =
     "usage: zshard coord --listen tcp://HOST:PORT --config CFG.json --servers S --data PATH\n"
-    "                    --steps N --out DIR [--resume CKPT] [--secret FILE | --insecure]\n"
-    "                    [--metrics HOST:PORT] [--log-level LEVEL]\n"
+    "                    --steps N --out DIR [--resume CKPT | --resume-if-any DIR]\n"
+    "                    [--secret FILE | --insecure] [--metrics HOST:PORT] [--log-level LEVEL]\n"
     "\n"
     "Runs the coordinator: membership, the shard map and the step state of a job; writes\n"
     "DIR/metrics.jsonl, commits the servers' checkpoints (checkpoint.dir, default\n"
@@ -27,7 +27,12 @@ static const char coord_usage[] =
     "  --resume CKPT             continue from a checkpoint (a step-* directory), or from the\n"
     "                            newest valid checkpoint of a checkpoint directory, on any\n"
     "                            number of servers; metrics.jsonl keeps its lines up to "
-    "it\n" ZS_CLI_SECRET_USAGE ZS_CLI_METRICS_USAGE
+    "it\n"
+    "  --resume-if-any DIR       as --resume DIR when DIR holds a checkpoint (a latest file or\n"
+    "                            a step-* directory; the newest valid one is taken, and none\n"
+    "                            valid is an error), else a fresh start: for a service or a\n"
+    "                            batch job that is restarted (deploy/systemd, "
+    "deploy/slurm)\n" ZS_CLI_SECRET_USAGE ZS_CLI_METRICS_USAGE
     "  --log-level LEVEL         error, warn, info (default) or debug\n"
     "  -h, --help                this text\n";
 
@@ -40,6 +45,7 @@ int zs_cmd_coord(int argc, char **argv)
                                          {"steps", required_argument, NULL, 's'},
                                          {"out", required_argument, NULL, 'o'},
                                          {"resume", required_argument, NULL, 'r'},
+                                         {"resume-if-any", required_argument, NULL, 'R'},
                                          {"log-level", required_argument, NULL, 'L'},
                                          {"metrics", required_argument, NULL, 'M'},
                                          {"help", no_argument, NULL, 'h'},
@@ -68,7 +74,9 @@ int zs_cmd_coord(int argc, char **argv)
             o.out_dir = optarg;
             break;
         case 'r':
+        case 'R':
             o.resume = optarg;
+            o.resume_if_any = c == 'R';
             break;
         case 'M':
             metrics = optarg;

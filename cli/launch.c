@@ -79,8 +79,8 @@
 static const char launch_usage[] =
     "usage: zshard launch --config CFG.json --data PATH --steps N --servers S --workers W\n"
     "                     --out DIR [--threads T] [--bind HOST] [--log-level LEVEL]\n"
-    "                     [--elastic-script FILE] [--resume CKPT] [--replacements N]\n"
-    "                     [--secret FILE | --insecure] [--metrics HOST:PORT]\n"
+    "                     [--elastic-script FILE] [--resume CKPT | --resume-if-any DIR]\n"
+    "                     [--replacements N] [--secret FILE | --insecure] [--metrics HOST:PORT]\n"
     "\n"
     "Runs a whole job on this host: the coordinator, S partition servers and W workers, as\n"
     "child processes.  Writes what 'zshard train' writes (DIR/metrics.jsonl,\n"
@@ -105,6 +105,9 @@ static const char launch_usage[] =
     "  --resume CKPT      continue a run from a checkpoint (a step-* directory, or a\n"
     "                     checkpoint directory: its newest valid one), on any number of\n"
     "                     servers; the result is bitwise that of the run never stopped\n"
+    "  --resume-if-any DIR\n"
+    "                     as --resume DIR when DIR holds a checkpoint, else a fresh start\n"
+    "                     (a batch job that is requeued: deploy/slurm)\n"
     "  --replacements N   servers started over the run in place of lost ones (default S):\n"
     "                     each registers as a spare, which the coordinator takes in at its\n"
     "                     next recovery from a checkpoint; 0: the job goes on with the\n"
@@ -163,6 +166,7 @@ typedef struct {
     zs_secret secret;        /* the job's: its file (secret.path) goes to every child */
     long steps, servers, workers, threads; /* threads: 0 = divide the CPUs */
     int elastic;                           /* a worker's exit is an event, not a failure */
+    int resume_if_any;                     /* resume: --resume-if-any, not --resume */
     zs_cluster_config cluster; /* the config's cluster block: the servers' transport options */
 
     zs_proc *procs;      /* [n_procs]: coord, servers 1..S, workers 1..W, then the script's */
@@ -407,7 +411,7 @@ static int start_coord(launch *L)
     arg(&a, "--out");
     arg(&a, "%s", L->out);
     if (L->resume) {
-        arg(&a, "--resume");
+        arg(&a, L->resume_if_any ? "--resume-if-any" : "--resume");
         arg(&a, "%s", L->resume);
     }
     if (L->metrics_host) {
@@ -1169,6 +1173,7 @@ int zs_cmd_launch(int argc, char **argv)
                                          {"help", no_argument, NULL, 'h'},
                                          {"elastic-script", required_argument, NULL, 'e'},
                                          {"resume", required_argument, NULL, 'r'},
+                                         {"resume-if-any", required_argument, NULL, 'A'},
                                          {"replacements", required_argument, NULL, 'R'},
                                          {"metrics", required_argument, NULL, 'M'},
                                          ZS_CLI_SECRET_OPTIONS,
@@ -1205,7 +1210,9 @@ int zs_cmd_launch(int argc, char **argv)
             L.script_path = optarg;
             break;
         case 'r':
+        case 'A':
             L.resume = optarg;
+            L.resume_if_any = c == 'A';
             break;
         case 'M': {
             /* HOST:PORT; the servers' ports follow the coordinator's, so all must fit. */

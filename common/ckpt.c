@@ -1406,6 +1406,37 @@ static zs_err read_latest(const char *path, char *name, size_t n)
     return res;
 }
 
+zs_err zs_ckpt_present(const char *path, int *any)
+{
+    *any = 0;
+    if (!path || !*path)
+        return zs_error(ZS_ERR_INVALID, "checkpoint: no path given");
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return ZS_OK;
+        return zs_error(ZS_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: not a directory (a step directory or a checkpoint directory)", path);
+    char file[CKPT_PATH];
+    const char *names[] = {"manifest.json", "latest"};
+    for (int i = 0; i < 2; i++) {
+        ZS_CHECK(join(file, sizeof file, path, names[i]));
+        if (access(file, F_OK) == 0) {
+            *any = 1;
+            return ZS_OK;
+        }
+    }
+    step_entry *steps;
+    int n;
+    ZS_CHECK(list_steps(path, &steps, &n));
+    free(steps);
+    *any = n > 0;
+    return ZS_OK;
+}
+
 zs_err zs_ckpt_resolve(const char *path, zs_ckpt *ck)
 {
     memset(ck, 0, sizeof *ck);

@@ -149,6 +149,15 @@ void zs_ckpt_close(zs_ckpt *ck);
  */
 zs_err zs_ckpt_resolve(const char *path, zs_ckpt *ck);
 
+/*
+ * Whether path holds anything a resume would try (*any = 1): a `latest` file, a step-*
+ * directory, or a manifest.json (path is a step directory).  A path that does not exist, or
+ * an empty directory, is *any = 0: nothing was committed there yet.  Whether those are valid
+ * is zs_ckpt_resolve's to say; a restarted job uses this to tell "start fresh" from "resume",
+ * so a damaged checkpoint is never mistaken for none.  Fails when path cannot be read.
+ */
+zs_err zs_ckpt_present(const char *path, int *any);
+
 /* Reads every shard file whole and checks its size, header and all three checksums. */
 zs_err zs_ckpt_verify(const zs_ckpt *ck);
 

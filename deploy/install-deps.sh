@@ -5,6 +5,7 @@
 # With --rdma-guest it also installs what tests/rdma/run.sh needs to boot a Debian kernel in
 # qemu with soft-RoCE devices (docs/testing.md); those come without apt's recommended
 # packages, which for qemu would pull in a desktop's worth of GUI libraries.
+# With --tests, the tools only the test suite uses (tests/run.sh passes it), also without them.
 #
 # Everything this script and the programs it runs print goes to stderr.  deploy/build.sh
 # runs it, and callers capture build.sh's stdout as the build directory
@@ -14,11 +15,13 @@ exec 1>&2
 set -euo pipefail
 
 rdma_guest=0
+tests=0
 for arg in "$@"; do
   case $arg in
     --rdma-guest) rdma_guest=1 ;;
+    --tests) tests=1 ;;
     *)
-      echo "zshard: install-deps.sh: unknown option '$arg' (the only one is --rdma-guest)" >&2
+      echo "zshard: install-deps.sh: unknown option '$arg' (they are --rdma-guest and --tests)" >&2
       exit 2
       ;;
   esac
@@ -40,12 +43,6 @@ packages=(
   python3              # the integration tests' file edits and JSON checks (nonfinite.sh, checkpoint_*.sh)
 )
 
-# Test-only tools, installed without apt's recommended packages: prometheus recommends
-# prometheus-node-exporter, a daemon the tests do not need.
-test_tools=(
-  prometheus           # tests/integration/metrics_prometheus.sh scrapes a running job with it
-)
-
 # The test guest of tests/rdma/run.sh: a stock kernel booted by qemu from a busybox initramfs,
 # which then runs the host's own binaries through a 9p view of its root file system.
 guest_packages=(
@@ -56,6 +53,14 @@ guest_packages=(
   iproute2             # ip (veth pair) and rdma (soft-RoCE links) inside the guest
   rdma-core ibverbs-utils ibverbs-providers   # ibv_devinfo, ibv_rc_pingpong, the rxe provider
   rdmacm-utils         # rping, for tests of the rdma_cm connection path
+)
+
+# Tools only the test suite runs (tests/run.sh asks for them with --tests), without apt's
+# recommended packages.
+test_packages=(
+  systemd              # systemd-analyze verify of deploy/systemd (tests/integration/systemd_units.sh)
+  python3-kubernetes python3-yaml   # the offline schema check of deploy/k8s (k8s_manifests.sh)
+  prometheus           # scrapes a running job (metrics_prometheus.sh); without recommends: no node exporter daemon
 )
 
 # missing_of PACKAGE...: sets missing to those not installed (one dpkg-query each).
@@ -69,16 +74,16 @@ missing_of() {
   done
 }
 
-missing_of "${packages[@]}"
-base_missing=("${missing[@]}")
-# guest_missing: those installed without recommends, the test tools and the guest's.
-norec=("${test_tools[@]}")
-if [ $rdma_guest -eq 1 ]; then
-  norec+=("${guest_packages[@]}")
+# The groups installed without recommended packages: the guest's and the tests' tools.
+lean=()
+[ $rdma_guest -eq 0 ] || lean+=("${guest_packages[@]}")
+[ $tests -eq 0 ] || lean+=("${test_packages[@]}")
+guest_missing=()
+if [ ${#lean[@]} -gt 0 ]; then
+  missing_of "${lean[@]}"
+  guest_missing=("${missing[@]}")
 fi
-missing_of "${norec[@]}"
-guest_missing=("${missing[@]}")
-missing=("${base_missing[@]}")
+missing_of "${packages[@]}"
 if [ ${#missing[@]} -eq 0 ] && [ ${#guest_missing[@]} -eq 0 ]; then
   exit 0
 fi

@@ -1623,7 +1623,13 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
 static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
 {
     /* The resume first: a refused one must leave nothing behind (no empty directory). */
-    if (co->opts->resume) {
+    int resume = co->opts->resume != NULL;
+    if (resume && co->opts->resume_if_any) {
+        ZS_CHECK(zs_ckpt_present(co->opts->resume, &resume));
+        if (!resume)
+            ZS_INFO("coord: %s holds no checkpoint yet: a fresh start", co->opts->resume);
+    }
+    if (resume) {
         zs_ckpt ck;
         ZS_CHECK(zs_ckpt_resolve(co->opts->resume, &ck));
         zs_ckpt_info mine = {.steps_total = co->opts->steps,

@@ -42,6 +42,8 @@ typedef struct {
     long steps;         /* N: the run's total, also when it resumes */
     const char *resume; /* a checkpoint, or a checkpoint directory (meaning its newest valid
                            one), to continue from; NULL: a fresh start */
+    int resume_if_any;  /* with resume: a fresh start when it holds no checkpoint at all
+                           (zs_ckpt_present); one it holds must be valid, as without this */
     zs_prom *prom;      /* the registry the coordinator's zshard_* series go into (a scrape
                            endpoint reads it, server/metrics_http.h); NULL: none */
 } zs_coord_opts;

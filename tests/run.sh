@@ -22,6 +22,8 @@ build_dir() {
   printf '%s\n' "$dir"
 }
 
+# The tools only tests use (systemd-analyze, the Kubernetes schema check's modules).
+"$root/deploy/install-deps.sh" --tests
 release=$(build_dir)
 asan=$(build_dir --asan)
 status=0

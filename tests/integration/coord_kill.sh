@@ -2,11 +2,14 @@
 #  1. Processes started by hand (coord, 2 servers, 1 worker): once a checkpoint is committed
 #     the coordinator is killed; the servers and the worker each exit on their own, non-zero,
 #     within cluster.coordinator_timeout_ms (3 s here) plus a margin, saying they heard
-#     nothing from the coordinator.  A new coordinator started with --resume OUT/checkpoints
-#     (same --out and --steps) with 3 servers and a worker finishes the job: zshard train's
-#     bits, and metrics.jsonl holds each step exactly once.
+#     nothing from the coordinator.  Both coordinators run the same command line, with
+#     --resume-if-any OUT/checkpoints, as a service restarted by systemd would: the first
+#     starts fresh (nothing there yet), and the second, with 3 servers and a worker, resumes
+#     from the newest checkpoint and finishes the job: zshard train's bits, and metrics.jsonl
+#     holds each step exactly once.
 #  2. The same under zshard launch: the launcher stops everything and exits 1 naming the
-#     coordinator and the signal; zshard launch --resume OUT/checkpoints then finishes the job
+#     coordinator and the signal; zshard launch --resume-if-any OUT/checkpoints (as a requeued
+#     batch job runs it) then finishes the job
 #     with zshard train's bits.
 #  3. A coordinator killed and a fresh one (no --resume) started on the same port while its
 #     server and worker are stopped (SIGSTOP, so that the restart surely lands within their
@@ -91,7 +94,7 @@ check_bits() {
 K=$((2 * (1 + RANDOM % 6))) # 2, 4, ..., 12
 OUT=$WORK/hand
 MEMBERS=()
-coord_bg hand-coord 'tcp://127.0.0.1:*' --servers 2 --out "$OUT"
+coord_bg hand-coord 'tcp://127.0.0.1:*' --servers 2 --out "$OUT" --resume-if-any "$OUT/checkpoints"
 if [ -n "$EP" ]; then
   member_bg hand-server-1 server
   member_bg hand-server-2 server
@@ -100,6 +103,9 @@ if [ -n "$EP" ]; then
   if ! wait_until 30 ckpt_at_least "$OUT/checkpoints" $K; then
     fail "hand: checkpoint $K never came: $(tail -n 5 "$WORK/hand-coord.log")"
   fi
+  checks=$((checks + 1))
+  grep -qF 'holds no checkpoint yet: a fresh start' "$WORK/hand-coord.log" ||
+    fail "hand: --resume-if-any on an empty directory did not say it starts fresh"
   kill -KILL "$CPID"
   killed_ms=$(now_ms)
   reap "$CPID"
@@ -129,8 +135,11 @@ if [ -n "$EP" ]; then
 
   # The resume: a new coordinator (another port), 3 servers, a worker.
   MEMBERS=()
-  coord_bg hand-resume 'tcp://127.0.0.1:*' --servers 3 --out "$OUT" --resume "$OUT/checkpoints"
+  coord_bg hand-resume 'tcp://127.0.0.1:*' --servers 3 --out "$OUT" --resume-if-any "$OUT/checkpoints"
   if [ -n "$EP" ]; then
+    checks=$((checks + 1))
+    grep -qF "resuming run" "$WORK/hand-resume.log" ||
+      fail "hand: --resume-if-any with checkpoints did not resume: $(tail -n 3 "$WORK/hand-resume.log")"
     member_bg hand-resume-server-1 server
     member_bg hand-resume-server-2 server
     member_bg hand-resume-server-3 server
@@ -218,7 +227,7 @@ grep -qF "coord (pid $COORD) was killed by signal 9" "$WORK/launch.err" ||
   fail "launch: stderr does not name the killed coordinator: $(tail -n 8 "$WORK/launch.err")"
 [ ! -e "$OUT/model.safetensors" ] && [ "$at" -lt $STEPS ] ||
   fail "launch: the run had ended before the kill (latest step $at of $STEPS)"
-launch_bg launch-resume 3 --resume "$OUT/checkpoints"
+launch_bg launch-resume 3 --resume-if-any "$OUT/checkpoints"
 launch_end launch-resume
 checks=$((checks + 2))
 [ $RC -eq 0 ] || fail "launch-resume: exit $RC: $(tail -n 8 "$WORK/launch-resume.err")"

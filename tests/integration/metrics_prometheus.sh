@@ -10,8 +10,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 
 PROMETHEUS=${ZS_PROMETHEUS:-prometheus}
 if ! command -v "$PROMETHEUS" >/dev/null; then
-  echo "metrics_prometheus: skipped: no prometheus binary (deploy/install-deps.sh installs" \
-    "Debian's prometheus package)"
+  echo "metrics_prometheus: skipped: no prometheus binary (deploy/install-deps.sh --tests" \
+    "installs Debian's prometheus package)"
   exit 77
 fi
 

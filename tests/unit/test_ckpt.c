@@ -592,8 +592,26 @@ static void test_resolve(void)
     snprintf(nothing, sizeof nothing, "%s/empty", root);
     CHECK(mkdir(nothing, 0777) == 0);
     CHECK_EQ_INT(zs_ckpt_resolve(nothing, &ck), ZS_ERR_NOTFOUND);
+    /* zs_ckpt_present: an empty or absent directory holds nothing (a fresh start); one whose
+     * checkpoints are all damaged still holds some (the resume must fail, not start over). */
+    int any = -1;
+    CHECK_OK(zs_ckpt_present(nothing, &any));
+    CHECK_EQ_INT(any, 0);
+    CHECK_OK(zs_ckpt_present(dir, &any));
+    CHECK_EQ_INT(any, 1);
+    CHECK_OK(zs_ckpt_present(s3, &any)); /* a step directory */
+    CHECK_EQ_INT(any, 1);
+    char only[PATH_BUF], only_step[PATH_BUF];
+    snprintf(only, sizeof only, "%s/only-a-step-dir", root);
+    CHECK(mkdir(only, 0777) == 0);
+    CHECK_OK(zs_ckpt_step_dir(only, 4, 1, only_step, sizeof only_step));
+    CHECK_OK(zs_ckpt_present(only, &any)); /* an uncommitted step directory counts too */
+    CHECK_EQ_INT(any, 1);
     snprintf(nothing, sizeof nothing, "%s/absent", root);
     CHECK_EQ_INT(zs_ckpt_resolve(nothing, &ck), ZS_ERR_NOTFOUND);
+    CHECK_OK(zs_ckpt_present(nothing, &any));
+    CHECK_EQ_INT(any, 0);
+    CHECK_FAILS_WITH(zs_ckpt_present(shard3, &any), "not a directory");
 }
 
 static int step_exists(const char *dir, long step)
