@@ -41,6 +41,7 @@ packages=(
   clang libomp-dev     # the libFuzzer targets
   clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
   python3              # the integration tests' file edits and JSON checks (nonfinite.sh, checkpoint_*.sh)
+  iproute2             # ip and tc: the emulated multi-host tests' namespaces, bridge and shaping
 )
 
 # The test guest of tests/rdma/run.sh: a stock kernel booted by qemu from a busybox initramfs,
@@ -99,11 +100,10 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
   sudo_cmd=(sudo)
 fi
-# Engineers sharing one machine serialize their apt runs on this lock (flock waits for it).
-if command -v flock >/dev/null; then
-  sudo_cmd+=(flock /tmp/zs-apt.lock)
-fi
-# `env` passes DEBIAN_FRONTEND through sudo, whose env_reset would otherwise drop it.
+# `env` passes DEBIAN_FRONTEND through sudo, whose env_reset would otherwise drop it.  Every
+# apt-get holds /tmp/zs-apt.lock (flock, util-linux: essential), which the project's shared
+# machines use so that concurrent installs queue instead of failing on apt's own lock.
+sudo_cmd+=(flock /tmp/zs-apt.lock)
 if ! "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then
   echo "zshard: apt-get update failed (no network, or a broken /etc/apt/sources.list?);" \
     "cannot install ${all_missing[*]}" >&2

@@ -73,11 +73,12 @@ trap 'exit 143' TERM
 # 9p ones reach the host's files; overlay puts a writable layer on them; veth and rdma_rxe
 # make the fabric; rdma_ucm is rdma_cm's user interface, for tests that connect through it.
 # rdma_rxe needs a "crc32" hash, which only crc32_generic provides in Debian's kernels, and
-# nothing pulls it in, so it is named first.
-modules=(crc32_generic virtio_pci 9pnet_virtio 9p overlay veth rdma_rxe rdma_ucm)
+# nothing pulls it in, so it is named first.  bridge, sch_tbf and sch_netem are for the
+# emulated multi-host tests (tests/multihost/netns.sh: links with delay and loss).
+modules=(crc32_generic virtio_pci 9pnet_virtio 9p overlay veth rdma_rxe rdma_ucm bridge sch_tbf sch_netem)
 # The guest's layout as built below; bump it when build_guest changes what it writes, so
 # that cached guests are rebuilt.
-layout=3
+layout=4
 recipe=$({
   echo "layout $layout modules ${modules[*]}"
   sha256sum <"$here/init.sh"
