@@ -38,14 +38,6 @@ static pid_t start(char *const argv[], const char *log)
     return p;
 }
 
-static double field(const char *line, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : NAN;
-}
-
 /* Adds step_ms of steps 2.. of dir/metrics.jsonl to v[*n]; returns the steps read. */
 static int read_steps(const char *dir, double *v, int *n)
 {
@@ -57,8 +49,8 @@ static int read_steps(const char *dir, double *v, int *n)
     int steps = 0;
     while (fgets(line, sizeof line, f)) {
         steps++;
-        if (field(line, "step") >= 2 && *n < MAX_SAMPLES)
-            v[(*n)++] = field(line, "step_ms");
+        if (zs_bench_field(line, "step") >= 2 && *n < MAX_SAMPLES)
+            v[(*n)++] = zs_bench_field(line, "step_ms");
     }
     fclose(f);
     return steps;
@@ -120,15 +112,8 @@ int main(int argc, char **argv)
         return 1;
     char data[512], cmd[2048];
     snprintf(data, sizeof data, "%s/data.txt", dir);
-    FILE *f = fopen(data, "w");
-    if (!f)
+    if (zs_bench_write_corpus(data) != 0)
         return 1;
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; i < 1 << 20; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        fputc(" etaoinshrdlucmfwypvbgkqjxz\n.,"[x % 30], f);
-    }
-    fclose(f);
 
     static double off[MAX_SAMPLES], on[MAX_SAMPLES];
     int n_off = 0, n_on = 0, rc = 1, same = 1;
