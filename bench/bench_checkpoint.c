@@ -377,15 +377,6 @@ typedef struct {
     int files;
 } launch_result;
 
-/* The number after "key": in line, or NAN. */
-static double field(const char *line, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : NAN;
-}
-
 /* The size and number of the files in dir. */
 static void dir_size(const char *dir, uint64_t *bytes, int *files)
 {
@@ -506,7 +497,7 @@ static int launch_run(const char *zshard, const char *dir, const char *data, con
         r->steps_read++;
         if (strstr(line, "\"checkpoint"))
             r->ckpt_lines++;
-        double s = field(line, "step"), t = field(line, "step_ms");
+        double s = zs_bench_field(line, "step"), t = zs_bench_field(line, "step_ms");
         if (s >= 3 && isfinite(t) && n < MAX_SAMPLES && r->samples < MAX_SAMPLES)
             ms[n++] = r->ms[r->samples++] = t;
     }
@@ -675,20 +666,6 @@ static int recovery_run(const char *zshard, const char *dir, const char *data, c
     char ck[4200];
     snprintf(ck, sizeof ck, "%s/recovery%s-ckpt", dir, tag);
     return rm_tree(out) == 0 && rm_tree(ck) == 0 ? 0 : -1;
-}
-
-/* Writes 1 MB of varied text to path (the speed does not depend on what it says). */
-static int write_corpus(const char *path)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; i < 1 << 20; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        fputc(" etaoinshrdlucmfwypvbgkqjxz\n.,"[x % 30], f);
-    }
-    return fclose(f);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -922,7 +899,7 @@ int main(int argc, char **argv)
     if (atoi(steps) > 0) {
         char data[4200];
         snprintf(data, sizeof data, "%s/data.txt", dir);
-        if (write_corpus(data) != 0) {
+        if (zs_bench_write_corpus(data) != 0) {
             fprintf(stderr, "bench_checkpoint: %s: %s\n", data, strerror(errno));
             goto out;
         }

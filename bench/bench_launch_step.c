@@ -45,15 +45,6 @@ static int run(char *const argv[], const char *log)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* The number after "key": in line, or NAN. */
-static double field(const char *line, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : NAN;
-}
-
 typedef struct {
     double step_ms[MAX_SAMPLES], compute[MAX_SAMPLES], fetch[MAX_SAMPLES], push[MAX_SAMPLES];
     int n;
@@ -70,12 +61,12 @@ static int read_metrics(const char *dir, samples *s)
     int steps = 0;
     while (fgets(line, sizeof line, f)) {
         steps++;
-        if (field(line, "step") < 2 || s->n >= MAX_SAMPLES)
+        if (zs_bench_field(line, "step") < 2 || s->n >= MAX_SAMPLES)
             continue;
-        s->step_ms[s->n] = field(line, "step_ms");
-        s->compute[s->n] = field(line, "compute_ms");
-        s->fetch[s->n] = field(line, "fetch_wait_ms");
-        s->push[s->n] = field(line, "push_wait_ms");
+        s->step_ms[s->n] = zs_bench_field(line, "step_ms");
+        s->compute[s->n] = zs_bench_field(line, "compute_ms");
+        s->fetch[s->n] = zs_bench_field(line, "fetch_wait_ms");
+        s->push[s->n] = zs_bench_field(line, "push_wait_ms");
         s->n++;
     }
     fclose(f);
@@ -98,16 +89,8 @@ int main(int argc, char **argv)
         return 1;
     char data[512], cmd[2048];
     snprintf(data, sizeof data, "%s/data.txt", dir);
-    FILE *f = fopen(data, "w");
-    if (!f)
+    if (zs_bench_write_corpus(data) != 0)
         return 1;
-    /* 1 MB of varied bytes; the speed does not depend on what the text says. */
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; i < 1 << 20; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        fputc(" etaoinshrdlucmfwypvbgkqjxz\n.,"[x % 30], f);
-    }
-    fclose(f);
 
     samples tr = {0}, la = {0};
     int rc = 1, same = 1;

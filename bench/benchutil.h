@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,30 @@ static inline double zs_bench_median(double *v, int n)
         return 0.0 / 0.0;
     qsort(v, (size_t)n, sizeof *v, zs_bench_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The number after "key": in a JSON line (a metrics.jsonl line), or NaN. */
+static inline double zs_bench_field(const char *line, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : 0.0 / 0.0;
+}
+
+/* Writes 1 MB of varied text to path (a corpus: the speed does not depend on what it says).
+ * Returns 0, or -1 when it cannot be written. */
+static inline int zs_bench_write_corpus(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 1 << 20; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        fputc(" etaoinshrdlucmfwypvbgkqjxz\n.,"[x % 30], f);
+    }
+    return fclose(f);
 }
 
 /* GPT-2 124M's shape (124,439,808 parameters). */

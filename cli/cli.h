@@ -6,7 +6,9 @@
 #ifndef ZS_CLI_H
 #define ZS_CLI_H
 
+#include "common/prom.h"
 #include "common/secret.h"
+#include "server/metrics_http.h"
 
 int zs_cmd_train(int argc, char **argv);
 int zs_cmd_eval(int argc, char **argv);
@@ -59,6 +61,22 @@ int zs_cli_secret_opt(int c, zs_cli_secret_args *a);
  * without one, logs that this process runs unauthenticated.  Returns 0, or 2 after printing
  * "zshard CMD: why". */
 int zs_cli_secret(const char *cmd, const char *path, int insecure, zs_secret *out);
+
+/* --metrics HOST:PORT of coord and server: the process's registry and its endpoint. */
+typedef struct {
+    zs_prom *reg; /* NULL: --metrics not given */
+    zs_metrics_http *http;
+} zs_cli_metrics;
+#define ZS_CLI_METRICS_USAGE                                                                       \
+    "  --metrics HOST:PORT      serve Prometheus metrics at http://HOST:PORT/metrics (port 0:\n"   \
+    "                           a free one; the line 'metrics: http://...' on stderr names it)\n"
+
+/* With addr NULL does nothing; else makes the registry with the process series of role and
+ * starts the endpoint, then prints "metrics: http://HOST:PORT/metrics" on stderr (zshard
+ * launch reads that line).  Returns 0, or 1 after printing "zshard CMD: why". */
+int zs_cli_metrics_start(const char *cmd, const char *role, const char *addr, zs_cli_metrics *m);
+/* Stops the endpoint and frees the registry; a zeroed m is fine. */
+void zs_cli_metrics_stop(zs_cli_metrics *m);
 
 /* The number of CPUs this process may run on. */
 int zs_cli_cpus(void);

@@ -11,7 +11,7 @@
 static const char coord_usage[] =
     "usage: zshard coord --listen tcp://HOST:PORT --config CFG.json --servers S --data PATH\n"
     "                    --steps N --out DIR [--resume CKPT | --resume-if-any DIR]\n"
-    "                    [--secret FILE | --insecure] [--log-level LEVEL]\n"
+    "                    [--secret FILE | --insecure] [--metrics HOST:PORT] [--log-level LEVEL]\n"
     "\n"
     "Runs the coordinator: membership, the shard map and the step state of a job; writes\n"
     "DIR/metrics.jsonl, commits the servers' checkpoints (checkpoint.dir, default\n"
@@ -32,7 +32,7 @@ static const char coord_usage[] =
     "                            a step-* directory; the newest valid one is taken, and none\n"
     "                            valid is an error), else a fresh start: for a service or a\n"
     "                            batch job that is restarted (deploy/systemd, "
-    "deploy/slurm)\n" ZS_CLI_SECRET_USAGE
+    "deploy/slurm)\n" ZS_CLI_SECRET_USAGE ZS_CLI_METRICS_USAGE
     "  --log-level LEVEL         error, warn, info (default) or debug\n"
     "  -h, --help                this text\n";
 
@@ -47,10 +47,12 @@ int zs_cmd_coord(int argc, char **argv)
                                          {"resume", required_argument, NULL, 'r'},
                                          {"resume-if-any", required_argument, NULL, 'R'},
                                          {"log-level", required_argument, NULL, 'L'},
+                                         {"metrics", required_argument, NULL, 'M'},
                                          {"help", no_argument, NULL, 'h'},
                                          ZS_CLI_SECRET_OPTIONS,
                                          {NULL, 0, NULL, 0}};
     zs_coord_opts o = {.servers = -1, .steps = -1};
+    const char *metrics = NULL;
     zs_cli_secret_args sa = {0};
     int c;
     opterr = 0;
@@ -75,6 +77,9 @@ int zs_cmd_coord(int argc, char **argv)
         case 'R':
             o.resume = optarg;
             o.resume_if_any = c == 'R';
+            break;
+        case 'M':
+            metrics = optarg;
             break;
         case 'S':
             if ((o.servers = (int)zs_cli_int("coord", "--servers", optarg, 1, 4096)) < 0)
@@ -112,8 +117,15 @@ int zs_cmd_coord(int argc, char **argv)
     if (zs_cli_secret("coord", sa.path, sa.insecure, &secret))
         return 2;
     o.secret = &secret;
+    zs_cli_metrics m;
+    if (zs_cli_metrics_start("coord", "coord", metrics, &m)) {
+        zs_secret_wipe(&secret);
+        return 1;
+    }
+    o.prom = m.reg;
     zs_cli_catch_signals();
     zs_err e = zs_coord_run(&o, &zs_cli_stop);
+    zs_cli_metrics_stop(&m);
     zs_secret_wipe(&secret);
     if (e != ZS_OK) {
         fprintf(stderr, "zshard coord: %s\n", zs_last_error());

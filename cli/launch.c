@@ -26,6 +26,12 @@
  * naming the failed child and its last lines.  A second signal sends SIGKILL at once.  A
  * launcher killed outright takes its children with it (PR_SET_PDEATHSIG, see procs.h).
  *
+ * --metrics HOST:PORT: the coordinator serves Prometheus metrics at HOST:PORT and server i at
+ * HOST:PORT+i (port 0: each a free one).  Each child prints "metrics: http://HOST:PORT/metrics";
+ * the launcher writes those addresses to OUT/metrics-targets.json (Prometheus file_sd) as they
+ * come, and looks for the coordinator's control port among its listening sockets only once it
+ * knows which one is the metrics port.
+ *
  * Elastic mode (the config's "elasticity": {"enabled": true}, or --elastic-script): a worker
  * that exits or dies is an event, not a failure: the coordinator gives its chunks to the
  * others, and with no worker left the job waits for one.  Coordinator and server failures stay
@@ -74,7 +80,7 @@ static const char launch_usage[] =
     "usage: zshard launch --config CFG.json --data PATH --steps N --servers S --workers W\n"
     "                     --out DIR [--threads T] [--bind HOST] [--log-level LEVEL]\n"
     "                     [--elastic-script FILE] [--resume CKPT | --resume-if-any DIR]\n"
-    "                     [--replacements N] [--secret FILE | --insecure]\n"
+    "                     [--replacements N] [--secret FILE | --insecure] [--metrics HOST:PORT]\n"
     "\n"
     "Runs a whole job on this host: the coordinator, S partition servers and W workers, as\n"
     "child processes.  Writes what 'zshard train' writes (DIR/metrics.jsonl,\n"
@@ -110,6 +116,11 @@ static const char launch_usage[] =
     "                     else DIR/secret, made by the first run in DIR, mode 0600); workers\n"
     "                     attached by hand need it too\n"
     "  --insecure         no secret: anyone who reaches the job's ports is trusted\n"
+    "  --metrics HOST:PORT\n"
+    "                     Prometheus metrics of the coordinator at http://HOST:PORT/metrics\n"
+    "                     and of server i at HOST:PORT+i (port 0: each a free port); where\n"
+    "                     they are goes to DIR/metrics-targets.json, a file_sd_configs file\n"
+    "                     for Prometheus, rewritten as they start (docs/observability.md)\n"
     "  -h, --help         this text\n"
     "\n"
     "Elastic mode (config \"elasticity\": {\"enabled\": true}, or --elastic-script): a worker\n"
@@ -149,7 +160,10 @@ typedef struct {
 
 typedef struct {
     const char *config, *data, *out, *bind, *log_level, *script_path, *resume;
-    zs_secret secret; /* the job's: its file (secret.path) goes to every child */
+    const char *metrics_host; /* --metrics HOST:PORT, or NULL */
+    long metrics_port;
+    char (*metrics_at)[300]; /* [n_procs]: "HOST:PORT" each child said it serves metrics at */
+    zs_secret secret;        /* the job's: its file (secret.path) goes to every child */
     long steps, servers, workers, threads; /* threads: 0 = divide the CPUs */
     int elastic;                           /* a worker's exit is an event, not a failure */
     int resume_if_any;                     /* resume: --resume-if-any, not --resume */
@@ -241,10 +255,51 @@ static int log_prefix_len(const char *line)
     return n;
 }
 
+/* Writes OUT/metrics-targets.json, Prometheus's file_sd_configs format, from the addresses the
+ * children said they serve metrics at: into a temporary file renamed over the old one, so
+ * that Prometheus, which watches the file, never reads half of it. */
+static void write_metrics_targets(const launch *L)
+{
+    char path[4300], tmp[4400];
+    snprintf(path, sizeof path, "%s/metrics-targets.json", L->out);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fprintf(stderr, "zshard launch: cannot write %s: %s\n", tmp, strerror(errno));
+        return;
+    }
+    fputs("[", f);
+    int n = 0;
+    for (int i = 0; i <= L->servers && i < L->n_procs; i++) {
+        if (!L->metrics_at[i][0])
+            continue;
+        char proc[32];
+        if (i == 0)
+            snprintf(proc, sizeof proc, "coord");
+        else
+            snprintf(proc, sizeof proc, "server-%d", i);
+        fprintf(f,
+                "%s\n  {\"targets\": [\"%s\"], \"labels\": {\"zshard_role\": \"%s\", "
+                "\"zshard_process\": \"%s\"}}",
+                n++ ? "," : "", L->metrics_at[i], i == 0 ? "coord" : "server", proc);
+    }
+    fputs("\n]\n", f);
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        fprintf(stderr, "zshard launch: cannot write %s: %s\n", path, strerror(errno));
+}
+
 /* Shows one line of a child on our stderr. */
 static void on_line(zs_proc *p, const char *line, void *user)
 {
     launch *L = user;
+    /* "metrics: http://HOST:PORT/metrics" (zs_cli_metrics_start): where that child serves. */
+    char at[300];
+    int idx = (int)(p - L->procs);
+    if (L->metrics_host && idx >= 0 && idx <= L->servers &&
+        sscanf(line, "metrics: http://%299[^/ ]/metrics", at) == 1) {
+        snprintf(L->metrics_at[idx], sizeof L->metrics_at[idx], "%s", at);
+        write_metrics_targets(L);
+    }
     if (p == &L->procs[0] && strncmp(line, "step ", 5) == 0) {
         /* "step     7/12 | loss ...": step 7 is finished, step 8 begins. */
         long step, total;
@@ -359,6 +414,10 @@ static int start_coord(launch *L)
         arg(&a, L->resume_if_any ? "--resume-if-any" : "--resume");
         arg(&a, "%s", L->resume);
     }
+    if (L->metrics_host) {
+        arg(&a, "--metrics");
+        arg(&a, "%s:%ld", L->metrics_host, L->metrics_port);
+    }
     role_args(L, &a);
     return spawn(L, 0, &a);
 }
@@ -381,9 +440,13 @@ static void list_pids(const launch *L, int from, int to, char *buf, size_t n)
 
 /* Starts procs[L->started] as a server or a worker (by its index).  Returns 0 or -1 (with
  * L->failure set). */
-static void server_args(const launch *L, arglist *a)
+static void server_args(const launch *L, int slot, arglist *a)
 {
     arg(a, "server");
+    if (L->metrics_host) {
+        arg(a, "--metrics");
+        arg(a, "%s:%ld", L->metrics_host, L->metrics_port ? L->metrics_port + slot : 0);
+    }
     arg(a, "--coord");
     arg(a, "%s", L->endpoint);
     arg(a, "--listen");
@@ -413,7 +476,7 @@ static int start_next(launch *L)
     arglist a = {.n = 0};
     arg(&a, "zshard");
     if (i <= L->servers) {
-        server_args(L, &a);
+        server_args(L, i, &a);
     } else {
         arg(&a, "worker");
         arg(&a, "--coord");
@@ -640,7 +703,7 @@ static void start_replacements(launch *L)
         zs_proc_init(p, name);
         arglist a = {.n = 0};
         arg(&a, "zshard");
-        server_args(L, &a);
+        server_args(L, i, &a);
         role_args(L, &a);
         if (spawn_at(L, i, &a) != 0) {
             /* Not the job's failure: the coordinator goes on with the servers it has. */
@@ -940,8 +1003,15 @@ static void run(launch *L)
             if (zs_proc_reap(&L->procs[i]))
                 on_exit_of(L, i, now);
         /* No deadline for the coordinator to listen: it may check a large data set first. */
-        if (!L->stopping && L->started == 1 && L->procs[0].running) {
-            int port = zs_proc_listen_port(L->procs[0].pid);
+        /* With --metrics it listens twice: the control port is the one that is not the
+         * metrics port, which it names (on_line) before it binds the control port. */
+        int metrics_port = 0;
+        const char *mcolon = L->metrics_host ? strrchr(L->metrics_at[0], ':') : NULL;
+        if (mcolon)
+            metrics_port = atoi(mcolon + 1);
+        if (!L->stopping && L->started == 1 && L->procs[0].running &&
+            (!L->metrics_host || metrics_port > 0)) {
+            int port = zs_proc_listen_port(L->procs[0].pid, metrics_port);
             if (port < 0 && port != -ENOENT) /* ENOENT: it exited; the next reap sees it */
                 snprintf(L->failure, sizeof L->failure,
                          "cannot find the coordinator's port in /proc/%d: %s", (int)L->procs[0].pid,
@@ -1105,6 +1175,7 @@ int zs_cmd_launch(int argc, char **argv)
                                          {"resume", required_argument, NULL, 'r'},
                                          {"resume-if-any", required_argument, NULL, 'A'},
                                          {"replacements", required_argument, NULL, 'R'},
+                                         {"metrics", required_argument, NULL, 'M'},
                                          ZS_CLI_SECRET_OPTIONS,
                                          {NULL, 0, NULL, 0}};
     launch L = {.steps = -1,
@@ -1115,6 +1186,7 @@ int zs_cmd_launch(int argc, char **argv)
                 .failed = -1};
     zs_cli_secret_args sa = {0};
     char secret_made[4200];
+    char metrics_host[256];
     int c;
     opterr = 0;
     optind = 1;
@@ -1142,6 +1214,19 @@ int zs_cmd_launch(int argc, char **argv)
             L.resume = optarg;
             L.resume_if_any = c == 'A';
             break;
+        case 'M': {
+            /* HOST:PORT; the servers' ports follow the coordinator's, so all must fit. */
+            const char *colon = strrchr(optarg, ':');
+            size_t hl = colon ? (size_t)(colon - optarg) : 0;
+            if (!colon || hl == 0 || hl >= sizeof metrics_host)
+                return zs_cli_usage_error("launch", "--metrics: \"%s\" is not HOST:PORT", optarg);
+            memcpy(metrics_host, optarg, hl);
+            metrics_host[hl] = '\0';
+            if ((L.metrics_port = zs_cli_int("launch", "--metrics port", colon + 1, 0, 65535)) < 0)
+                return 2;
+            L.metrics_host = metrics_host;
+            break;
+        }
         case 's':
             if ((L.steps = zs_cli_int("launch", "--steps", optarg, 1, 1L << 30)) < 0)
                 return 2;
@@ -1187,6 +1272,9 @@ int zs_cmd_launch(int argc, char **argv)
                                           : NULL;
     if (missing)
         return zs_cli_usage_error("launch", "missing %s", missing);
+    if (L.metrics_host && L.metrics_port > 0 && L.metrics_port + L.servers > 65535)
+        return zs_cli_usage_error("launch", "--metrics: port %ld + %ld servers goes beyond 65535",
+                                  L.metrics_port, L.servers);
     /* A server advertises the address it listens on; a wildcard would be advertised as
      * loopback, which workers elsewhere cannot reach. */
     if (!L.bind[0] || strchr(L.bind, ':') || strcmp(L.bind, "*") == 0 ||
@@ -1227,7 +1315,9 @@ int zs_cmd_launch(int argc, char **argv)
     L.leaving = calloc((size_t)L.n_procs, 1);
     L.replace = calloc((size_t)L.n_procs, 1);
     L.generation = calloc((size_t)L.n_procs, sizeof *L.generation);
-    if (!L.procs || !L.pfds || !L.pfd_proc || !L.leaving || !L.replace || !L.generation) {
+    L.metrics_at = calloc((size_t)L.n_procs, sizeof *L.metrics_at);
+    if (!L.procs || !L.pfds || !L.pfd_proc || !L.leaving || !L.replace || !L.generation ||
+        !L.metrics_at) {
         fprintf(stderr, "zshard launch: out of memory for %d processes\n", L.n_procs);
         goto out_free;
     }
@@ -1261,6 +1351,7 @@ out_free:
     free(L.leaving);
     free(L.replace);
     free(L.generation);
+    free(L.metrics_at);
     free(L.procs);
     free(L.pfds);
     free(L.pfd_proc);

@@ -94,6 +94,28 @@ int zs_cli_secret(const char *cmd, const char *path, int insecure, zs_secret *ou
     return 0;
 }
 
+int zs_cli_metrics_start(const char *cmd, const char *role, const char *addr, zs_cli_metrics *m)
+{
+    *m = (zs_cli_metrics){0};
+    if (!addr)
+        return 0;
+    if (zs_prom_open(&m->reg) != ZS_OK || zs_prom_add_process(m->reg, role) != ZS_OK ||
+        zs_metrics_http_start(addr, m->reg, &m->http) != ZS_OK) {
+        fprintf(stderr, "zshard %s: --metrics: %s\n", cmd, zs_last_error());
+        zs_cli_metrics_stop(m);
+        return 1;
+    }
+    fprintf(stderr, "metrics: http://%s/metrics\n", zs_metrics_http_target(m->http));
+    return 0;
+}
+
+void zs_cli_metrics_stop(zs_cli_metrics *m)
+{
+    zs_metrics_http_stop(m->http);
+    zs_prom_free(m->reg);
+    *m = (zs_cli_metrics){0};
+}
+
 int zs_cli_log_level(const char *cmd, const char *value)
 {
     int lvl = zs_log_parse_level(value);

@@ -225,7 +225,7 @@ int zs_proc_succeeded(const zs_proc *p)
 }
 
 /* The port of a listening socket in a /proc/net/tcp{,6} table whose inode is in inodes. */
-static int find_listener(const char *path, const unsigned long *inodes, int n)
+static int find_listener(const char *path, const unsigned long *inodes, int n, int except)
 {
     FILE *f = fopen(path, "re");
     if (!f)
@@ -239,7 +239,7 @@ static int find_listener(const char *path, const unsigned long *inodes, int n)
         unsigned long inode;
         if (sscanf(line, " %*s %*[0-9A-Fa-f]:%x %*s %x %*s %*s %*s %*s %*s %lu", &lport, &st,
                    &inode) != 3 ||
-            st != 0x0A)
+            st != 0x0A || (int)lport == except)
             continue;
         for (int i = 0; i < n; i++)
             if (inodes[i] == inode)
@@ -249,7 +249,7 @@ static int find_listener(const char *path, const unsigned long *inodes, int n)
     return port;
 }
 
-int zs_proc_listen_port(pid_t pid)
+int zs_proc_listen_port(pid_t pid, int except)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
@@ -272,10 +272,10 @@ int zs_proc_listen_port(pid_t pid)
     if (n == 0)
         return 0;
     snprintf(path, sizeof path, "/proc/%d/net/tcp", (int)pid);
-    int port = find_listener(path, inodes, n);
+    int port = find_listener(path, inodes, n, except);
     if (port == 0) {
         snprintf(path, sizeof path, "/proc/%d/net/tcp6", (int)pid);
-        port = find_listener(path, inodes, n);
+        port = find_listener(path, inodes, n, except);
     }
     return port;
 }

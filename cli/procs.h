@@ -69,10 +69,10 @@ void zs_proc_describe_exit(const zs_proc *p, char *buf, size_t n);
 int zs_proc_succeeded(const zs_proc *p);
 
 /* The port of the TCP socket that process pid listens on (the first one found in
- * /proc/PID/net/tcp and tcp6 whose inode is one of its file descriptors), 0 while it has
- * none, or a negative errno.  Costs a directory scan of /proc/PID/fd and a read of the
- * namespace's socket tables. */
-int zs_proc_listen_port(pid_t pid);
+ * /proc/PID/net/tcp and tcp6 whose inode is one of its file descriptors), other than port
+ * except (its metrics endpoint; 0: none), 0 while it has none, or a negative errno.  Costs a
+ * directory scan of /proc/PID/fd and a read of the namespace's socket tables. */
+int zs_proc_listen_port(pid_t pid, int except);
 
 /* Closes the pipe and the log; the child must have been reaped (or never started). */
 void zs_proc_close(zs_proc *p);

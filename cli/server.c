@@ -12,7 +12,7 @@ static const char server_usage[] =
     "usage: zshard server --coord tcp://HOST:PORT --listen HOST:PORT [--init DIR]\n"
     "                     [--secret FILE | --insecure] [--threads T] [--log-level LEVEL]\n"
     "                     [--transport tcp|rdma|shm|auto] [--rdma-device DEV] [--rdma-port P]\n"
-    "                     [--rdma-gid-index G]\n"
+    "                     [--rdma-gid-index G] [--metrics HOST:PORT]\n"
     "\n"
     "Runs a partition server: holds shards of the training state, applies AdamW, serves\n"
     "fetches and pushes on the data plane.\n"
@@ -22,7 +22,7 @@ static const char server_usage[] =
     "                           announced as this host's address towards the coordinator)\n"
     "  --init DIR               initialize from DIR/model.safetensors instead of the seed\n"
     "  --threads T              AdamW threads (default: all CPUs available)\n" ZS_CLI_SECRET_USAGE
-    "  --log-level LEVEL        error, warn, info (default) or debug\n"
+        ZS_CLI_METRICS_USAGE "  --log-level LEVEL        error, warn, info (default) or debug\n"
     "  --transport KIND         the data plane's backend: tcp, rdma, shm (workers on this\n"
     "                           host only), or auto (default: rdma\n"
     "                           where this host has an RDMA device with an active port);\n"
@@ -43,10 +43,12 @@ int zs_cmd_server(int argc, char **argv)
                                          {"rdma-device", required_argument, NULL, 'D'},
                                          {"rdma-port", required_argument, NULL, 'P'},
                                          {"rdma-gid-index", required_argument, NULL, 'G'},
+                                         {"metrics", required_argument, NULL, 'M'},
                                          ZS_CLI_SECRET_OPTIONS,
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     zs_server_opts o = {.threads = zs_cli_cpus()};
+    const char *metrics = NULL;
     zs_cli_secret_args sa = {0};
     int c;
     opterr = 0;
@@ -85,6 +87,9 @@ int zs_cmd_server(int argc, char **argv)
         case 'D':
             o.rdma_device = optarg;
             break;
+        case 'M':
+            metrics = optarg;
+            break;
         case 'P': {
             long p = zs_cli_int("server", "--rdma-port", optarg, 1, 255);
             if (p < 0)
@@ -117,8 +122,15 @@ int zs_cmd_server(int argc, char **argv)
     if (zs_cli_secret("server", sa.path, sa.insecure, &secret))
         return 2;
     o.secret = &secret;
+    zs_cli_metrics m;
+    if (zs_cli_metrics_start("server", "server", metrics, &m)) {
+        zs_secret_wipe(&secret);
+        return 1;
+    }
+    o.prom = m.reg;
     zs_cli_catch_signals();
     zs_err e = zs_server_run(&o, &zs_cli_stop);
+    zs_cli_metrics_stop(&m);
     zs_secret_wipe(&secret);
     if (e != ZS_OK) {
         fprintf(stderr, "zshard server: %s\n", zs_last_error());

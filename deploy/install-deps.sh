@@ -40,6 +40,7 @@ packages=(
   libxxhash-dev        # XXH3 checksums of checkpoint files
   libsodium-dev        # job secrets, key derivation, the data plane's challenge-response
   liburing-dev         # io_uring: the partition servers' NVMe tier (server/nvme.h)
+  libmicrohttpd-dev    # the Prometheus /metrics endpoint (server/metrics_http.h)
   libibverbs-dev ibverbs-providers   # the RDMA data plane (transport/rdma.c): libibverbs and its soft-RoCE provider
   clang libomp-dev     # the libFuzzer targets
   clang-format         # CI's format check (tests/format.sh); the code is formatted with 14
@@ -64,6 +65,7 @@ guest_packages=(
 test_packages=(
   systemd              # systemd-analyze verify of deploy/systemd (tests/integration/systemd_units.sh)
   python3-kubernetes python3-yaml   # the offline schema check of deploy/k8s (k8s_manifests.sh)
+  prometheus           # scrapes a running job (metrics_prometheus.sh); without recommends: no node exporter daemon
 )
 
 # tests/slurm/run.sh: slurmctld and slurmd for a private cluster on loopback, sbatch and the other

@@ -160,6 +160,18 @@ struct zs_coord {
     int failover;    /* a failover waits (finish_failover) */
     int failover_pi; /* the lost server */
     int failovers;
+    /* opts->prom's series (docs/observability.md); all NULL without a registry.  The
+     * members' counts, heartbeat ages and the checkpoint's age are refreshed every
+     * PROM_REFRESH_MS by the loop (prom_refresh), the rest as things happen. */
+    struct {
+        zs_prom_series *step, *steps, *loss, *lr, *grad_norm, *tps, *step_seconds;
+        zs_prom_series *steps_finished, *skipped, *ckpt_committed, *ckpt_failed, *ckpt_step;
+        zs_prom_series *ckpt_age, *recoveries, *failovers, *workers_live;
+        zs_prom_series *members[2][3]; /* [server, worker][joining, active, gone] */
+        zs_prom_series *hb_age[2];     /* [server, worker]: the oldest heartbeat's age */
+        double ckpt_at;                /* zs_now_s() of the last commit; 0: none yet */
+        uint64_t refreshed_ms;
+    } prom;
     uint64_t last_turn_ms;      /* when the last turn began: a long gap is a pause of ours */
     uint64_t last_heartbeat_ms; /* when we last told the members we live */
     int done;
@@ -927,6 +939,10 @@ static void ckpt_settle(coord *co, ckpt_pend *cp)
                 return;
             }
             co->last_ckpt = step;
+            co->prom.ckpt_at = zs_now_s();
+            zs_prom_add(co->prom.ckpt_committed, 1);
+            zs_prom_set(co->prom.ckpt_step, (double)step);
+            zs_prom_set(co->prom.ckpt_age, 0);
             snprintf(co->last_ckpt_dir, sizeof co->last_ckpt_dir, "%s", dir);
             co->ckpt_error[0] = '\0';
             prune_start(co, step);
@@ -940,6 +956,7 @@ static void ckpt_settle(coord *co, ckpt_pend *cp)
     }
     if (cp->failed) {
         snprintf(co->ckpt_error, sizeof co->ckpt_error, "checkpoint %ld: %s", step, cp->error);
+        zs_prom_add(co->prom.ckpt_failed, 1);
         ZS_ERROR("coord: checkpoint %ld failed: %s; %s", step, cp->error,
                  co->last_ckpt > 0 ? "the previous checkpoint stays the newest"
                                    : "there is no earlier checkpoint");
@@ -1077,6 +1094,14 @@ static void step_finished(coord *co, zs_coord_step_stats st)
     double tps = (double)co->cfg.train_batch_size * co->cfg.model.block_size / dt;
     co->last_loss = st.loss;
     co->last_tps = tps;
+    zs_prom_set(co->prom.step, (double)st.step);
+    zs_prom_set(co->prom.loss, st.loss);
+    zs_prom_set(co->prom.lr, st.lr);
+    zs_prom_set(co->prom.grad_norm, st.grad_norm);
+    zs_prom_set(co->prom.tps, tps);
+    zs_prom_observe(co->prom.step_seconds, dt);
+    zs_prom_add(co->prom.steps_finished, 1);
+    zs_prom_add(co->prom.skipped, st.skipped ? 1 : 0);
     fprintf(stderr,
             "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
             " | eta %.0fs%s\n",
@@ -1247,6 +1272,7 @@ static void rejoin_workers(coord *co, const char *text)
 static void start_recovery(coord *co, int pi, const char *why)
 {
     co->recoveries++;
+    zs_prom_add(co->prom.recoveries, 1);
     char back[160];
     if (co->last_ckpt > 0)
         snprintf(back, sizeof back, "checkpoint %ld", co->last_ckpt);
@@ -1340,6 +1366,7 @@ static int can_failover(const coord *co, int pi)
 static void start_failover(coord *co, int pi, const char *why)
 {
     co->failovers++;
+    zs_prom_add(co->prom.failovers, 1);
     co->failover = 1;
     co->failover_pi = pi;
     int x = zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1));
@@ -1652,6 +1679,8 @@ static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
     return ZS_OK;
 }
 
+static zs_err prom_setup(coord *co);
+
 static zs_err coord_setup(coord *co)
 {
     ZS_CHECK(zs_config_load(co->opts->config_path, &co->cfg));
@@ -1671,6 +1700,7 @@ static zs_err coord_setup(coord *co)
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", co->opts->out_dir);
     ZS_CHECK(zs_metrics_open(path, co->start_step > 0 ? co->start_step : -1, &co->metrics));
+    ZS_CHECK(prom_setup(co));
     co->cap_peers = 64;
     co->peers = calloc((size_t)co->cap_peers, sizeof *co->peers);
     size_t C = (size_t)co->cfg.chunks;
@@ -1692,6 +1722,113 @@ static zs_err coord_setup(coord *co)
             co->ctrl ? zs_ctrl_endpoint(co->ctrl) : "(no socket)", co->opts->servers,
             co->opts->steps, co->cfg.chunks);
     return ZS_OK;
+}
+
+/* How often the loop recomputes the series that are counts over the members or ages. */
+#define PROM_REFRESH_MS 250
+
+/*
+ * Registers the coordinator's series in opts->prom (docs/observability.md lists them).
+ * Members are counted by role and state, never labelled one by one: an elastic job sees
+ * workers come and go for days, and a label per member would grow without bound.
+ */
+static zs_err prom_setup(coord *co)
+{
+    zs_prom *r = co->opts->prom;
+    if (!r)
+        return ZS_OK;
+    static const char *const roles[2] = {"server", "worker"};
+    static const char *const states[3] = {"joining", "active", "gone"};
+#define G(field, name, help)                                                                       \
+    if (!(co->prom.field = zs_prom_gauge(r, name, help, NULL)))                                    \
+        return ZS_ERR_INVALID;
+#define C(field, name, help)                                                                       \
+    if (!(co->prom.field = zs_prom_counter(r, name, help, NULL)))                                  \
+        return ZS_ERR_INVALID;
+    G(step, "zshard_step", "Steps finished: the version every server published")
+    G(steps, "zshard_steps", "Optimizer steps of the whole run (--steps)")
+    G(loss, "zshard_loss", "Mean training loss of the last finished step")
+    G(lr, "zshard_learning_rate", "Learning rate of the last finished step")
+    G(grad_norm, "zshard_grad_norm",
+      "Global gradient norm of the last finished step, before clipping")
+    G(tps, "zshard_tokens_per_second", "Tokens per second of the last finished step")
+    G(workers_live, "zshard_workers_live", "Workers taking chunks now")
+    C(steps_finished, "zshard_steps_finished_total",
+      "Steps finished, counting again those computed again after a server was lost")
+    C(skipped, "zshard_skipped_steps_total",
+      "Steps whose update was skipped because the gradient was not finite")
+    C(ckpt_committed, "zshard_checkpoints_committed_total", "Checkpoints committed")
+    C(ckpt_failed, "zshard_checkpoints_failed_total", "Checkpoints that failed")
+    G(ckpt_step, "zshard_checkpoint_last_step", "Step of the newest committed checkpoint (0: none)")
+    G(ckpt_age, "zshard_checkpoint_age_seconds",
+      "Seconds since the newest checkpoint was committed (NaN: none yet)")
+    C(recoveries, "zshard_recoveries_total",
+      "Recoveries from a checkpoint after a partition server was lost")
+    C(failovers, "zshard_failovers_total", "Lost partition servers failed over to their replica")
+#undef G
+#undef C
+    static const double step_bounds[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60};
+    co->prom.step_seconds = zs_prom_histogram(
+        r, "zshard_step_duration_seconds", "Wall time of a step, from its start to its publication",
+        NULL, step_bounds, (int)(sizeof step_bounds / sizeof step_bounds[0]));
+    if (!co->prom.step_seconds)
+        return ZS_ERR_INVALID;
+    for (int ro = 0; ro < 2; ro++) {
+        for (int st = 0; st < 3; st++) {
+            const char *l[] = {"role", roles[ro], "state", states[st], NULL};
+            co->prom.members[ro][st] = zs_prom_gauge(
+                r, "zshard_members",
+                "Members by role and state (joining: registered, not taking part yet)", l);
+            if (!co->prom.members[ro][st])
+                return ZS_ERR_INVALID;
+        }
+        const char *l[] = {"role", roles[ro], NULL};
+        co->prom.hb_age[ro] = zs_prom_gauge(
+            r, "zshard_heartbeat_age_max_seconds",
+            "Age of the oldest last heartbeat among the active members of a role (0: none)", l);
+        if (!co->prom.hb_age[ro])
+            return ZS_ERR_INVALID;
+    }
+    zs_prom_set(co->prom.steps, (double)co->opts->steps);
+    zs_prom_set(co->prom.step, (double)co->start_step);
+    zs_prom_set(co->prom.loss, NAN);
+    zs_prom_set(co->prom.ckpt_age, NAN);
+    return ZS_OK;
+}
+
+/* The series that are counts over the members or ages, at most every PROM_REFRESH_MS: a walk
+ * over the peers, off every message's path. */
+static void prom_refresh(coord *co, uint64_t now)
+{
+    if (!co->opts->prom || now - co->prom.refreshed_ms < PROM_REFRESH_MS)
+        return;
+    co->prom.refreshed_ms = now;
+    int count[2][3] = {{0}};
+    uint64_t oldest[2] = {0, 0};
+    for (int i = 0; i < co->n_peers; i++) {
+        const peer_entry *p = &co->peers[i];
+        int ro = p->role == ZSHARD__ROLE__ROLE_SERVER   ? 0
+                 : p->role == ZSHARD__ROLE__ROLE_WORKER ? 1
+                                                        : -1;
+        if (ro < 0)
+            continue;
+        int st = p->gone ? 2 : p->cs_id >= 0 ? 1 : 0;
+        count[ro][st]++;
+        const zs_member *m = st == 1 && co->cs ? zs_coord_member(co->cs, p->cs_id) : NULL;
+        if (m && m->alive && now > m->last_heartbeat_ms && now - m->last_heartbeat_ms > oldest[ro])
+            oldest[ro] = now - m->last_heartbeat_ms;
+    }
+    for (int ro = 0; ro < 2; ro++) {
+        for (int st = 0; st < 3; st++)
+            zs_prom_set(co->prom.members[ro][st], count[ro][st]);
+        zs_prom_set(co->prom.hb_age[ro], (double)oldest[ro] / 1e3);
+    }
+    zs_prom_set(co->prom.workers_live, co->cs ? zs_coord_live_workers(co->cs) : 0);
+    /* After a recovery the steps since the checkpoint run again: the step goes back. */
+    if (co->cs)
+        zs_prom_set(co->prom.step, (double)zs_coord_step(co->cs));
+    if (co->prom.ckpt_at > 0)
+        zs_prom_set(co->prom.ckpt_age, zs_now_s() - co->prom.ckpt_at);
 }
 
 /* A message that zs_ctrl_recv or zs_msg_decode refused, the reason in zs_last_error(). */
@@ -1972,6 +2109,7 @@ void zs_coord_turn(zs_coord *co, int timeout_ms, volatile int *stop_flag)
     uint64_t now = now_ms(co);
     notice_pause(co, now);
     heartbeat_members(co, now);
+    prom_refresh(co, now);
     if (stop_flag && *stop_flag) {
         abort_job(co, zs_error(ZS_ERR_IO, "coord: interrupted"));
         return;

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/prom.h"
 #include "proto/ctrl.h"
 
 typedef struct {
@@ -43,6 +44,8 @@ typedef struct {
                            one), to continue from; NULL: a fresh start */
     int resume_if_any;  /* with resume: a fresh start when it holds no checkpoint at all
                            (zs_ckpt_present); one it holds must be valid, as without this */
+    zs_prom *prom;      /* the registry the coordinator's zshard_* series go into (a scrape
+                           endpoint reads it, server/metrics_http.h); NULL: none */
 } zs_coord_opts;
 
 typedef struct zs_coord zs_coord;

@@ -220,6 +220,17 @@ struct zs_server {
     int wake_fd; /* an eventfd the checkpoint writer and the replica's threads write to when
                  they finish, so that the loop, waiting on it, reaps them at once */
 
+    /* opts->prom's series (docs/observability.md); all NULL without a registry.  The data
+     * plane's are atomic adds on its path; the rest change where the state they show does. */
+    struct {
+        zs_prom_series *version, *shards, *shard_bytes, *held;
+        zs_prom_series *fetches, *fetch_bytes, *pushes, *push_bytes;
+        zs_prom_series *apply, *apply_last, *replica, *replica_current;
+        zs_prom_series *nvme_read, *nvme_written;
+        zs_prom_series *refused[8];                 /* by zs_frame_status (index 0 unused: OK) */
+        uint64_t nvme_read_seen, nvme_written_seen; /* the tier's counts already added */
+    } prom;
+
     uint64_t last_heartbeat_ms;
     uint64_t last_coord_ms; /* when anything last came from the coordinator */
     uint64_t last_turn_ms;  /* when the last turn began: a long gap is a pause of ours */
@@ -245,6 +256,8 @@ static zs_err send_ctrl(server *sv, Zshard__Envelope *env)
 static void reply_error(server *sv, zs_conn *c, const zs_frame *f, zs_frame_status status,
                         const char *why)
 {
+    if ((unsigned)status < sizeof sv->prom.refused / sizeof sv->prom.refused[0])
+        zs_prom_add(sv->prom.refused[status], 1);
     ZS_WARN("server %u: %s from %s (op %d, step %llu, chunk %u, offset %llu, count %llu): %s",
             sv->id, f->op == ZS_OP_PUSH ? "push" : "fetch", sv->ops->conn_peer(c), f->op,
             (unsigned long long)f->step, f->chunk, (unsigned long long)f->offset,
@@ -603,14 +616,18 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
     }
     size_t off = (f->offset - sv->local[i].begin) * esz;
     if (slot >= 0) {
-        if (sv->ops->isend(c, &r, mr, off, &sv->win[slot], NULL) == ZS_OK)
+        if (sv->ops->isend(c, &r, mr, off, &sv->win[slot], NULL) == ZS_OK) {
             sv->win[slot].sends++;
-        else
+            zs_prom_add(sv->prom.fetches, 1);
+            zs_prom_add(sv->prom.fetch_bytes, r.length);
+        } else
             ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
                     zs_last_error());
-    } else if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK)
+    } else if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK) {
         sv->store_sends++;
-    else
+        zs_prom_add(sv->prom.fetches, 1);
+        zs_prom_add(sv->prom.fetch_bytes, r.length);
+    } else
         ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
 }
 
@@ -893,6 +910,8 @@ static void on_push_done(server *sv, int slot, zs_err err)
     scratch *s = &sv->pool[slot];
     s->busy = 0;
     if (err == ZS_OK) {
+        zs_prom_add(sv->prom.pushes, 1);
+        zs_prom_add(sv->prom.push_bytes, s->frame.length);
         const char *why = "";
         zs_store *target = push_target(sv, &s->frame);
         zs_store_result res = ZS_STORE_BAD_RANGE;
@@ -917,9 +936,11 @@ static void on_push_done(server *sv, int slot, zs_err err)
                           .length = 0};
             if (s->conn && !sv->ops->conn_closed(s->conn))
                 sv->ops->isend(s->conn, &r, NULL, 0, NULL, NULL);
-            if (st == ZS_FS_DUPLICATE)
+            if (st == ZS_FS_DUPLICATE) {
+                zs_prom_add(sv->prom.refused[ZS_FS_DUPLICATE], 1);
                 ZS_DEBUG("server %u: duplicate push dropped (step %llu chunk %u)", sv->id,
                          (unsigned long long)s->frame.step, s->frame.chunk);
+            }
         } else if (s->conn && !sv->ops->conn_closed(s->conn)) {
             reply_error(sv, s->conn, &s->frame, st, why);
         }
@@ -1272,6 +1293,30 @@ static const char *ckpt_in_place(server *sv, long v, char *dir, size_t n)
     return dir;
 }
 
+/* The series that show the state after an apply or a new map: the version, the fetches held
+ * for the next one, the replica, and what the NVMe tier read and wrote since last time. */
+static void prom_state(server *sv)
+{
+    if (!sv->opts->prom)
+        return;
+    zs_prom_set(sv->prom.version, sv->store ? (double)zs_store_version(sv->store) : -1);
+    zs_prom_set(sv->prom.held, sv->n_held);
+    zs_prom_set(sv->prom.replica, sv->replica != NULL);
+    zs_prom_set(sv->prom.replica_current, sv->replica && !zs_replica_lost(sv->replica));
+    zs_nvme *nv = sv->store ? zs_store_nvme(sv->store) : NULL;
+    if (nv) {
+        zs_nvme_stats ns = zs_nvme_get_stats(nv);
+        /* A new store (a restore) starts its counts again: count it from its zero. */
+        if (ns.bytes_read < sv->prom.nvme_read_seen ||
+            ns.bytes_written < sv->prom.nvme_written_seen)
+            sv->prom.nvme_read_seen = sv->prom.nvme_written_seen = 0;
+        zs_prom_add(sv->prom.nvme_read, ns.bytes_read - sv->prom.nvme_read_seen);
+        zs_prom_add(sv->prom.nvme_written, ns.bytes_written - sv->prom.nvme_written_seen);
+        sv->prom.nvme_read_seen = ns.bytes_read;
+        sv->prom.nvme_written_seen = ns.bytes_written;
+    }
+}
+
 /* Applies a pending verdict once no send reads the weights any more, then publishes. */
 static void maybe_apply(server *sv)
 {
@@ -1280,9 +1325,13 @@ static void maybe_apply(server *sv)
         sv->win_loading > 0)
         return;
     char into[4096];
+    double t0 = zs_now_s();
     zs_err e =
         zs_store_apply_into(sv->store, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip,
                             ckpt_in_place(sv, zs_store_version(sv->store) + 1, into, sizeof into));
+    double dt = zs_now_s() - t0;
+    zs_prom_observe(sv->prom.apply, dt);
+    zs_prom_set(sv->prom.apply_last, dt);
     if (e != ZS_OK) {
         ZS_ERROR("server %u: %s", sv->id, zs_last_error());
         sv->result = e;
@@ -1304,6 +1353,7 @@ static void maybe_apply(server *sv)
     if (send_ctrl(sv, &env) != ZS_OK)
         ZS_ERROR("server %u: %s", sv->id, zs_last_error());
     ZS_DEBUG("server %u: published version %ld", sv->id, v);
+    prom_state(sv);
     if (sv->replica && !zs_replica_lost(sv->replica) &&
         zs_replica_apply(sv->replica, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip) != ZS_OK)
         zs_replica_lose(sv->replica, zs_last_error());
@@ -1868,6 +1918,9 @@ static zs_err setup_shards(server *sv)
     }
     ZS_INFO("server %u: %d shards, %zu floats, at %s", sv->id, count, sv->map.server_floats[s],
             sv->endpoint);
+    zs_prom_set(sv->prom.shards, count);
+    zs_prom_set(sv->prom.shard_bytes, (double)sv->map.server_floats[s] * sizeof(float));
+    prom_state(sv);
     Zshard__Ready r = ZSHARD__READY__INIT;
     r.what_case = ZSHARD__READY__WHAT_VERSION;
     r.version = (uint64_t)zs_store_version(sv->store);
@@ -2152,8 +2205,72 @@ static zs_err choose_transport(server *sv)
     return ZS_OK;
 }
 
+/* Registers the server's series in opts->prom (docs/observability.md lists them). */
+static zs_err prom_setup(server *sv)
+{
+    zs_prom *r = sv->opts->prom;
+    if (!r)
+        return ZS_OK;
+#define G(field, name, help)                                                                       \
+    if (!(sv->prom.field = zs_prom_gauge(r, name, help, NULL)))                                    \
+        return ZS_ERR_INVALID;
+#define C(field, name, help)                                                                       \
+    if (!(sv->prom.field = zs_prom_counter(r, name, help, NULL)))                                  \
+        return ZS_ERR_INVALID;
+    G(version, "zshard_server_version", "Version (step) of the parameters published (-1: none yet)")
+    G(shards, "zshard_server_shards", "Shards of the flat parameter vector held")
+    G(shard_bytes, "zshard_server_shard_bytes", "Bytes of fp32 parameters held (shards' size)")
+    G(held, "zshard_server_held_fetches", "Fetches held for the next version, after the last apply")
+    C(fetches, "zshard_server_fetches_total", "Fetch replies sent (parameters served)")
+    C(fetch_bytes, "zshard_server_fetched_bytes_total", "Payload bytes of the fetch replies sent")
+    C(pushes, "zshard_server_pushes_total", "Gradient pushes received whole")
+    C(push_bytes, "zshard_server_pushed_bytes_total",
+      "Payload bytes of the gradient pushes received")
+    G(apply_last, "zshard_server_apply_last_seconds",
+      "Duration of the last optimizer apply (AdamW)")
+    G(replica, "zshard_server_replica", "1 if this server holds another server's replica")
+    G(replica_current, "zshard_server_replica_current",
+      "1 if the replica held here is current (not given up)")
+    C(nvme_read, "zshard_server_nvme_read_bytes_total", "Bytes the NVMe tier read")
+    C(nvme_written, "zshard_server_nvme_written_bytes_total", "Bytes the NVMe tier wrote")
+#undef G
+#undef C
+    static const double apply_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                          0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+    sv->prom.apply =
+        zs_prom_histogram(r, "zshard_server_apply_seconds",
+                          "Duration of an optimizer apply (AdamW over the shards held)", NULL,
+                          apply_bounds, (int)(sizeof apply_bounds / sizeof apply_bounds[0]));
+    if (!sv->prom.apply)
+        return ZS_ERR_INVALID;
+    /* The reasons a data-plane request is refused, as the wire says them (transport/frame.h). */
+    static const struct {
+        zs_frame_status st;
+        const char *reason;
+    } reasons[] = {{ZS_FS_DUPLICATE, "duplicate"},
+                   {ZS_FS_BAD_FRAME, "bad_frame"},
+                   {ZS_FS_BAD_RANGE, "bad_range"},
+                   {ZS_FS_STALE, "stale"},
+                   {ZS_FS_NOT_ASSIGNED, "not_assigned"},
+                   {ZS_FS_SHUTDOWN, "shutdown"},
+                   {ZS_FS_BAD_KEY, "bad_key"}};
+    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++) {
+        const char *l[] = {"reason", reasons[i].reason, NULL};
+        sv->prom.refused[reasons[i].st] =
+            zs_prom_counter(r, "zshard_server_refused_total",
+                            "Data-plane requests answered with an error (duplicate pushes "
+                            "included: dropped, not an error), by reason",
+                            l);
+        if (!sv->prom.refused[reasons[i].st])
+            return ZS_ERR_INVALID;
+    }
+    zs_prom_set(sv->prom.version, -1);
+    return ZS_OK;
+}
+
 static zs_err server_setup(server *sv)
 {
+    ZS_CHECK(prom_setup(sv));
     ZS_CHECK(choose_transport(sv));
     ZS_CHECK(sv->ops->open(&sv->net));
     /* Replies queue up during a turn of the loop and go out in one sendmsg per socket. */

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/prom.h"
 #include "common/secret.h"
 #include "proto/messages.h"
 
@@ -42,6 +43,8 @@ typedef struct {
     int rdma_port;           /* rdma: the port, 0: 1 */
     int rdma_gid_set;        /* rdma: 1 to use rdma_gid_index, 0: chosen by address */
     int rdma_gid_index;
+    zs_prom *prom; /* the registry the server's zshard_server_* series go into (a scrape
+                      endpoint reads it, server/metrics_http.h); NULL: none */
 } zs_server_opts;
 
 typedef struct zs_server zs_server;

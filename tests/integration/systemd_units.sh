@@ -88,14 +88,16 @@ OUT=$WORK/out
       -e "s#^ZSHARD_DATA=.*#ZSHARD_DATA=$DATA/tiny.txt#" \
       -e "s#^ZSHARD_STEPS=.*#ZSHARD_STEPS=$STEPS#" \
       -e "s#^ZSHARD_OUT=.*#ZSHARD_OUT=$OUT#" \
-      -e "s#^ZSHARD_CHECKPOINTS=.*#ZSHARD_CHECKPOINTS=$OUT/checkpoints#"
+      -e "s#^ZSHARD_CHECKPOINTS=.*#ZSHARD_CHECKPOINTS=$OUT/checkpoints#" \
+      -e "s#^ZSHARD_COORD_METRICS=.*#ZSHARD_COORD_METRICS=127.0.0.1:0#"
 } >"$WORK/job.env"
 sed -e 's#^ZSHARD_LISTEN=.*#ZSHARD_LISTEN=127.0.0.1:0#' -e 's#^ZSHARD_THREADS=.*#ZSHARD_THREADS=1#' \
+  -e 's#^ZSHARD_METRICS=.*#ZSHARD_METRICS=127.0.0.1:0#' \
   -e 's#^ZSHARD_TRANSPORT=.*#ZSHARD_TRANSPORT=tcp#' "$UNITS/server.env.example" >"$WORK/server.env"
 sed 's#^ZSHARD_WORKER_THREADS=.*#ZSHARD_WORKER_THREADS=1#' "$UNITS/worker.env.example" \
   >"$WORK/worker.env"
 for k in ZSHARD_COORD ZSHARD_COORD_LISTEN ZSHARD_CONFIG ZSHARD_DATA ZSHARD_SERVERS ZSHARD_STEPS \
-  ZSHARD_OUT ZSHARD_CHECKPOINTS; do
+  ZSHARD_OUT ZSHARD_CHECKPOINTS ZSHARD_COORD_METRICS; do
   checks=$((checks + 1))
   grep -q "^$k=" "$WORK/job.env" || fail "job.env.example lacks $k"
 done
@@ -171,6 +173,12 @@ for p in "${MEMBERS[@]}"; do
   [ "$RC" -ne 0 ] || fail "member $p exited 0 after its coordinator died: Restart=on-failure would not restart it"
 done
 
+# Each serves its Prometheus metrics where the environment file says (docs/observability.md).
+for log in coord-1 server0-1 server1-1; do
+  checks=$((checks + 1))
+  url=$(sed -nE 's#.*metrics: (http://127\.0\.0\.1:[0-9]+/metrics).*#\1#p' "$WORK/$log.log" | head -n 1)
+  [ -n "$url" ] || fail "$log: no 'metrics: http://...' line: $(tail -n 3 "$WORK/$log.log")"
+done
 start_all 2
 checks=$((checks + 1))
 grep -q "resuming run" "$WORK/coord-2.log" ||
