@@ -3,8 +3,10 @@
 # builds, checks the C sources' formatting (tests/format.sh), runs every CTest test in both
 # builds, then runs each libFuzzer target for a bounded time (ZS_FUZZ_SECONDS, default 20) in
 # a clang build, then the RDMA tests in a qemu guest with soft-RoCE (tests/rdma/run.sh; the
-# sanitizer build's test_transport_rdma too), then deploy/slurm's scripts against a private
-# Slurm (tests/slurm/run.sh).  Exit status 0 only if all passed.
+# sanitizer build's test_transport_rdma too), then, in a second boot of that guest, whose
+# kernel has netem, the emulated multi-host run over lossy links (tests/rdma/multihost_netem.sh),
+# then deploy/slurm's scripts against a private Slurm (tests/slurm/run.sh).  Exit status 0
+# only if all passed.
 set -euo pipefail
 # cd prints the directory it went to when CDPATH resolves it; that would leak into $root.
 root=$(cd "$(dirname "$0")/.." >/dev/null && pwd)
@@ -44,6 +46,10 @@ if ls "$root"/tests/fuzz/fuzz_*.c >/dev/null 2>&1; then
 fi
 echo "== RDMA data plane (qemu + soft-RoCE guest): tests/rdma/run.sh"
 ZS_RDMA_ASAN_BUILD=$asan "$root/tests/rdma/run.sh" "$release" || status=1
+echo "== multi-host emulation over links with 50 us of delay and 1% loss (netem, in the same guest"
+echo "   kernel: the host's has no sch_netem): tests/rdma/multihost_netem.sh"
+ZS_RDMA_TIMEOUT=${ZS_NETEM_TIMEOUT:-300} "$root/tests/rdma/run.sh" "$release" -- \
+  bash tests/rdma/multihost_netem.sh "$release" /tmp/zs-multihost-netem || status=1
 echo "== Slurm batch scripts (a private slurmctld + 3 slurmd on loopback): tests/slurm/run.sh"
 "$root/tests/slurm/run.sh" "$release" || status=1
 exit $status
