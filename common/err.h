@@ -10,6 +10,11 @@
 #ifndef ZS_ERR_H
 #define ZS_ERR_H
 
+/* C linkage from C++ too (the CUDA kernels' .cu files report errors through zs_error). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     ZS_OK = 0,
     ZS_ERR_INVALID = -1,  /* a bad argument or value (config, CLI, API misuse) */
@@ -47,5 +52,9 @@ const char *zs_err_name(zs_err code);
         if ((res) != ZS_OK)                                                                        \
             goto label;                                                                            \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -16,12 +16,13 @@ case "${1:-}" in
   '') ;;
   --asan)
     dir=$root/build-asan
-    flags=(-DCMAKE_BUILD_TYPE=Debug -DZS_SANITIZE=ON -DZS_BENCH=OFF) ;;
+    # The CUDA kernels are built (and their GPU test compiled) by the release build only.
+    flags=(-DCMAKE_BUILD_TYPE=Debug -DZS_SANITIZE=ON -DZS_BENCH=OFF -DZS_CUDA=OFF) ;;
   --fuzz)
     # clang + libFuzzer; only the fuzz targets are built here.
     dir=$root/build-fuzz
     export CC=clang
-    flags=(-DCMAKE_BUILD_TYPE=Debug -DZS_FUZZ=ON -DZS_BENCH=OFF)
+    flags=(-DCMAKE_BUILD_TYPE=Debug -DZS_FUZZ=ON -DZS_BENCH=OFF -DZS_CUDA=OFF)
     targets=(--target fuzz_all) ;;
   *)
     # A typo must not silently give a release build in the wrong directory.

@@ -1,0 +1,63 @@
+/*
+ * cuda_kernels: the CUDA counterparts of kernels/kernels.h's CPU kernels, one for one, with the
+ * same shapes, the same "param grads =" / "activation grads +=" contracts and the same
+ * formulas (gelu_new, LayerNorm eps ZS_LAYERNORM_EPS, biased variance), on device pointers,
+ * enqueued on a stream.
+ *
+ * This is the fp32 mode, the one checked against the CPU kernels element by element
+ * (tests/gpu/test_cuda_kernels.c holds the tolerance of each and why).  bf16 storage with fp32
+ * accumulation comes with the GPU worker (issue 14).
+ *
+ * Determinism: no atomics.  A reduction over rows (a bias's or a LayerNorm weight's gradient)
+ * is done by one thread per column walking the rows in order; one over a row (a LayerNorm's
+ * mean) by one warp in a fixed shuffle tree.  So for one GPU model and one shape the bits are
+ * the same run to run; they are not the CPU's bits (another summation order), which is why the
+ * GPU path has its own reference (`zshard train --device cuda`, to come).
+ *
+ * Every function returns ZS_OK once the kernel is enqueued, or the launch's error with the
+ * kernel's name; errors of the kernel's execution surface at the next synchronization.
+ * Pointers are device pointers.  This header needs no CUDA header: a stream is the runtime's
+ * cudaStream_t (NULL: the legacy default stream).
+ */
+#ifndef ZS_CUDA_KERNELS_H
+#define ZS_CUDA_KERNELS_H
+
+#include "common/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *zs_cuda_stream; /* cudaStream_t */
+
+/* pre (N, C) += bias (C) (bias may be NULL); out (N, C) = gelu(pre).  zs_bias_gelu_forward. */
+zs_err zs_cuda_bias_gelu_forward(float *pre, float *out, const float *bias, int N, int C,
+                                 zs_cuda_stream stream);
+
+/* d (N, C) = d * gelu'(pre) in place (activation grads =); dbias (C) = column sums of the new
+ * d (param grads =; skipped when NULL).  zs_bias_gelu_backward. */
+zs_err zs_cuda_bias_gelu_backward(float *d, float *dbias, const float *pre, int N, int C,
+                                  zs_cuda_stream stream);
+
+/* out (N, C) = LayerNorm(inp) * weight + bias; mean (N), rstd (N) saved.  zs_layernorm_forward. */
+zs_err zs_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                 const float *weight, const float *bias, int N, int C,
+                                 zs_cuda_stream stream);
+
+/* res = inp1 + inp2 (res may alias inp1), then zs_cuda_layernorm_forward of res.
+ * zs_residual_layernorm_forward. */
+zs_err zs_cuda_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                          const float *inp1, const float *inp2, const float *weight,
+                                          const float *bias, int N, int C, zs_cuda_stream stream);
+
+/* dinp (N, C) += d loss / d inp (activation grads +=); dweight, dbias (C) = column sums
+ * (param grads =).  zs_layernorm_backward. */
+zs_err zs_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const float *weight, const float *mean,
+                                  const float *rstd, int N, int C, zs_cuda_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,77 @@
+/*
+ * gelu: bias + gelu_new and its backward on the GPU (cuda_kernels.h).  The formulas are
+ * kernels/cpu/gelu.c's: gelu(x) = x / (1 + exp(-2 k0 (x + k1 x^3))), which is
+ * 0.5 x (1 + tanh(k0 (x + k1 x^3))) written with one exponential, and its derivative from the
+ * same exponential.  expf here is CUDA's (2 ulp), not zs_expf: the tolerance table in
+ * tests/gpu/test_cuda_kernels.c says what that costs.  The backward's column walk gives each
+ * thread a whole column (C threads): simple and deterministic, and enough for C = 4 n_embd.
+ */
+#include "kernels/cuda/launch.cuh"
+
+#define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K1 0.044715f
+
+__device__ static inline float gelu_e(float v)
+{
+    return expf(-2.0f * (GELU_K0 * (v + GELU_K1 * v * v * v)));
+}
+
+__global__ static void bias_gelu_forward_kernel(float *pre, float *out, const float *bias,
+                                                long long n, int C)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float x = pre[i];
+    if (bias) {
+        x += bias[i % C];
+        pre[i] = x;
+    }
+    out[i] = x / (1.0f + gelu_e(x));
+}
+
+/* One thread per column walks the rows in order: d = d * gelu'(pre), dbias[c] = their sum. */
+__global__ static void bias_gelu_backward_kernel(float *d, float *dbias, const float *pre, int N,
+                                                 int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float acc = 0.0f;
+    for (int i = 0; i < N; i++) {
+        size_t k = (size_t)i * C + c;
+        float v = pre[k];
+        float e = gelu_e(v);
+        float s = 1.0f / (1.0f + e);
+        float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
+        float g = s + v * 2.0f * s * (e * s) * du;
+        float r = d[k] * g;
+        d[k] = r;
+        acc += r;
+    }
+    if (dbias)
+        dbias[c] = acc;
+}
+
+extern "C" zs_err zs_cuda_bias_gelu_forward(float *pre, float *out, const float *bias, int N, int C,
+                                            zs_cuda_stream stream)
+{
+    ZS_CHECK(zs_cuda_check_shape("bias_gelu_forward", N, C));
+    long long n = (long long)N * C;
+    if (n == 0)
+        return ZS_OK;
+    bias_gelu_forward_kernel<<<zs_cuda_blocks(n, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+        pre, out, bias, n, C);
+    return zs_cuda_launched("bias_gelu_forward", N, C);
+}
+
+extern "C" zs_err zs_cuda_bias_gelu_backward(float *d, float *dbias, const float *pre, int N, int C,
+                                             zs_cuda_stream stream)
+{
+    ZS_CHECK(zs_cuda_check_shape("bias_gelu_backward", N, C));
+    if (C == 0)
+        return ZS_OK;
+    bias_gelu_backward_kernel<<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+        d, dbias, pre, N, C);
+    return zs_cuda_launched("bias_gelu_backward", N, C);
+}

@@ -1,0 +1,47 @@
+/*
+ * launch: what every .cu file of kernels/cuda shares: the result of a kernel launch as a
+ * zs_err naming the kernel, and the launch shapes.
+ */
+#ifndef ZS_CUDA_LAUNCH_CUH
+#define ZS_CUDA_LAUNCH_CUH
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+#define ZS_WARP 32
+/* Threads per block of the row kernels (a warp per row) and of the column kernels. */
+#define ZS_CUDA_BLOCK 256
+
+/* ZS_OK, or the launch error of the kernel just enqueued, named. */
+static inline zs_err zs_cuda_launched(const char *kernel, int N, int C)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        return ZS_OK;
+    return zs_error(ZS_ERR_INTERNAL, "cuda: %s (N %d, C %d): %s", kernel, N, C,
+                    cudaGetErrorString(e));
+}
+
+/* Checks the shape every kernel takes: N rows of C columns, both positive (nothing to do for 0). */
+static inline zs_err zs_cuda_check_shape(const char *kernel, int N, int C)
+{
+    if (N < 0 || C < 0)
+        return zs_error(ZS_ERR_INVALID, "cuda: %s: shape N %d, C %d", kernel, N, C);
+    return ZS_OK;
+}
+
+static inline unsigned zs_cuda_blocks(long long work, int per_block)
+{
+    return (unsigned)((work + per_block - 1) / per_block);
+}
+
+/* The sum of v over a warp, in a fixed butterfly order: every lane gets the same bits. */
+__device__ static inline float zs_warp_sum(float v)
+{
+    for (int o = ZS_WARP / 2; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+#endif

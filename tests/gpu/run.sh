@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: everything that needs a GPU, in one script for a machine that has one
+# (docs/testing.md).  It builds the release build with the CUDA kernels required
+# (-DZS_CUDA=ON, sm_80 and sm_90) and runs the GPU tests, where a skip (exit 77: no device) is
+# a failure.  What it runs today: test_cuda_kernels (each CUDA kernel against its CPU kernel,
+# with the tolerance table in tests/gpu/test_cuda_kernels.c, and twice for the same bits).
+# Exit status 0 only if all passed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)
+command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "tests/gpu/run.sh: no nvidia-smi" >&2
+build=$("$root/deploy/build.sh")
+cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2
+cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels >&2
+status=0
+for t in test_cuda_kernels; do
+  echo "== $t"
+  rc=0
+  "$build/tests/$t" || rc=$?
+  if [ $rc -eq 77 ]; then
+    echo "tests/gpu/run.sh: $t found no CUDA device: this script needs a GPU" >&2
+    status=1
+  elif [ $rc -ne 0 ]; then
+    status=1
+  fi
+done
+exit $status

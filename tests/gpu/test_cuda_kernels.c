@@ -1,0 +1,218 @@
+/*
+ * test_cuda_kernels: each CUDA kernel of kernels/cuda against its CPU kernel (kernels/kernels.h)
+ * on the same inputs, element by element, with the tolerance of the table below; and each run
+ * twice on the GPU, which must give the same bits (no atomics: cuda_kernels.h).
+ *
+ * Exits 77 (skipped) where no CUDA device is present: the build machines compile and link this
+ * but have no GPU.  tests/gpu/run.sh runs it where one is, and there 77 is a failure.
+ */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/kernels.h"
+#include "tests/unit/test.h"
+
+/*
+ * Tolerances: |gpu - cpu| <= abs + rel * |cpu|, per output.  Why each is what it is:
+ * - gelu forward: CUDA's expf (2 ulp) against zs_expf (1 ulp), then a division: a few ulp.
+ * - gelu backward d: the same exponential feeds a longer formula: a few more ulp.
+ * - gelu dbias: a sum of N terms in the same row order on both, each term off by the above.
+ * - layernorm out, mean, rstd: the row sums run in another order (32 lanes + a butterfly on
+ *   the GPU, 8 lanes + a tree on the CPU): O(C) ulp of the sum in the worst case, far less
+ *   in practice; out inherits rstd's error.
+ * - layernorm dinp: two such row sums, then a difference of terms of similar size.
+ * - layernorm dweight, dbias: sums of N terms in row order on both sides, each term carrying
+ *   xhat's error.
+ */
+typedef struct {
+    const char *what;
+    double abs, rel;
+} tolerance;
+
+static const tolerance TOL_GELU_OUT = {"gelu forward", 1e-6, 4e-6};
+static const tolerance TOL_GELU_D = {"gelu backward d", 1e-6, 1e-5};
+static const tolerance TOL_GELU_DBIAS = {"gelu backward dbias", 1e-4, 1e-4};
+static const tolerance TOL_LN_OUT = {"layernorm out", 1e-5, 1e-5};
+static const tolerance TOL_LN_STATS = {"layernorm mean, rstd", 1e-6, 1e-5};
+static const tolerance TOL_LN_DINP = {"layernorm dinp", 1e-5, 1e-4};
+static const tolerance TOL_LN_DPARAM = {"layernorm dweight, dbias", 1e-4, 1e-4};
+
+/* Random values in [-scale, scale), from a fixed seed. */
+static void fill(float *v, size_t n, float scale, uint64_t *state)
+{
+    for (size_t i = 0; i < n; i++) {
+        *state ^= *state << 13, *state ^= *state >> 7, *state ^= *state << 17;
+        v[i] = scale * ((float)(*state >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
+    }
+}
+
+static float *dev(const float *host, size_t n)
+{
+    void *p = NULL;
+    if (cudaMalloc(&p, n * sizeof(float) + 1) != cudaSuccess)
+        return NULL;
+    if (host)
+        cudaMemcpy(p, host, n * sizeof(float), cudaMemcpyHostToDevice);
+    return p;
+}
+
+static float *host_of(const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof(float));
+    if (h)
+        cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+    return h;
+}
+
+/* Compares n values; prints the worst one and counts one check. */
+static void compare(const tolerance *t, const float *gpu, const float *cpu, size_t n)
+{
+    size_t worst = 0;
+    double worst_excess = -1;
+    for (size_t i = 0; i < n; i++) {
+        double bound = t->abs + t->rel * fabs((double)cpu[i]);
+        double excess = fabs((double)gpu[i] - (double)cpu[i]) - bound;
+        if (excess > worst_excess || gpu[i] != gpu[i])
+            worst_excess = gpu[i] != gpu[i] ? INFINITY : excess, worst = i;
+    }
+    zs_test_checks++;
+    if (worst_excess > 0) {
+        zs_test_failures++;
+        fprintf(stderr, "%s: element %zu: gpu %.9g, cpu %.9g, beyond %g + %g |cpu|\n", t->what,
+                worst, gpu[worst], cpu[worst], t->abs, t->rel);
+    }
+}
+
+/* The GPU gives the same bits twice. */
+static void same_bits(const char *what, const float *a, const float *b, size_t n)
+{
+    zs_test_checks++;
+    if (memcmp(a, b, n * sizeof(float)) != 0) {
+        zs_test_failures++;
+        fprintf(stderr, "%s: two GPU runs differ\n", what);
+    }
+}
+
+static void test_gelu(int N, int C)
+{
+    size_t n = (size_t)N * C;
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    float *pre = malloc(n * 4), *bias = malloc((size_t)C * 4), *d = malloc(n * 4);
+    float *pre_cpu = malloc(n * 4), *out_cpu = malloc(n * 4), *dbias_cpu = malloc((size_t)C * 4);
+    fill(pre, n, 4.0f, &st);
+    fill(bias, (size_t)C, 0.5f, &st);
+    fill(d, n, 1.0f, &st);
+    memcpy(pre_cpu, pre, n * 4);
+    zs_bias_gelu_forward(pre_cpu, out_cpu, bias, N, C, 1);
+
+    float *results[2][3] = {{0}};
+    for (int run = 0; run < 2; run++) {
+        float *g_pre = dev(pre, n), *g_out = dev(NULL, n), *g_bias = dev(bias, (size_t)C);
+        float *g_d = dev(d, n), *g_dbias = dev(NULL, (size_t)C);
+        CHECK(g_pre && g_out && g_bias && g_d && g_dbias);
+        CHECK_OK(zs_cuda_bias_gelu_forward(g_pre, g_out, g_bias, N, C, NULL));
+        CHECK_OK(zs_cuda_bias_gelu_backward(g_d, g_dbias, g_pre, N, C, NULL));
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        results[run][0] = host_of(g_out, n);
+        results[run][1] = host_of(g_d, n);
+        results[run][2] = host_of(g_dbias, (size_t)C);
+        cudaFree(g_pre), cudaFree(g_out), cudaFree(g_bias), cudaFree(g_d), cudaFree(g_dbias);
+    }
+    float *d_cpu = malloc(n * 4);
+    memcpy(d_cpu, d, n * 4);
+    zs_bias_gelu_backward(d_cpu, dbias_cpu, pre_cpu, N, C, 1);
+    compare(&TOL_GELU_OUT, results[0][0], out_cpu, n);
+    compare(&TOL_GELU_D, results[0][1], d_cpu, n);
+    compare(&TOL_GELU_DBIAS, results[0][2], dbias_cpu, (size_t)C);
+    same_bits("gelu forward", results[0][0], results[1][0], n);
+    same_bits("gelu backward d", results[0][1], results[1][1], n);
+    same_bits("gelu backward dbias", results[0][2], results[1][2], (size_t)C);
+    for (int run = 0; run < 2; run++)
+        for (int k = 0; k < 3; k++)
+            free(results[run][k]);
+    free(pre), free(bias), free(d), free(pre_cpu), free(out_cpu), free(dbias_cpu), free(d_cpu);
+}
+
+static void test_layernorm(int N, int C)
+{
+    size_t n = (size_t)N * C;
+    uint64_t st = 0x2545f4914f6cdd1dull;
+    float *a = malloc(n * 4), *b = malloc(n * 4), *w = malloc((size_t)C * 4);
+    float *bi = malloc((size_t)C * 4), *dout = malloc(n * 4), *dinp0 = malloc(n * 4);
+    fill(a, n, 2.0f, &st);
+    fill(b, n, 2.0f, &st);
+    fill(w, (size_t)C, 1.0f, &st);
+    fill(bi, (size_t)C, 0.5f, &st);
+    fill(dout, n, 1.0f, &st);
+    fill(dinp0, n, 0.1f, &st); /* dinp is +=: start from something */
+
+    /* CPU: the fused residual forward, then the backward. */
+    float *res = malloc(n * 4), *out = malloc(n * 4), *mean = malloc((size_t)N * 4);
+    float *rstd = malloc((size_t)N * 4), *dinp = malloc(n * 4), *dw = malloc((size_t)C * 4);
+    float *db = malloc((size_t)C * 4);
+    zs_residual_layernorm_forward(res, out, mean, rstd, a, b, w, bi, N, C, 1);
+    memcpy(dinp, dinp0, n * 4);
+    zs_layernorm_backward(dinp, dw, db, dout, res, w, mean, rstd, N, C, 1);
+
+    float *r[2][6] = {{0}};
+    for (int run = 0; run < 2; run++) {
+        float *g_a = dev(a, n), *g_b = dev(b, n), *g_w = dev(w, (size_t)C);
+        float *g_bi = dev(bi, (size_t)C), *g_out = dev(NULL, n), *g_mean = dev(NULL, (size_t)N);
+        float *g_rstd = dev(NULL, (size_t)N), *g_dout = dev(dout, n), *g_dinp = dev(dinp0, n);
+        float *g_dw = dev(NULL, (size_t)C), *g_db = dev(NULL, (size_t)C);
+        CHECK(g_a && g_b && g_w && g_bi && g_out && g_mean && g_rstd && g_dout && g_dinp && g_dw &&
+              g_db);
+        /* res aliases inp1, as the model calls it. */
+        CHECK_OK(zs_cuda_residual_layernorm_forward(g_a, g_out, g_mean, g_rstd, g_a, g_b, g_w, g_bi,
+                                                    N, C, NULL));
+        CHECK_OK(zs_cuda_layernorm_backward(g_dinp, g_dw, g_db, g_dout, g_a, g_w, g_mean, g_rstd, N,
+                                            C, NULL));
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        r[run][0] = host_of(g_out, n);
+        r[run][1] = host_of(g_mean, (size_t)N);
+        r[run][2] = host_of(g_rstd, (size_t)N);
+        r[run][3] = host_of(g_dinp, n);
+        r[run][4] = host_of(g_dw, (size_t)C);
+        r[run][5] = host_of(g_db, (size_t)C);
+        cudaFree(g_a), cudaFree(g_b), cudaFree(g_w), cudaFree(g_bi), cudaFree(g_out);
+        cudaFree(g_mean), cudaFree(g_rstd), cudaFree(g_dout), cudaFree(g_dinp), cudaFree(g_dw);
+        cudaFree(g_db);
+    }
+    compare(&TOL_LN_OUT, r[0][0], out, n);
+    compare(&TOL_LN_STATS, r[0][1], mean, (size_t)N);
+    compare(&TOL_LN_STATS, r[0][2], rstd, (size_t)N);
+    compare(&TOL_LN_DINP, r[0][3], dinp, n);
+    compare(&TOL_LN_DPARAM, r[0][4], dw, (size_t)C);
+    compare(&TOL_LN_DPARAM, r[0][5], db, (size_t)C);
+    static const char *names[6] = {"layernorm out",  "layernorm mean",    "layernorm rstd",
+                                   "layernorm dinp", "layernorm dweight", "layernorm dbias"};
+    size_t sizes[6] = {n, (size_t)N, (size_t)N, n, (size_t)C, (size_t)C};
+    for (int k = 0; k < 6; k++) {
+        same_bits(names[k], r[0][k], r[1][k], sizes[k]);
+        free(r[0][k]), free(r[1][k]);
+    }
+    free(a), free(b), free(w), free(bi), free(dout), free(dinp0), free(res), free(out);
+    free(mean), free(rstd), free(dinp), free(dw), free(db);
+}
+
+int main(void)
+{
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("test_cuda_kernels: skipped: no CUDA device\n");
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        printf("test_cuda_kernels: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    /* GPT-2 124M's shapes at B*T = 256, and odd ones (C not a multiple of 32, one row). */
+    test_gelu(256, 3072);
+    test_gelu(7, 97);
+    test_layernorm(256, 768);
+    test_layernorm(5, 33);
+    test_layernorm(1, 1600);
+    return zs_test_result("test_cuda_kernels");
+}
