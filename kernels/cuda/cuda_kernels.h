@@ -4,6 +4,9 @@
  * formulas (gelu_new, LayerNorm eps ZS_LAYERNORM_EPS, biased variance), on device pointers,
  * enqueued on a stream.
  *
+ * So far: bias + GELU, LayerNorm (with the residual add), the encoder and the fused
+ * cross-entropy; the GEMMs (cuBLASLt) and attention are still to come.
+ *
  * This is the fp32 mode, the one checked against the CPU kernels element by element
  * (tests/gpu/test_cuda_kernels.c holds the tolerance of each and why).  bf16 storage with fp32
  * accumulation comes with the GPU worker (issue 14).
@@ -21,6 +24,8 @@
  */
 #ifndef ZS_CUDA_KERNELS_H
 #define ZS_CUDA_KERNELS_H
+
+#include <stdint.h>
 
 #include "common/err.h"
 
@@ -55,6 +60,22 @@ zs_err zs_cuda_residual_layernorm_forward(float *res, float *out, float *mean, f
 zs_err zs_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                   const float *inp, const float *weight, const float *mean,
                                   const float *rstd, int N, int C, zs_cuda_stream stream);
+
+/* out (B, T, C) = wte[inp] + wpe[t].  inp: device int32 (B, T), each in [0, V) (the caller
+ * checks, as on the CPU).  zs_encoder_forward. */
+zs_err zs_cuda_encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe,
+                               int B, int T, int C, zs_cuda_stream stream);
+
+/* dwte (V, C) += dout rows into the tokens' rows, in position order (param grads +=); dwpe rows
+ * 0..T-1 = sums over b (param grads =).  zs_encoder_backward: dwte to the bit. */
+zs_err zs_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
+                                int B, int T, int C, zs_cuda_stream stream);
+
+/* losses (N) = cross-entropy of each row; logits (N, V) overwritten with
+ * (softmax - onehot(targets)) * dloss.  targets: device int32 (N), each in [0, V).
+ * zs_crossentropy_fused. */
+zs_err zs_cuda_crossentropy_fused(float *logits, float *losses, const int32_t *targets, int N,
+                                  int V, float dloss, zs_cuda_stream stream);
 
 #ifdef __cplusplus
 }

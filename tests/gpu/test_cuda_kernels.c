@@ -26,6 +26,11 @@
  * - layernorm dinp: two such row sums, then a difference of terms of similar size.
  * - layernorm dweight, dbias: sums of N terms in row order on both sides, each term carrying
  *   xhat's error.
+ * - encoder forward, dwte, dwpe: the same additions in the same order on both: 0, bitwise.
+ * - cross-entropy loss: the row's sum of exponentials in double on both, in another order,
+ *   and CUDA's expf: a few ulp of the loss.
+ * - cross-entropy dlogits: softmax * dloss (dloss = 1/N) carries expf's error and the sum's;
+ *   the absolute term covers entries near 0.
  */
 typedef struct {
     const char *what;
@@ -39,6 +44,9 @@ static const tolerance TOL_LN_OUT = {"layernorm out", 1e-5, 1e-5};
 static const tolerance TOL_LN_STATS = {"layernorm mean, rstd", 1e-6, 1e-5};
 static const tolerance TOL_LN_DINP = {"layernorm dinp", 1e-5, 1e-4};
 static const tolerance TOL_LN_DPARAM = {"layernorm dweight, dbias", 1e-4, 1e-4};
+static const tolerance TOL_ENCODER = {"encoder out, dwte, dwpe", 0, 0};
+static const tolerance TOL_CE_LOSS = {"cross-entropy loss", 1e-6, 1e-6};
+static const tolerance TOL_CE_DLOGITS = {"cross-entropy dlogits", 1e-10, 1e-5};
 
 /* Random values in [-scale, scale), from a fixed seed. */
 static void fill(float *v, size_t n, float scale, uint64_t *state)
@@ -198,6 +206,94 @@ static void test_layernorm(int N, int C)
     free(mean), free(rstd), free(dinp), free(dw), free(db);
 }
 
+static int32_t *dev_ids(const int32_t *host, size_t n)
+{
+    void *p = NULL;
+    if (cudaMalloc(&p, n * sizeof(int32_t) + 1) != cudaSuccess)
+        return NULL;
+    cudaMemcpy(p, host, n * sizeof(int32_t), cudaMemcpyHostToDevice);
+    return p;
+}
+
+/* Token ids in [0, V), many repeated (the backward's scatter must sum them in order). */
+static void fill_ids(int32_t *ids, size_t n, int V, uint64_t *state)
+{
+    for (size_t i = 0; i < n; i++) {
+        *state ^= *state << 13, *state ^= *state >> 7, *state ^= *state << 17;
+        ids[i] = (int32_t)(*state % (uint64_t)(V < 16 ? V : 16));
+    }
+}
+
+static void test_encoder(int B, int T, int C, int V)
+{
+    size_t n = (size_t)B * T * C, nbt = (size_t)B * T;
+    uint64_t st = 0x853c49e6748fea9bull;
+    int32_t *ids = malloc(nbt * sizeof *ids);
+    float *wte = malloc((size_t)V * C * 4), *wpe = malloc((size_t)T * C * 4);
+    float *dout = malloc(n * 4), *dwte0 = malloc((size_t)V * C * 4);
+    fill_ids(ids, nbt, V, &st);
+    fill(wte, (size_t)V * C, 1.0f, &st);
+    fill(wpe, (size_t)T * C, 1.0f, &st);
+    fill(dout, n, 1.0f, &st);
+    fill(dwte0, (size_t)V * C, 0.5f, &st); /* dwte is +=: lm_head's part first */
+    float *out = malloc(n * 4), *dwte = malloc((size_t)V * C * 4),
+          *dwpe = malloc((size_t)T * C * 4);
+    zs_encoder_forward(out, ids, wte, wpe, B, T, C, 1);
+    memcpy(dwte, dwte0, (size_t)V * C * 4);
+    zs_encoder_backward(dwte, dwpe, dout, ids, B, T, C, 1);
+
+    int32_t *g_ids = dev_ids(ids, nbt);
+    float *g_wte = dev(wte, (size_t)V * C), *g_wpe = dev(wpe, (size_t)T * C), *g_out = dev(NULL, n);
+    float *g_dout = dev(dout, n), *g_dwte = dev(dwte0, (size_t)V * C);
+    float *g_dwpe = dev(NULL, (size_t)T * C);
+    CHECK(g_ids && g_wte && g_wpe && g_out && g_dout && g_dwte && g_dwpe);
+    CHECK_OK(zs_cuda_encoder_forward(g_out, g_ids, g_wte, g_wpe, B, T, C, NULL));
+    CHECK_OK(zs_cuda_encoder_backward(g_dwte, g_dwpe, g_dout, g_ids, B, T, C, NULL));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    float *h_out = host_of(g_out, n), *h_dwte = host_of(g_dwte, (size_t)V * C);
+    float *h_dwpe = host_of(g_dwpe, (size_t)T * C);
+    compare(&TOL_ENCODER, h_out, out, n);
+    compare(&TOL_ENCODER, h_dwte, dwte, (size_t)V * C);
+    compare(&TOL_ENCODER, h_dwpe, dwpe, (size_t)T * C);
+    cudaFree(g_ids), cudaFree(g_wte), cudaFree(g_wpe), cudaFree(g_out), cudaFree(g_dout);
+    cudaFree(g_dwte), cudaFree(g_dwpe);
+    free(ids), free(wte), free(wpe), free(dout), free(dwte0), free(out), free(dwte), free(dwpe);
+    free(h_out), free(h_dwte), free(h_dwpe);
+}
+
+static void test_crossentropy(int N, int V)
+{
+    size_t n = (size_t)N * V;
+    uint64_t st = 0xda942042e4dd58b5ull;
+    float *logits = malloc(n * 4), *cpu = malloc(n * 4), *losses = malloc((size_t)N * 4);
+    int32_t *targets = malloc((size_t)N * sizeof *targets);
+    fill(logits, n, 8.0f, &st);
+    for (int i = 0; i < N; i++)
+        targets[i] = (int32_t)((size_t)i * 7919 % (size_t)V);
+    memcpy(cpu, logits, n * 4);
+    zs_crossentropy_fused(cpu, losses, targets, N, V, 1.0f / (float)N, 1);
+
+    float *r[2][2] = {{0}};
+    for (int run = 0; run < 2; run++) {
+        float *g_logits = dev(logits, n), *g_losses = dev(NULL, (size_t)N);
+        int32_t *g_targets = dev_ids(targets, (size_t)N);
+        CHECK(g_logits && g_losses && g_targets);
+        CHECK_OK(
+            zs_cuda_crossentropy_fused(g_logits, g_losses, g_targets, N, V, 1.0f / (float)N, NULL));
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        r[run][0] = host_of(g_losses, (size_t)N);
+        r[run][1] = host_of(g_logits, n);
+        cudaFree(g_logits), cudaFree(g_losses), cudaFree(g_targets);
+    }
+    compare(&TOL_CE_LOSS, r[0][0], losses, (size_t)N);
+    compare(&TOL_CE_DLOGITS, r[0][1], cpu, n);
+    same_bits("cross-entropy loss", r[0][0], r[1][0], (size_t)N);
+    same_bits("cross-entropy dlogits", r[0][1], r[1][1], n);
+    for (int run = 0; run < 2; run++)
+        free(r[run][0]), free(r[run][1]);
+    free(logits), free(cpu), free(losses), free(targets);
+}
+
 int main(void)
 {
     int devices = 0;
@@ -214,5 +310,9 @@ int main(void)
     test_layernorm(256, 768);
     test_layernorm(5, 33);
     test_layernorm(1, 1600);
+    test_encoder(4, 64, 768, 50257);
+    test_encoder(3, 5, 33, 7);
+    test_crossentropy(64, 50257);
+    test_crossentropy(3, 17);
     return zs_test_result("test_cuda_kernels");
 }
