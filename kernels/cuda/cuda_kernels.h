@@ -5,7 +5,7 @@
  * enqueued on a stream.
  *
  * So far: bias + GELU, LayerNorm (with the residual add), the encoder and the fused
- * cross-entropy; the GEMMs (cuBLASLt) and attention are still to come.
+ * cross-entropy, and the linear layers through cuBLASLt; attention is still to come.
  *
  * This is the fp32 mode, the one checked against the CPU kernels element by element
  * (tests/gpu/test_cuda_kernels.c holds the tolerance of each and why).  bf16 storage with fp32
@@ -70,6 +70,26 @@ zs_err zs_cuda_encoder_forward(float *out, const int32_t *inp, const float *wte,
  * 0..T-1 = sums over b (param grads =).  zs_encoder_backward: dwte to the bit. */
 zs_err zs_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
                                 int B, int T, int C, zs_cuda_stream stream);
+
+/* The linear layers' GEMMs go through cuBLASLt: a handle and its workspace, for one stream. */
+typedef struct zs_cuda_blas zs_cuda_blas;
+zs_err zs_cuda_blas_open(zs_cuda_stream stream, zs_cuda_blas **out);
+void zs_cuda_blas_close(zs_cuda_blas *b);
+
+/* out (N, OC) = inp (N, C) weight (C, OC) + bias (OC) (bias may be NULL), on b's stream.
+ * zs_linear_forward. */
+zs_err zs_cuda_linear_forward(zs_cuda_blas *b, float *out, const float *inp, const float *weight,
+                              const float *bias, int N, int C, int OC);
+
+/* dinp (N, C) = dout weight^T (skipped when NULL; activation grads =), dweight (C, OC) =
+ * inp^T dout, dbias (OC) = column sums of dout (skipped when NULL; param grads =).
+ * zs_linear_backward. */
+zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight, int N,
+                               int C, int OC);
+
+/* dbias (OC) = sum over the N rows of dout (N, OC), in row order (param grads =). */
+zs_err zs_cuda_bias_backward(float *dbias, const float *dout, int N, int OC, zs_cuda_stream stream);
 
 /* losses (N) = cross-entropy of each row; logits (N, V) overwritten with
  * (softmax - onehot(targets)) * dloss.  targets: device int32 (N), each in [0, V).

@@ -26,6 +26,11 @@
  * - layernorm dinp: two such row sums, then a difference of terms of similar size.
  * - layernorm dweight, dbias: sums of N terms in row order on both sides, each term carrying
  *   xhat's error.
+ * - linear forward and backward: dot products of K = C, OC or N terms, summed by BLIS's
+ *   micro-kernels on the CPU and cuBLASLt's tiles on the GPU in other orders (fp32 on both:
+ *   CUBLAS_COMPUTE_32F, no TF32): about sqrt(K) ulp of the sum of |terms| each, which for
+ *   inputs in [-1, 1] and K <= 3072 stays under 1e-4 relative plus a small absolute term for
+ *   results near 0.  dbias: row sums in the same order on both.
  * - encoder forward, dwte, dwpe: the same additions in the same order on both: 0, bitwise.
  * - cross-entropy loss: the row's sum of exponentials in double on both, in another order,
  *   and CUDA's expf: a few ulp of the loss.
@@ -44,6 +49,8 @@ static const tolerance TOL_LN_OUT = {"layernorm out", 1e-5, 1e-5};
 static const tolerance TOL_LN_STATS = {"layernorm mean, rstd", 1e-6, 1e-5};
 static const tolerance TOL_LN_DINP = {"layernorm dinp", 1e-5, 1e-4};
 static const tolerance TOL_LN_DPARAM = {"layernorm dweight, dbias", 1e-4, 1e-4};
+static const tolerance TOL_LINEAR = {"linear out, dinp, dweight", 2e-4, 1e-4};
+static const tolerance TOL_LINEAR_DBIAS = {"linear dbias", 1e-5, 1e-5};
 static const tolerance TOL_ENCODER = {"encoder out, dwte, dwpe", 0, 0};
 static const tolerance TOL_CE_LOSS = {"cross-entropy loss", 1e-6, 1e-6};
 static const tolerance TOL_CE_DLOGITS = {"cross-entropy dlogits", 1e-10, 1e-5};
@@ -294,6 +301,56 @@ static void test_crossentropy(int N, int V)
     free(logits), free(cpu), free(losses), free(targets);
 }
 
+static void test_linear(int N, int C, int OC)
+{
+    size_t nin = (size_t)N * C, nw = (size_t)C * OC, nout = (size_t)N * OC;
+    uint64_t st = 0x94d049bb133111ebull;
+    float *inp = malloc(nin * 4), *w = malloc(nw * 4), *bias = malloc((size_t)OC * 4);
+    float *dout = malloc(nout * 4);
+    fill(inp, nin, 1.0f, &st);
+    fill(w, nw, 1.0f, &st);
+    fill(bias, (size_t)OC, 1.0f, &st);
+    fill(dout, nout, 1.0f, &st);
+    float *out = malloc(nout * 4), *dinp = malloc(nin * 4), *dw = malloc(nw * 4);
+    float *db = malloc((size_t)OC * 4);
+    zs_linear_forward(out, inp, w, bias, N, C, OC, 1);
+    zs_linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, 1);
+
+    zs_cuda_blas *blas = NULL;
+    CHECK_OK(zs_cuda_blas_open(NULL, &blas));
+    float *r[2][4] = {{0}};
+    for (int run = 0; blas && run < 2; run++) {
+        float *g_inp = dev(inp, nin), *g_w = dev(w, nw), *g_bias = dev(bias, (size_t)OC);
+        float *g_dout = dev(dout, nout), *g_out = dev(NULL, nout), *g_dinp = dev(NULL, nin);
+        float *g_dw = dev(NULL, nw), *g_db = dev(NULL, (size_t)OC);
+        CHECK(g_inp && g_w && g_bias && g_dout && g_out && g_dinp && g_dw && g_db);
+        CHECK_OK(zs_cuda_linear_forward(blas, g_out, g_inp, g_w, g_bias, N, C, OC));
+        CHECK_OK(zs_cuda_linear_backward(blas, g_dinp, g_dw, g_db, g_dout, g_inp, g_w, N, C, OC));
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        r[run][0] = host_of(g_out, nout);
+        r[run][1] = host_of(g_dinp, nin);
+        r[run][2] = host_of(g_dw, nw);
+        r[run][3] = host_of(g_db, (size_t)OC);
+        cudaFree(g_inp), cudaFree(g_w), cudaFree(g_bias), cudaFree(g_dout), cudaFree(g_out);
+        cudaFree(g_dinp), cudaFree(g_dw), cudaFree(g_db);
+    }
+    if (blas) {
+        compare(&TOL_LINEAR, r[0][0], out, nout);
+        compare(&TOL_LINEAR, r[0][1], dinp, nin);
+        compare(&TOL_LINEAR, r[0][2], dw, nw);
+        compare(&TOL_LINEAR_DBIAS, r[0][3], db, (size_t)OC);
+        static const char *names[4] = {"linear out", "linear dinp", "linear dweight",
+                                       "linear dbias"};
+        size_t sizes[4] = {nout, nin, nw, (size_t)OC};
+        for (int k = 0; k < 4; k++) {
+            same_bits(names[k], r[0][k], r[1][k], sizes[k]);
+            free(r[0][k]), free(r[1][k]);
+        }
+    }
+    zs_cuda_blas_close(blas);
+    free(inp), free(w), free(bias), free(dout), free(out), free(dinp), free(dw), free(db);
+}
+
 int main(void)
 {
     int devices = 0;
@@ -310,6 +367,9 @@ int main(void)
     test_layernorm(256, 768);
     test_layernorm(5, 33);
     test_layernorm(1, 1600);
+    test_linear(256, 768, 2304); /* c_attn */
+    test_linear(256, 3072, 768); /* c_proj of the MLP */
+    test_linear(5, 33, 7);
     test_encoder(4, 64, 768, 50257);
     test_encoder(3, 5, 33, 7);
     test_crossentropy(64, 50257);

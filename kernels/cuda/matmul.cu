@@ -1,0 +1,203 @@
+/*
+ * matmul: the linear layers' GEMMs through cuBLASLt, with the bias added in its epilogue, and
+ * their backward (cuda_kernels.h); kernels/kernels.h's zs_linear_forward/backward contracts.
+ *
+ * Our matrices are row-major and cuBLASLt's column-major, so each product is issued on the
+ * transposes, which are the same bytes: out (N, OC) = inp (N, C) W (C, OC) becomes
+ * out^T (OC, N) = W^T (OC, C) inp^T (C, N), where W^T and inp^T are W and inp as they lie in
+ * memory, read column-major.
+ *
+ * fp32 mode: CUBLAS_COMPUTE_32F, so no TF32 (the checking mode must match the CPU within the
+ * tolerance table).  Determinism: the preference allows only algorithms without a split-K
+ * reduction (CUBLASLT_REDUCTION_SCHEME_NONE), which would sum partial products in an order
+ * that may vary, and the first algorithm of the heuristic is used; cuBLAS gives the same bits
+ * run to run on one GPU model, library version and shape.  dbias is our own kernel, a thread a
+ * column walking the rows in order.
+ */
+#include <cublasLt.h>
+#include <stdlib.h>
+
+#include "kernels/cuda/launch.cuh"
+
+/* cuBLASLt's workspace: what its heuristics may use for the larger tiles (llm.c uses 32 MiB). */
+#define WORKSPACE_BYTES ((size_t)32 << 20)
+
+struct zs_cuda_blas {
+    cublasLtHandle_t lt;
+    void *workspace; /* WORKSPACE_BYTES of device memory */
+    zs_cuda_stream stream;
+};
+
+static zs_err lt_error(const char *what, cublasStatus_t s)
+{
+    return zs_error(ZS_ERR_INTERNAL, "cublasLt: %s: %s (%s)", what, cublasLtGetStatusName(s),
+                    cublasLtGetStatusString(s));
+}
+
+extern "C" zs_err zs_cuda_blas_open(zs_cuda_stream stream, zs_cuda_blas **out)
+{
+    *out = NULL;
+    zs_cuda_blas *b = (zs_cuda_blas *)calloc(1, sizeof *b);
+    if (!b)
+        return zs_error(ZS_ERR_NOMEM, "cublasLt: out of memory");
+    cublasStatus_t s = cublasLtCreate(&b->lt);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        free(b);
+        return lt_error("create", s);
+    }
+    cudaError_t e = cudaMalloc(&b->workspace, WORKSPACE_BYTES);
+    if (e != cudaSuccess) {
+        cublasLtDestroy(b->lt);
+        free(b);
+        return zs_error(ZS_ERR_NOMEM, "cublasLt: a workspace of %zu bytes: %s", WORKSPACE_BYTES,
+                        cudaGetErrorString(e));
+    }
+    b->stream = stream;
+    *out = b;
+    return ZS_OK;
+}
+
+extern "C" void zs_cuda_blas_close(zs_cuda_blas *b)
+{
+    if (!b)
+        return;
+    cudaFree(b->workspace);
+    cublasLtDestroy(b->lt);
+    free(b);
+}
+
+/*
+ * D (m, n) = op(A) (m, k) op(B) (k, n) [+ bias (m) broadcast along n], all column-major.  A is
+ * stored (transa ? k x m : m x k) with leading dimension lda, B likewise, D with ldd.
+ */
+static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n, int k,
+                   const float *A, int lda, const float *B, int ldb, float *D, int ldd,
+                   const float *bias)
+{
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasStatus_t s;
+    zs_err res = ZS_OK;
+    const char *step = "matmul desc";
+    cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE;
+    size_t ws = WORKSPACE_BYTES;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    const float one = 1.0f, zero = 0.0f;
+
+#define LT(call, name)                                                                             \
+    do {                                                                                           \
+        step = (name);                                                                             \
+        if ((s = (call)) != CUBLAS_STATUS_SUCCESS)                                                 \
+            goto fail;                                                                             \
+    } while (0)
+    LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
+       "transa");
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
+       "transb");
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+       "epilogue");
+    if (bias)
+        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                          sizeof bias),
+           "bias pointer");
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, transa ? k : m, transa ? m : k, lda),
+       "layout A");
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, transb ? n : k, transb ? k : n, ldb),
+       "layout B");
+    LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd), "layout D");
+    LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof ws),
+       "workspace preference");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                            &schemes, sizeof schemes),
+       "reduction scheme preference");
+    LT(cublasLtMatmulAlgoGetHeuristic(b->lt, desc, la, lb, ld, ld, pref, 1, &heur, &found),
+       "heuristic");
+    if (found < 1) {
+        res = zs_error(ZS_ERR_INTERNAL,
+                       "cublasLt: %s: no algorithm without a split-K reduction for m %d, n %d, "
+                       "k %d",
+                       what, m, n, k);
+        goto out;
+    }
+    LT(cublasLtMatmul(b->lt, desc, &one, A, la, B, lb, &zero, D, ld, D, ld, &heur.algo,
+                      b->workspace, ws, b->stream),
+       "matmul");
+#undef LT
+    goto out;
+fail:
+    res = lt_error(step, s);
+    zs_error_context(res, "%s (m %d, n %d, k %d)", what, m, n, k);
+out:
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (ld)
+        cublasLtMatrixLayoutDestroy(ld);
+    if (lb)
+        cublasLtMatrixLayoutDestroy(lb);
+    if (la)
+        cublasLtMatrixLayoutDestroy(la);
+    if (desc)
+        cublasLtMatmulDescDestroy(desc);
+    return res;
+}
+
+/* dbias[c] = sum over the N rows of dout (N, OC), in row order: a thread a column. */
+__global__ static void bias_backward_kernel(float *dbias, const float *dout, int N, int OC)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= OC)
+        return;
+    float acc = 0.0f;
+    for (int i = 0; i < N; i++)
+        acc += dout[(size_t)i * OC + c];
+    dbias[c] = acc;
+}
+
+extern "C" zs_err zs_cuda_bias_backward(float *dbias, const float *dout, int N, int OC,
+                                        zs_cuda_stream stream)
+{
+    ZS_CHECK(zs_cuda_check_shape("bias_backward", N, OC));
+    if (OC == 0)
+        return ZS_OK;
+    bias_backward_kernel<<<zs_cuda_blocks(OC, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+        dbias, dout, N, OC);
+    return zs_cuda_launched("bias_backward", N, OC);
+}
+
+extern "C" zs_err zs_cuda_linear_forward(zs_cuda_blas *b, float *out, const float *inp,
+                                         const float *weight, const float *bias, int N, int C,
+                                         int OC)
+{
+    ZS_CHECK(zs_cuda_check_shape("linear_forward", N, C));
+    if (N == 0 || OC == 0)
+        return ZS_OK;
+    /* out^T (OC, N) = W^T (OC, C) inp^T (C, N) [+ bias along OC]. */
+    return gemm(b, "linear_forward", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, bias);
+}
+
+extern "C" zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *dweight,
+                                          float *dbias, const float *dout, const float *inp,
+                                          const float *weight, int N, int C, int OC)
+{
+    ZS_CHECK(zs_cuda_check_shape("linear_backward", N, C));
+    if (N == 0 || C == 0 || OC == 0)
+        return ZS_OK;
+    /* dinp^T (C, N) = W (C, OC) dout^T (OC, N): W^T as stored, transposed back. */
+    if (dinp)
+        ZS_CHECK(
+            gemm(b, "linear_backward dinp", 1, 0, C, N, OC, weight, OC, dout, OC, dinp, C, NULL));
+    /* dweight^T (OC, C) = dout^T (OC, N) inp (N, C): inp^T as stored, transposed back. */
+    ZS_CHECK(
+        gemm(b, "linear_backward dweight", 0, 1, OC, C, N, dout, OC, inp, C, dweight, OC, NULL));
+    if (dbias)
+        ZS_CHECK(zs_cuda_bias_backward(dbias, dout, N, OC, b->stream));
+    return ZS_OK;
+}
