@@ -5,7 +5,8 @@
  * enqueued on a stream.
  *
  * So far: bias + GELU, LayerNorm (with the residual add), the encoder and the fused
- * cross-entropy, and the linear layers through cuBLASLt; attention is still to come.
+ * cross-entropy, the linear layers through cuBLASLt, and a reference causal attention
+ * (correct and deterministic, not fast; the fused one comes after it).
  *
  * This is the fp32 mode, the one checked against the CPU kernels element by element
  * (tests/gpu/test_cuda_kernels.c holds the tolerance of each and why).  bf16 storage with fp32
@@ -70,6 +71,17 @@ zs_err zs_cuda_encoder_forward(float *out, const int32_t *inp, const float *wte,
  * 0..T-1 = sums over b (param grads =).  zs_encoder_backward: dwte to the bit. */
 zs_err zs_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
                                 int B, int T, int C, zs_cuda_stream stream);
+
+/* Causal self-attention: qkv (B, T, 3C) -> out (B, T, C), att (B, NH, T, T) the softmax (zeros
+ * above the diagonal) saved for the backward.  zs_attention_forward; C % NH == 0. */
+zs_err zs_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                 int NH, zs_cuda_stream stream);
+
+/* dqkv (B, T, 3C) = d loss / d qkv (activation grads =); datt (B, NH, T, T) scratch.
+ * zs_attention_backward. */
+zs_err zs_cuda_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                                  const float *att, int B, int T, int C, int NH,
+                                  zs_cuda_stream stream);
 
 /* The linear layers' GEMMs go through cuBLASLt: a handle and its workspace, for one stream. */
 typedef struct zs_cuda_blas zs_cuda_blas;

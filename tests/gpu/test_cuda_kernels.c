@@ -31,6 +31,10 @@
  *   CUBLAS_COMPUTE_32F, no TF32): about sqrt(K) ulp of the sum of |terms| each, which for
  *   inputs in [-1, 1] and K <= 3072 stays under 1e-4 relative plus a small absolute term for
  *   results near 0.  dbias: row sums in the same order on both.
+ * - attention att: dot products of hs terms (sequential on the GPU, BLIS's order on the CPU),
+ *   then the softmax (CUDA's expf, a float sum against the CPU's double): a few ulp of each
+ *   probability plus an absolute term for the tiny ones.  out, dqkv: sums over up to T
+ *   positions of such terms, in index order on the GPU and BLIS's on the CPU.
  * - encoder forward, dwte, dwpe: the same additions in the same order on both: 0, bitwise.
  * - cross-entropy loss: the row's sum of exponentials in double on both, in another order,
  *   and CUDA's expf: a few ulp of the loss.
@@ -51,6 +55,8 @@ static const tolerance TOL_LN_DINP = {"layernorm dinp", 1e-5, 1e-4};
 static const tolerance TOL_LN_DPARAM = {"layernorm dweight, dbias", 1e-4, 1e-4};
 static const tolerance TOL_LINEAR = {"linear out, dinp, dweight", 2e-4, 1e-4};
 static const tolerance TOL_LINEAR_DBIAS = {"linear dbias", 1e-5, 1e-5};
+static const tolerance TOL_ATT = {"attention att", 1e-7, 1e-5};
+static const tolerance TOL_ATT_OUT = {"attention out, dqkv", 1e-5, 1e-4};
 static const tolerance TOL_ENCODER = {"encoder out, dwte, dwpe", 0, 0};
 static const tolerance TOL_CE_LOSS = {"cross-entropy loss", 1e-6, 1e-6};
 static const tolerance TOL_CE_DLOGITS = {"cross-entropy dlogits", 1e-10, 1e-5};
@@ -351,6 +357,45 @@ static void test_linear(int N, int C, int OC)
     free(inp), free(w), free(bias), free(dout), free(out), free(dinp), free(dw), free(db);
 }
 
+static void test_attention(int B, int T, int C, int NH)
+{
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    uint64_t st = 0xbf58476d1ce4e5b9ull;
+    float *qkv = malloc(nq * 4), *dout = malloc(no * 4);
+    fill(qkv, nq, 1.0f, &st);
+    fill(dout, no, 1.0f, &st);
+    float *out = malloc(no * 4), *att = malloc(na * 4), *datt = malloc(na * 4);
+    float *dqkv = malloc(nq * 4);
+    zs_attention_forward(out, att, qkv, B, T, C, NH, 1);
+    zs_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH, 1);
+
+    float *r[2][3] = {{0}};
+    for (int run = 0; run < 2; run++) {
+        float *g_qkv = dev(qkv, nq), *g_dout = dev(dout, no), *g_out = dev(NULL, no);
+        float *g_att = dev(NULL, na), *g_datt = dev(NULL, na), *g_dqkv = dev(NULL, nq);
+        CHECK(g_qkv && g_dout && g_out && g_att && g_datt && g_dqkv);
+        CHECK_OK(zs_cuda_attention_forward(g_out, g_att, g_qkv, B, T, C, NH, NULL));
+        CHECK_OK(
+            zs_cuda_attention_backward(g_dqkv, g_datt, g_dout, g_qkv, g_att, B, T, C, NH, NULL));
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        r[run][0] = host_of(g_out, no);
+        r[run][1] = host_of(g_att, na);
+        r[run][2] = host_of(g_dqkv, nq);
+        cudaFree(g_qkv), cudaFree(g_dout), cudaFree(g_out), cudaFree(g_att), cudaFree(g_datt);
+        cudaFree(g_dqkv);
+    }
+    compare(&TOL_ATT_OUT, r[0][0], out, no);
+    compare(&TOL_ATT, r[0][1], att, na);
+    compare(&TOL_ATT_OUT, r[0][2], dqkv, nq);
+    static const char *names[3] = {"attention out", "attention att", "attention dqkv"};
+    size_t sizes[3] = {no, na, nq};
+    for (int k = 0; k < 3; k++) {
+        same_bits(names[k], r[0][k], r[1][k], sizes[k]);
+        free(r[0][k]), free(r[1][k]);
+    }
+    free(qkv), free(dout), free(out), free(att), free(datt), free(dqkv);
+}
+
 int main(void)
 {
     int devices = 0;
@@ -370,6 +415,8 @@ int main(void)
     test_linear(256, 768, 2304); /* c_attn */
     test_linear(256, 3072, 768); /* c_proj of the MLP */
     test_linear(5, 33, 7);
+    test_attention(4, 64, 768, 12); /* GPT-2 124M's heads at T = 64 */
+    test_attention(2, 37, 96, 3);
     test_encoder(4, 64, 768, 50257);
     test_encoder(3, 5, 33, 7);
     test_crossentropy(64, 50257);
