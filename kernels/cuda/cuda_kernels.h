@@ -100,6 +100,15 @@ zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *dweight, flo
                                const float *dout, const float *inp, const float *weight, int N,
                                int C, int OC);
 
+/* logits (N, V) = inp (N, C) wte (V, C)^T.  zs_lm_head_forward. */
+zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, const float *inp, const float *wte,
+                               int N, int C, int V);
+
+/* dinp (N, C) = dlogits wte, dwte (V, C) = dlogits^T inp (activation grads =, param grads =).
+ * zs_lm_head_backward. */
+zs_err zs_cuda_lm_head_backward(zs_cuda_blas *b, float *dinp, float *dwte, const float *dlogits,
+                                const float *inp, const float *wte, int N, int C, int V);
+
 /* dbias (OC) = sum over the N rows of dout (N, OC), in row order (param grads =). */
 zs_err zs_cuda_bias_backward(float *dbias, const float *dout, int N, int OC, zs_cuda_stream stream);
 

@@ -183,6 +183,29 @@ extern "C" zs_err zs_cuda_linear_forward(zs_cuda_blas *b, float *out, const floa
     return gemm(b, "linear_forward", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, bias);
 }
 
+extern "C" zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, const float *inp,
+                                          const float *wte, int N, int C, int V)
+{
+    ZS_CHECK(zs_cuda_check_shape("lm_head_forward", N, C));
+    if (N == 0 || V == 0)
+        return ZS_OK;
+    /* logits^T (V, N) = wte (V, C) inp^T (C, N): wte^T as stored, transposed back. */
+    return gemm(b, "lm_head_forward", 1, 0, V, N, C, wte, C, inp, C, logits, V, NULL);
+}
+
+extern "C" zs_err zs_cuda_lm_head_backward(zs_cuda_blas *b, float *dinp, float *dwte,
+                                           const float *dlogits, const float *inp, const float *wte,
+                                           int N, int C, int V)
+{
+    ZS_CHECK(zs_cuda_check_shape("lm_head_backward", N, C));
+    if (N == 0 || C == 0 || V == 0)
+        return ZS_OK;
+    /* dinp^T (C, N) = wte^T (C, V) dlogits^T (V, N): both as stored. */
+    ZS_CHECK(gemm(b, "lm_head_backward dinp", 0, 0, C, N, V, wte, C, dlogits, V, dinp, C, NULL));
+    /* dwte^T (C, V) = inp^T (C, N) dlogits (N, V): dlogits^T as stored, transposed back. */
+    return gemm(b, "lm_head_backward dwte", 0, 1, C, V, N, inp, C, dlogits, V, dwte, C, NULL);
+}
+
 extern "C" zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *dweight,
                                           float *dbias, const float *dout, const float *inp,
                                           const float *weight, int N, int C, int OC)

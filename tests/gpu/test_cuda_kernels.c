@@ -53,7 +53,7 @@ static const tolerance TOL_LN_OUT = {"layernorm out", 1e-5, 1e-5};
 static const tolerance TOL_LN_STATS = {"layernorm mean, rstd", 1e-6, 1e-5};
 static const tolerance TOL_LN_DINP = {"layernorm dinp", 1e-5, 1e-4};
 static const tolerance TOL_LN_DPARAM = {"layernorm dweight, dbias", 1e-4, 1e-4};
-static const tolerance TOL_LINEAR = {"linear out, dinp, dweight", 2e-4, 1e-4};
+static const tolerance TOL_LINEAR = {"linear and lm_head products", 2e-4, 1e-4};
 static const tolerance TOL_LINEAR_DBIAS = {"linear dbias", 1e-5, 1e-5};
 static const tolerance TOL_ATT = {"attention att", 1e-7, 1e-5};
 static const tolerance TOL_ATT_OUT = {"attention out, dqkv", 1e-5, 1e-4};
@@ -307,6 +307,39 @@ static void test_crossentropy(int N, int V)
     free(logits), free(cpu), free(losses), free(targets);
 }
 
+static void test_lm_head(int N, int C, int V)
+{
+    size_t nin = (size_t)N * C, nw = (size_t)V * C, nl = (size_t)N * V;
+    uint64_t st = 0x3c6ef372fe94f82bull;
+    float *inp = malloc(nin * 4), *wte = malloc(nw * 4), *dl = malloc(nl * 4);
+    fill(inp, nin, 1.0f, &st);
+    fill(wte, nw, 0.1f, &st);
+    fill(dl, nl, 0.01f, &st);
+    float *logits = malloc(nl * 4), *dinp = malloc(nin * 4), *dwte = malloc(nw * 4);
+    zs_lm_head_forward(logits, inp, wte, N, C, V, 1);
+    zs_lm_head_backward(dinp, dwte, dl, inp, wte, N, C, V, 1);
+    zs_cuda_blas *blas = NULL;
+    CHECK_OK(zs_cuda_blas_open(NULL, &blas));
+    if (blas) {
+        float *g_inp = dev(inp, nin), *g_wte = dev(wte, nw), *g_dl = dev(dl, nl);
+        float *g_logits = dev(NULL, nl), *g_dinp = dev(NULL, nin), *g_dwte = dev(NULL, nw);
+        CHECK(g_inp && g_wte && g_dl && g_logits && g_dinp && g_dwte);
+        CHECK_OK(zs_cuda_lm_head_forward(blas, g_logits, g_inp, g_wte, N, C, V));
+        CHECK_OK(zs_cuda_lm_head_backward(blas, g_dinp, g_dwte, g_dl, g_inp, g_wte, N, C, V));
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        float *h_logits = host_of(g_logits, nl), *h_dinp = host_of(g_dinp, nin);
+        float *h_dwte = host_of(g_dwte, nw);
+        compare(&TOL_LINEAR, h_logits, logits, nl);
+        compare(&TOL_LINEAR, h_dinp, dinp, nin);
+        compare(&TOL_LINEAR, h_dwte, dwte, nw);
+        free(h_logits), free(h_dinp), free(h_dwte);
+        cudaFree(g_inp), cudaFree(g_wte), cudaFree(g_dl), cudaFree(g_logits), cudaFree(g_dinp);
+        cudaFree(g_dwte);
+    }
+    zs_cuda_blas_close(blas);
+    free(inp), free(wte), free(dl), free(logits), free(dinp), free(dwte);
+}
+
 static void test_linear(int N, int C, int OC)
 {
     size_t nin = (size_t)N * C, nw = (size_t)C * OC, nout = (size_t)N * OC;
@@ -415,6 +448,8 @@ int main(void)
     test_linear(256, 768, 2304); /* c_attn */
     test_linear(256, 3072, 768); /* c_proj of the MLP */
     test_linear(5, 33, 7);
+    test_lm_head(64, 768, 50257);
+    test_lm_head(3, 17, 11);
     test_attention(4, 64, 768, 12); /* GPT-2 124M's heads at T = 64 */
     test_attention(2, 37, 96, 3);
     test_encoder(4, 64, 768, 50257);
