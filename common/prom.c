@@ -322,6 +322,17 @@ zs_prom_series *zs_prom_counter(zs_prom *r, const char *name, const char *help,
     return add_series(r, KIND_COUNTER, name, help, labels, NULL, 0);
 }
 
+zs_err zs_prom_register(zs_prom *r, const zs_prom_def *defs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        *defs[i].out = defs[i].gauge ? zs_prom_gauge(r, defs[i].name, defs[i].help, NULL)
+                                     : zs_prom_counter(r, defs[i].name, defs[i].help, NULL);
+        if (!*defs[i].out)
+            return ZS_ERR_INVALID; /* why: recorded by the registration */
+    }
+    return ZS_OK;
+}
+
 zs_prom_series *zs_prom_gauge(zs_prom *r, const char *name, const char *help,
                               const char *const *labels)
 {

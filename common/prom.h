@@ -47,6 +47,18 @@ zs_prom_series *zs_prom_gauge(zs_prom *r, const char *name, const char *help,
 zs_prom_series *zs_prom_histogram(zs_prom *r, const char *name, const char *help,
                                   const char *const *labels, const double *bounds, int n);
 
+/* One unlabelled counter or gauge for zs_prom_register: where its series goes, and its name
+ * and help. */
+typedef struct {
+    zs_prom_series **out;
+    int gauge; /* 0: a counter */
+    const char *name, *help;
+} zs_prom_def;
+
+/* Registers defs[0..n) in order (zs_prom_counter or zs_prom_gauge, no labels), setting each
+ * *out; fails at the first one refused, naming it. */
+zs_err zs_prom_register(zs_prom *r, const zs_prom_def *defs, int n);
+
 /* Counter: adds n. */
 void zs_prom_add(zs_prom_series *s, uint64_t n);
 /* Gauge: sets, or adds d (a compare-and-swap loop: for gauges that one thread writes). */

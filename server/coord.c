@@ -1739,34 +1739,33 @@ static zs_err prom_setup(coord *co)
         return ZS_OK;
     static const char *const roles[2] = {"server", "worker"};
     static const char *const states[3] = {"joining", "active", "gone"};
-#define G(field, name, help)                                                                       \
-    if (!(co->prom.field = zs_prom_gauge(r, name, help, NULL)))                                    \
-        return ZS_ERR_INVALID;
-#define C(field, name, help)                                                                       \
-    if (!(co->prom.field = zs_prom_counter(r, name, help, NULL)))                                  \
-        return ZS_ERR_INVALID;
-    G(step, "zshard_step", "Steps finished: the version every server published")
-    G(steps, "zshard_steps", "Optimizer steps of the whole run (--steps)")
-    G(loss, "zshard_loss", "Mean training loss of the last finished step")
-    G(lr, "zshard_learning_rate", "Learning rate of the last finished step")
-    G(grad_norm, "zshard_grad_norm",
-      "Global gradient norm of the last finished step, before clipping")
-    G(tps, "zshard_tokens_per_second", "Tokens per second of the last finished step")
-    G(workers_live, "zshard_workers_live", "Workers taking chunks now")
-    C(steps_finished, "zshard_steps_finished_total",
-      "Steps finished, counting again those computed again after a server was lost")
-    C(skipped, "zshard_skipped_steps_total",
-      "Steps whose update was skipped because the gradient was not finite")
-    C(ckpt_committed, "zshard_checkpoints_committed_total", "Checkpoints committed")
-    C(ckpt_failed, "zshard_checkpoints_failed_total", "Checkpoints that failed")
-    G(ckpt_step, "zshard_checkpoint_last_step", "Step of the newest committed checkpoint (0: none)")
-    G(ckpt_age, "zshard_checkpoint_age_seconds",
-      "Seconds since the newest checkpoint was committed (NaN: none yet)")
-    C(recoveries, "zshard_recoveries_total",
-      "Recoveries from a checkpoint after a partition server was lost")
-    C(failovers, "zshard_failovers_total", "Lost partition servers failed over to their replica")
-#undef G
-#undef C
+    const zs_prom_def defs[] = {
+        {&co->prom.step, 1, "zshard_step", "Steps finished: the version every server published"},
+        {&co->prom.steps, 1, "zshard_steps", "Optimizer steps of the whole run (--steps)"},
+        {&co->prom.loss, 1, "zshard_loss", "Mean training loss of the last finished step"},
+        {&co->prom.lr, 1, "zshard_learning_rate", "Learning rate of the last finished step"},
+        {&co->prom.grad_norm, 1, "zshard_grad_norm",
+         "Global gradient norm of the last finished step, before clipping"},
+        {&co->prom.tps, 1, "zshard_tokens_per_second",
+         "Tokens per second of the last finished step"},
+        {&co->prom.workers_live, 1, "zshard_workers_live", "Workers taking chunks now"},
+        {&co->prom.steps_finished, 0, "zshard_steps_finished_total",
+         "Steps finished, counting again those computed again after a server was lost"},
+        {&co->prom.skipped, 0, "zshard_skipped_steps_total",
+         "Steps whose update was skipped because the gradient was not finite"},
+        {&co->prom.ckpt_committed, 0, "zshard_checkpoints_committed_total",
+         "Checkpoints committed"},
+        {&co->prom.ckpt_failed, 0, "zshard_checkpoints_failed_total", "Checkpoints that failed"},
+        {&co->prom.ckpt_step, 1, "zshard_checkpoint_last_step",
+         "Step of the newest committed checkpoint (0: none)"},
+        {&co->prom.ckpt_age, 1, "zshard_checkpoint_age_seconds",
+         "Seconds since the newest checkpoint was committed (NaN: none yet)"},
+        {&co->prom.recoveries, 0, "zshard_recoveries_total",
+         "Recoveries from a checkpoint after a partition server was lost"},
+        {&co->prom.failovers, 0, "zshard_failovers_total",
+         "Lost partition servers failed over to their replica"},
+    };
+    ZS_CHECK(zs_prom_register(r, defs, (int)(sizeof defs / sizeof defs[0])));
     static const double step_bounds[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60};
     co->prom.step_seconds = zs_prom_histogram(
         r, "zshard_step_duration_seconds", "Wall time of a step, from its start to its publication",

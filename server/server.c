@@ -227,7 +227,7 @@ struct zs_server {
         zs_prom_series *fetches, *fetch_bytes, *pushes, *push_bytes;
         zs_prom_series *apply, *apply_last, *replica, *replica_current;
         zs_prom_series *nvme_read, *nvme_written;
-        zs_prom_series *refused[8];                 /* by zs_frame_status (index 0 unused: OK) */
+        zs_prom_series *refused[ZS_FS_BAD_KEY + 1]; /* by zs_frame_status (0, OK: unused) */
         uint64_t nvme_read_seen, nvme_written_seen; /* the tier's counts already added */
     } prom;
 
@@ -615,20 +615,17 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
         return;
     }
     size_t off = (f->offset - sv->local[i].begin) * esz;
-    if (slot >= 0) {
-        if (sv->ops->isend(c, &r, mr, off, &sv->win[slot], NULL) == ZS_OK) {
-            sv->win[slot].sends++;
-            zs_prom_add(sv->prom.fetches, 1);
-            zs_prom_add(sv->prom.fetch_bytes, r.length);
-        } else
-            ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c),
-                    zs_last_error());
-    } else if (sv->ops->isend(c, &r, mr, off, COOKIE_STORE, NULL) == ZS_OK) {
-        sv->store_sends++;
-        zs_prom_add(sv->prom.fetches, 1);
-        zs_prom_add(sv->prom.fetch_bytes, r.length);
-    } else
+    if (sv->ops->isend(c, &r, mr, off, slot >= 0 ? (void *)&sv->win[slot] : COOKIE_STORE, NULL) !=
+        ZS_OK) {
         ZS_WARN("server %u: fetch reply to %s: %s", sv->id, sv->ops->conn_peer(c), zs_last_error());
+        return;
+    }
+    if (slot >= 0)
+        sv->win[slot].sends++;
+    else
+        sv->store_sends++;
+    zs_prom_add(sv->prom.fetches, 1);
+    zs_prom_add(sv->prom.fetch_bytes, r.length);
 }
 
 /* A fetch of the optimizer state (a replica being built after a failover): only of exactly the
@@ -2211,30 +2208,32 @@ static zs_err prom_setup(server *sv)
     zs_prom *r = sv->opts->prom;
     if (!r)
         return ZS_OK;
-#define G(field, name, help)                                                                       \
-    if (!(sv->prom.field = zs_prom_gauge(r, name, help, NULL)))                                    \
-        return ZS_ERR_INVALID;
-#define C(field, name, help)                                                                       \
-    if (!(sv->prom.field = zs_prom_counter(r, name, help, NULL)))                                  \
-        return ZS_ERR_INVALID;
-    G(version, "zshard_server_version", "Version (step) of the parameters published (-1: none yet)")
-    G(shards, "zshard_server_shards", "Shards of the flat parameter vector held")
-    G(shard_bytes, "zshard_server_shard_bytes", "Bytes of fp32 parameters held (shards' size)")
-    G(held, "zshard_server_held_fetches", "Fetches held for the next version, after the last apply")
-    C(fetches, "zshard_server_fetches_total", "Fetch replies sent (parameters served)")
-    C(fetch_bytes, "zshard_server_fetched_bytes_total", "Payload bytes of the fetch replies sent")
-    C(pushes, "zshard_server_pushes_total", "Gradient pushes received whole")
-    C(push_bytes, "zshard_server_pushed_bytes_total",
-      "Payload bytes of the gradient pushes received")
-    G(apply_last, "zshard_server_apply_last_seconds",
-      "Duration of the last optimizer apply (AdamW)")
-    G(replica, "zshard_server_replica", "1 if this server holds another server's replica")
-    G(replica_current, "zshard_server_replica_current",
-      "1 if the replica held here is current (not given up)")
-    C(nvme_read, "zshard_server_nvme_read_bytes_total", "Bytes the NVMe tier read")
-    C(nvme_written, "zshard_server_nvme_written_bytes_total", "Bytes the NVMe tier wrote")
-#undef G
-#undef C
+    const zs_prom_def defs[] = {
+        {&sv->prom.version, 1, "zshard_server_version",
+         "Version (step) of the parameters published (-1: none yet)"},
+        {&sv->prom.shards, 1, "zshard_server_shards", "Shards of the flat parameter vector held"},
+        {&sv->prom.shard_bytes, 1, "zshard_server_shard_bytes",
+         "Bytes of fp32 parameters held (shards' size)"},
+        {&sv->prom.held, 1, "zshard_server_held_fetches",
+         "Fetches held for the next version, after the last apply"},
+        {&sv->prom.fetches, 0, "zshard_server_fetches_total",
+         "Fetch replies sent (parameters served)"},
+        {&sv->prom.fetch_bytes, 0, "zshard_server_fetched_bytes_total",
+         "Payload bytes of the fetch replies sent"},
+        {&sv->prom.pushes, 0, "zshard_server_pushes_total", "Gradient pushes received whole"},
+        {&sv->prom.push_bytes, 0, "zshard_server_pushed_bytes_total",
+         "Payload bytes of the gradient pushes received"},
+        {&sv->prom.apply_last, 1, "zshard_server_apply_last_seconds",
+         "Duration of the last optimizer apply (AdamW)"},
+        {&sv->prom.replica, 1, "zshard_server_replica",
+         "1 if this server holds another server's replica"},
+        {&sv->prom.replica_current, 1, "zshard_server_replica_current",
+         "1 if the replica held here is current (not given up)"},
+        {&sv->prom.nvme_read, 0, "zshard_server_nvme_read_bytes_total", "Bytes the NVMe tier read"},
+        {&sv->prom.nvme_written, 0, "zshard_server_nvme_written_bytes_total",
+         "Bytes the NVMe tier wrote"},
+    };
+    ZS_CHECK(zs_prom_register(r, defs, (int)(sizeof defs / sizeof defs[0])));
     static const double apply_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                           0.1,    0.25,  0.5,    1,     2.5,  5,     10};
     sv->prom.apply =
@@ -2243,25 +2242,15 @@ static zs_err prom_setup(server *sv)
                           apply_bounds, (int)(sizeof apply_bounds / sizeof apply_bounds[0]));
     if (!sv->prom.apply)
         return ZS_ERR_INVALID;
-    /* The reasons a data-plane request is refused, as the wire says them (transport/frame.h). */
-    static const struct {
-        zs_frame_status st;
-        const char *reason;
-    } reasons[] = {{ZS_FS_DUPLICATE, "duplicate"},
-                   {ZS_FS_BAD_FRAME, "bad_frame"},
-                   {ZS_FS_BAD_RANGE, "bad_range"},
-                   {ZS_FS_STALE, "stale"},
-                   {ZS_FS_NOT_ASSIGNED, "not_assigned"},
-                   {ZS_FS_SHUTDOWN, "shutdown"},
-                   {ZS_FS_BAD_KEY, "bad_key"}};
-    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++) {
-        const char *l[] = {"reason", reasons[i].reason, NULL};
-        sv->prom.refused[reasons[i].st] =
+    /* The reasons a data-plane request is refused, as the wire names them (transport/frame.h). */
+    for (unsigned st = ZS_FS_DUPLICATE; st <= ZS_FS_BAD_KEY; st++) {
+        const char *l[] = {"reason", zs_frame_status_name(st), NULL};
+        sv->prom.refused[st] =
             zs_prom_counter(r, "zshard_server_refused_total",
                             "Data-plane requests answered with an error (duplicate pushes "
                             "included: dropped, not an error), by reason",
                             l);
-        if (!sv->prom.refused[reasons[i].st])
+        if (!sv->prom.refused[st])
             return ZS_ERR_INVALID;
     }
     zs_prom_set(sv->prom.version, -1);

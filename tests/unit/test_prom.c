@@ -183,6 +183,32 @@ static double read_value(const char *t, const char *series)
     return p ? strtod(p + strlen(series), NULL) : -1;
 }
 
+/* zs_prom_register: every definition registered in order, of its type; the first refused one
+ * fails the call, named, and those after it are not registered. */
+static void test_register(void)
+{
+    zs_prom *r = NULL;
+    CHECK_OK(zs_prom_open(&r));
+    zs_prom_series *c = NULL, *g = NULL, *bad = NULL, *after = NULL;
+    const zs_prom_def defs[] = {{&c, 0, "t_count_total", "a counter"},
+                                {&g, 1, "t_gauge", "a gauge"}};
+    CHECK_OK(zs_prom_register(r, defs, 2));
+    CHECK(c && g);
+    zs_prom_add(c, 3);
+    zs_prom_set(g, 2.5);
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(zs_prom_write(r, &text, &len));
+    CHECK(text && strstr(text, "# TYPE t_count_total counter\nt_count_total 3\n"));
+    CHECK(text && strstr(text, "# TYPE t_gauge gauge\nt_gauge 2.5\n"));
+    free(text);
+    const zs_prom_def refused[] = {{&bad, 1, "t-bad", "a bad name"},
+                                   {&after, 0, "t_after_total", "x"}};
+    CHECK_FAILS_WITH(zs_prom_register(r, refused, 2), "\"t-bad\" is not a metric name");
+    CHECK(bad == NULL && after == NULL);
+    zs_prom_free(r);
+}
+
 static void test_concurrent(void)
 {
     zs_prom *r;
@@ -245,6 +271,7 @@ int main(void)
 {
     test_format();
     test_refused();
+    test_register();
     test_concurrent();
     return zs_test_result("test_prom");
 }
