@@ -38,19 +38,6 @@ trap kill_started EXIT
 expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 1 --out "$WORK/train"
 
-# latest_step DIR: the step of DIR/latest ("step-00000012" -> 12), or 0.
-latest_step() {
-  local name=
-  read -r name 2>/dev/null <"$1/latest" || true
-  name=${name#step-}
-  echo $((10#${name:-0}))
-}
-
-# ckpt_at_least DIR K: a checkpoint of step >= K is committed in DIR.
-ckpt_at_least() {
-  [ "$(latest_step "$1")" -ge "$2" ]
-}
-
 # coord_bg NAME ENDPOINT ARGS...: a coordinator in the background, stderr in $WORK/NAME.log;
 # sets CPID and EP (where it listens, once it says so).
 coord_bg() {

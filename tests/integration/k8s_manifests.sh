@@ -62,17 +62,9 @@ while IFS= read -r line; do
   n=$((n + 1))
   mapfile -t words < <("$PY" -c 'import json, sys; c = json.loads(sys.argv[1]); print("\n".join([c["where"]] + c["command"] + c["args"]))' "$line")
   where=${words[0]}
-  checks=$((checks + 2))
+  checks=$((checks + 1))
   [ "${words[1]}" = zshard ] || fail "$where: runs ${words[1]}, not zshard"
-  help=$("$ZSHARD" "${words[2]}" --help) || fail "$where: zshard ${words[2]} --help failed"
-  for w in "${words[@]:3}"; do
-    case $w in
-      --*)
-        checks=$((checks + 1))
-        grep -qe "$w " <<<"$help" || fail "$where: zshard ${words[2]} has no option $w"
-        ;;
-    esac
-  done
+  options_in_help "$where" "${words[2]}" "${words[@]:3}"
 done <"$WORK/commands.json"
 checks=$((checks + 1))
 [ $n -eq 3 ] || fail "expected 3 containers (coordinator, server, worker), found $n"

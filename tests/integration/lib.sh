@@ -82,6 +82,36 @@ wait_until() {
   until_ms $end "$@"
 }
 
+# latest_step DIR: the step of DIR/latest ("step-00000012" -> 12), or 0.
+latest_step() {
+  local name=
+  read -r name 2>/dev/null <"$1/latest" || true
+  name=${name#step-}
+  echo $((10#${name:-0}))
+}
+
+# ckpt_at_least DIR K: a checkpoint of step >= K is committed in DIR.
+ckpt_at_least() {
+  [ "$(latest_step "$1")" -ge "$2" ]
+}
+
+# options_in_help WHERE COMMAND ARG...: checks that every --option among ARGs is one that
+# `zshard COMMAND --help` lists (a deployment file's command line against the binary).
+options_in_help() {
+  local where=$1 cmd=$2 help w
+  shift 2
+  checks=$((checks + 1))
+  help=$("$ZSHARD" "$cmd" --help) || fail "$where: zshard $cmd --help failed"
+  for w in "$@"; do
+    case $w in
+      --*)
+        checks=$((checks + 1))
+        grep -qe "$w " <<<"$help" || fail "$where: zshard $cmd has no option $w"
+        ;;
+    esac
+  done
+}
+
 # has_line FILE PATTERN: FILE has a line matching PATTERN (grep -E); no check counted.
 has_line() {
   grep -qE -- "$2" "$1" 2>/dev/null

@@ -50,17 +50,9 @@ exec_line() { sed -n 's/^ExecStart=//p' "$UNITS/$1"; }
 for u in zshard-coord.service zshard-server@.service zshard-worker@.service; do
   line=$(exec_line "$u")
   read -r -a words <<<"$line"
-  checks=$((checks + 2))
+  checks=$((checks + 1))
   [ "${words[0]}" = /usr/local/bin/zshard ] || fail "$u: ExecStart runs ${words[0]}"
-  help=$("$ZSHARD" "${words[1]}" --help) || fail "$u: zshard ${words[1]} --help failed"
-  for w in "${words[@]}"; do
-    case $w in
-      --*)
-        checks=$((checks + 1))
-        grep -qe "$w " <<<"$help" || fail "$u: zshard ${words[1]} has no option $w"
-        ;;
-    esac
-  done
+  options_in_help "$u" "${words[1]}" "${words[@]:2}"
 done
 
 # ---- 3. the units' command lines run a job ------------------------------------------------------
@@ -149,14 +141,6 @@ start_all() {
   unit_bg zshard-worker@.service "worker0-$1" "$WORK/job.env" "$WORK/worker.env"
   MEMBERS+=("$UPID")
 }
-
-latest_step() {
-  local name=
-  read -r name 2>/dev/null <"$1/latest" || true
-  name=${name#step-}
-  echo $((10#${name:-0}))
-}
-ckpt_at_least() { [ "$(latest_step "$1")" -ge "$2" ]; }
 
 start_all 1
 checks=$((checks + 2))
