@@ -36,108 +36,96 @@ grep -q '"heartbeat_timeout_ms": 1000' "$WORK/job.json" && grep -q '"n_embd": 96
 expect_ok "$ZSHARD" train --config "$WORK/job.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 1 --out "$WORK/train"
 
-mh_up 2 2 1gbit 2>"$WORK/up.err" || { fail "mh_up: $(cat "$WORK/up.err")"; finish; }
-OUT=$WORK/out
-LOGS=$WORK/logs
-mh_job_start "$ZSHARD" "$WORK/job.json" "$DATA/tiny.txt" $STEPS "$OUT" "$LOGS" 2 2 ||
-  { fail "the job did not start"; finish; }
-COORD=$MH_COORD
-W2=${MH_PIDS[4]} # coordinator, s1, s2, w1, w2
+# start_job N: a fresh set of emulated hosts and a job on them, in $WORK/outN and $WORK/logsN;
+# sets OUT, LOGS and COORD.
+start_job() {
+  mh_up 2 2 1gbit 2>"$WORK/up$1.err" || { fail "mh_up: $(cat "$WORK/up$1.err")"; finish; }
+  OUT=$WORK/out$1
+  LOGS=$WORK/logs$1
+  MH_PIDS=()
+  mh_job_start "$ZSHARD" "$WORK/job.json" "$DATA/tiny.txt" $STEPS "$OUT" "$LOGS" 2 2 ||
+    { fail "job $1 did not start"; finish; }
+  COORD=$MH_COORD
+}
 
-# Cut once step 3 is in metrics.jsonl.
-checks=$((checks + 1))
-wait_until 60 has_line "$OUT/metrics.jsonl" '^\{"step": 3,' ||
-  { fail "step 3 did not come: $(tail -n 5 "$LOGS/coord.log")"; finish; }
-label=$(sed -nE 's/.* INFO worker ([0-9]+): data .*/\1/p' "$LOGS/w2.log" | head -n 1)
-[ -n "$label" ] || { fail "w2's worker does not say its id: $(cat "$LOGS/w2.log")"; finish; }
-mh_cut w2
-cut_ms=$(now_ms)
-echo "multihost_partition: cut worker $label's link (w2) after step 3"
-
-checks=$((checks + 1))
-if wait_until 20 has_line "$LOGS/coord.log" "coord: worker $label left: .*no heartbeat"; then
-  dead_ms=$(now_ms)
-  echo "multihost_partition: worker $label declared dead $((dead_ms - cut_ms)) ms after the cut"
-  # Its last heartbeat left at most one interval before the cut.
+# cut_after STEP HOST ROLE ID_PATTERN: once step STEP is in metrics.jsonl, cuts HOST's link;
+# ID_PATTERN (sed -E, one group) finds the member's id in HOST's log: sets LABEL and CUT_MS.
+cut_after() {
   checks=$((checks + 1))
-  [ $((dead_ms - cut_ms)) -ge $((TIMEOUT_MS - 100)) ] ||
-    fail "worker $label was declared dead $((dead_ms - cut_ms)) ms after the cut, before the timeout"
-else
-  fail "the coordinator did not declare worker $label dead: $(grep -E 'WARN|ERROR' "$LOGS/coord.log" | tail -n 5)"
-fi
-checks=$((checks + 1))
-alive "$W2" || fail "worker $label exited while its link was cut: $(tail -n 3 "$LOGS/w2.log")"
-mh_heal w2
+  wait_until 60 has_line "$OUT/metrics.jsonl" "^\\{\"step\": $1," ||
+    { fail "step $1 did not come: $(tail -n 5 "$LOGS/coord.log")"; finish; }
+  LABEL=$(sed -nE "s/$4/\\1/p" "$LOGS/$2.log" | head -n 1)
+  [ -n "$LABEL" ] || { fail "$2's $3 does not say its id: $(cat "$LOGS/$2.log")"; finish; }
+  mh_cut "$2"
+  CUT_MS=$(now_ms)
+  echo "multihost_partition: cut $3 $LABEL's link ($2) after step $1"
+}
 
-checks=$((checks + 1))
-wait_until 30 gone "$W2" || fail "worker $label still runs 30 s after its link came back"
-checks=$((checks + 1))
-alive "$COORD" || fail "the job had ended before worker $label exited: the test's steps are too short"
-expect_log w2 "$LOGS/w2.log" "worker $label was dropped from the job \\(no heartbeat"
+# declared ROLE PATTERN WORD: the coordinator logs PATTERN (grep -E) within 20 s of the cut,
+# and no sooner than the heartbeat timeout after it; WORD names the verdict for messages.
+declared() {
+  checks=$((checks + 1))
+  if wait_until 20 has_line "$LOGS/coord.log" "$2"; then
+    local ms=$(($(now_ms) - CUT_MS))
+    echo "multihost_partition: $1 $LABEL declared $3 $ms ms after the cut"
+    # Its last heartbeat left at most one interval before the cut.
+    checks=$((checks + 1))
+    [ $ms -ge $((TIMEOUT_MS - 100)) ] ||
+      fail "$1 $LABEL was declared $3 $ms ms after the cut, before the timeout"
+  else
+    fail "the coordinator did not declare $1 $LABEL $3: $(grep -E 'WARN|ERROR' "$LOGS/coord.log" | tail -n 5)"
+  fi
+}
 
-mh_job_wait 120 || fail "processes of the job had to be killed: $(tail -n 3 "$LOGS/coord.log")"
-checks=$((checks + 1))
-[ "$MH_RC" = 0 ] || fail "the coordinator exited $MH_RC: $(tail -n 5 "$LOGS/coord.log")"
-[ -f "$OUT/model.safetensors" ] && same_bits partition "$OUT" "$WORK/train"
+# heal_dropped HOST ROLE PID: HOST's member, still running while cut, is told it was dropped
+# once its link is back and exits while the job still runs.
+heal_dropped() {
+  checks=$((checks + 1))
+  alive "$3" || fail "$2 $LABEL exited while its link was cut: $(tail -n 3 "$LOGS/$1.log")"
+  mh_heal "$1"
+  checks=$((checks + 1))
+  wait_until 30 gone "$3" || fail "$2 $LABEL still runs 30 s after its link came back"
+  checks=$((checks + 1))
+  alive "$COORD" || fail "the job had ended before $2 $LABEL exited: the test's steps are too short"
+  expect_log "$1" "$LOGS/$1.log" "$2 $LABEL was dropped from the job"
+}
+
+# job_end NAME: the job ends by itself with zshard train's bits, each step once.
+job_end() {
+  mh_job_wait 120 || fail "$1: processes of the job had to be killed: $(tail -n 3 "$LOGS/coord.log")"
+  checks=$((checks + 1))
+  [ "$MH_RC" = 0 ] || fail "$1: the coordinator exited $MH_RC: $(tail -n 5 "$LOGS/coord.log")"
+  [ -f "$OUT/model.safetensors" ] && same_bits "$1" "$OUT" "$WORK/train"
+  checks=$((checks + 1))
+  [ "$(step_list "$OUT/metrics.jsonl")" = "$(step_list "$WORK/train/metrics.jsonl")" ] ||
+    fail "$1: steps in metrics.jsonl: $(step_list "$OUT/metrics.jsonl")"
+}
+
+# ---- 1. a worker's link ----
+start_job 1
+W2=${MH_PIDS[4]} # coordinator, s1, s2, w1, w2
+cut_after 3 w2 worker '.* INFO worker ([0-9]+): data .*'
+declared worker "coord: worker $LABEL left: .*no heartbeat" dead
+heal_dropped w2 worker "$W2"
+expect_log w2 "$LOGS/w2.log" "worker $LABEL was dropped from the job \\(no heartbeat"
+job_end partition
 checks=$((checks + 1))
 grep -q '"workers": 1' <(sed -n '4,$p' "$OUT/metrics.jsonl") ||
   fail "no step after the cut ran with 1 worker: $(cat "$OUT/metrics.jsonl")"
-checks=$((checks + 1))
-[ "$(step_list "$OUT/metrics.jsonl")" = "$(step_list "$WORK/train/metrics.jsonl")" ] ||
-  fail "steps in metrics.jsonl: $(step_list "$OUT/metrics.jsonl")"
 mh_kill_all
 mh_down
 
 # ---- 2. a server's link ----
-mh_up 2 2 1gbit 2>"$WORK/up2.err" || { fail "mh_up: $(cat "$WORK/up2.err")"; finish; }
-OUT=$WORK/out2
-LOGS=$WORK/logs2
-MH_PIDS=()
-mh_job_start "$ZSHARD" "$WORK/job.json" "$DATA/tiny.txt" $STEPS "$OUT" "$LOGS" 2 2 ||
-  { fail "the second job did not start"; finish; }
-COORD=$MH_COORD
-S2=${MH_PIDS[2]} # coordinator, s1, s2, w1, w2
-
 # Cut once step 4 is in metrics.jsonl (checkpoint 3 is committed by then: a step's line waits
 # for its checkpoint's outcome).
-checks=$((checks + 1))
-wait_until 60 has_line "$OUT/metrics.jsonl" '^\{"step": 4,' ||
-  { fail "step 4 did not come: $(tail -n 5 "$LOGS/coord.log")"; finish; }
-label=$(sed -nE 's/.* INFO server: registered as ([0-9]+)$/\1/p' "$LOGS/s2.log" | head -n 1)
-[ -n "$label" ] || { fail "s2's server does not say its id: $(cat "$LOGS/s2.log")"; finish; }
-mh_cut s2
-cut_ms=$(now_ms)
-echo "multihost_partition: cut server $label's link (s2) after step 4"
-
-checks=$((checks + 1))
-if wait_until 20 has_line "$LOGS/coord.log" "coord: server $label is gone \(.*no heartbeat"; then
-  dead_ms=$(now_ms)
-  echo "multihost_partition: server $label declared gone $((dead_ms - cut_ms)) ms after the cut"
-  checks=$((checks + 1))
-  [ $((dead_ms - cut_ms)) -ge $((TIMEOUT_MS - 100)) ] ||
-    fail "server $label was declared gone $((dead_ms - cut_ms)) ms after the cut, before the timeout"
-else
-  fail "the coordinator did not declare server $label gone: $(grep -E 'WARN|ERROR' "$LOGS/coord.log" | tail -n 5)"
-fi
-expect_log server "$LOGS/coord.log" "coord: server $label is gone .*: every server goes back to checkpoint [0-9]+"
+start_job 2
+S2=${MH_PIDS[2]} # coordinator, s1, s2, w1, w2
+cut_after 4 s2 server '.* INFO server: registered as ([0-9]+)$'
+declared server "coord: server $LABEL is gone \\(.*no heartbeat" gone
+expect_log server "$LOGS/coord.log" "coord: server $LABEL is gone .*: every server goes back to checkpoint [0-9]+"
 checks=$((checks + 1))
 wait_until 30 has_line "$LOGS/coord.log" "coord: recovered: 1 servers" ||
   fail "the job did not recover on the server left: $(grep -E 'WARN|ERROR' "$LOGS/coord.log" | tail -n 5)"
-checks=$((checks + 1))
-alive "$S2" || fail "server $label exited while its link was cut: $(tail -n 3 "$LOGS/s2.log")"
-mh_heal s2
-
-checks=$((checks + 1))
-wait_until 30 gone "$S2" || fail "server $label still runs 30 s after its link came back"
-checks=$((checks + 1))
-alive "$COORD" || fail "the job had ended before server $label exited: the test's steps are too short"
-expect_log s2 "$LOGS/s2.log" "server $label was dropped from the job"
-
-mh_job_wait 120 || fail "processes of the second job had to be killed: $(tail -n 3 "$LOGS/coord.log")"
-checks=$((checks + 1))
-[ "$MH_RC" = 0 ] || fail "the second coordinator exited $MH_RC: $(tail -n 5 "$LOGS/coord.log")"
-[ -f "$OUT/model.safetensors" ] && same_bits server-partition "$OUT" "$WORK/train"
-checks=$((checks + 1))
-[ "$(step_list "$OUT/metrics.jsonl")" = "$(step_list "$WORK/train/metrics.jsonl")" ] ||
-  fail "server partition: steps in metrics.jsonl: $(step_list "$OUT/metrics.jsonl")"
+heal_dropped s2 server "$S2"
+job_end server-partition
 finish
