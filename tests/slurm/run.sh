@@ -261,6 +261,22 @@ grep -qE '"workers": 3[,}]' "$out/metrics.jsonl" ||
   fail "(c) no step had 3 workers (the job's own and both worker jobs')"
 no_leftovers "(b)"
 
+# resumed_to_the_end NAME JOB OUT T0 HOW: JOB, restarted once (HOW: how it came back, for
+# messages), ends with exit 0, says it resumed from OUT's checkpoints, and its second run's
+# coordinator resumed from a step directory (the bits alone would not tell a resume from a
+# fresh start); the model is zshard train's and nothing is left running.
+resumed_to_the_end() {
+  local name=$1 job=$2 dir=$3 t0=$4 how=$5
+  job_wait "$job" 240 1 || fail "$name job $job not ended after a restart within 240 s"
+  local rc=$RC
+  echo "$name job $job after $how: exit $rc; in all $(($(now_ms) - t0)) ms"
+  checks=$((checks + 1))
+  [ $rc -eq 0 ] || fail "$name exit $rc: $(tail -n 20 "$tmp/${name//[()]/}.out")"
+  expect_log "$name" "$tmp/${name//[()]/}.out" "restart 1 of job $job: resuming from $dir/checkpoints"
+  expect_log "$name" "$dir/logs/slurm-$job.1/coord.log" "coord: resuming run [0-9a-f]+ from .*step-0*[1-9][0-9]* \\(step [1-9][0-9]* of $STEPS\\)"
+  same_bits "$name" "$dir" "$tmp/train"
+}
+
 # ---- (d) requeued after a checkpoint (scontrol requeue): resumes, same bits ----
 out=$tmp/d
 t0=$(now_ms)
@@ -274,16 +290,8 @@ requeued_at=$(last_step "$out")
 echo "(d) job $d requeued at step $requeued_at, checkpoint $(cat "$out/checkpoints/latest" 2>&1)"
 checks=$((checks + 1))
 [ "$requeued_at" -lt $STEPS ] || fail "(d) the run had ended (step $requeued_at) before the requeue"
-job_wait "$d" 240 1 || fail "(d) job $d not ended after a restart within 240 s"
-rc=$RC
-echo "(d) job $d after its requeue: exit $rc; in all $(($(now_ms) - t0)) ms"
-checks=$((checks + 1))
-[ $rc -eq 0 ] || fail "(d) requeued job: exit $rc: $(tail -n 20 "$tmp/d.out")"
+resumed_to_the_end "(d)" "$d" "$out" "$t0" "its requeue"
 expect_log "(d)" "$tmp/d.out" "CANCELLED AT .* DUE TO JOB REQUEUE"
-expect_log "(d)" "$tmp/d.out" "restart 1 of job $d: resuming from $out/checkpoints"
-# The bits alone would not tell a resume from a fresh start.
-expect_log "(d)" "$out/logs/slurm-$d.1/coord.log" "coord: resuming run [0-9a-f]+ from .*step-0*[1-9][0-9]* \\(step [1-9][0-9]* of $STEPS\\)"
-same_bits "(d)" "$out" "$tmp/train"
 # --log-level warn reaches servers and workers; the coordinator still logs at info (the
 # script reads its endpoint there).
 checks=$((checks + 2))
@@ -308,15 +316,7 @@ if [ -n "$coord_pid" ] && kill -KILL "$coord_pid"; then
 else
   fail "(e) no coordinator pid in $out/logs/slurm-$e/coord.log"
 fi
-job_wait "$e" 240 1 || fail "(e) job $e not ended after a restart within 240 s"
-rc=$RC
-echo "(e) job $e after requeueing itself: exit $rc; in all $(($(now_ms) - t0)) ms"
-checks=$((checks + 1))
-[ $rc -eq 0 ] || fail "(e) exit $rc: $(tail -n 20 "$tmp/e.out")"
+resumed_to_the_end "(e)" "$e" "$out" "$t0" "requeueing itself"
 expect_log "(e)" "$tmp/e.out" "the run failed \(exit [0-9]+\); requeueing job $e \(restart 1 of at most 1\)"
-expect_log "(e)" "$tmp/e.out" "restart 1 of job $e: resuming from $out/checkpoints"
-# The bits alone would not tell a resume from a fresh start.
-expect_log "(e)" "$out/logs/slurm-$e.1/coord.log" "coord: resuming run [0-9a-f]+ from .*step-0*[1-9][0-9]* \\(step [1-9][0-9]* of $STEPS\\)"
-same_bits "(e)" "$out" "$tmp/train"
 no_leftovers "(e)"
 finish
