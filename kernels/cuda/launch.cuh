@@ -23,7 +23,8 @@ static inline zs_err zs_cuda_launched(const char *kernel, int N, int C)
                     cudaGetErrorString(e));
 }
 
-/* Checks the shape every kernel takes: N rows of C columns, both positive (nothing to do for 0). */
+/* Checks the shape every kernel takes: N rows of C columns, neither negative (0: nothing to
+ * do). */
 static inline zs_err zs_cuda_check_shape(const char *kernel, int N, int C)
 {
     if (N < 0 || C < 0)
