@@ -62,6 +62,28 @@ double zs_sumsq_sharded(const float *x, size_t n, size_t shard_floats, int threa
     return s;
 }
 
+static void add_into(float *restrict acc, const float *restrict g, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        acc[i] += g[i];
+}
+
+void zs_accumulate(float *restrict acc, const float *restrict g, size_t n, int threads)
+{
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+    if (n < ZS_ACCUMULATE_SPLIT || nt <= 1) {
+        add_into(acc, g, n);
+        return;
+    }
+    size_t each = ((n + (size_t)nt - 1) / (size_t)nt + 15) & ~(size_t)15;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        size_t lo = (size_t)t * each, hi = lo + each < n ? lo + each : n;
+        if (lo < hi)
+            add_into(acc + lo, g + lo, hi - lo);
+    }
+}
+
 double zs_grad_norm(double sumsq, int chunks)
 {
     return sqrt(sumsq) / chunks;

@@ -21,6 +21,13 @@ double zs_sumsq(const float *x, size_t n, int threads);
  * shard order: what the coordinator adds up from the servers' partials. */
 double zs_sumsq_sharded(const float *x, size_t n, size_t shard_floats, int threads);
 
+/* acc[i] += g[i] for i < n: how a chunk's gradient joins the step's sum on a server.  Element
+ * by element, so the bits do not depend on the threads; ranges of ZS_ACCUMULATE_SPLIT floats or
+ * more are cut into contiguous pieces (whole cache lines) over up to `threads` OpenMP threads
+ * (0: the default), since one thread adds at well under the memory's speed. */
+#define ZS_ACCUMULATE_SPLIT ((size_t)1 << 18)
+void zs_accumulate(float *restrict acc, const float *restrict g, size_t n, int threads);
+
 /*
  * The step's clip factor from the global sum of squares of the accumulated gradient (the sum
  * over C chunks): the norm is sqrt(sumsq) / C, and the factor is

@@ -6,11 +6,13 @@
  * and an eventfd its checkpoint and replica threads write when they finish.
  *
  * Buffers: each shard's fp32 and bf16 arrays are registered once and fetch replies are sent
- * straight from them; pushes are received into a pool of registered scratch buffers (one
- * shard's worth each) and added into the accumulator from there.  A push whose header arrives
- * while every scratch buffer is busy stays pending in the transport (which then reads nothing
- * more from that stream) until one is free.  Before AdamW rewrites the weights, the server
- * waits for every send from them to complete.
+ * straight from them.  A push is added into the accumulator straight from where its payload
+ * lies when the transport can show it in place (view_payload: over shm, the worker's pages
+ * mapped here), with no copy; otherwise it is received into a pool of registered scratch
+ * buffers (one shard's worth each) and added from there.  A push whose header arrives while
+ * it needs a scratch buffer and every one is busy stays pending in the transport (which then
+ * reads nothing more from that stream) until one is free.  Before AdamW rewrites the weights, the
+ * server waits for every send from them to complete.
  *
  * One turn of the loop (zs_server_turn): poll the data plane and handle its events
  * (on_data_event), close the connections doomed meanwhile, handle every control message
@@ -782,22 +784,57 @@ static void start_push(server *sv, zs_conn *c, const zs_frame *f, int slot)
     s->frame = *f;
 }
 
+static zs_store_result add_push(server *sv, const zs_frame *f, const float *grad, const char **why);
+static void answer_push(server *sv, zs_conn *c, const zs_frame *f, zs_store_result res,
+                        const char *why);
+
+/* Takes an acceptable push: added to the gradient straight from where its payload lies when
+ * the transport can show it in place (shm: the worker's pages mapped here), else received
+ * into a free scratch buffer first.  0, or -1 when it needs a buffer and none is free. */
+static int take_push(server *sv, const waiting_push *w)
+{
+    const void *data = NULL;
+    if (sv->ops->view_payload(w->conn, &data) != ZS_OK) {
+        ZS_WARN("server %u: push from %s: %s", sv->id, sv->ops->conn_peer(w->conn),
+                zs_last_error());
+        doom(sv, w->conn);
+        return 0;
+    }
+    if (data) {
+        const char *why = "";
+        zs_store_result res = add_push(sv, &w->frame, data, &why);
+        if (sv->ops->view_release(w->conn) != ZS_OK) {
+            ZS_WARN("server %u: push from %s: %s", sv->id, sv->ops->conn_peer(w->conn),
+                    zs_last_error());
+            doom(sv, w->conn);
+        }
+        answer_push(sv, w->conn, &w->frame, res, why);
+        return 0;
+    }
+    int slot = free_scratch(sv, sv->ops->conn_member(w->conn));
+    if (slot < 0)
+        return -1;
+    start_push(sv, w->conn, &w->frame, slot);
+    return 0;
+}
+
 /* Takes the waiting push headers that can go now, oldest first: refused ones are answered,
- * acceptable ones get a free scratch buffer (in order: when none is free, the rest wait),
- * deferred ones stay. */
+ * acceptable ones are added in place or get a free scratch buffer (when none is free they
+ * wait), deferred ones stay. */
 static void drain_waiting(server *sv)
 {
     int j = 0;
     for (int i = 0; i < sv->n_waiting; i++) {
         waiting_push w = sv->waiting[i];
-        int slot = free_scratch(sv, sv->ops->conn_member(w.conn));
-        int verdict = slot >= 0 ? push_check(sv, &w) : PUSH_DEFER;
-        if (verdict == PUSH_TAKE)
-            start_push(sv, w.conn, &w.frame, slot);
-        else if (verdict == PUSH_DEFER) {
+        int verdict = push_check(sv, &w);
+        if (verdict == PUSH_TAKE && take_push(sv, &w) != 0)
+            verdict = PUSH_DEFER;
+        if (verdict == PUSH_DEFER) {
             ZS_DEBUG("server %u: push of step %llu chunk %u waits (%s)", sv->id,
                      (unsigned long long)w.frame.step, w.frame.chunk,
-                     slot < 0 ? "no free buffer" : "its chunk's owner here is not the sender yet");
+                     free_scratch(sv, sv->ops->conn_member(w.conn)) < 0
+                         ? "no free buffer"
+                         : "its chunk's owner here is not the sender yet");
             sv->waiting[j++] = w;
         }
     }
@@ -902,46 +939,60 @@ static void maybe_send_partials(server *sv)
     ZS_DEBUG("server %u: step %ld complete, partials sent", sv->id, zs_store_version(sv->store));
 }
 
+/* Adds a received push to the store it lands in (the server's own or the replica's). */
+static zs_store_result add_push(server *sv, const zs_frame *f, const float *grad, const char **why)
+{
+    zs_prom_add(sv->prom.pushes, 1);
+    zs_prom_add(sv->prom.push_bytes, f->length);
+    zs_store *target = push_target(sv, f);
+    if (target && target != sv->store && zs_replica_lost(sv->replica))
+        return ZS_STORE_OK; /* a replica given up: its pushes are dropped */
+    if (!target)
+        return ZS_STORE_BAD_RANGE;
+    return zs_store_push(target, (long)f->step, (int)f->chunk, f->offset, f->count, grad, why);
+}
+
+/* Answers a push that add_push took (c may be NULL or closed: then nobody is told), and sends
+ * the step's partials once it completed. */
+static void answer_push(server *sv, zs_conn *c, const zs_frame *f, zs_store_result res,
+                        const char *why)
+{
+    zs_frame_status st = wire_status(res);
+    if (res == ZS_STORE_NOMEM)
+        ZS_ERROR("server %u: push of step %llu chunk %u refused: %s", sv->id,
+                 (unsigned long long)f->step, f->chunk, why);
+    int open = c && !sv->ops->conn_closed(c);
+    if (st == ZS_FS_OK || st == ZS_FS_DUPLICATE) {
+        zs_frame r = {.op = ZS_OP_PUSH_REPLY,
+                      .dtype = ZS_DTYPE_F32,
+                      .status = st,
+                      .id = f->id,
+                      .step = f->step,
+                      .chunk = f->chunk,
+                      .offset = f->offset,
+                      .count = 0,
+                      .length = 0};
+        if (open)
+            sv->ops->isend(c, &r, NULL, 0, NULL, NULL);
+        if (st == ZS_FS_DUPLICATE) {
+            zs_prom_add(sv->prom.refused[ZS_FS_DUPLICATE], 1);
+            ZS_DEBUG("server %u: duplicate push dropped (step %llu chunk %u)", sv->id,
+                     (unsigned long long)f->step, f->chunk);
+        }
+    } else if (open) {
+        reply_error(sv, c, f, st, why);
+    }
+    maybe_send_partials(sv);
+}
+
 static void on_push_done(server *sv, int slot, zs_err err)
 {
     scratch *s = &sv->pool[slot];
     s->busy = 0;
     if (err == ZS_OK) {
-        zs_prom_add(sv->prom.pushes, 1);
-        zs_prom_add(sv->prom.push_bytes, s->frame.length);
         const char *why = "";
-        zs_store *target = push_target(sv, &s->frame);
-        zs_store_result res = ZS_STORE_BAD_RANGE;
-        if (target && target != sv->store && zs_replica_lost(sv->replica))
-            res = ZS_STORE_OK; /* a replica given up: its pushes are dropped */
-        else if (target)
-            res = zs_store_push(target, (long)s->frame.step, (int)s->frame.chunk, s->frame.offset,
-                                s->frame.count, s->buf, &why);
-        zs_frame_status st = wire_status(res);
-        if (res == ZS_STORE_NOMEM)
-            ZS_ERROR("server %u: push of step %llu chunk %u refused: %s", sv->id,
-                     (unsigned long long)s->frame.step, s->frame.chunk, why);
-        if (st == ZS_FS_OK || st == ZS_FS_DUPLICATE) {
-            zs_frame r = {.op = ZS_OP_PUSH_REPLY,
-                          .dtype = ZS_DTYPE_F32,
-                          .status = st,
-                          .id = s->frame.id,
-                          .step = s->frame.step,
-                          .chunk = s->frame.chunk,
-                          .offset = s->frame.offset,
-                          .count = 0,
-                          .length = 0};
-            if (s->conn && !sv->ops->conn_closed(s->conn))
-                sv->ops->isend(s->conn, &r, NULL, 0, NULL, NULL);
-            if (st == ZS_FS_DUPLICATE) {
-                zs_prom_add(sv->prom.refused[ZS_FS_DUPLICATE], 1);
-                ZS_DEBUG("server %u: duplicate push dropped (step %llu chunk %u)", sv->id,
-                         (unsigned long long)s->frame.step, s->frame.chunk);
-            }
-        } else if (s->conn && !sv->ops->conn_closed(s->conn)) {
-            reply_error(sv, s->conn, &s->frame, st, why);
-        }
-        maybe_send_partials(sv);
+        zs_store_result res = add_push(sv, &s->frame, s->buf, &why);
+        answer_push(sv, s->conn, &s->frame, res, why);
     } else {
         /* The peer went away mid-payload: the scratch contents are simply not used. */
         ZS_WARN("server %u: push payload lost: %s", sv->id, zs_last_error());

@@ -474,20 +474,18 @@ static int add_interval(chunk_state *cs, size_t b, size_t e)
     return 0;
 }
 
-/* acc[b, e) = g (chunk 0) or += g (later chunks): the one place a gradient meets acc. */
-static void accumulate(shard *s, int chunk, size_t b, size_t e, const float *g)
+/* acc[b, e) = g (chunk 0) or += g (later chunks, on the store's threads): the one place a
+ * gradient meets acc. */
+static void accumulate(const zs_store *st, shard *s, int chunk, size_t b, size_t e, const float *g)
 {
-    if (chunk == 0) {
+    if (chunk == 0)
         memcpy(s->acc + b, g, (e - b) * sizeof *g);
-    } else {
-        float *a = s->acc + b;
-        for (size_t i = 0; i < e - b; i++)
-            a[i] += g[i];
-    }
+    else
+        zs_accumulate(s->acc + b, g, e - b, st->threads);
 }
 
 /* Moves `next` past complete chunks, folding in what later chunks had staged. */
-static void advance(shard *s, int C)
+static void advance(const zs_store *st, shard *s, int C)
 {
     while (s->next < C && s->chunks[s->next].received == s->len) {
         reset_chunk(&s->chunks[s->next]);
@@ -497,7 +495,7 @@ static void advance(shard *s, int C)
         chunk_state *cs = &s->chunks[s->next];
         if (cs->stage) {
             for (int i = 0; i < cs->n; i++)
-                accumulate(s, s->next, cs->iv[i].b, cs->iv[i].e, cs->stage + cs->iv[i].b);
+                accumulate(st, s, s->next, cs->iv[i].b, cs->iv[i].e, cs->stage + cs->iv[i].b);
             free(cs->stage);
             cs->stage = NULL;
         }
@@ -547,7 +545,7 @@ zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset,
         if (gap_end > cur) {
             const float *g = grad + (cur - b);
             if (chunk == s->next) {
-                accumulate(s, chunk, cur, gap_end, g);
+                accumulate(st, s, chunk, cur, gap_end, g);
             } else {
                 if (!cs->stage && !(cs->stage = malloc(s->len * sizeof(float)))) {
                     if (why)
@@ -577,7 +575,7 @@ zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset,
             *why = reasons[ZS_STORE_DUPLICATE];
         return ZS_STORE_DUPLICATE;
     }
-    advance(s, st->C);
+    advance(st, s, st->C);
     return ZS_STORE_OK;
 }
 

@@ -117,6 +117,7 @@ struct rd_conn {
     /* receiving */
     int backlog[RD_RECV_SLOTS], bl_head, bl_len; /* frames behind a reported header */
     int pending;                                 /* the slot of the reported header, or -1 */
+    int viewing; /* the pending header's inline payload is read in place (view_payload) */
     rd_req *reading, *reading_tail; /* receives in their READ phase, in posting order */
     /* one-sided operations */
     rd_req *rmaq, *rmaq_tail;   /* waiting for room on the QP (or for a READ slot) */
@@ -1648,6 +1649,9 @@ static zs_err rd_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs
         *out = NULL;
     zs_frame f;
     ZS_CHECK(pending_frame(c, "recv_payload", &f));
+    if (c->viewing)
+        return zs_error(ZS_ERR_INVALID, "rdma recv_payload %s: the payload is viewed in place",
+                        c->s.peer);
     ZS_CHECK(check_region(c, "receive", m, off, f.length, ZS_MR_RECV));
     rd_req *r = zs_rq_new(&c->s.net->reqs, c->s.net, ZS_RQ_RECV, c, user, out != NULL);
     if (!r)
@@ -1668,6 +1672,36 @@ static zs_err rd_discard(zs_conn *cc)
     zs_frame f;
     ZS_CHECK(pending_frame(c, "discard", &f));
     skip_payload(c, c->pending);
+    c->viewing = 0;
+    pending_done(c);
+    return ZS_OK;
+}
+
+/* Only an inline payload is here to be read in place (in its receive slot); a rendezvous one is
+ * in the peer's memory until an RDMA READ brings it. */
+static zs_err rd_view_payload(zs_conn *cc, const void **data)
+{
+    rd_conn *c = (rd_conn *)cc;
+    *data = NULL;
+    zs_frame f;
+    ZS_CHECK(pending_frame(c, "view_payload", &f));
+    const uint8_t *p = recv_slot(c, c->pending);
+    if (p[4] == MSG_EAGER || f.length == 0) {
+        c->viewing = 1;
+        *data = p + RD_HDR + ZS_FRAME_HEADER_BYTES;
+    }
+    return ZS_OK;
+}
+
+static zs_err rd_view_release(zs_conn *cc)
+{
+    rd_conn *c = (rd_conn *)cc;
+    zs_frame f;
+    ZS_CHECK(pending_frame(c, "view_release", &f));
+    if (!c->viewing)
+        return zs_error(ZS_ERR_INVALID, "rdma view_release %s: the pending payload is not viewed",
+                        c->s.peer);
+    c->viewing = 0;
     pending_done(c);
     return ZS_OK;
 }
@@ -1826,6 +1860,8 @@ const zs_transport_ops zs_rdma_ops = {
     .irecv = zs_setup_irecv,
     .recv_payload = rd_recv_payload,
     .discard = rd_discard,
+    .view_payload = rd_view_payload,
+    .view_release = rd_view_release,
     .test = zs_setup_test,
     .wait = zs_setup_wait,
     .cancel = rd_cancel,

@@ -33,6 +33,9 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include "common/log.h"
 #include "transport/core.h"
@@ -138,6 +141,7 @@ struct sh_conn {
     uint32_t *sent; /* ids of our regions this peer was given */
     int n_sent, cap_sent;
     int rma_out; /* rendezvous replies to the peer's one-sided reads awaiting its DONE */
+    int viewing; /* the pending header's payload is read in place (view_payload) */
     /* Payloads taken while reading the socket, copied together at the end of the read
      * (flush_batch): the copies, their receives and their senders' tokens. */
     int batching;
@@ -252,6 +256,7 @@ static void conn_fail(sh_conn *c, zs_err err, const char *why, ...)
     free_pkts(c->out);
     free_pkts(c->backlog);
     free(c->pending);
+    c->viewing = 0;
     for (int i = 0; i < c->n_regions; i++)
         munmap((void *)c->regions[i].map, c->regions[i].len);
     c->n_regions = 0;
@@ -628,6 +633,36 @@ static int copy_split(sh_net *n, pid_t pid, uint8_t *dst, const uint8_t *src, ui
  * "all its requests were completed (failed) before this event"). */
 static int flush_batch(sh_conn *c, sh_req *also);
 
+/* Where the RNDV payload of len bytes in packet p lies: *src in our mapping of the sender's
+ * region (*pid 0), or at an address in process *pid that process_vm_readv reads.  -1 when it
+ * is not inside the mapped region the packet names (payload_outside fails c). */
+static int payload_source(const sh_conn *c, const uint8_t *p, uint64_t len, const uint8_t **src,
+                          pid_t *pid)
+{
+    uint32_t id = zs_le_get32(p + 12);
+    uint64_t addr = zs_le_get64(p + 24);
+    *src = (const uint8_t *)(uintptr_t)addr; /* in the peer, read by pid */
+    *pid = c->pid;
+    if (!id)
+        return 0;
+    const sh_peer_region *g = NULL;
+    for (int i = 0; i < c->n_regions && !g; i++)
+        if (c->regions[i].id == id)
+            g = &c->regions[i];
+    if (!g || addr < g->base || len > g->len || addr - g->base > g->len - len)
+        return -1;
+    *src = g->map + (addr - g->base); /* our mapping */
+    *pid = 0;
+    return 0;
+}
+
+static void payload_outside(sh_conn *c, const uint8_t *p, uint64_t len)
+{
+    conn_fail(c, ZS_ERR_FORMAT, "a payload of %llu bytes at 0x%llx outside region %u",
+              (unsigned long long)len, (unsigned long long)zs_le_get64(p + 24),
+              zs_le_get32(p + 12));
+}
+
 /* stream: the destination is read later, if at all (an expected reply's): copy with
  * non-temporal stores; 0 for one the caller reads at once and over again (recv_payload: a
  * server's scratch buffer, accumulated right after), which the cache keeps. */
@@ -640,23 +675,12 @@ static void take_payload(sh_conn *c, const uint8_t *p, sh_req *r, int stream)
         zs_rq_finish(r, ZS_OK, NULL);
         return;
     }
-    uint32_t id = zs_le_get32(p + 12);
-    uint64_t addr = zs_le_get64(p + 24);
-    const uint8_t *src = (const uint8_t *)(uintptr_t)addr; /* in the peer, read by pid */
-    pid_t pid = c->pid;
-    if (id) {
-        const sh_peer_region *g = NULL;
-        for (int i = 0; i < c->n_regions && !g; i++)
-            if (c->regions[i].id == id)
-                g = &c->regions[i];
-        if (!g || addr < g->base || len > g->len || addr - g->base > g->len - len) {
-            zs_rq_list_add(&c->s.expect, r);
-            conn_fail(c, ZS_ERR_FORMAT, "a payload of %llu bytes at 0x%llx outside region %u",
-                      (unsigned long long)len, (unsigned long long)addr, id);
-            return;
-        }
-        src = g->map + (addr - g->base); /* our mapping */
-        pid = 0;
+    const uint8_t *src;
+    pid_t pid;
+    if (payload_source(c, p, len, &src, &pid) != 0) {
+        zs_rq_list_add(&c->s.expect, r);
+        payload_outside(c, p, len);
+        return;
     }
     /* Inside a read of the socket, a smaller payload joins the batch; not one the net answers
      * itself (a one-sided write), whose answer must follow the copy. */
@@ -821,6 +845,12 @@ static void on_region(sh_conn *c, const uint8_t *p, size_t len, int fd)
                   (unsigned long long)bytes, strerror(errno));
         return;
     }
+#if defined(__SANITIZE_ADDRESS__)
+    /* AddressSanitizer does not clear its shadow for a new mapping: in a process forked after
+     * its parent freed a large block, the range the mapping lands in may still read as freed
+     * heap, and a view of a payload in it (view_payload) would be reported. */
+    ASAN_UNPOISON_MEMORY_REGION(map, bytes);
+#endif
     if (c->n_regions == c->cap_regions) {
         int cap = c->cap_regions ? 2 * c->cap_regions : 8;
         sh_peer_region *q = realloc(c->regions, (size_t)cap * sizeof *q);
@@ -1570,6 +1600,9 @@ static zs_err sh_recv_payload(zs_conn *cc, zs_mr *mm, size_t off, void *user, zs
         *out = NULL;
     zs_frame f;
     ZS_CHECK(pending_frame(c, "recv_payload", &f));
+    if (c->viewing)
+        return zs_error(ZS_ERR_INVALID, "shm recv_payload %s: the payload is viewed in place",
+                        c->s.peer);
     ZS_CHECK(check_region(c, "receive", m, off, f.length, ZS_MR_RECV));
     sh_req *r = zs_rq_new(&c->s.net->reqs, c->s.net, ZS_RQ_RECV, c, user, out != NULL);
     if (!r)
@@ -1593,7 +1626,43 @@ static zs_err sh_discard(zs_conn *cc)
     zs_frame f;
     ZS_CHECK(pending_frame(c, "discard", &f));
     skip_payload(c, c->pending->b);
+    c->viewing = 0;
     pending_done(c);
+    return ZS_OK;
+}
+
+static zs_err sh_view_payload(zs_conn *cc, const void **data)
+{
+    sh_conn *c = (sh_conn *)cc;
+    *data = NULL;
+    zs_frame f;
+    ZS_CHECK(pending_frame(c, "view_payload", &f));
+    const uint8_t *p = c->pending->b, *src = p + SH_HDR + ZS_FRAME_HEADER_BYTES;
+    pid_t pid = 0;
+    if (p[4] == MSG_RNDV && f.length > 0 && payload_source(c, p, f.length, &src, &pid) != 0) {
+        payload_outside(c, p, f.length);
+        return zs_error(ZS_ERR_FORMAT, "shm view_payload %s: %s", c->s.peer, c->s.reason);
+    }
+    if (pid != 0)
+        return ZS_OK; /* in the peer's memory, not mapped here: recv_payload copies it */
+    c->viewing = 1;
+    *data = src;
+    return ZS_OK;
+}
+
+static zs_err sh_view_release(zs_conn *cc)
+{
+    sh_conn *c = (sh_conn *)cc;
+    zs_frame f;
+    ZS_CHECK(pending_frame(c, "view_release", &f));
+    if (!c->viewing)
+        return zs_error(ZS_ERR_INVALID, "shm view_release %s: the pending payload is not viewed",
+                        c->s.peer);
+    c->viewing = 0;
+    if (c->pending->b[4] == MSG_RNDV)
+        send_done(c, zs_le_get64(c->pending->b + 16), 0);
+    if (c->pending) /* a DONE that fails the connection frees it */
+        pending_done(c);
     return ZS_OK;
 }
 
@@ -1770,6 +1839,8 @@ const zs_transport_ops zs_shm_ops = {
     .irecv = zs_setup_irecv,
     .recv_payload = sh_recv_payload,
     .discard = sh_discard,
+    .view_payload = sh_view_payload,
+    .view_release = sh_view_release,
     .test = zs_setup_test,
     .wait = zs_setup_wait,
     .cancel = sh_cancel,

@@ -2214,6 +2214,24 @@ zs_err zs_tcp_discard(zs_conn *cc)
     return ZS_OK;
 }
 
+/* A payload here is in the socket until recv_payload reads it: never in place. */
+static zs_err tcp_view_payload(zs_conn *cc, const void **data)
+{
+    tcp_conn *c = (tcp_conn *)cc;
+    *data = NULL;
+    ZS_CHECK(check_open(c, "view_payload"));
+    if (!c->pending)
+        return zs_error(ZS_ERR_INVALID, "tcp view_payload %s: no header with a payload is pending",
+                        c->peer);
+    return ZS_OK;
+}
+
+static zs_err tcp_view_release(zs_conn *cc)
+{
+    return zs_error(ZS_ERR_INVALID, "tcp view_release %s: tcp views no payload",
+                    ((tcp_conn *)cc)->peer);
+}
+
 zs_err zs_tcp_test(zs_req *rq, int *done, zs_frame *f)
 {
     return zs_rq_wait((tcp_req *)rq, 0, done, f, "test");
@@ -2355,6 +2373,8 @@ const zs_transport_ops zs_tcp_ops = {
     .irecv = zs_tcp_irecv,
     .recv_payload = zs_tcp_recv_payload,
     .discard = zs_tcp_discard,
+    .view_payload = tcp_view_payload,
+    .view_release = tcp_view_release,
     .test = zs_tcp_test,
     .wait = zs_tcp_wait,
     .cancel = zs_tcp_cancel,

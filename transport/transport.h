@@ -76,7 +76,7 @@
 #include "common/secret.h"
 #include "transport/frame.h"
 
-#define ZS_TRANSPORT_OPS_VERSION 4
+#define ZS_TRANSPORT_OPS_VERSION 5
 
 struct zs_transport_ops;
 
@@ -265,6 +265,22 @@ typedef struct zs_transport_ops {
     /* Skips the payload of c's pending header; the connection goes on with the next frame.
      * Fails on a connection that failed meanwhile, as recv_payload.  Does not block. */
     zs_err (*discard)(zs_conn *c);
+    /* Reading the payload of c's pending header where it lies, with no copy, when the backend
+     * holds its bytes in memory this process can read: shm a payload in pages of the sender's
+     * that are mapped here (registered regions of 1 MiB or more) or one small enough to travel
+     * inline.  Sets *data to the first of the frame's `length` bytes, or to NULL when the
+     * payload cannot be read in place (tcp: it waits in the socket; rdma: in the peer's memory;
+     * shm: a small region read with process_vm_readv); then the header is still pending, and
+     * recv_payload() or discard() takes it.  A view lasts until view_release(c) (the payload is
+     * taken: the sender's send completes, and the connection goes on with the next frame), or
+     * discard() or conn_close(); meanwhile the caller makes no other call on c's net, since
+     * progress could close c and unmap the bytes.  The bytes are the sender's: a sender that
+     * writes its buffer before its send completes may change them under the reader, as it may
+     * during any copy, so read each byte once.  Fails as recv_payload (no pending header, a
+     * connection that failed), and on a payload that lies outside the sender's region (the
+     * connection fails).  Does not block. */
+    zs_err (*view_payload)(zs_conn *c, const void **data);
+    zs_err (*view_release)(zs_conn *c);
 
     /* Makes progress without blocking; *done is 1 when req finished, in which case the
      * request's outcome is returned (ZS_OK or its failure, with the message), *f (if not

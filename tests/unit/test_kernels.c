@@ -31,6 +31,7 @@
 
 #include "common/rng.h"
 #include "kernels/kernels.h"
+#include "kernels/reduce.h"
 #include "tests/unit/reference.h"
 #include "tests/unit/test.h"
 
@@ -840,6 +841,31 @@ static void test_threads(void)
     free(in.wpe), free(in.qkv), free(in.r), free(in.ro), free(in.rv), free(in.tok), free(in.tg);
 }
 
+/* A push added into the accumulator (zs_accumulate): the bits of the plain loop, whatever the
+ * threads, for a range long enough to be split, with a tail that is not a whole cache line. */
+static void test_accumulate(void)
+{
+    size_t n = 3 * ZS_ACCUMULATE_SPLIT + 13;
+    float *g = randn(n, 1), *base = randn(n, 3), *want = malloc(n * sizeof *want);
+    float *got = malloc(n * sizeof *got);
+    for (size_t i = 0; i < n; i++)
+        want[i] = base[i] + g[i];
+    int threads[] = {1, 2, 3, 7};
+    for (size_t k = 0; k < sizeof threads / sizeof *threads; k++) {
+        memcpy(got, base, n * sizeof *got);
+        zs_accumulate(got, g, n, threads[k]);
+        char name[64];
+        snprintf(name, sizeof name, "zs_accumulate, %d threads", threads[k]);
+        check_bits(name, want, got, n);
+    }
+    memcpy(got, base, n * sizeof *got);
+    zs_accumulate(got + 5, g + 5, 100, 2); /* short: one thread, the rest untouched */
+    CHECK_EQ_INT(memcmp(got, base, 5 * sizeof *got), 0);
+    check_bits("zs_accumulate, a short range", want + 5, got + 5, 100);
+    CHECK_EQ_INT(memcmp(got + 105, base + 105, (n - 105) * sizeof *got), 0);
+    free(g), free(base), free(want), free(got);
+}
+
 int main(void)
 {
     printf("test_kernels: sgemm micro-kernels %s\n", zs_sgemm_config());
@@ -852,5 +878,6 @@ int main(void)
     test_classifier();
     test_vmath();
     test_threads();
+    test_accumulate();
     return zs_test_result("test_kernels");
 }

@@ -50,6 +50,8 @@ static void suite_client_opts(zs_conn_opts *o)
 
 #define SUITE_OPS (&zs_rdma_ops)
 #define SUITE_KILL_AFTER_MS 50
+/* Only inline payloads are here to read in place; others are in the peer's memory. */
+#define SUITE_VIEWS(bytes) ((bytes) <= ZS_NET_INLINE_MAX)
 #include "transport_suite.h"
 
 /* A frame naming a bad rkey: the reader's READ fails, both ends fail that connection with the
@@ -140,6 +142,7 @@ int main(void)
     server_start(&s);
     test_round_trips(&s);
     test_read_vs_republish(&s);
+    test_view_holds_send(&s);
     test_wait_fd(&s);
     test_bad_key(&s);
     test_broken_qp(&s);

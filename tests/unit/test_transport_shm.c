@@ -27,6 +27,9 @@ static void suite_client_opts(zs_conn_opts *o)
 
 #define SUITE_OPS (&zs_shm_ops)
 #define SUITE_KILL_AFTER_MS 0
+/* Every payload from a region of 1 MiB or more is in pages mapped here, and small ones travel
+ * inline. */
+#define SUITE_VIEWS(bytes) 1
 #include "transport_suite.h"
 
 /* A server process: fetches and pushes cross address spaces. */
@@ -169,6 +172,7 @@ int main(void)
     server_start(&s);
     test_round_trips(&s);
     test_read_vs_republish(&s);
+    test_view_holds_send(&s);
     test_wait_fd(&s);
     test_client_killed(&s);
     test_garbage_setup(&s);

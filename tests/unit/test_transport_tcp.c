@@ -867,6 +867,9 @@ static void test_local_pair(void)
     CHECK_FAILS_WITH(T->isend(cli, &push, mb, 0, NULL, NULL), "not registered for ZS_MR_SEND");
     CHECK_FAILS_WITH(T->irecv(cli, 1, mro, 0, 16, NULL, NULL), "not registered for ZS_MR_RECV");
     CHECK_FAILS_WITH(T->recv_payload(srv, mb, 0, NULL, NULL), "no header with a payload");
+    const void *view = &view;
+    CHECK_FAILS_WITH(T->view_payload(srv, &view), "no header with a payload");
+    CHECK(view == NULL);
     zs_req *r1;
     CHECK_OK(T->irecv(cli, 42, mb, 0, 16, NULL, &r1));
     CHECK_FAILS_WITH(T->irecv(cli, 42, mb, 0, 16, NULL, NULL), "id 42 is already expected");
@@ -905,6 +908,11 @@ static void test_local_pair(void)
                 CHECK(ev[k].conn == srv);
                 CHECK_EQ_INT(ev[k].frame.length, len);
                 CHECK_FAILS_WITH(T->recv_payload(srv, mb, 1, NULL, &rr), "outside the region");
+                /* A payload in the socket is never shown in place: the header stays. */
+                view = &view;
+                CHECK_OK(T->view_payload(srv, &view));
+                CHECK(view == NULL);
+                CHECK_FAILS_WITH(T->view_release(srv), "tcp views no payload");
                 CHECK_OK(T->recv_payload(srv, mb, 0, NULL, &rr));
             }
         }

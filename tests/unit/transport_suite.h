@@ -7,11 +7,16 @@
  *   suite_client_opts(o)         fills a client's backend options
  *   SUITE_KILL_AFTER_MS          how long a 16 MiB reply is read before its server is killed
  *                                (0: killed before the client reads it)
+ *   SUITE_VIEWS(bytes)           whether the backend shows the test server a push of `bytes`
+ *                                from the client's (large) registered buffer in place
+ *                                (view_payload) instead of having it copied
  *
  * A test server runs in a thread with its own net and serves as a partition server does: a
- * fetch is answered from its registered "pattern" buffer, a push is received into "stage" and
- * answered with a hash of the bytes.  The client is the main thread.  No assertion depends on
- * timing; deadlines are there so that a bug fails instead of hanging.
+ * fetch is answered from its registered "pattern" buffer, a push is hashed where it lies when
+ * the backend can show it in place (view_payload), else received into "stage" and hashed
+ * there, and answered with the hash (and in the reply's chunk field, 1 when it was viewed).  The
+ * client is the main thread.  No assertion depends on timing; deadlines are there so that a bug
+ * fails instead of hanging.
  */
 #ifndef ZS_TEST_TRANSPORT_SUITE_H
 #define ZS_TEST_TRANSPORT_SUITE_H
@@ -64,7 +69,11 @@ typedef struct {
     int use_auth;
     pthread_t th;
     pthread_mutex_t mu;
+    pthread_cond_t cv;
     int stop;
+    /* hold_views: the server thread keeps a view open (viewing = 1) until the main thread sets
+     * hold_views back to 0; view_refused counts recv_payload calls refused during a view */
+    int hold_views, viewing, view_refused;
     int accepted, closed, refused, fetches, pushes_ok, pushes_failed, replies_done;
     int written;           /* ZS_EV_WRITTEN events (one-sided writes with notify) */
     zs_frame last_written; /* the last one's frame: address, bytes, immediate value */
@@ -93,8 +102,46 @@ static void republish(server *s)
 
 #define COOKIE_REPLY ((void *)1)
 
+/* A push read where it lies, if the backend can show it: hashed there and answered (chunk 1)
+ * once the view is released.  With hold_views, the view stays open until the main thread says
+ * (a recv_payload tried meanwhile must be refused).  1: answered, 0: not viewable, -1: failed. */
+static int view_push(server *s, zs_conn *c, const zs_frame *f)
+{
+    const void *data = NULL;
+    if (T->view_payload(c, &data) != ZS_OK) {
+        fprintf(stderr, "server: view_payload: %s\n", zs_last_error());
+        return -1;
+    }
+    if (!data)
+        return 0;
+    uint64_t h = fnv(data, f->length);
+    pthread_mutex_lock(&s->mu);
+    if (s->hold_views) {
+        s->viewing = 1;
+        s->view_refused += T->recv_payload(c, s->stage_mr, 0, NULL, NULL) == ZS_ERR_INVALID;
+        int64_t end = now_ms() + DEADLINE_MS;
+        while (s->hold_views && now_ms() < end) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        }
+        s->viewing = 0;
+    }
+    s->pushes_ok++;
+    pthread_mutex_unlock(&s->mu);
+    if (T->view_release(c) != ZS_OK) {
+        fprintf(stderr, "server: view_release: %s\n", zs_last_error());
+        return -1;
+    }
+    zs_frame r = {.op = ZS_OP_PUSH_REPLY, .id = f->id, .step = h, .chunk = 1};
+    T->isend(c, &r, NULL, 0, NULL, NULL);
+    return 1;
+}
+
 static void on_header(server *s, zs_conn *c, const zs_frame *f)
 {
+    int view;
     if (f->op == ZS_OP_FETCH) {
         uint64_t bytes = f->count * 4;
         zs_frame r = {.op = ZS_OP_FETCH_REPLY,
@@ -113,6 +160,9 @@ static void on_header(server *s, zs_conn *c, const zs_frame *f)
     } else if (f->op == ZS_OP_PUSH && f->length == 0) {
         zs_frame r = {.op = ZS_OP_PUSH_REPLY, .id = f->id, .step = fnv(NULL, 0)};
         T->isend(c, &r, NULL, 0, NULL, NULL);
+    } else if (f->op == ZS_OP_PUSH && (view = view_push(s, c, f)) != 0) {
+        if (view < 0)
+            T->discard(c);
     } else if (f->op == ZS_OP_PUSH) {
         zs_frame *keep = malloc(sizeof *keep);
         *keep = *f;
@@ -198,6 +248,7 @@ static int server_open(server *s, int use_auth)
 {
     memset(s, 0, sizeof *s);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
     s->pattern = malloc(SERVE_BYTES);
     s->stage = calloc(1, SERVE_BYTES);
     if (!s->pattern || !s->stage)
@@ -293,6 +344,7 @@ static void client_close(client *cl)
 }
 
 static uint64_t next_id = 100;
+static int last_push_viewed; /* whether the server read the last push() in place */
 
 /* Fetches bytes at `at` into buf[dst..]; returns the reply's outcome and header. */
 static zs_err fetch(client *cl, size_t at, size_t bytes, size_t dst, zs_frame *got)
@@ -355,8 +407,10 @@ static zs_err push(client *cl, size_t at, size_t bytes, size_t src, uint64_t *ha
     e = T->wait(rr, DEADLINE_MS, &done, &got);
     if (e == ZS_OK && !done)
         return zs_error(ZS_ERR_IO, "push reply timed out");
-    if (e == ZS_OK)
+    if (e == ZS_OK) {
         *hash = got.step;
+        last_push_viewed = (int)got.chunk;
+    }
     return e;
 }
 
@@ -383,6 +437,7 @@ static void test_round_trips(server *s)
         uint64_t h = 0;
         CHECK_OK(push(&cl, at, sizes[k], SERVE_BYTES, &h));
         CHECK_EQ_INT(h, fnv(cl.buf + SERVE_BYTES, sizes[k]));
+        CHECK_EQ_INT(last_push_viewed, sizes[k] > 0 && SUITE_VIEWS(sizes[k]));
     }
     /* More frames in flight than credits: 40 fetches posted before any is waited for. */
     enum { N = 40 };
@@ -431,6 +486,58 @@ static void test_read_vs_republish(server *s)
     pthread_mutex_lock(&s->mu);
     s->republish = 0;
     pthread_mutex_unlock(&s->mu);
+    client_close(&cl);
+}
+
+/* A push read in place (view_payload): while the server holds the view, the client's send
+ * has not completed (its buffer is still the server's to read) and recv_payload is refused;
+ * once released, the send completes and the hash is the bytes'.  Backends that copy every
+ * payload of this size have nothing to show here. */
+static void test_view_holds_send(server *s)
+{
+    const size_t bytes = 2 * MIB;
+    if (!SUITE_VIEWS(bytes))
+        return;
+    client cl;
+    CHECK_OK(client_open(&cl, s->port, NULL));
+    for (size_t i = 0; i < bytes; i++)
+        cl.buf[i] = (uint8_t)(i * 31 + 5);
+    pthread_mutex_lock(&s->mu);
+    s->hold_views = 1;
+    int refused0 = s->view_refused;
+    pthread_mutex_unlock(&s->mu);
+    uint64_t id = next_id++;
+    zs_req *rr, *sr;
+    CHECK_OK(T->irecv(cl.c, id, NULL, 0, 0, NULL, &rr));
+    zs_frame f = {.op = ZS_OP_PUSH,
+                  .dtype = ZS_DTYPE_F32,
+                  .id = id,
+                  .offset = 0,
+                  .count = bytes / 4,
+                  .length = bytes};
+    CHECK_OK(T->isend(cl.c, &f, cl.mr, 0, NULL, &sr));
+    int send_done = 0, reply_done = 0;
+    int64_t end = now_ms() + DEADLINE_MS;
+    /* Drive the client's net until the server holds the view. */
+    while (!server_get(s, &s->viewing) && now_ms() < end && !send_done)
+        CHECK_OK(T->test(sr, &send_done, NULL));
+    CHECK_EQ_INT(server_get(s, &s->viewing), 1);
+    CHECK_EQ_INT(send_done, 0);
+    CHECK_OK(T->test(sr, &send_done, NULL));
+    CHECK_EQ_INT(send_done, 0); /* the server still reads the client's pages */
+    CHECK_EQ_INT(server_get(s, &s->view_refused), refused0 + 1);
+    pthread_mutex_lock(&s->mu);
+    s->hold_views = 0;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (!send_done)
+        CHECK_OK(T->wait(sr, DEADLINE_MS, &send_done, NULL));
+    CHECK_EQ_INT(send_done, 1);
+    zs_frame got;
+    CHECK_OK(T->wait(rr, DEADLINE_MS, &reply_done, &got));
+    CHECK_EQ_INT(reply_done, 1);
+    CHECK_EQ_INT(got.chunk, 1);
+    CHECK_EQ_INT(got.step, fnv(cl.buf, bytes));
     client_close(&cl);
 }
 
