@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -174,7 +176,8 @@ typedef struct {
     pthread_cond_t cv;
     sh_part *parts; /* the run of parts it copies */
     int n_parts;
-    int busy; /* parts are its to copy; 0 once copied */
+    int spin;        /* poll for the next run before sleeping (after a large payload's share) */
+    atomic_int busy; /* parts are its to copy; 0 once copied (set and cleared under mu) */
     int stop;
 } sh_helper;
 
@@ -504,11 +507,41 @@ static int pull(pid_t pid, uint8_t *dst, uint64_t raddr, uint64_t len)
     return p.err;
 }
 
+/* How long a helper, and the net's thread waiting for one, poll before they sleep, after a
+ * share of a large payload: such payloads come back to back (a fetch of many shards), and
+ * waking a sleeping thread each time cost 4 MiB fetches about an eighth of their speed here
+ * (12.3-12.7 GB/s against 14.3-14.5 polling).  Not after a batch of small payloads, whose
+ * next batch waits for the peer's process, which a polling thread would slow on a small
+ * machine. */
+#define SH_SPIN_NS 100000
+
+/* Polls until *flag == want or SH_SPIN_NS pass (then the caller sleeps on its condition). */
+static void spin_for(const atomic_int *flag, int want)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; atomic_load_explicit(flag, memory_order_acquire) != want; i++) {
+#if defined(__SSE2__)
+        _mm_pause();
+#endif
+        if (i % 64 == 63) {
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > SH_SPIN_NS)
+                return;
+        }
+    }
+}
+
 static void *helper_main(void *arg)
 {
     sh_helper *h = arg;
     pthread_mutex_lock(&h->mu);
     for (;;) {
+        if (!h->busy && !h->stop && h->spin) {
+            pthread_mutex_unlock(&h->mu);
+            spin_for(&h->busy, 1);
+            pthread_mutex_lock(&h->mu);
+        }
         while (!h->busy && !h->stop)
             pthread_cond_wait(&h->cv, &h->mu);
         if (h->stop)
@@ -567,7 +600,7 @@ static void stop_helpers(sh_net *n)
 
 /* Copies parts[0..count): the net's helpers and this thread each take a run of consecutive
  * parts of about equal bytes.  Each part's err says how its copy went. */
-static void copy_parts(sh_net *n, sh_part *parts, int count)
+static void copy_parts(sh_net *n, sh_part *parts, int count, int spin)
 {
     uint64_t total = 0;
     for (int i = 0; i < count; i++)
@@ -586,6 +619,7 @@ static void copy_parts(sh_net *n, sh_part *parts, int count)
         pthread_mutex_lock(&h->mu);
         h->parts = parts + start;
         h->n_parts = at - start;
+        h->spin = spin;
         h->busy = 1;
         pthread_cond_broadcast(&h->cv);
         pthread_mutex_unlock(&h->mu);
@@ -594,6 +628,8 @@ static void copy_parts(sh_net *n, sh_part *parts, int count)
         copy_part(&parts[i]);
     for (int i = 0; i < given; i++) {
         sh_helper *h = &n->helpers[i];
+        if (spin)
+            spin_for(&h->busy, 0);
         pthread_mutex_lock(&h->mu);
         while (h->busy)
             pthread_cond_wait(&h->cv, &h->mu);
@@ -619,7 +655,7 @@ static int copy_split(sh_net *n, pid_t pid, uint8_t *dst, const uint8_t *src, ui
                              .dst = dst + at,
                              .src = src + at,
                              .len = k == count - 1 || len - at < each ? len - at : each};
-    copy_parts(n, parts, k);
+    copy_parts(n, parts, k, count > 1);
     for (int i = 0; i < k; i++)
         if (parts[i].err)
             return parts[i].err;
@@ -727,7 +763,7 @@ static int flush_batch(sh_conn *c, sh_req *also)
     memcpy(rq, c->batch_rq, (size_t)count * sizeof *rq);
     memcpy(token, c->batch_token, (size_t)count * sizeof *token);
     c->n_batch = 0;
-    copy_parts(net_of(c), parts, count);
+    copy_parts(net_of(c), parts, count, 0);
     int bad = 0;
     while (bad < count && !parts[bad].err)
         bad++;
