@@ -29,9 +29,9 @@
  * copied straight out of the server's memory, a push is added into the accumulator straight
  * from the worker's pages), measured in the same loop, and its figures are printed as multiples
  * of the worker's TCP client's (target >= 2x).  Their limits, measured in the same loop: a
- * memcpy of the vector in 4 MiB pieces (by 1 and 2 threads, as shm splits a fetch) for fetches,
- * and the addition a push makes (acc += g over the vector, 1 thread, as the server adds) for
- * pushes.
+ * copy of the vector (non-temporal stores, as shm copies: common/ntcopy.h) in 4 MiB pieces (by 1
+ * and 2 threads, as shm splits a fetch) for fetches, and the addition a push makes (acc += g over
+ * the vector, on the server's threads, as it adds) for pushes.
  *
  * The servers add pushes on SERVER_THREADS threads (`zshard server --threads`; 2 by default,
  * this machine class's cores).
@@ -56,6 +56,7 @@
 
 #include "bench/benchutil.h"
 #include "common/clock.h"
+#include "common/ntcopy.h"
 #include "worker/session.h"
 
 /* ---- the plain copy: one writer thread, the main thread reads ---- */
@@ -175,7 +176,7 @@ static void *copy_parts(void *p)
                         ? n
                         : n * (size_t)(a->part + 1) / (size_t)a->parts & ~(size_t)63;
         if (!a->add) {
-            memcpy(a->dst + at + lo, a->src + at + lo, hi - lo);
+            zs_copy_nt(a->dst + at + lo, a->src + at + lo, hi - lo);
             continue;
         }
         float *d = (float *)(void *)(a->dst + at + lo);
@@ -186,14 +187,14 @@ static void *copy_parts(void *p)
     return NULL;
 }
 
-/* GB/s of memcpy from src into dst (add 0), or of dst += src as floats (add 1), over total
- * bytes in 4 MiB pieces, each split over `threads` threads (as shm splits a payload:
- * transport/shm.c, copy_split; as a server adds a push: kernels/reduce.h, zs_accumulate), the
- * second of two passes.  The shared-memory transport moves a fetch with one such copy, and TCP
- * over loopback with two (into the kernel and out of it, on the two ends' threads), so on a
- * machine with two cores the copy with two threads bounds shm's fetch, and shm / TCP can reach
- * at most this figure over TCP's.  A push over shm is added from where it lies, with no copy:
- * the addition on the server's threads bounds it. */
+/* GB/s of a copy from src (zs_copy_nt, as shm copies a payload) into dst (add 0), or of dst += src
+ * as floats (add 1), over total bytes in 4 MiB pieces, each split over `threads` threads (as shm
+ * splits a payload: transport/shm.c, copy_split; as a server adds a push: kernels/reduce.h,
+ * zs_accumulate), the second of two passes.  The shared-memory transport moves a fetch with one
+ * such copy, and TCP over loopback with two (into the kernel and out of it, on the two ends'
+ * threads), so on a machine with two cores the copy with two threads bounds shm's fetch, and shm /
+ * TCP can reach at most this figure over TCP's.  A push over shm is added from where it lies, with
+ * no copy: the addition on the server's threads bounds it. */
 static double memory_pass(const char *src, char *dst, size_t total, int threads, int add)
 {
     enum { MAXT = 8 };
@@ -597,7 +598,8 @@ int main(int argc, char **argv)
                "push 4 MiB added %.2f GB/s; shm over TCP's better figure (%d or 1 server "
                "threads): fetch 4 MiB %.2fx, push 4 MiB added %.2fx\n",
                tcp1.fetch4, tcp1.push4, server_threads, shm.fetch4 / tf, shm.push4 / tp);
-    printf("memory (the vector in 4 MiB pieces): memcpy 1 thread %.2f GB/s, 2 threads %.2f "
+    printf("memory (the vector in 4 MiB pieces): copy (non-temporal stores) 1 thread %.2f GB/s, 2 "
+           "threads %.2f "
            "GB/s; acc += g on the server's %d thread(s) %.2f GB/s; shm fetch 4 MiB at %.2f of "
            "the 2-thread copy, shm push 4 MiB at %.2f of the addition; shm / TCP can reach at "
            "most %.2fx for fetches (that copy over TCP's better fetch) and %.2fx for pushes (the "

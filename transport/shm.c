@@ -40,6 +40,7 @@
 #endif
 
 #include "common/log.h"
+#include "common/ntcopy.h"
 #include "transport/core.h"
 #include "transport/setup.h"
 #include "transport/tcp.h"
@@ -123,7 +124,7 @@ typedef struct {
     uint8_t *dst;
     const uint8_t *src; /* pid 0: our mapping; else the address in the peer */
     uint64_t len;
-    int stream; /* pid 0: may use non-temporal stores (copy_stream) */
+    int stream; /* pid 0: may use non-temporal stores (zs_copy_nt) */
     int err;    /* the errno of a failed read */
 } sh_part;
 
@@ -437,40 +438,6 @@ static void send_done(sh_conn *c, uint64_t token, uint32_t status)
     send_pkt(c, p, sizeof p);
 }
 
-/* Payloads of this size or more are copied with non-temporal stores where the CPU has them:
- * the destination's lines are written without being read first (memcpy reads them, for
- * sizes below glibc's threshold, which follows the last-level cache and is far above a
- * shard here).  One thread copied 6.6-6.9 GB/s with memcpy and 8.7-8.9 GB/s so, two 12.0-13.4
- * and 15.0-15.8 (/tmp/mc3, a scratch test, 144 MiB).  A payload this large is out of the
- * cache once copied anyway. */
-#define SH_STREAM_MIN ((uint64_t)256 << 10)
-
-/* memcpy for large copies: non-temporal 16-byte stores to the 16-byte aligned middle. */
-static void copy_stream(uint8_t *dst, const uint8_t *src, uint64_t len)
-{
-#if defined(__SSE2__)
-    if (len >= SH_STREAM_MIN) {
-        uint64_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-        memcpy(dst, src, head);
-        uint64_t i = head;
-        for (; i + 64 <= len; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-            _mm_stream_si128((__m128i *)(dst + i), a);
-            _mm_stream_si128((__m128i *)(dst + i + 16), b);
-            _mm_stream_si128((__m128i *)(dst + i + 32), c);
-            _mm_stream_si128((__m128i *)(dst + i + 48), d);
-        }
-        _mm_sfence(); /* the stores are visible before the copy is reported done */
-        memcpy(dst + i, src + i, len - i);
-        return;
-    }
-#endif
-    memcpy(dst, src, len);
-}
-
 /* Copies one part: from our mapping of the peer's region, or with process_vm_readv from the
  * peer's memory (one copy, by the kernel).  Sets p->err to 0 or an errno. */
 static void copy_part(sh_part *p)
@@ -478,7 +445,7 @@ static void copy_part(sh_part *p)
     p->err = 0;
     if (!p->pid) {
         if (p->stream)
-            copy_stream(p->dst, p->src, p->len);
+            zs_copy_nt(p->dst, p->src, p->len);
         else
             memcpy(p->dst, p->src, p->len);
         return;
