@@ -63,6 +63,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/secret.h"
+#include "kernels/model.h"
 
 /* From SIGTERM to SIGKILL when stopping the children. */
 #define STOP_GRACE_S 5.0
@@ -78,7 +79,8 @@
 
 static const char launch_usage[] =
     "usage: zshard launch --config CFG.json --data PATH --steps N --servers S --workers W\n"
-    "                     --out DIR [--threads T] [--bind HOST] [--log-level LEVEL]\n"
+    "                     --out DIR [--threads T] [--device DEV] [--bind HOST] [--log-level "
+    "LEVEL]\n"
     "                     [--elastic-script FILE] [--resume CKPT | --resume-if-any DIR]\n"
     "                     [--replacements N] [--secret FILE | --insecure] [--metrics HOST:PORT]\n"
     "\n"
@@ -95,6 +97,7 @@ static const char launch_usage[] =
     "                     the coordinator's endpoint is printed)\n"
     "  --out DIR          where metrics.jsonl, model.safetensors, config.json and logs/ go\n"
     "  --threads T        kernel threads per worker (default: the CPUs available divided by W)\n"
+    "  --device DEV       where every worker computes: cpu (default), cuda or cuda:N\n"
     "  --bind HOST        address to listen on and advertise (default 127.0.0.1); give this\n"
     "                     host's address to let workers on other hosts attach\n"
     "  --log-level LEVEL  error, warn, info (default) or debug, for every process; without\n"
@@ -160,6 +163,7 @@ typedef struct {
 
 typedef struct {
     const char *config, *data, *out, *bind, *log_level, *script_path, *resume;
+    const char *device;       /* --device for the workers, or NULL (the CPU) */
     const char *metrics_host; /* --metrics HOST:PORT, or NULL */
     long metrics_port;
     char (*metrics_at)[300]; /* [n_procs]: "HOST:PORT" each child said it serves metrics at */
@@ -483,6 +487,10 @@ static int start_next(launch *L)
         arg(&a, "%s", L->endpoint);
         arg(&a, "--threads");
         arg(&a, "%ld", L->worker_threads);
+        if (L->device) {
+            arg(&a, "--device");
+            arg(&a, "%s", L->device);
+        }
     }
     role_args(L, &a);
     return spawn(L, i, &a);
@@ -1168,6 +1176,7 @@ int zs_cmd_launch(int argc, char **argv)
                                          {"workers", required_argument, NULL, 'W'},
                                          {"out", required_argument, NULL, 'o'},
                                          {"threads", required_argument, NULL, 't'},
+                                         {"device", required_argument, NULL, 'D'},
                                          {"bind", required_argument, NULL, 'b'},
                                          {"log-level", required_argument, NULL, 'L'},
                                          {"help", no_argument, NULL, 'h'},
@@ -1247,6 +1256,13 @@ int zs_cmd_launch(int argc, char **argv)
             if ((L.threads = zs_cli_int("launch", "--threads", optarg, 1, 1024)) < 0)
                 return 2;
             break;
+        case 'D': {
+            zs_device dev;
+            if (zs_device_parse(optarg, &dev) != ZS_OK)
+                return zs_cli_usage_error("launch", "--device: %s", zs_last_error());
+            L.device = optarg;
+            break;
+        }
         case 'L':
             if (zs_cli_log_level("launch", optarg))
                 return 2;

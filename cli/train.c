@@ -21,7 +21,7 @@
 
 static const char train_usage[] =
     "usage: zshard train --config CFG.json --data PATH --steps N --out DIR\n"
-    "                    [--threads T] [--init DIR] [--log-level LEVEL]\n"
+    "                    [--threads T] [--device DEV] [--init DIR] [--log-level LEVEL]\n"
     "\n"
     "Trains a GPT-2 model in one process.\n"
     "\n"
@@ -31,6 +31,9 @@ static const char train_usage[] =
     "  --steps N          optimizer steps to run\n"
     "  --out DIR          where metrics.jsonl, model.safetensors and config.json go\n"
     "  --threads T        CPU threads (default: all CPUs available)\n"
+    "  --device DEV       where forward and backward run: cpu (default), cuda or cuda:N;\n"
+    "                     a GPU run is the bit-exact reference of jobs whose workers\n"
+    "                     compute on that GPU model (optimizer steps stay on the CPU)\n"
     "  --init DIR         start from DIR/model.safetensors (Hugging Face GPT-2 names)\n"
     "                     instead of the seed's initialization\n"
     "  --log-level LEVEL  error, warn, info (default) or debug\n"
@@ -38,16 +41,14 @@ static const char train_usage[] =
 
 int zs_cmd_train(int argc, char **argv)
 {
-    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
-                                         {"data", required_argument, NULL, 'd'},
-                                         {"steps", required_argument, NULL, 's'},
-                                         {"out", required_argument, NULL, 'o'},
-                                         {"threads", required_argument, NULL, 't'},
-                                         {"init", required_argument, NULL, 'i'},
-                                         {"log-level", required_argument, NULL, 'l'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},  {"data", required_argument, NULL, 'd'},
+        {"steps", required_argument, NULL, 's'},   {"out", required_argument, NULL, 'o'},
+        {"threads", required_argument, NULL, 't'}, {"init", required_argument, NULL, 'i'},
+        {"device", required_argument, NULL, 'D'},  {"log-level", required_argument, NULL, 'l'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
     const char *config_path = NULL, *data_path = NULL, *out = NULL, *init = NULL;
+    zs_device dev = {ZS_DEVICE_CPU, 0};
     long steps = -1, threads = zs_cli_cpus();
     int c;
     opterr = 0;
@@ -65,6 +66,10 @@ int zs_cmd_train(int argc, char **argv)
             break;
         case 'i':
             init = optarg;
+            break;
+        case 'D':
+            if (zs_device_parse(optarg, &dev) != ZS_OK)
+                return zs_cli_usage_error("train", "--device: %s", zs_last_error());
             break;
         case 's':
             if ((steps = zs_cli_int("train", "--steps", optarg, 0, 1L << 40)) < 0)
@@ -108,7 +113,7 @@ int zs_cmd_train(int argc, char **argv)
     }
     int rc = 1;
     zs_metrics *metrics = NULL;
-    if (zs_trainer_init(&tr, &cfg, &data, (int)threads, init) != ZS_OK) {
+    if (zs_trainer_init_on(&tr, dev, &cfg, &data, (int)threads, init) != ZS_OK) {
         fprintf(stderr, "zshard train: %s\n", zs_last_error());
         goto out_data;
     }
@@ -122,10 +127,12 @@ int zs_cmd_train(int argc, char **argv)
         fprintf(stderr, "zshard train: %s\n", zs_last_error());
         goto out_trainer;
     }
+    char dev_name[16];
+    zs_device_format(dev, dev_name, sizeof dev_name);
     ZS_INFO("train: %zu parameters, %d layers x %d wide, %d chunks of %d x %d tokens per step, "
-            "%ld threads, data %s (%zu tokens)",
+            "%ld threads, forward and backward on %s, data %s (%zu tokens)",
             tr.tt.n_params, cfg.model.n_layer, cfg.model.n_embd, cfg.chunks, cfg.micro_batch,
-            cfg.model.block_size, threads, data_path, data.ntokens);
+            cfg.model.block_size, threads, dev_name, data_path, data.ntokens);
     zs_cli_catch_signals();
     /* Every write is checked, so a file size limit (ulimit -f) is better an EFBIG error that
      * names the file than SIGXFSZ killing the process with a line cut in the middle. */

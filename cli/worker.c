@@ -10,7 +10,7 @@
 #include "worker/worker.h"
 
 static const char worker_usage[] =
-    "usage: zshard worker --coord tcp://HOST:PORT [--data PATH] [--threads T]\n"
+    "usage: zshard worker --coord tcp://HOST:PORT [--data PATH] [--threads T] [--device DEV]\n"
     "                     [--stats FILE] [--secret FILE | --insecure] [--log-level LEVEL]\n"
     "\n"
     "Runs a worker: joins the coordinator's job, computes the chunks it is assigned with\n"
@@ -21,6 +21,8 @@ static const char worker_usage[] =
     "  --data PATH              a local copy of the job's data (default: the job's path);\n"
     "                           its fingerprint must match the job's\n"
     "  --threads T              kernel threads (default: all CPUs available)\n"
+    "  --device DEV             where forward and backward run: cpu (default), cuda or\n"
+    "                           cuda:N\n"
     "  --stats FILE             at the end, write where the time went as one JSON "
     "object\n" ZS_CLI_SECRET_USAGE
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
@@ -52,6 +54,7 @@ int zs_cmd_worker(int argc, char **argv)
     static const struct option opts[] = {{"coord", required_argument, NULL, 'c'},
                                          {"data", required_argument, NULL, 'd'},
                                          {"threads", required_argument, NULL, 't'},
+                                         {"device", required_argument, NULL, 'D'},
                                          {"stats", required_argument, NULL, 's'},
                                          {"log-level", required_argument, NULL, 'L'},
                                          {"help", no_argument, NULL, 'h'},
@@ -75,6 +78,10 @@ int zs_cmd_worker(int argc, char **argv)
             break;
         case 's':
             stats_path = optarg;
+            break;
+        case 'D':
+            if (zs_device_parse(optarg, &o.device) != ZS_OK)
+                return zs_cli_usage_error("worker", "--device: %s", zs_last_error());
             break;
         case 't': {
             long t = zs_cli_int("worker", "--threads", optarg, 1, 1024);

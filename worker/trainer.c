@@ -39,6 +39,12 @@ static void round_compute(zs_trainer *tr)
 zs_err zs_trainer_init(zs_trainer *tr, const zs_config *cfg, const zs_dataset *data, int threads,
                        const char *init_dir)
 {
+    return zs_trainer_init_on(tr, (zs_device){ZS_DEVICE_CPU, 0}, cfg, data, threads, init_dir);
+}
+
+zs_err zs_trainer_init_on(zs_trainer *tr, zs_device dev, const zs_config *cfg,
+                          const zs_dataset *data, int threads, const char *init_dir)
+{
     memset(tr, 0, sizeof *tr);
     tr->cfg = *cfg;
     tr->data = data;
@@ -53,7 +59,7 @@ zs_err zs_trainer_init(zs_trainer *tr, const zs_config *cfg, const zs_dataset *d
          * activations: checked against this process's limits before any of it is taken. */
         char what[128];
         uint64_t need = (uint64_t)n * (5 * 4 + (cfg->bf16 ? 4 + 2 : 0)) +
-                        zs_gpt2_activation_bytes(&cfg->model, b, T);
+                        zs_model_host_bytes(dev, &cfg->model, b, T);
         snprintf(what, sizeof what, "%zu parameters (weights, gradients, moments) and activations",
                  n);
         ZS_CHECK_GOTO(zs_mem_check("train", what, need), res, fail);
@@ -85,7 +91,17 @@ zs_err zs_trainer_init(zs_trainer *tr, const zs_config *cfg, const zs_dataset *d
         round_compute(tr);
     else
         tr->compute = tr->params;
-    ZS_CHECK_GOTO(zs_gpt2_create(&cfg->model, &tr->tt, b, T, tr->threads, &tr->model), res, fail);
+    ZS_CHECK_GOTO(zs_model_create(dev, &cfg->model, &tr->tt, b, T, tr->threads, &tr->model), res,
+                  fail);
+    if (zs_model_on_host(tr->model)) {
+        tr->dev_params = tr->compute;
+        tr->dev_grads = tr->grads;
+    } else {
+        ZS_CHECK_GOTO(zs_model_alloc(tr->model, n * sizeof(float), (void **)&tr->dev_params), res,
+                      fail);
+        ZS_CHECK_GOTO(zs_model_alloc(tr->model, n * sizeof(float), (void **)&tr->dev_grads), res,
+                      fail);
+    }
     return ZS_OK;
 fail:
     zs_trainer_free(tr);
@@ -94,8 +110,11 @@ fail:
 
 void zs_trainer_free(zs_trainer *tr)
 {
-    if (tr->model)
-        zs_gpt2_free(tr->model);
+    if (tr->model && !zs_model_on_host(tr->model)) {
+        zs_model_dealloc(tr->model, tr->dev_params);
+        zs_model_dealloc(tr->model, tr->dev_grads);
+    }
+    zs_model_free(tr->model);
     if (tr->compute != tr->params)
         free(tr->compute);
     free(tr->params);
@@ -116,14 +135,19 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
     int C = cfg->chunks, b = cfg->micro_batch, T = cfg->model.block_size;
     size_t n = tr->tt.total;
     double t0 = zs_now_s();
-    zs_gpt2_flat flat = {.params = tr->compute, .grads = tr->grads};
+    zs_gpt2_flat flat = {.params = tr->dev_params, .grads = tr->dev_grads};
     zs_gpt2_io io = zs_gpt2_flat_io(&flat);
+    int on_host = zs_model_on_host(tr->model);
+    if (!on_host) /* the weights of this step, as a GPU worker fetches them */
+        ZS_CHECK(zs_model_upload(tr->model, tr->dev_params, tr->compute, n * sizeof(float)));
     double loss_sum = 0;
     for (int c = 0; c < C; c++) {
         zs_data_chunk(tr->data, cfg->seed, tr->step, c, b, T, tr->inputs, tr->targets);
         float loss;
-        ZS_CHECK(zs_gpt2_forward(tr->model, &io, tr->inputs, tr->targets, b, T, &loss));
-        ZS_CHECK(zs_gpt2_backward(tr->model, &io));
+        ZS_CHECK(zs_model_forward(tr->model, &io, tr->inputs, tr->targets, b, T, &loss));
+        ZS_CHECK(zs_model_backward(tr->model, &io));
+        if (!on_host)
+            ZS_CHECK(zs_model_download(tr->model, tr->grads, tr->dev_grads, n * sizeof(float)));
         loss_sum += loss;
         /* acc = g_0, then acc += g_c: chunk order, as the servers add them. */
         if (c == 0) {

@@ -24,23 +24,25 @@
 #include "common/data.h"
 #include "common/err.h"
 #include "common/tensors.h"
-#include "kernels/gpt2.h"
+#include "kernels/model.h"
 
 typedef struct {
     zs_config cfg;
     zs_tensor_table tt;
     const zs_dataset *data;
-    zs_gpt2 *model;
+    zs_model *model; /* on the trainer's device (zs_trainer_init_on) */
     int threads;
-    long step;        /* steps done so far */
-    float *params;    /* [tt.total] fp32 master weights */
-    float *compute;   /* [tt.total] bf16-rounded weights the model reads, or == params */
-    uint16_t *bf16;   /* [tt.total] bf16 copy written by AdamW, or NULL */
-    float *grads;     /* [tt.total] one chunk's gradient */
-    float *acc;       /* [tt.total] the step's accumulated gradient */
-    float *m, *v;     /* [tt.total] AdamW moments */
-    int32_t *inputs;  /* [b, T] */
-    int32_t *targets; /* [b, T] */
+    long step;         /* steps done so far */
+    float *params;     /* [tt.total] fp32 master weights */
+    float *compute;    /* [tt.total] bf16-rounded weights the model reads, or == params */
+    uint16_t *bf16;    /* [tt.total] bf16 copy written by AdamW, or NULL */
+    float *grads;      /* [tt.total] one chunk's gradient */
+    float *acc;        /* [tt.total] the step's accumulated gradient */
+    float *m, *v;      /* [tt.total] AdamW moments */
+    float *dev_params; /* [tt.total] compute, in the model's memory (== compute on the CPU) */
+    float *dev_grads;  /* [tt.total] grads, in the model's memory (== grads on the CPU) */
+    int32_t *inputs;   /* [b, T] */
+    int32_t *targets;  /* [b, T] */
 } zs_trainer;
 
 typedef struct {
@@ -58,6 +60,11 @@ typedef struct {
  * otherwise initialized from cfg->seed.  data must outlive the trainer. */
 zs_err zs_trainer_init(zs_trainer *tr, const zs_config *cfg, const zs_dataset *data, int threads,
                        const char *init_dir);
+/* The same with the forward and backward on dev (kernels/model.h): on a GPU the weights the
+ * model reads are copied to it at the start of each step and each chunk's gradient back to
+ * the host; the accumulation, the norm and AdamW stay on the host, as on the servers. */
+zs_err zs_trainer_init_on(zs_trainer *tr, zs_device dev, const zs_config *cfg,
+                          const zs_dataset *data, int threads, const char *init_dir);
 void zs_trainer_free(zs_trainer *tr);
 
 /* Runs one step. */

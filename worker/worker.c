@@ -28,7 +28,7 @@
 #include "common/log.h"
 #include "common/memlimit.h"
 #include "kernels/adamw.h"
-#include "kernels/gpt2.h"
+#include "kernels/model.h"
 #include "transport/client.h"
 #include "worker/session.h"
 
@@ -63,6 +63,12 @@ typedef struct {
     long version;
     int refs; /* acquired and not yet released */
     xfer x;   /* a parameter slot's fetch, or a gradient slot's push */
+    /* A model off the host (a GPU): the slot's twin in the model's memory, which the model
+     * reads (parameters: uploaded from buf when the layer is acquired) or writes (gradients:
+     * downloaded into buf before the push), and for a parameter slot what it holds. */
+    float *dev;
+    int dev_layer;
+    long dev_version;
 } slot;
 
 typedef struct {
@@ -70,6 +76,8 @@ typedef struct {
     const zs_config *cfg;
     const zs_tensor_table *tt;
     zs_client *cl;
+    zs_model *model;
+    int on_host; /* the model computes in host memory: it reads and writes the slots' bufs */
     int L;
     zs_frame_dtype dtype;
     slot param[SLOTS], grad[SLOTS];
@@ -320,8 +328,15 @@ static zs_err io_acquire(void *ctx, int layer, const float **base)
         w->backward = 0;
     ZS_CHECK(ensure(w, layer));
     slot *p = &w->param[slot_of(w, layer)];
+    const size_t *lb = w->tt->layer_begin;
+    if (!w->on_host && (p->dev_layer != layer || p->dev_version != w->step)) {
+        p->dev_layer = -1;
+        ZS_CHECK(zs_model_upload(w->model, p->dev, p->buf, (lb[layer + 1] - lb[layer]) * 4));
+        p->dev_layer = layer;
+        p->dev_version = w->step;
+    }
     p->refs++;
-    *base = p->buf - w->tt->layer_begin[layer];
+    *base = (w->on_host ? p->buf : p->dev) - lb[layer];
     /* The next layer this pass will ask for. */
     if (!w->backward)
         prefetch(w, layer + 1);
@@ -345,6 +360,10 @@ static zs_err io_grads(void *ctx, int layer, float **base)
     wk *w = ctx;
     zs_session_heartbeat(w->s);
     slot *g = &w->grad[slot_of(w, layer)];
+    if (!w->on_host) { /* the model writes the twin; the push buffer is awaited when filled */
+        *base = g->dev - w->tt->layer_begin[layer];
+        return ZS_OK;
+    }
     ZS_CHECK(await(w, &g->x, &w->st.push_wait_s)); /* its last push read the buffer */
     *base = g->buf - w->tt->layer_begin[layer];
     return ZS_OK;
@@ -354,6 +373,11 @@ static zs_err io_grads_done(void *ctx, int layer)
 {
     wk *w = ctx;
     slot *g = &w->grad[slot_of(w, layer)];
+    if (!w->on_host) {
+        const size_t *lb = w->tt->layer_begin;
+        ZS_CHECK(await(w, &g->x, &w->st.push_wait_s)); /* its last push read the buffer */
+        ZS_CHECK(zs_model_download(w->model, g->buf, g->dev, (lb[layer + 1] - lb[layer]) * 4));
+    }
     g->x.is_push = 1;
     g->x.layer = layer;
     g->x.begin = w->tt->layer_begin[layer];
@@ -392,7 +416,7 @@ static zs_err drain(wk *w)
 }
 
 /* Computes one chunk: forward, backward with its pushes, then reports it done. */
-static zs_err run_chunk(wk *w, zs_gpt2 *model, int32_t *in, int32_t *tg, long step, int chunk)
+static zs_err run_chunk(wk *w, int32_t *in, int32_t *tg, long step, int chunk)
 {
     const zs_config *cfg = w->cfg;
     int b = cfg->micro_batch, T = cfg->model.block_size;
@@ -406,9 +430,9 @@ static zs_err run_chunk(wk *w, zs_gpt2 *model, int32_t *in, int32_t *tg, long st
                      .grads = io_grads,
                      .grads_done = io_grads_done};
     float loss;
-    zs_err res = zs_gpt2_forward(model, &io, in, tg, b, T, &loss);
+    zs_err res = zs_model_forward(w->model, &io, in, tg, b, T, &loss);
     if (res == ZS_OK)
-        res = zs_gpt2_backward(model, &io);
+        res = zs_model_backward(w->model, &io);
     zs_err d = drain(w);
     if (res == ZS_OK)
         res = d;
@@ -451,6 +475,31 @@ static zs_err setup_slots(wk *w)
             s->buf = p;
             w->st.buffer_bytes += bytes;
             ZS_CHECK(zs_client_register(w->cl, p, bytes));
+        }
+    }
+    return ZS_OK;
+}
+
+/* A model off the host: every slot gets its twin in the model's memory. */
+static zs_err setup_device_slots(wk *w)
+{
+    if (w->on_host)
+        return ZS_OK;
+    for (int k = 0; k < 2; k++) {
+        slot *set = k ? w->grad : w->param;
+        for (int i = 0; i < SLOTS; i++) {
+            set[i].dev_layer = -1;
+            set[i].dev_version = -1;
+            size_t floats = i == SLOT_EMBED ? w->tt->layer_begin[1]
+                            : i == SLOT_FINAL
+                                ? w->tt->layer_begin[w->L + 2] - w->tt->layer_begin[w->L + 1]
+                                : 0;
+            for (int l = 1; i >= SLOT_BLOCK && l <= w->L; l++) {
+                size_t n = w->tt->layer_begin[l + 1] - w->tt->layer_begin[l];
+                floats = n > floats ? n : floats;
+            }
+            if (floats)
+                ZS_CHECK(zs_model_alloc(w->model, floats * sizeof(float), (void **)&set[i].dev));
         }
     }
     return ZS_OK;
@@ -500,7 +549,6 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
 {
     wk w = {0};
     w.wake_fd = -1;
-    zs_gpt2 *model = NULL;
     int32_t *in = NULL, *tg = NULL;
     zs_err res;
     int mu_ready = 0;
@@ -529,10 +577,14 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
         char who[32], what[96];
         snprintf(who, sizeof who, "worker %u", zs_session_id(w.s));
         snprintf(what, sizeof what, "activations for %d x %d tokens", b, T);
-        ZS_CHECK_GOTO(zs_mem_check(who, what, zs_gpt2_activation_bytes(&w.cfg->model, b, T)), res,
-                      out);
+        ZS_CHECK_GOTO(
+            zs_mem_check(who, what, zs_model_host_bytes(opts->device, &w.cfg->model, b, T)), res,
+            out);
     }
-    ZS_CHECK_GOTO(zs_gpt2_create(&w.cfg->model, w.tt, b, T, opts->threads, &model), res, out);
+    ZS_CHECK_GOTO(zs_model_create(opts->device, &w.cfg->model, w.tt, b, T, opts->threads, &w.model),
+                  res, out);
+    w.on_host = zs_model_on_host(w.model);
+    ZS_CHECK_GOTO(setup_device_slots(&w), res, out);
     w.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w.wake_fd < 0) {
         res = zs_error(ZS_ERR_IO, "worker: eventfd: %s", strerror(errno));
@@ -547,8 +599,11 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
         goto out;
     }
     w.comm_started = 1;
-    ZS_INFO("worker %u: %s weights, %d threads, %.1f MB of layer buffers", zs_session_id(w.s),
-            w.dtype == ZS_DTYPE_BF16 ? "bf16" : "fp32", opts->threads, w.st.buffer_bytes / 1e6);
+    char dev_name[16];
+    zs_device_format(opts->device, dev_name, sizeof dev_name);
+    ZS_INFO("worker %u: %s weights, compute on %s, %d threads, %.1f MB of layer buffers",
+            zs_session_id(w.s), w.dtype == ZS_DTYPE_BF16 ? "bf16" : "fp32", dev_name, opts->threads,
+            w.st.buffer_bytes / 1e6);
 
     long last_step = -1;
     double idle_since = -1; /* when it last finished a chunk: waiting from then is step wait */
@@ -570,7 +625,7 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
         /* A stop request ends the loop after the chunk in hand; the coordinator gives the
          * rest of the assignment to others once this worker leaves. */
         for (int i = 0; i < a.n && res == ZS_OK && !(stop_flag && *stop_flag); i++) {
-            res = run_chunk(&w, model, in, tg, a.step, a.chunks[i]);
+            res = run_chunk(&w, in, tg, a.step, a.chunks[i]);
             /* Past its deadline, the chunk went to another worker and the servers refuse
              * our pushes of it: drop it and go on (the other copy counts). */
             if (res != ZS_OK && strstr(zs_last_error(), ZS_NOT_ASSIGNED_TEXT) &&
@@ -623,7 +678,11 @@ out:
         if (w.st.buffer_bytes > stats->buffer_bytes)
             stats->buffer_bytes = w.st.buffer_bytes;
     }
-    zs_gpt2_free(model);
+    for (int i = 0; w.model && !w.on_host && i < SLOTS; i++) {
+        zs_model_dealloc(w.model, w.param[i].dev);
+        zs_model_dealloc(w.model, w.grad[i].dev);
+    }
+    zs_model_free(w.model);
     free(in);
     free(tg);
     /* The session closes the client (its registrations) before the buffers go; a failure of

@@ -31,12 +31,16 @@
 
 #include "common/err.h"
 #include "common/secret.h"
+#include "kernels/model.h"
 
 typedef struct {
     const char *coord;       /* the coordinator's control endpoint, "tcp://HOST:PORT" */
     const zs_secret *secret; /* the job's secret, or insecure (common/secret.h) */
     const char *data;        /* a local copy of the job's data, or NULL for the job's path */
     int threads;             /* kernel threads (OpenMP); the communication thread is extra */
+    zs_device device;        /* where forward and backward run; zeroed: the CPU.  On a GPU each
+                                layer is copied in from its fetched slot when first used, and
+                                each layer's gradient out to its push buffer */
     int join_timeout_ms;     /* how long to wait for the job spec after registering */
 } zs_worker_opts;
 

@@ -3,16 +3,18 @@
 # (docs/testing.md).  It builds the release build with the CUDA kernels required
 # (-DZS_CUDA=ON, sm_80 and sm_90) and runs the GPU tests, where a skip (exit 77: no device) is
 # a failure.  What it runs today: test_cuda_kernels (each CUDA kernel against its CPU kernel,
-# with the tolerance table in tests/gpu/test_cuda_kernels.c, and twice for the same bits).
+# with the tolerance table in tests/gpu/test_cuda_kernels.c, and twice for the same bits),
+# test_model (the compute seam's CUDA model), and tests/gpu/jobs.sh (zshard train --device cuda
+# against itself and against the CPU, zshard launch --device cuda against it).
 # Exit status 0 only if all passed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)
 command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "tests/gpu/run.sh: no nvidia-smi" >&2
 build=$("$root/deploy/build.sh")
 cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2
-cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels >&2
+cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_model zshard >&2
 status=0
-for t in test_cuda_kernels; do
+for t in test_cuda_kernels test_model; do
   echo "== $t"
   rc=0
   "$build/tests/$t" || rc=$?
@@ -23,4 +25,6 @@ for t in test_cuda_kernels; do
     status=1
   fi
 done
+echo "== jobs.sh"
+bash "$root/tests/gpu/jobs.sh" "$build/zshard" "$build/tests/gpu-jobs.work" || status=1
 exit $status

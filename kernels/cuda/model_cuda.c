@@ -1,0 +1,568 @@
+/*
+ * model_cuda: the compute seam's CUDA backend (kernels/model.h): GPT-2's forward and backward
+ * composed from the CUDA kernels (cuda_kernels.h) on one stream of one GPU, in fp32, in the
+ * same order and with the same buffers as kernels/gpt2.c composes the CPU kernels (its header
+ * comment has the dataflow; block l's residual add is fused into the next LayerNorm, one
+ * residual-gradient buffer walks the backward, every gradient float of a layer is written).
+ *
+ * Everything the model touches is device memory: the io's layer pointers, the activations,
+ * the tokens (copied in at each forward).  Work is enqueued on the model's stream, and the io
+ * moves bytes with zs_model_upload/zs_model_download, which are enqueued on the same stream
+ * and wait for it: so an io may overwrite a layer's device buffer as soon as release() is
+ * called (the upload runs after the kernels that read it), and a gradient it downloads in
+ * grads_done() is complete.  That order is correct and simple; it does not overlap copies
+ * with compute (the GPU worker's copy stream is still to come: docs/gpu.md).
+ *
+ * The loss is the mean of the per-position losses, summed on the host in double in position
+ * order, as the CPU model does.  Tokens are checked on the host before anything is enqueued.
+ *
+ * Determinism: the kernels use no atomics and fixed reduction orders, cuBLASLt is asked for
+ * no split-K reduction: one GPU model gives the same bits run to run.
+ */
+#include "kernels/model.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t cu_e_ = (call);                                                                \
+        if (cu_e_ != cudaSuccess)                                                                  \
+            return zs_error(ZS_ERR_IO, "cuda: %s: %s", #call, cudaGetErrorString(cu_e_));          \
+    } while (0)
+
+/* Device activations for max_b x max_t positions (the (L, ...) arrays are sliced per layer at
+ * max_b * max_t rows; a forward over b x t uses each slice's first b*t rows). */
+typedef struct {
+    float *resid;                     /* (L+1, N, C) */
+    float *ln1, *ln1_mean, *ln1_rstd; /* (L, N, C), (L, N), (L, N) */
+    float *qkv;                       /* (L, N, 3C) */
+    float *att;                       /* (L, B, NH, T, T) */
+    float *atty, *res2;               /* (L, N, C) */
+    float *ln2, *ln2_mean, *ln2_rstd; /* (L, N, C), (L, N), (L, N) */
+    float *fch, *fch_gelu;            /* (L, N, 4C) */
+    float *lnf, *lnf_mean, *lnf_rstd; /* (N, C), (N), (N) */
+    float *proj;                      /* (N, C) */
+    float *logits;                    /* (N, V), dlogits after the forward */
+    float *losses;                    /* (N) */
+    float *dres, *dln, *dbig, *datt;  /* (N, C), (N, C), (N, 4C), (B, NH, T, T) */
+} cuda_acts;
+
+typedef struct {
+    int device;
+    int L, C, NH, V, maxT, max_b, max_t;
+    size_t wte, wpe, lnf_w, lnf_b;
+    size_t *blk;      /* (L, ZS_BLOCK_TENSORS) offsets */
+    size_t *span_off; /* every tensor's offset, numel and layer: to zero gradient gaps */
+    size_t *span_numel;
+    int *span_layer;
+    int n_spans;
+    size_t *layer_begin; /* (L + 3) */
+    cudaStream_t stream;
+    zs_cuda_blas *blas;
+    void *mem; /* device: the activations and the tokens */
+    cuda_acts a;
+    int32_t *inputs, *targets; /* device (max_b, max_t) */
+    float *losses_host;        /* (max_b * max_t) */
+    int pending, b, t;
+    const float *p0, *pf;
+} cuda_model;
+
+static size_t round64(size_t bytes)
+{
+    return (bytes + 255) / 256 * 256;
+}
+
+/* Carves the activations and token buffers out of base (NULL: only counts); returns bytes. */
+static size_t layout(cuda_model *m, char *base)
+{
+    size_t L = (size_t)m->L, C = (size_t)m->C, V = (size_t)m->V, NH = (size_t)m->NH;
+    size_t N = (size_t)m->max_b * m->max_t, T = (size_t)m->max_t;
+    size_t att = (size_t)m->max_b * NH * T * T;
+    cuda_acts *a = &m->a;
+    struct {
+        float **p;
+        size_t n;
+    } parts[] = {
+        {&a->resid, (L + 1) * N * C},
+        {&a->ln1, L * N * C},
+        {&a->ln1_mean, L * N},
+        {&a->ln1_rstd, L * N},
+        {&a->qkv, L * N * 3 * C},
+        {&a->att, L * att},
+        {&a->atty, L * N * C},
+        {&a->res2, L * N * C},
+        {&a->ln2, L * N * C},
+        {&a->ln2_mean, L * N},
+        {&a->ln2_rstd, L * N},
+        {&a->fch, L * N * 4 * C},
+        {&a->fch_gelu, L * N * 4 * C},
+        {&a->lnf, N * C},
+        {&a->lnf_mean, N},
+        {&a->lnf_rstd, N},
+        {&a->proj, N * C},
+        {&a->logits, N * V},
+        {&a->losses, N},
+        {&a->dres, N * C},
+        {&a->dln, N * C},
+        {&a->dbig, N * 4 * C},
+        {&a->datt, att},
+    };
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (base)
+            *parts[i].p = (float *)(base + at);
+        at += round64(parts[i].n * sizeof(float));
+    }
+    if (base) {
+        m->inputs = (int32_t *)(base + at);
+        m->targets = (int32_t *)(base + at + round64(N * sizeof(int32_t)));
+    }
+    return at + 2 * round64(N * sizeof(int32_t));
+}
+
+static zs_err tensor_offset(const zs_tensor_table *tt, int block, zs_tensor_kind kind, size_t numel,
+                            size_t *offset)
+{
+    const zs_tensor *t = zs_tensors_get(tt, block, kind);
+    if (!t || t->numel != numel || t->offset + t->numel > tt->total)
+        return zs_error(ZS_ERR_INVALID,
+                        "model cuda: tensor of kind %d in block %d is missing or has %zu floats, "
+                        "expected %zu",
+                        (int)kind, block, t ? t->numel : 0, numel);
+    *offset = t->offset;
+    return ZS_OK;
+}
+
+static void cuda_free(void *impl)
+{
+    cuda_model *m = impl;
+    if (!m)
+        return;
+    cudaSetDevice(m->device);
+    if (m->blas)
+        zs_cuda_blas_close(m->blas);
+    if (m->mem)
+        cudaFree(m->mem);
+    if (m->stream)
+        cudaStreamDestroy(m->stream);
+    free(m->losses_host);
+    free(m->layer_begin);
+    free(m->span_off);
+    free(m->span_numel);
+    free(m->span_layer);
+    free(m->blk);
+    free(m);
+}
+
+static zs_err setup(cuda_model *m, const zs_model_config *cfg, const zs_tensor_table *tt)
+{
+    size_t L = (size_t)m->L, C = (size_t)m->C, V = (size_t)m->V;
+    m->blk = calloc(L * ZS_BLOCK_TENSORS, sizeof *m->blk);
+    m->span_off = calloc((size_t)tt->count, sizeof *m->span_off);
+    m->span_numel = calloc((size_t)tt->count, sizeof *m->span_numel);
+    m->span_layer = calloc((size_t)tt->count, sizeof *m->span_layer);
+    m->layer_begin = calloc(L + 3, sizeof *m->layer_begin);
+    m->losses_host = calloc((size_t)m->max_b * m->max_t, sizeof *m->losses_host);
+    if (!m->blk || !m->span_off || !m->span_numel || !m->span_layer || !m->layer_begin ||
+        !m->losses_host)
+        return zs_error(ZS_ERR_NOMEM, "model cuda: out of memory for the tensor offsets");
+    ZS_CHECK(tensor_offset(tt, 0, ZS_T_WTE, V * C, &m->wte));
+    ZS_CHECK(tensor_offset(tt, 0, ZS_T_WPE, (size_t)cfg->block_size * C, &m->wpe));
+    ZS_CHECK(tensor_offset(tt, 0, ZS_T_LNF_W, C, &m->lnf_w));
+    ZS_CHECK(tensor_offset(tt, 0, ZS_T_LNF_B, C, &m->lnf_b));
+    const size_t numel[ZS_BLOCK_TENSORS] = {
+        C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C,
+    };
+    for (int l = 0; l < m->L; l++)
+        for (int k = 0; k < ZS_BLOCK_TENSORS; k++)
+            ZS_CHECK(tensor_offset(tt, l, (zs_tensor_kind)(ZS_T_LN1_W + k), numel[k],
+                                   &m->blk[(size_t)l * ZS_BLOCK_TENSORS + k]));
+    for (int i = 0; i < tt->count; i++) {
+        m->span_off[i] = tt->tensors[i].offset;
+        m->span_numel[i] = tt->tensors[i].numel;
+        m->span_layer[i] = tt->tensors[i].layer;
+    }
+    m->n_spans = tt->count;
+    memcpy(m->layer_begin, tt->layer_begin, (L + 3) * sizeof *m->layer_begin);
+
+    CU(cudaSetDevice(m->device));
+    size_t bytes = layout(m, NULL), free_b = 0, total_b = 0;
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    if (bytes > free_b)
+        return zs_error(ZS_ERR_NOMEM,
+                        "model cuda:%d: the activations for %d x %d tokens take %zu MiB, the GPU "
+                        "has %zu MiB free of %zu",
+                        m->device, m->max_b, m->max_t, bytes >> 20, free_b >> 20, total_b >> 20);
+    CU(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+    CU(cudaMalloc(&m->mem, bytes));
+    CU(cudaMemsetAsync(m->mem, 0, bytes, m->stream));
+    layout(m, m->mem);
+    ZS_CHECK(zs_cuda_blas_open(m->stream, &m->blas));
+    CU(cudaStreamSynchronize(m->stream));
+    return ZS_OK;
+}
+
+static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt, int max_b,
+                          int max_t, int threads, int index, void **impl)
+{
+    (void)threads;
+    *impl = NULL;
+    if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->vocab_size <= 0 ||
+        cfg->n_embd % cfg->n_head != 0 || max_b < 1 || max_t < 1 || max_t > cfg->block_size ||
+        tt->n_layers != cfg->n_layer + 2)
+        return zs_error(ZS_ERR_INVALID,
+                        "model cuda: bad shape (n_layer %d, n_head %d, n_embd %d, vocab_size %d, "
+                        "block_size %d, %d x %d tokens)",
+                        cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size,
+                        max_b, max_t);
+    int count = 0;
+    cudaError_t ce = cudaGetDeviceCount(&count);
+    if (ce != cudaSuccess || index >= count)
+        return zs_error(ZS_ERR_INVALID, "device cuda:%d: %s%s", index,
+                        ce != cudaSuccess ? "no GPU can be used here: "
+                                          : "no such GPU: fewer are visible to this process",
+                        ce != cudaSuccess ? cudaGetErrorString(ce) : "");
+    cuda_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return zs_error(ZS_ERR_NOMEM, "model cuda: out of memory");
+    m->device = index;
+    m->L = cfg->n_layer;
+    m->C = cfg->n_embd;
+    m->NH = cfg->n_head;
+    m->V = cfg->vocab_size;
+    m->maxT = cfg->block_size;
+    m->max_b = max_b;
+    m->max_t = max_t;
+    zs_err e = setup(m, cfg, tt);
+    if (e != ZS_OK) {
+        cuda_free(m);
+        return e;
+    }
+    *impl = m;
+    return ZS_OK;
+}
+
+static zs_err check_tokens(const cuda_model *m, const int32_t *tok, const char *what, int n, int t)
+{
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= m->V)
+            return zs_error(ZS_ERR_INVALID,
+                            "model cuda: %s token %d at sequence %d, position %d is out of "
+                            "range [0, %d)",
+                            what, (int)tok[i], i / t, i % t, m->V);
+    return ZS_OK;
+}
+
+/* Zeroes the floats of layer's gradient range that no tensor covers. */
+static zs_err zero_padding(const cuda_model *m, int layer, float *base)
+{
+    size_t at = m->layer_begin[layer];
+    for (int i = 0; i < m->n_spans; i++) {
+        if (m->span_layer[i] != layer)
+            continue;
+        if (m->span_off[i] > at)
+            CU(cudaMemsetAsync(base + at, 0, (m->span_off[i] - at) * sizeof(float), m->stream));
+        at = m->span_off[i] + m->span_numel[i];
+    }
+    if (m->layer_begin[layer + 1] > at)
+        CU(cudaMemsetAsync(base + at, 0, (m->layer_begin[layer + 1] - at) * sizeof(float),
+                           m->stream));
+    return ZS_OK;
+}
+
+/* Block l (0-based) forward with its parameters at p (gpt2.c's block_forward). */
+static zs_err block_forward(cuda_model *m, int l, const float *p)
+{
+    cuda_acts *a = &m->a;
+    const int B = m->b, T = m->t, C = m->C, N = B * T;
+    const size_t NC = (size_t)m->max_b * m->max_t * C, Nn = (size_t)m->max_b * m->max_t;
+    const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
+    const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
+    cudaStream_t s = m->stream;
+#define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
+    float *resid = a->resid + l * NC;
+    float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn,
+          *ln1_rstd = a->ln1_rstd + l * Nn;
+    float *qkv = a->qkv + l * 3 * NC, *attp = a->att + l * att, *atty = a->atty + l * NC;
+    float *res2 = a->res2 + l * NC;
+    float *ln2 = a->ln2 + l * NC, *ln2_mean = a->ln2_mean + l * Nn,
+          *ln2_rstd = a->ln2_rstd + l * Nn;
+    float *fch = a->fch + l * 4 * NC, *gelu = a->fch_gelu + l * 4 * NC;
+    if (l == 0)
+        ZS_CHECK(zs_cuda_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, PARAM(ZS_T_LN1_W),
+                                           PARAM(ZS_T_LN1_B), N, C, s));
+    else
+        ZS_CHECK(zs_cuda_residual_layernorm_forward(resid, ln1, ln1_mean, ln1_rstd,
+                                                    a->res2 + (l - 1) * NC, a->proj,
+                                                    PARAM(ZS_T_LN1_W), PARAM(ZS_T_LN1_B), N, C, s));
+    ZS_CHECK(zs_cuda_linear_forward(m->blas, qkv, ln1, PARAM(ZS_T_QKV_W), PARAM(ZS_T_QKV_B), N, C,
+                                    3 * C));
+    ZS_CHECK(zs_cuda_attention_forward(atty, attp, qkv, B, T, C, m->NH, s));
+    ZS_CHECK(zs_cuda_linear_forward(m->blas, a->proj, atty, PARAM(ZS_T_ATTPROJ_W),
+                                    PARAM(ZS_T_ATTPROJ_B), N, C, C));
+    ZS_CHECK(zs_cuda_residual_layernorm_forward(res2, ln2, ln2_mean, ln2_rstd, resid, a->proj,
+                                                PARAM(ZS_T_LN2_W), PARAM(ZS_T_LN2_B), N, C, s));
+    ZS_CHECK(zs_cuda_linear_forward(m->blas, fch, ln2, PARAM(ZS_T_FC_W), NULL, N, C, 4 * C));
+    ZS_CHECK(zs_cuda_bias_gelu_forward(fch, gelu, PARAM(ZS_T_FC_B), N, 4 * C, s));
+    ZS_CHECK(zs_cuda_linear_forward(m->blas, a->proj, gelu, PARAM(ZS_T_FCPROJ_W),
+                                    PARAM(ZS_T_FCPROJ_B), N, 4 * C, C));
+#undef PARAM
+    return ZS_OK;
+}
+
+static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inputs,
+                           const int32_t *targets, int b, int t, float *loss)
+{
+    cuda_model *m = impl;
+    if (m->pending)
+        return zs_error(ZS_ERR_INVALID, "model cuda: forward while the previous forward still "
+                                        "holds its layers");
+    if (b < 1 || b > m->max_b || t < 1 || t > m->max_t)
+        return zs_error(ZS_ERR_INVALID, "model cuda: %d x %d tokens, expected up to %d x %d", b, t,
+                        m->max_b, m->max_t);
+    const int N = b * t, L = m->L, C = m->C;
+    ZS_CHECK(check_tokens(m, inputs, "input", N, t));
+    ZS_CHECK(check_tokens(m, targets, "target", N, t));
+    CU(cudaSetDevice(m->device));
+    cuda_acts *a = &m->a;
+    const size_t NC = (size_t)m->max_b * m->max_t * C;
+    m->b = b;
+    m->t = t;
+    CU(cudaMemcpyAsync(m->inputs, inputs, (size_t)N * sizeof *inputs, cudaMemcpyHostToDevice,
+                       m->stream));
+    CU(cudaMemcpyAsync(m->targets, targets, (size_t)N * sizeof *targets, cudaMemcpyHostToDevice,
+                       m->stream));
+    const float *p0, *pf, *p;
+    zs_err err = io->acquire(io->ctx, 0, &p0);
+    if (err != ZS_OK)
+        return err;
+    ZS_CHECK_GOTO(
+        zs_cuda_encoder_forward(a->resid, m->inputs, p0 + m->wte, p0 + m->wpe, b, t, C, m->stream),
+        err, fail);
+    for (int l = 1; l <= L; l++) {
+        ZS_CHECK_GOTO(io->acquire(io->ctx, l, &p), err, fail);
+        err = block_forward(m, l - 1, p);
+        io->release(io->ctx, l);
+        if (err != ZS_OK)
+            goto fail;
+    }
+    ZS_CHECK_GOTO(io->acquire(io->ctx, L + 1, &pf), err, fail);
+    ZS_CHECK_GOTO(zs_cuda_residual_layernorm_forward(a->resid + L * NC, a->lnf, a->lnf_mean,
+                                                     a->lnf_rstd, a->res2 + (L - 1) * NC, a->proj,
+                                                     pf + m->lnf_w, pf + m->lnf_b, N, C, m->stream),
+                  err, fail_final);
+    ZS_CHECK_GOTO(zs_cuda_lm_head_forward(m->blas, a->logits, a->lnf, p0 + m->wte, N, C, m->V), err,
+                  fail_final);
+    ZS_CHECK_GOTO(zs_cuda_crossentropy_fused(a->logits, a->losses, m->targets, N, m->V,
+                                             1.0f / (float)N, m->stream),
+                  err, fail_final);
+    cudaError_t ce = cudaMemcpyAsync(m->losses_host, a->losses, (size_t)N * sizeof(float),
+                                     cudaMemcpyDeviceToHost, m->stream);
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(m->stream);
+    if (ce != cudaSuccess) {
+        err = zs_error(ZS_ERR_IO, "model cuda:%d: forward: %s", m->device, cudaGetErrorString(ce));
+        goto fail_final;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < N; i++)
+        sum += m->losses_host[i];
+    *loss = (float)(sum / N);
+    m->p0 = p0;
+    m->pf = pf;
+    m->pending = 1;
+    return ZS_OK;
+
+fail_final:
+    io->release(io->ctx, L + 1);
+fail:
+    io->release(io->ctx, 0);
+    return err;
+}
+
+static void cuda_finish(void *impl, const zs_gpt2_io *io)
+{
+    cuda_model *m = impl;
+    if (!m->pending)
+        return;
+    io->release(io->ctx, m->L + 1);
+    io->release(io->ctx, 0);
+    m->pending = 0;
+}
+
+/* Block l (0-based) backward (gpt2.c's block_backward): dres holds d loss / d resid[l+1] on
+ * entry and d loss / d resid[l] on return. */
+static zs_err block_backward(cuda_model *m, int l, const float *p, float *g)
+{
+    cuda_acts *a = &m->a;
+    const int B = m->b, T = m->t, C = m->C, N = B * T;
+    const size_t NC = (size_t)m->max_b * m->max_t * C, Nn = (size_t)m->max_b * m->max_t;
+    const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
+    const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
+    cudaStream_t s = m->stream;
+#define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
+#define GRAD(kind) (g + o[(kind)-ZS_T_LN1_W])
+    const float *resid = a->resid + l * NC;
+    const float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn;
+    const float *ln1_rstd = a->ln1_rstd + l * Nn;
+    const float *qkv = a->qkv + l * 3 * NC, *attp = a->att + l * att, *atty = a->atty + l * NC;
+    const float *res2 = a->res2 + l * NC;
+    const float *ln2 = a->ln2 + l * NC, *ln2_mean = a->ln2_mean + l * Nn;
+    const float *ln2_rstd = a->ln2_rstd + l * Nn;
+    const float *fch = a->fch + l * 4 * NC, *gelu = a->fch_gelu + l * 4 * NC;
+    ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dbig, GRAD(ZS_T_FCPROJ_W), GRAD(ZS_T_FCPROJ_B),
+                                     a->dres, gelu, PARAM(ZS_T_FCPROJ_W), N, 4 * C, C));
+    ZS_CHECK(zs_cuda_bias_gelu_backward(a->dbig, GRAD(ZS_T_FC_B), fch, N, 4 * C, s));
+    ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_FC_W), NULL, a->dbig, ln2,
+                                     PARAM(ZS_T_FC_W), N, C, 4 * C));
+    ZS_CHECK(zs_cuda_layernorm_backward(a->dres, GRAD(ZS_T_LN2_W), GRAD(ZS_T_LN2_B), a->dln, res2,
+                                        PARAM(ZS_T_LN2_W), ln2_mean, ln2_rstd, N, C, s));
+    ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_ATTPROJ_W), GRAD(ZS_T_ATTPROJ_B),
+                                     a->dres, atty, PARAM(ZS_T_ATTPROJ_W), N, C, C));
+    ZS_CHECK(zs_cuda_attention_backward(a->dbig, a->datt, a->dln, qkv, attp, B, T, C, m->NH, s));
+    ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_QKV_W), GRAD(ZS_T_QKV_B), a->dbig,
+                                     ln1, PARAM(ZS_T_QKV_W), N, C, 3 * C));
+    ZS_CHECK(zs_cuda_layernorm_backward(a->dres, GRAD(ZS_T_LN1_W), GRAD(ZS_T_LN1_B), a->dln, resid,
+                                        PARAM(ZS_T_LN1_W), ln1_mean, ln1_rstd, N, C, s));
+#undef PARAM
+#undef GRAD
+    return ZS_OK;
+}
+
+static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
+{
+    cuda_model *m = impl;
+    if (!m->pending)
+        return zs_error(ZS_ERR_INVALID, "model cuda: backward without a forward");
+    cuda_acts *a = &m->a;
+    const int L = m->L, C = m->C, T = m->t, N = m->b * m->t;
+    const size_t NC = (size_t)m->max_b * m->max_t * C;
+    const float *p0 = m->p0, *pf = m->pf, *p;
+    float *g0, *gf, *g;
+    zs_err err;
+    int l = 0;
+    m->pending = 0;
+    CU(cudaSetDevice(m->device));
+
+    ZS_CHECK_GOTO(io->grads(io->ctx, L + 1, &gf), err, fail_final);
+    ZS_CHECK_GOTO(io->grads(io->ctx, 0, &g0), err, fail_final);
+    ZS_CHECK_GOTO(zero_padding(m, L + 1, gf), err, fail_final);
+    ZS_CHECK_GOTO(zero_padding(m, 0, g0), err, fail_final);
+    ZS_CHECK_GOTO(zs_cuda_lm_head_backward(m->blas, a->dln, g0 + m->wte, a->logits, a->lnf,
+                                           p0 + m->wte, N, C, m->V),
+                  err, fail_final);
+    if (cudaMemsetAsync(a->dres, 0, (size_t)N * C * sizeof(float), m->stream) != cudaSuccess) {
+        err = zs_error(ZS_ERR_IO, "model cuda:%d: clearing the residual gradient", m->device);
+        goto fail_final;
+    }
+    ZS_CHECK_GOTO(zs_cuda_layernorm_backward(a->dres, gf + m->lnf_w, gf + m->lnf_b, a->dln,
+                                             a->resid + L * NC, pf + m->lnf_w, a->lnf_mean,
+                                             a->lnf_rstd, N, C, m->stream),
+                  err, fail_final);
+    ZS_CHECK_GOTO(io->grads_done(io->ctx, L + 1), err, fail_final);
+    io->release(io->ctx, L + 1);
+
+    for (l = L; l >= 1; l--) {
+        ZS_CHECK_GOTO(io->acquire(io->ctx, l, &p), err, fail_embed);
+        ZS_CHECK_GOTO(io->grads(io->ctx, l, &g), err, fail_block);
+        ZS_CHECK_GOTO(zero_padding(m, l, g), err, fail_block);
+        ZS_CHECK_GOTO(block_backward(m, l - 1, p, g), err, fail_block);
+        ZS_CHECK_GOTO(io->grads_done(io->ctx, l), err, fail_block);
+        io->release(io->ctx, l);
+    }
+
+    float *dwpe = g0 + m->wpe;
+    ZS_CHECK_GOTO(
+        zs_cuda_encoder_backward(g0 + m->wte, dwpe, a->dres, m->inputs, m->b, T, C, m->stream), err,
+        fail_embed);
+    if (m->maxT > T &&
+        cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(m->maxT - T) * C * sizeof(float),
+                        m->stream) != cudaSuccess) {
+        err = zs_error(ZS_ERR_IO, "model cuda:%d: clearing wpe's unused rows", m->device);
+        goto fail_embed;
+    }
+    ZS_CHECK_GOTO(io->grads_done(io->ctx, 0), err, fail_embed);
+    io->release(io->ctx, 0);
+    return ZS_OK;
+
+fail_block:
+    io->release(io->ctx, l);
+    goto fail_embed;
+fail_final:
+    io->release(io->ctx, L + 1);
+fail_embed:
+    io->release(io->ctx, 0);
+    return err;
+}
+
+static zs_err cuda_alloc(void *impl, size_t bytes, void **out)
+{
+    cuda_model *m = impl;
+    *out = NULL;
+    CU(cudaSetDevice(m->device));
+    void *p = NULL;
+    cudaError_t ce = cudaMalloc(&p, bytes ? bytes : 256);
+    if (ce != cudaSuccess)
+        return zs_error(ZS_ERR_NOMEM, "model cuda:%d: %zu bytes of device memory: %s", m->device,
+                        bytes, cudaGetErrorString(ce));
+    ce = cudaMemsetAsync(p, 0, bytes, m->stream);
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(m->stream);
+    if (ce != cudaSuccess) {
+        cudaFree(p);
+        return zs_error(ZS_ERR_IO, "model cuda:%d: clearing %zu bytes: %s", m->device, bytes,
+                        cudaGetErrorString(ce));
+    }
+    *out = p;
+    return ZS_OK;
+}
+
+static void cuda_dealloc(void *impl, void *p)
+{
+    cuda_model *m = impl;
+    cudaSetDevice(m->device);
+    cudaStreamSynchronize(m->stream); /* no kernel may still read it */
+    cudaFree(p);
+}
+
+/* A copy in the stream's order (after every kernel enqueued so far), waited for. */
+static zs_err copy(cuda_model *m, void *dst, const void *src, size_t bytes, int up)
+{
+    CU(cudaSetDevice(m->device));
+    cudaError_t ce = cudaMemcpyAsync(
+        dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, m->stream);
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(m->stream);
+    if (ce != cudaSuccess)
+        return zs_error(ZS_ERR_IO, "model cuda:%d: %s of %zu bytes: %s", m->device,
+                        up ? "upload" : "download", bytes, cudaGetErrorString(ce));
+    return ZS_OK;
+}
+
+static zs_err cuda_upload(void *impl, void *dst, const void *src, size_t bytes)
+{
+    return copy(impl, dst, src, bytes, 1);
+}
+
+static zs_err cuda_download(void *impl, void *dst, const void *src, size_t bytes)
+{
+    return copy(impl, dst, src, bytes, 0);
+}
+
+const zs_model_ops zs_model_cuda_ops = {
+    .name = "cuda",
+    .create = cuda_create,
+    .free = cuda_free,
+    .forward = cuda_forward,
+    .backward = cuda_backward,
+    .finish = cuda_finish,
+    .alloc = cuda_alloc,
+    .dealloc = cuda_dealloc,
+    .upload = cuda_upload,
+    .download = cuda_download,
+};

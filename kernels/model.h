@@ -1,0 +1,101 @@
+/*
+ * model: the compute seam.  A GPT-2 model on a compute backend -- the CPU, or one CUDA GPU --
+ * behind which `zshard train`, the worker and `zshard eval` run forward and backward without
+ * knowing where.
+ *
+ * Invariants:
+ *   - The pointers an io hands the model (zs_gpt2_io: a layer's parameters, a layer's
+ *     gradient buffer) are in the backend's memory: host memory for "cpu", device memory of
+ *     the model's GPU for "cuda:N".  The activations are the model's, in the same memory.
+ *     Tokens, targets and the loss are on the host.  The io call order is gpt2.h's.
+ *   - "cpu" is kernels/gpt2.c itself: the same bits and the same speed as calling it directly.
+ *   - "cuda:N" computes in fp32 with its own summation orders (kernels/cuda/cuda_kernels.h): the
+ *     same bits run to run on one GPU model, not the CPU's bits.  `zshard train --device cuda`
+ *     is the reference for jobs whose workers compute on that GPU model.
+ *
+ * An io gets memory of the backend from the model (zs_model_alloc) and moves bytes in and out
+ * of it (zs_model_upload, zs_model_download): ordered with the model's work, and complete when
+ * they return.  For "cpu" these are malloc and memcpy.
+ */
+#ifndef ZS_MODEL_H
+#define ZS_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "common/tensors.h"
+#include "kernels/gpt2.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { ZS_DEVICE_CPU = 0, ZS_DEVICE_CUDA = 1 } zs_device_kind;
+
+/* Where a model computes: the CPU, or CUDA device `index`. */
+typedef struct {
+    zs_device_kind kind;
+    int index;
+} zs_device;
+
+/* "cpu", "cuda" (device 0) or "cuda:N"; anything else is an error naming the text. */
+zs_err zs_device_parse(const char *text, zs_device *out);
+/* "cpu" or "cuda:N" into out (cap >= 16). */
+void zs_device_format(zs_device d, char *out, size_t cap);
+
+/* One backend's implementation of the calls below (impl: its model). */
+typedef struct {
+    const char *name;
+    zs_err (*create)(const zs_model_config *cfg, const zs_tensor_table *tt, int max_b, int max_t,
+                     int threads, int index, void **impl);
+    void (*free)(void *impl);
+    zs_err (*forward)(void *impl, const zs_gpt2_io *io, const int32_t *inputs,
+                      const int32_t *targets, int b, int t, float *loss);
+    zs_err (*backward)(void *impl, const zs_gpt2_io *io);
+    void (*finish)(void *impl, const zs_gpt2_io *io);
+    zs_err (*alloc)(void *impl, size_t bytes, void **out);
+    void (*dealloc)(void *impl, void *p);
+    zs_err (*upload)(void *impl, void *dst, const void *src, size_t bytes);
+    zs_err (*download)(void *impl, void *dst, const void *src, size_t bytes);
+} zs_model_ops;
+
+/* The backends: kernels/model_cpu.c; kernels/cuda/model_cuda.c where the CUDA toolkit was
+ * found at configure time, else kernels/nocuda/model_cuda.c, whose create says so. */
+extern const zs_model_ops zs_model_cpu_ops;
+extern const zs_model_ops zs_model_cuda_ops;
+
+typedef struct zs_model zs_model;
+
+/* A model for up to max_b sequences of up to max_t tokens on dev (see zs_gpt2_create for the
+ * shapes and threads, which only "cpu" uses). */
+zs_err zs_model_create(zs_device dev, const zs_model_config *cfg, const zs_tensor_table *tt,
+                       int max_b, int max_t, int threads, zs_model **out);
+void zs_model_free(zs_model *m);
+zs_device zs_model_device(const zs_model *m);
+/* 1 when the model's memory is this process's host memory ("cpu"). */
+int zs_model_on_host(const zs_model *m);
+
+/* Host memory the model takes for its activations: zs_gpt2_activation_bytes on "cpu", 0 on a
+ * GPU (whose model checks its device's free memory when it is created). */
+size_t zs_model_host_bytes(zs_device dev, const zs_model_config *cfg, int max_b, int max_t);
+
+/* As zs_gpt2_forward, zs_gpt2_backward, zs_gpt2_finish, with io pointers in the model's memory. */
+zs_err zs_model_forward(zs_model *m, const zs_gpt2_io *io, const int32_t *inputs,
+                        const int32_t *targets, int b, int t, float *loss);
+zs_err zs_model_backward(zs_model *m, const zs_gpt2_io *io);
+void zs_model_finish(zs_model *m, const zs_gpt2_io *io);
+
+/* bytes of the model's memory (zeroed, 64-byte aligned at least); freed by zs_model_dealloc. */
+zs_err zs_model_alloc(zs_model *m, size_t bytes, void **out);
+void zs_model_dealloc(zs_model *m, void *p);
+/* host src -> model memory dst; model memory src -> host dst.  Complete on return. */
+zs_err zs_model_upload(zs_model *m, void *dst, const void *src, size_t bytes);
+zs_err zs_model_download(zs_model *m, void *dst, const void *src, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,45 @@
+# tests/gpu/jobs.sh ZSHARD WORKDIR: the GPU jobs, on a machine with a GPU (tests/gpu/run.sh runs
+# it).  Uses the integration tests' helpers (tests/integration/lib.sh).
+#   - `zshard train --device cuda` twice gives the same bits (one GPU model: the reference);
+#   - its loss curve stays within a band of the CPU run's: the same model and data, fp32 on both,
+#     only the summation orders differ (kernels/cuda/cuda_kernels.h), so each step's loss must be
+#     within 2% of the CPU's over 30 steps of the tiny model (the gradients differ in the last
+#     bits from the first step on, and the runs drift apart slowly);
+#   - `zshard launch --device cuda` with 2 servers and 2 workers gives bitwise the weights and
+#     the metrics of `zshard train --device cuda` (the worker copies each layer to the GPU and
+#     each gradient back; the optimizer runs on the servers, as it runs on the host in train).
+source "$(dirname "$0")/../integration/lib.sh"
+STEPS=30
+run_train() { # DEVICE OUT
+  expect_ok "$ZSHARD" train --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
+    --threads 2 --device "$1" --out "$2"
+}
+run_train cuda "$WORK/gpu-a"
+run_train cuda "$WORK/gpu-b"
+run_train cpu "$WORK/cpu"
+checks=$((checks + 2))
+cmp "$WORK/gpu-a/model.safetensors" "$WORK/gpu-b/model.safetensors" ||
+  fail "zshard train --device cuda: two runs differ"
+cmp -s "$WORK/gpu-a/model.safetensors" "$WORK/cpu/model.safetensors" &&
+  fail "the cuda run wrote the CPU run's bits: it did not compute on the GPU"
+
+# Per-step losses: CPU against GPU, relative difference at most 0.02.
+checks=$((checks + 1))
+paste <(grep -o '"loss": [0-9.e+-]*' "$WORK/cpu/metrics.jsonl" | cut -d' ' -f2) \
+  <(grep -o '"loss": [0-9.e+-]*' "$WORK/gpu-a/metrics.jsonl" | cut -d' ' -f2) |
+  awk -v steps=$STEPS '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > worst) worst = d;
+                         printf "step %d: cpu %s gpu %s (%.2e)\n", n, $1, $2, d }
+       END { if (n != steps || worst > 0.02) { print "worst " worst " over " n " steps"; exit 1 } }' \
+  >"$WORK/losses.txt" || fail "GPU loss outside 2% of the CPU's: $(tail -n 3 "$WORK/losses.txt")"
+tail -n 1 "$WORK/losses.txt"
+
+expect_ok "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --servers 2 --workers 2 --device cuda --log-level info --out "$WORK/launch"
+checks=$((checks + 3))
+cmp "$WORK/gpu-a/model.safetensors" "$WORK/launch/model.safetensors" ||
+  fail "zshard launch --device cuda: model.safetensors differs from zshard train --device cuda's"
+diff <(metrics_compared "$WORK/gpu-a/metrics.jsonl") <(metrics_compared "$WORK/launch/metrics.jsonl") ||
+  fail "zshard launch --device cuda: metrics.jsonl differs from zshard train --device cuda's"
+grep -q "compute on cuda:0" "$WORK/launch/logs/worker-1.log" ||
+  fail "worker 1 does not say it computes on cuda:0"
+finish
