@@ -4,7 +4,8 @@
 # (-DZS_CUDA=ON, sm_80 and sm_90) and runs the GPU tests, where a skip (exit 77: no device) is
 # a failure.  What it runs today: test_cuda_kernels (each CUDA kernel against its CPU kernel,
 # with the tolerance table in tests/gpu/test_cuda_kernels.c, and twice for the same bits),
-# test_model (the compute seam's CUDA model), and tests/gpu/jobs.sh (zshard train --device cuda
+# test_gpu_step (a whole GPT-2 124M step against the CPU's), test_model (the compute seam's CUDA
+# model), and tests/gpu/jobs.sh (zshard train --device cuda
 # against itself and against the CPU, zshard launch --device cuda against it).
 # Exit status 0 only if all passed.
 set -euo pipefail
@@ -12,9 +13,9 @@ root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)
 command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "tests/gpu/run.sh: no nvidia-smi" >&2
 build=$("$root/deploy/build.sh")
 cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2
-cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_model zshard >&2
+cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_gpu_step test_model zshard >&2
 status=0
-for t in test_cuda_kernels test_model; do
+for t in test_cuda_kernels test_gpu_step test_model; do
   echo "== $t"
   rc=0
   "$build/tests/$t" || rc=$?

@@ -1,0 +1,114 @@
+/*
+ * test_gpu_step: one whole GPT-2 124M step (B=4, T=64: forward, backward) on the GPU through the
+ * compute seam (kernels/model.h, "cuda:0") against the same step on the CPU ("cpu"), from the
+ * same weights (the seed's initialization plus noise, so that biases and LayerNorm weights carry
+ * signal) and tokens; and the GPU step twice for the same bits.
+ *
+ * Bounds, and why.  Both compute in fp32; only the summation orders differ (cuBLASLt's and the
+ * CUDA kernels' reductions against BLIS's and the CPU kernels'), and the inputs are the same
+ * bits.  tests/gpu/test_cuda_kernels.c bounds each kernel alone at a few 1e-6 relative to the
+ * output's magnitude; a step chains about 20 of them per block over 12 blocks, and the backward
+ * feeds each block's error into the next, so the errors add up to about 1e-5 of a tensor's
+ * largest gradient.  The bounds below leave a factor of 10 over that estimate:
+ *   loss:      |gpu - cpu| <= 1e-5 * cpu (one mean over 256 positions of log-softmax terms);
+ *   gradients: for every tensor, max |gpu - cpu| <= 1e-4 * max |cpu| over the tensor.
+ * (The estimate has not been checked on a GPU yet: the first run on one should print the
+ * worst ratios it saw, which this test does, and the bounds be set from them.)
+ *
+ * Exits 77 (skipped) where no CUDA device can be used; tests/gpu/run.sh treats 77 as a failure.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "common/tensors.h"
+#include "kernels/model.h"
+#include "tests/unit/test.h"
+
+enum { B = 4, T = 64 };
+
+/* One forward + backward on dev: *loss and grads (host) from params (host). */
+static void step(zs_device dev, const zs_model_config *cfg, const zs_tensor_table *tt,
+                 const float *params, const int32_t *in, const int32_t *tg, float *loss,
+                 float *grads)
+{
+    zs_model *m;
+    CHECK_OK(zs_model_create(dev, cfg, tt, B, T, 2, &m));
+    size_t bytes = tt->total * sizeof(float);
+    float *dp = (float *)params, *dg = grads;
+    if (!zs_model_on_host(m)) {
+        CHECK_OK(zs_model_alloc(m, bytes, (void **)&dp));
+        CHECK_OK(zs_model_alloc(m, bytes, (void **)&dg));
+        CHECK_OK(zs_model_upload(m, dp, params, bytes));
+    }
+    zs_gpt2_flat flat = {dp, dg};
+    zs_gpt2_io io = zs_gpt2_flat_io(&flat);
+    CHECK_OK(zs_model_forward(m, &io, in, tg, B, T, loss));
+    CHECK_OK(zs_model_backward(m, &io));
+    if (!zs_model_on_host(m)) {
+        CHECK_OK(zs_model_download(m, grads, dg, bytes));
+        zs_model_dealloc(m, dp);
+        zs_model_dealloc(m, dg);
+    }
+    zs_model_free(m);
+}
+
+int main(void)
+{
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("test_gpu_step: skipped: no CUDA device\n");
+        return 77;
+    }
+    zs_model_config cfg = {
+        .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024};
+    zs_tensor_table tt;
+    CHECK_OK(zs_tensors_gpt2(&cfg, &tt));
+    size_t n = tt.total;
+    float *params = calloc(n, sizeof *params), *gcpu = calloc(n, sizeof *gcpu);
+    float *ggpu = calloc(n, sizeof *ggpu), *ggpu2 = calloc(n, sizeof *ggpu2);
+    zs_tensors_init_gpt2(&tt, 11, params, 0, n);
+    for (int i = 0; i < tt.count; i++)
+        for (size_t j = 0; j < tt.tensors[i].numel; j++)
+            params[tt.tensors[i].offset + j] += (float)(0.02 * zs_rng_normal(12, (uint64_t)i, j));
+    int32_t in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)(zs_rng_u64(11, 1, (uint64_t)i) % 50257);
+        tg[i] = (int32_t)(zs_rng_u64(11, 2, (uint64_t)i) % 50257);
+    }
+    float lcpu, lgpu, lgpu2;
+    step((zs_device){ZS_DEVICE_CPU, 0}, &cfg, &tt, params, in, tg, &lcpu, gcpu);
+    step((zs_device){ZS_DEVICE_CUDA, 0}, &cfg, &tt, params, in, tg, &lgpu, ggpu);
+    step((zs_device){ZS_DEVICE_CUDA, 0}, &cfg, &tt, params, in, tg, &lgpu2, ggpu2);
+    printf("test_gpu_step: loss cpu %.7f gpu %.7f (relative %.2e)\n", lcpu, lgpu,
+           fabs((double)lgpu - lcpu) / lcpu);
+    CHECK(fabs((double)lgpu - lcpu) <= 1e-5 * lcpu);
+    CHECK(memcmp(&lgpu, &lgpu2, sizeof lgpu) == 0);
+    CHECK(memcmp(ggpu, ggpu2, n * sizeof *ggpu) == 0); /* run to run: the same bits */
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < tt.count; i++) {
+        const zs_tensor *t = &tt.tensors[i];
+        double big = 0, diff = 0;
+        for (size_t j = 0; j < t->numel; j++) {
+            double c = gcpu[t->offset + j], g = ggpu[t->offset + j];
+            big = fabs(c) > big ? fabs(c) : big;
+            diff = fabs(g - c) > diff || isnan(g) ? (isnan(g) ? INFINITY : fabs(g - c)) : diff;
+        }
+        double ratio = big > 0 ? diff / big : diff;
+        if (ratio > worst)
+            worst = ratio, worst_name = t->name;
+        if (!(ratio <= 1e-4))
+            fprintf(stderr, "test_gpu_step: %s: max |gpu - cpu| %.3e, max |cpu| %.3e (%.2e)\n",
+                    t->name, diff, big, ratio);
+        CHECK(ratio <= 1e-4);
+    }
+    printf("test_gpu_step: worst gradient ratio %.2e (%s)\n", worst, worst_name);
+    free(params), free(gcpu), free(ggpu), free(ggpu2);
+    zs_tensors_free(&tt);
+    return zs_test_result("test_gpu_step");
+}
