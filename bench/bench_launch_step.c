@@ -12,7 +12,10 @@
  * first step of a run pays for starting processes, connecting and faulting memory in).  The
  * two runs must end with the same weights (cmp), as the project promises.
  *
- * usage: bench_launch_step ZSHARD CONFIG.json [steps=6 [rounds=2 [threads=2]]]
+ * With DEVICE (cpu, cuda, cuda:N) both compute there (`--device`): on a GPU the split says how
+ * much of a GPU worker's step is the GPU's and how much waits on the servers.
+ *
+ * usage: bench_launch_step ZSHARD CONFIG.json [steps=6 [rounds=2 [threads=2 [DEVICE=cpu]]]]
  */
 #include <math.h>
 #include <signal.h>
@@ -76,13 +79,16 @@ static int read_metrics(const char *dir, samples *s)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_launch_step ZSHARD CONFIG.json [steps [rounds [threads]]]\n");
+        fprintf(
+            stderr,
+            "usage: bench_launch_step ZSHARD CONFIG.json [steps [rounds [threads [DEVICE]]]]\n");
         return 2;
     }
     char *zshard = argv[1], *cfg = argv[2];
     char *steps = argc > 3 ? argv[3] : "6";
     int rounds = argc > 4 ? atoi(argv[4]) : 2;
     char *threads = argc > 5 ? argv[5] : "2";
+    char *device = argc > 6 ? argv[6] : "cpu";
     signal(SIGPIPE, SIG_IGN);
     char dir[] = "/tmp/zs_bench_launch_XXXXXX";
     if (!mkdtemp(dir))
@@ -100,11 +106,13 @@ int main(int argc, char **argv)
         snprintf(ldir, sizeof ldir, "%s/launch%d", dir, r);
         snprintf(tlog, sizeof tlog, "%s/train%d.log", dir, r);
         snprintf(llog, sizeof llog, "%s/launch%d.log", dir, r);
-        char *targv[] = {zshard, "train", "--config", cfg,         "--data", data, "--steps",
-                         steps,  "--out", tdir,       "--threads", threads,  NULL};
-        char *largv[] = {zshard,      "launch", "--config",  cfg,  "--data",    data,
-                         "--steps",   steps,    "--servers", "1",  "--workers", "1",
-                         "--threads", threads,  "--out",     ldir, NULL};
+        char *targv[] = {zshard,      "train",   "--config", cfg,     "--data",
+                         data,        "--steps", steps,      "--out", tdir,
+                         "--threads", threads,   "--device", device,  NULL};
+        char *largv[] = {zshard,      "launch",   "--config",  cfg,         "--data",
+                         data,        "--steps",  steps,       "--servers", "1",
+                         "--workers", "1",        "--threads", threads,     "--out",
+                         ldir,        "--device", device,      NULL};
         if (run(targv, tlog) != 0 || read_metrics(tdir, &tr) < 2) {
             fprintf(stderr, "bench_launch_step: zshard train failed (log %s)\n", tlog);
             goto out;
@@ -121,8 +129,9 @@ int main(int argc, char **argv)
     double compute = zs_bench_median(la.compute, la.n), fetch = zs_bench_median(la.fetch, la.n);
     double push = zs_bench_median(la.push, la.n);
     double wait = t_launch - compute - fetch - push;
-    printf("small model (%s), %s steps x %d rounds, %s kernel threads; medians of steps 2..%s\n",
-           cfg, steps, rounds, threads, steps);
+    printf("small model (%s), %s steps x %d rounds, %s kernel threads, compute on %s; medians of "
+           "steps 2..%s\n",
+           cfg, steps, rounds, threads, device, steps);
     printf("zshard train: %.0f ms/step; zshard launch (1 server, 1 worker): %.0f ms/step\n",
            t_train, t_launch);
     printf("worker's step: compute %.0f ms (%.0f%%), waiting on fetches %.0f ms (%.1f%%), on "
