@@ -113,6 +113,17 @@ void zs_model_dealloc(zs_model *m, void *p)
         m->ops->dealloc(m->impl, p);
 }
 
+zs_err zs_model_host_alloc(zs_model *m, size_t bytes, void **out)
+{
+    return m->ops->host_alloc(m->impl, bytes, out);
+}
+
+void zs_model_host_free(zs_model *m, void *p)
+{
+    if (p)
+        m->ops->host_free(m->impl, p);
+}
+
 zs_err zs_model_upload(zs_model *m, void *dst, const void *src, size_t bytes)
 {
     return m->ops->upload(m->impl, dst, src, bytes);

@@ -57,6 +57,8 @@ typedef struct {
     void (*finish)(void *impl, const zs_gpt2_io *io);
     zs_err (*alloc)(void *impl, size_t bytes, void **out);
     void (*dealloc)(void *impl, void *p);
+    zs_err (*host_alloc)(void *impl, size_t bytes, void **out);
+    void (*host_free)(void *impl, void *p);
     zs_err (*upload)(void *impl, void *dst, const void *src, size_t bytes);
     zs_err (*download)(void *impl, void *dst, const void *src, size_t bytes);
 } zs_model_ops;
@@ -90,6 +92,11 @@ void zs_model_finish(zs_model *m, const zs_gpt2_io *io);
 /* bytes of the model's memory (zeroed, 64-byte aligned at least); freed by zs_model_dealloc. */
 zs_err zs_model_alloc(zs_model *m, size_t bytes, void **out);
 void zs_model_dealloc(zs_model *m, void *p);
+/* bytes of host memory (zeroed, 64-byte aligned at least) that copies to and from the model's
+ * memory are fastest with: page-locked for a GPU (DMA, no staging copy), plain for the CPU.
+ * Freed by zs_model_host_free, before the model. */
+zs_err zs_model_host_alloc(zs_model *m, size_t bytes, void **out);
+void zs_model_host_free(zs_model *m, void *p);
 /* host src -> model memory dst; model memory src -> host dst.  Complete on return. */
 zs_err zs_model_upload(zs_model *m, void *dst, const void *src, size_t bytes);
 zs_err zs_model_download(zs_model *m, void *dst, const void *src, size_t bytes);

@@ -72,6 +72,8 @@ const zs_model_ops zs_model_cpu_ops = {
     .finish = cpu_finish,
     .alloc = cpu_alloc,
     .dealloc = cpu_dealloc,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_dealloc,
     .upload = cpu_copy,
     .download = cpu_copy,
 };

@@ -449,7 +449,8 @@ static zs_err run_chunk(wk *w, int32_t *in, int32_t *tg, long step, int chunk)
     return ZS_OK;
 }
 
-/* Allocates and registers the slots: layer 0, layer L+1 and the largest block. */
+/* Allocates and registers the slots: layer 0, layer L+1 and the largest block (the model must
+ * exist: it provides the memory). */
 static zs_err setup_slots(wk *w)
 {
     const size_t *lb = w->tt->layer_begin;
@@ -467,39 +468,18 @@ static zs_err setup_slots(wk *w)
                 continue;
             size_t bytes = floats[i] * sizeof(float);
             void *p = NULL;
-            if (posix_memalign(&p, 64, bytes) != 0)
-                return zs_error(ZS_ERR_NOMEM, "worker: out of memory for a %zu-byte buffer", bytes);
             /* Zeroed: a gradient buffer's padding is pushed too and must be 0 (the model
-             * writes it as 0 as well). */
-            memset(p, 0, bytes);
+             * writes it as 0 as well).  Host memory the model copies from and to fastest
+             * (page-locked for a GPU). */
+            ZS_CHECK(zs_model_host_alloc(w->model, bytes, &p));
             s->buf = p;
             w->st.buffer_bytes += bytes;
             ZS_CHECK(zs_client_register(w->cl, p, bytes));
-        }
-    }
-    return ZS_OK;
-}
-
-/* A model off the host: every slot gets its twin in the model's memory. */
-static zs_err setup_device_slots(wk *w)
-{
-    if (w->on_host)
-        return ZS_OK;
-    for (int k = 0; k < 2; k++) {
-        slot *set = k ? w->grad : w->param;
-        for (int i = 0; i < SLOTS; i++) {
-            set[i].dev_layer = -1;
-            set[i].dev_version = -1;
-            size_t floats = i == SLOT_EMBED ? w->tt->layer_begin[1]
-                            : i == SLOT_FINAL
-                                ? w->tt->layer_begin[w->L + 2] - w->tt->layer_begin[w->L + 1]
-                                : 0;
-            for (int l = 1; i >= SLOT_BLOCK && l <= w->L; l++) {
-                size_t n = w->tt->layer_begin[l + 1] - w->tt->layer_begin[l];
-                floats = n > floats ? n : floats;
-            }
-            if (floats)
-                ZS_CHECK(zs_model_alloc(w->model, floats * sizeof(float), (void **)&set[i].dev));
+            /* A model off the host gets a twin of the slot in its own memory. */
+            s->dev_layer = -1;
+            s->dev_version = -1;
+            if (!w->on_host)
+                ZS_CHECK(zs_model_alloc(w->model, bytes, (void **)&s->dev));
         }
     }
     return ZS_OK;
@@ -562,7 +542,6 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     w.cl = zs_session_client(w.s);
     w.L = w.cfg->model.n_layer;
     w.dtype = w.cfg->bf16 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32;
-    ZS_CHECK_GOTO(setup_slots(&w), res, out);
     int b = w.cfg->micro_batch, T = w.cfg->model.block_size;
     in = malloc((size_t)b * T * sizeof *in);
     tg = malloc((size_t)b * T * sizeof *tg);
@@ -584,7 +563,7 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     ZS_CHECK_GOTO(zs_model_create(opts->device, &w.cfg->model, w.tt, b, T, opts->threads, &w.model),
                   res, out);
     w.on_host = zs_model_on_host(w.model);
-    ZS_CHECK_GOTO(setup_device_slots(&w), res, out);
+    ZS_CHECK_GOTO(setup_slots(&w), res, out);
     w.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w.wake_fd < 0) {
         res = zs_error(ZS_ERR_IO, "worker: eventfd: %s", strerror(errno));
@@ -678,11 +657,10 @@ out:
         if (w.st.buffer_bytes > stats->buffer_bytes)
             stats->buffer_bytes = w.st.buffer_bytes;
     }
-    for (int i = 0; w.model && !w.on_host && i < SLOTS; i++) {
+    for (int i = 0; w.model && i < SLOTS; i++) {
         zs_model_dealloc(w.model, w.param[i].dev);
         zs_model_dealloc(w.model, w.grad[i].dev);
     }
-    zs_model_free(w.model);
     free(in);
     free(tg);
     /* The session closes the client (its registrations) before the buffers go; a failure of
@@ -690,10 +668,11 @@ out:
     if (res != ZS_OK)
         zs_session_fail(w.s, zs_last_error());
     zs_session_close(w.s);
-    for (int i = 0; i < SLOTS; i++) {
-        free(w.param[i].buf);
-        free(w.grad[i].buf);
+    for (int i = 0; w.model && i < SLOTS; i++) {
+        zs_model_host_free(w.model, w.param[i].buf);
+        zs_model_host_free(w.model, w.grad[i].buf);
     }
+    zs_model_free(w.model);
     return res;
 }
 

@@ -530,6 +530,27 @@ static void cuda_dealloc(void *impl, void *p)
     cudaFree(p);
 }
 
+static zs_err cuda_host_alloc(void *impl, size_t bytes, void **out)
+{
+    cuda_model *m = impl;
+    *out = NULL;
+    CU(cudaSetDevice(m->device));
+    void *p = NULL;
+    cudaError_t ce = cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocPortable);
+    if (ce != cudaSuccess)
+        return zs_error(ZS_ERR_NOMEM, "model cuda:%d: %zu bytes of page-locked host memory: %s",
+                        m->device, bytes, cudaGetErrorString(ce));
+    memset(p, 0, bytes);
+    *out = p;
+    return ZS_OK;
+}
+
+static void cuda_host_free(void *impl, void *p)
+{
+    (void)impl;
+    cudaFreeHost(p);
+}
+
 /* A copy in the stream's order (after every kernel enqueued so far), waited for. */
 static zs_err copy(cuda_model *m, void *dst, const void *src, size_t bytes, int up)
 {
@@ -563,6 +584,8 @@ const zs_model_ops zs_model_cuda_ops = {
     .finish = cuda_finish,
     .alloc = cuda_alloc,
     .dealloc = cuda_dealloc,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .upload = cuda_upload,
     .download = cuda_download,
 };

@@ -113,6 +113,11 @@ static void test_cpu(fixture *f)
     CHECK_OK(zs_model_download(m, back, buf, sizeof back));
     CHECK(!memcmp(back, src, sizeof src));
     zs_model_dealloc(m, buf);
+    float *host;
+    CHECK_OK(zs_model_host_alloc(m, sizeof src, (void **)&host));
+    CHECK_EQ_INT(host[4], 0);
+    CHECK_EQ_INT((uintptr_t)host % 64, 0);
+    zs_model_host_free(m, host);
     zs_model_free(m);
     free(want);
 }
