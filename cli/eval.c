@@ -13,10 +13,11 @@
 #include "common/data.h"
 #include "common/log.h"
 #include "common/modelfile.h"
-#include "kernels/gpt2.h"
+#include "kernels/model.h"
 
 static const char eval_usage[] =
     "usage: zshard eval --model DIR --data PATH [--seqs K] [--seq-len T] [--threads N]\n"
+    "                   [--device DEV]\n"
     "\n"
     "Prints the mean cross-entropy (nats per token) of a model on data as \"loss <value>\".\n"
     "\n"
@@ -25,21 +26,21 @@ static const char eval_usage[] =
     "  --seqs K       evaluate the first K sequences (default: all that fit)\n"
     "  --seq-len T    tokens per sequence (default: the model's n_positions)\n"
     "  --threads N    CPU threads (default: all CPUs available)\n"
+    "  --device DEV   where the forward runs: cpu (default), cuda or cuda:N\n"
     "  -h, --help     this text\n";
 
 #define EVAL_BATCH 8
 
 int zs_cmd_eval(int argc, char **argv)
 {
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"data", required_argument, NULL, 'd'},
-                                         {"seqs", required_argument, NULL, 'k'},
-                                         {"seq-len", required_argument, NULL, 't'},
-                                         {"threads", required_argument, NULL, 'n'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},   {"data", required_argument, NULL, 'd'},
+        {"seqs", required_argument, NULL, 'k'},    {"seq-len", required_argument, NULL, 't'},
+        {"threads", required_argument, NULL, 'n'}, {"device", required_argument, NULL, 'D'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
     const char *model_dir = NULL, *data_path = NULL;
     long seqs = -1, seq_len = -1, threads = zs_cli_cpus();
+    zs_device dev = {ZS_DEVICE_CPU, 0};
     int c;
     opterr = 0;
     optind = 1;
@@ -50,6 +51,10 @@ int zs_cmd_eval(int argc, char **argv)
             break;
         case 'd':
             data_path = optarg;
+            break;
+        case 'D':
+            if (zs_device_parse(optarg, &dev) != ZS_OK)
+                return zs_cli_usage_error("eval", "--device: %s", zs_last_error());
             break;
         case 'k':
             if ((seqs = zs_cli_int("eval", "--seqs", optarg, 1, 1L << 40)) < 0)
@@ -86,7 +91,7 @@ int zs_cmd_eval(int argc, char **argv)
     }
     int rc = 1;
     zs_dataset data;
-    zs_gpt2 *model = NULL;
+    zs_model *model = NULL;
     int32_t *inputs = NULL, *targets = NULL;
     if (zs_data_open(data_path, &data) != ZS_OK) {
         fprintf(stderr, "zshard eval: %s\n", zs_last_error());
@@ -116,11 +121,18 @@ int zs_cmd_eval(int argc, char **argv)
         fprintf(stderr, "zshard eval: out of memory\n");
         goto out_data;
     }
-    if (zs_gpt2_create(&mc, &tt, maxb, T, (int)threads, &model) != ZS_OK) {
+    if (zs_model_create(dev, &mc, &tt, maxb, T, (int)threads, &model) != ZS_OK) {
         fprintf(stderr, "zshard eval: %s\n", zs_last_error());
         goto out_data;
     }
-    zs_gpt2_flat flat = {.params = params, .grads = NULL};
+    float *dev_params = params; /* the weights in the model's memory */
+    if (!zs_model_on_host(model) &&
+        (zs_model_alloc(model, tt.total * sizeof(float), (void **)&dev_params) != ZS_OK ||
+         zs_model_upload(model, dev_params, params, tt.total * sizeof(float)) != ZS_OK)) {
+        fprintf(stderr, "zshard eval: %s\n", zs_last_error());
+        goto out_model_mem;
+    }
+    zs_gpt2_flat flat = {.params = dev_params, .grads = NULL};
     zs_gpt2_io io = zs_gpt2_flat_io(&flat);
     /* Batches of sequences; each batch's mean weighted by its size, summed in order. */
     double total = 0;
@@ -130,17 +142,19 @@ int zs_cmd_eval(int argc, char **argv)
             zs_data_eval_seq(&data, i + (size_t)j, T, inputs + (size_t)j * T,
                              targets + (size_t)j * T);
         float loss;
-        if (zs_gpt2_forward(model, &io, inputs, targets, b, T, &loss) != ZS_OK) {
+        if (zs_model_forward(model, &io, inputs, targets, b, T, &loss) != ZS_OK) {
             fprintf(stderr, "zshard eval: %s\n", zs_last_error());
-            goto out_gpt2;
+            goto out_model_mem;
         }
-        zs_gpt2_finish(model, &io);
+        zs_model_finish(model, &io);
         total += (double)loss * b;
     }
     printf("loss %.6f\n", total / (double)K);
     rc = 0;
-out_gpt2:
-    zs_gpt2_free(model);
+out_model_mem:
+    if (dev_params != params)
+        zs_model_dealloc(model, dev_params);
+    zs_model_free(model);
 out_data:
     free(inputs);
     free(targets);

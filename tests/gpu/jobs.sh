@@ -35,6 +35,15 @@ paste <(grep -o '"loss": [0-9.e+-]*' "$WORK/cpu/metrics.jsonl" | cut -d' ' -f2) 
   >"$WORK/losses.txt" || fail "GPU loss outside 2% of the CPU's: $(tail -n 3 "$WORK/losses.txt")"
 tail -n 1 "$WORK/losses.txt"
 
+# zshard eval on the GPU: the CPU's loss within 1e-4 (one forward of a trained model).
+expect_ok "$ZSHARD" eval --model "$WORK/cpu" --data "$DATA/tiny.txt" --device cpu
+cpu_eval=$(cut -d' ' -f2 "$WORK/out.txt")
+expect_ok "$ZSHARD" eval --model "$WORK/cpu" --data "$DATA/tiny.txt" --device cuda
+gpu_eval=$(cut -d' ' -f2 "$WORK/out.txt")
+checks=$((checks + 1))
+awk -v c="$cpu_eval" -v g="$gpu_eval" 'BEGIN { d = (c - g) / c; if (d < 0) d = -d; exit !(d <= 1e-4) }' ||
+  fail "zshard eval --device cuda: loss $gpu_eval, the CPU's $cpu_eval"
+
 # The small model (deploy/configs/small-gpt.json, 6 x 384, 2 chunks of 8 x 256 tokens) for 200
 # steps on the default corpus, GPU against CPU: after 200 steps of chaotic divergence the two
 # runs are different trainings of the same model, so the band is on the curve, not on a step:

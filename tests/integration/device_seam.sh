@@ -1,6 +1,6 @@
 # The compute seam on the CPU (kernels/model.h): `--device cpu` is the default path itself, so
 # zshard train and a zshard launch whose workers say --device cpu write the bits of a plain
-# zshard train; a bad device name is refused by every command that takes one, naming it; and
+# zshard train, and zshard eval --device cpu prints the default's loss; a bad device name is refused by every command that takes one, naming it; and
 # where no GPU can be used (these build machines), --device cuda fails at start with a message
 # that names the device, instead of training on the CPU.  (tests/gpu/jobs.sh runs the GPU side
 # on a machine with one.)
@@ -16,6 +16,13 @@ grep -q "forward and backward on cpu" "$WORK/err.txt" ||
 checks=$((checks + 1))
 cmp "$WORK/plain/model.safetensors" "$WORK/cpu/model.safetensors" ||
   fail "zshard train --device cpu: model.safetensors differs from the default's"
+
+expect_ok "$ZSHARD" eval --model "$WORK/plain" --data "$DATA/tiny.txt" --threads 1
+cp "$WORK/out.txt" "$WORK/eval-plain.txt"
+expect_ok "$ZSHARD" eval --model "$WORK/plain" --data "$DATA/tiny.txt" --threads 1 --device cpu
+checks=$((checks + 1))
+grep -q '^loss [0-9]' "$WORK/out.txt" && cmp -s "$WORK/out.txt" "$WORK/eval-plain.txt" ||
+  fail "zshard eval --device cpu: '$(cat "$WORK/out.txt")', the default gives '$(cat "$WORK/eval-plain.txt")'"
 
 expect_ok "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --servers 2 --workers 2 --device cpu --log-level info --out "$WORK/launch"
@@ -39,5 +46,6 @@ else
     --steps 1 --out "$WORK/nogpu" --device cuda
   checks=$((checks + 1))
   [ ! -e "$WORK/nogpu/model.safetensors" ] || fail "--device cuda without a GPU wrote a model"
+  expect_fail "cuda:1" "$ZSHARD" eval --model "$WORK/plain" --data "$DATA/tiny.txt" --device cuda:1
 fi
 finish
