@@ -133,3 +133,24 @@ zs_err zs_model_download(zs_model *m, void *dst, const void *src, size_t bytes)
 {
     return m->ops->download(m->impl, dst, src, bytes);
 }
+
+zs_err zs_model_mark(zs_model *m, uint64_t *ticket)
+{
+    return m->ops->mark(m->impl, ticket);
+}
+
+zs_err zs_model_upload_async(zs_model *m, void *dst, const void *src, size_t bytes, uint64_t after,
+                             uint64_t *done)
+{
+    return m->ops->upload_async(m->impl, dst, src, bytes, after, done);
+}
+
+zs_err zs_model_after(zs_model *m, uint64_t ticket)
+{
+    return m->ops->after(m->impl, ticket);
+}
+
+zs_err zs_model_sync(zs_model *m, uint64_t ticket)
+{
+    return m->ops->sync(m->impl, ticket);
+}

@@ -61,6 +61,11 @@ typedef struct {
     void (*host_free)(void *impl, void *p);
     zs_err (*upload)(void *impl, void *dst, const void *src, size_t bytes);
     zs_err (*download)(void *impl, void *dst, const void *src, size_t bytes);
+    zs_err (*mark)(void *impl, uint64_t *ticket);
+    zs_err (*upload_async)(void *impl, void *dst, const void *src, size_t bytes, uint64_t after,
+                           uint64_t *done);
+    zs_err (*after)(void *impl, uint64_t ticket);
+    zs_err (*sync)(void *impl, uint64_t ticket);
 } zs_model_ops;
 
 /* The backends: kernels/model_cpu.c; kernels/cuda/model_cuda.c where the CUDA toolkit was
@@ -100,6 +105,25 @@ void zs_model_host_free(zs_model *m, void *p);
 /* host src -> model memory dst; model memory src -> host dst.  Complete on return. */
 zs_err zs_model_upload(zs_model *m, void *dst, const void *src, size_t bytes);
 zs_err zs_model_download(zs_model *m, void *dst, const void *src, size_t bytes);
+
+/*
+ * Copies that overlap with compute (a GPU's copy engine), for an io that stages a layer ahead.
+ * A ticket names a point in the model's work; 0 is a ticket that is always complete.
+ *   zs_model_mark: a ticket for the model's work enqueued so far (what release() leaves behind
+ *     reading a buffer);
+ *   zs_model_upload_async: host src -> model memory dst on the model's copy stream, once the work
+ *     of ticket `after` is done; *done is the copy's ticket.  src must stay unchanged, and dst
+ *     unread, until the copy's ticket completes;
+ *   zs_model_after: the model's work enqueued from now on waits for ticket t (the host does not);
+ *   zs_model_sync: the host waits for ticket t.
+ * Tickets are good for the model's last 64 copies and marks.  On the CPU a copy is done when the
+ * call returns and every ticket is complete.
+ */
+zs_err zs_model_mark(zs_model *m, uint64_t *ticket);
+zs_err zs_model_upload_async(zs_model *m, void *dst, const void *src, size_t bytes, uint64_t after,
+                             uint64_t *done);
+zs_err zs_model_after(zs_model *m, uint64_t ticket);
+zs_err zs_model_sync(zs_model *m, uint64_t ticket);
 
 #ifdef __cplusplus
 }

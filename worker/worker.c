@@ -69,6 +69,8 @@ typedef struct {
     float *dev;
     int dev_layer;
     long dev_version;
+    uint64_t dev_ready; /* the upload that fills dev (model.h's tickets; 0: none) */
+    uint64_t dev_free;  /* the model's work that last read dev, marked when it was released */
 } slot;
 
 typedef struct {
@@ -284,6 +286,9 @@ static void prefetch(wk *w, int layer)
     slot *p = &w->param[slot_of(w, layer)];
     if (p->refs > 0 || p->x.state != XF_IDLE || (p->layer == layer && p->version == w->step))
         return;
+    /* The host buffer's last upload to the model must be done before the fetch rewrites it. */
+    if (!w->on_host && zs_model_sync(w->model, p->dev_ready) != ZS_OK)
+        return;    /* the model failed: acquire() reports it */
     p->layer = -1; /* its contents are being replaced */
     p->x.is_push = 0;
     p->x.layer = layer;
@@ -329,11 +334,18 @@ static zs_err io_acquire(void *ctx, int layer, const float **base)
     ZS_CHECK(ensure(w, layer));
     slot *p = &w->param[slot_of(w, layer)];
     const size_t *lb = w->tt->layer_begin;
-    if (!w->on_host && (p->dev_layer != layer || p->dev_version != w->step)) {
-        p->dev_layer = -1;
-        ZS_CHECK(zs_model_upload(w->model, p->dev, p->buf, (lb[layer + 1] - lb[layer]) * 4));
-        p->dev_layer = layer;
-        p->dev_version = w->step;
+    if (!w->on_host) {
+        /* To the model on its copy stream, once the work that read the twin last is done;
+         * the model's next work waits for the copy, the host does not. */
+        if (p->dev_layer != layer || p->dev_version != w->step) {
+            p->dev_layer = -1;
+            ZS_CHECK(zs_model_upload_async(w->model, p->dev, p->buf,
+                                           (lb[layer + 1] - lb[layer]) * 4, p->dev_free,
+                                           &p->dev_ready));
+            p->dev_layer = layer;
+            p->dev_version = w->step;
+        }
+        ZS_CHECK(zs_model_after(w->model, p->dev_ready));
     }
     p->refs++;
     *base = (w->on_host ? p->buf : p->dev) - lb[layer];
@@ -353,6 +365,9 @@ static void io_release(void *ctx, int layer)
     slot *p = &w->param[slot_of(w, layer)];
     if (p->refs > 0)
         p->refs--;
+    /* What the model enqueued so far is the last that reads the twin: its next upload waits. */
+    if (p->refs == 0 && !w->on_host && zs_model_mark(w->model, &p->dev_free) != ZS_OK)
+        p->dev_free = 0, p->dev_layer = -1; /* the model failed; its next call reports it */
 }
 
 static zs_err io_grads(void *ctx, int layer, float **base)

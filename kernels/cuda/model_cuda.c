@@ -63,6 +63,13 @@ typedef struct {
     int n_spans;
     size_t *layer_begin; /* (L + 3) */
     cudaStream_t stream;
+    cudaStream_t copies; /* upload_async's: the copy engine, beside the compute */
+    /* Tickets (model.h): ticket t > 0 is event (t - 1) % n_events, recorded on the stream that
+     * the mark or the copy went to; next_ticket is the next one handed out.  An event recorded
+     * again for a later ticket only makes a wait on the old one wait longer, never shorter. */
+    cudaEvent_t events[64];
+    int n_events;
+    uint64_t next_ticket;
     zs_cuda_blas *blas;
     void *mem; /* device: the activations and the tokens */
     cuda_acts a;
@@ -150,6 +157,10 @@ static void cuda_free(void *impl)
         cudaFree(m->mem);
     if (m->stream)
         cudaStreamDestroy(m->stream);
+    if (m->copies)
+        cudaStreamDestroy(m->copies);
+    for (int i = 0; i < m->n_events; i++)
+        cudaEventDestroy(m->events[i]);
     free(m->losses_host);
     free(m->layer_begin);
     free(m->span_off);
@@ -199,6 +210,10 @@ static zs_err setup(cuda_model *m, const zs_model_config *cfg, const zs_tensor_t
                         "has %zu MiB free of %zu",
                         m->device, m->max_b, m->max_t, bytes >> 20, free_b >> 20, total_b >> 20);
     CU(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+    CU(cudaStreamCreateWithFlags(&m->copies, cudaStreamNonBlocking));
+    for (; m->n_events < (int)(sizeof m->events / sizeof *m->events); m->n_events++)
+        CU(cudaEventCreateWithFlags(&m->events[m->n_events], cudaEventDisableTiming));
+    m->next_ticket = 1;
     CU(cudaMalloc(&m->mem, bytes));
     CU(cudaMemsetAsync(m->mem, 0, bytes, m->stream));
     layout(m, m->mem);
@@ -575,6 +590,59 @@ static zs_err cuda_download(void *impl, void *dst, const void *src, size_t bytes
     return copy(impl, dst, src, bytes, 0);
 }
 
+/* The event of ticket t (> 0). */
+static cudaEvent_t ticket_event(const cuda_model *m, uint64_t t)
+{
+    return m->events[(t - 1) % (uint64_t)m->n_events];
+}
+
+/* A new ticket recorded on stream s. */
+static zs_err record(cuda_model *m, cudaStream_t s, uint64_t *ticket)
+{
+    uint64_t t = m->next_ticket++;
+    CU(cudaEventRecord(ticket_event(m, t), s));
+    *ticket = t;
+    return ZS_OK;
+}
+
+static zs_err cuda_mark(void *impl, uint64_t *ticket)
+{
+    cuda_model *m = impl;
+    CU(cudaSetDevice(m->device));
+    return record(m, m->stream, ticket);
+}
+
+static zs_err cuda_upload_async(void *impl, void *dst, const void *src, size_t bytes,
+                                uint64_t after, uint64_t *done)
+{
+    cuda_model *m = impl;
+    CU(cudaSetDevice(m->device));
+    if (after)
+        CU(cudaStreamWaitEvent(m->copies, ticket_event(m, after), 0));
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, m->copies));
+    return record(m, m->copies, done);
+}
+
+static zs_err cuda_after(void *impl, uint64_t ticket)
+{
+    cuda_model *m = impl;
+    if (!ticket)
+        return ZS_OK;
+    CU(cudaSetDevice(m->device));
+    CU(cudaStreamWaitEvent(m->stream, ticket_event(m, ticket), 0));
+    return ZS_OK;
+}
+
+static zs_err cuda_sync(void *impl, uint64_t ticket)
+{
+    cuda_model *m = impl;
+    if (!ticket)
+        return ZS_OK;
+    CU(cudaSetDevice(m->device));
+    CU(cudaEventSynchronize(ticket_event(m, ticket)));
+    return ZS_OK;
+}
+
 const zs_model_ops zs_model_cuda_ops = {
     .name = "cuda",
     .create = cuda_create,
@@ -588,4 +656,8 @@ const zs_model_ops zs_model_cuda_ops = {
     .host_free = cuda_host_free,
     .upload = cuda_upload,
     .download = cuda_download,
+    .mark = cuda_mark,
+    .upload_async = cuda_upload_async,
+    .after = cuda_after,
+    .sync = cuda_sync,
 };
