@@ -112,6 +112,16 @@ static void test_cpu(fixture *f)
     CHECK_OK(zs_model_upload(m, buf, src, sizeof src));
     CHECK_OK(zs_model_download(m, back, buf, sizeof back));
     CHECK(!memcmp(back, src, sizeof src));
+    /* On the CPU an asynchronous copy is done when it returns, and every ticket is complete. */
+    uint64_t t = 99, done = 99;
+    float src2[5] = {6, 7, 8, 9, 10};
+    CHECK_OK(zs_model_mark(m, &t));
+    CHECK_EQ_INT(t, 0);
+    CHECK_OK(zs_model_upload_async(m, buf, src2, sizeof src2, t, &done));
+    CHECK_EQ_INT(done, 0);
+    CHECK_OK(zs_model_after(m, done));
+    CHECK_OK(zs_model_sync(m, done));
+    CHECK(!memcmp(buf, src2, sizeof src2));
     zs_model_dealloc(m, buf);
     float *host;
     CHECK_OK(zs_model_host_alloc(m, sizeof src, (void **)&host));
