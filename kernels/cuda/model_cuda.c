@@ -290,41 +290,60 @@ static zs_err zero_padding(const cuda_model *m, int layer, float *base)
     return ZS_OK;
 }
 
+/* Block l's (0-based) slices of the (L, ...) activations. */
+typedef struct {
+    float *resid, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *gelu;
+} block_acts;
+
+static block_acts block_slices(const cuda_model *m, int l)
+{
+    const cuda_acts *a = &m->a;
+    const size_t NC = (size_t)m->max_b * m->max_t * m->C, Nn = (size_t)m->max_b * m->max_t;
+    const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
+    return (block_acts){.resid = a->resid + l * NC,
+                        .ln1 = a->ln1 + l * NC,
+                        .ln1_mean = a->ln1_mean + l * Nn,
+                        .ln1_rstd = a->ln1_rstd + l * Nn,
+                        .qkv = a->qkv + l * 3 * NC,
+                        .att = a->att + l * att,
+                        .atty = a->atty + l * NC,
+                        .res2 = a->res2 + l * NC,
+                        .ln2 = a->ln2 + l * NC,
+                        .ln2_mean = a->ln2_mean + l * Nn,
+                        .ln2_rstd = a->ln2_rstd + l * Nn,
+                        .fch = a->fch + l * 4 * NC,
+                        .gelu = a->fch_gelu + l * 4 * NC};
+}
+
 /* Block l (0-based) forward with its parameters at p (gpt2.c's block_forward). */
 static zs_err block_forward(cuda_model *m, int l, const float *p)
 {
     cuda_acts *a = &m->a;
     const int B = m->b, T = m->t, C = m->C, N = B * T;
-    const size_t NC = (size_t)m->max_b * m->max_t * C, Nn = (size_t)m->max_b * m->max_t;
-    const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
+    const size_t NC = (size_t)m->max_b * m->max_t * C;
     const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
     cudaStream_t s = m->stream;
+    block_acts v = block_slices(m, l);
 #define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
-    float *resid = a->resid + l * NC;
-    float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn,
-          *ln1_rstd = a->ln1_rstd + l * Nn;
-    float *qkv = a->qkv + l * 3 * NC, *attp = a->att + l * att, *atty = a->atty + l * NC;
-    float *res2 = a->res2 + l * NC;
-    float *ln2 = a->ln2 + l * NC, *ln2_mean = a->ln2_mean + l * Nn,
-          *ln2_rstd = a->ln2_rstd + l * Nn;
-    float *fch = a->fch + l * 4 * NC, *gelu = a->fch_gelu + l * 4 * NC;
     if (l == 0)
-        ZS_CHECK(zs_cuda_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, PARAM(ZS_T_LN1_W),
-                                           PARAM(ZS_T_LN1_B), N, C, s));
+        ZS_CHECK(zs_cuda_layernorm_forward(v.ln1, v.ln1_mean, v.ln1_rstd, v.resid,
+                                           PARAM(ZS_T_LN1_W), PARAM(ZS_T_LN1_B), N, C, s));
     else
-        ZS_CHECK(zs_cuda_residual_layernorm_forward(resid, ln1, ln1_mean, ln1_rstd,
+        ZS_CHECK(zs_cuda_residual_layernorm_forward(v.resid, v.ln1, v.ln1_mean, v.ln1_rstd,
                                                     a->res2 + (l - 1) * NC, a->proj,
                                                     PARAM(ZS_T_LN1_W), PARAM(ZS_T_LN1_B), N, C, s));
-    ZS_CHECK(zs_cuda_linear_forward(m->blas, qkv, ln1, PARAM(ZS_T_QKV_W), PARAM(ZS_T_QKV_B), N, C,
-                                    3 * C));
-    ZS_CHECK(zs_cuda_attention_forward(atty, attp, qkv, B, T, C, m->NH, s));
-    ZS_CHECK(zs_cuda_linear_forward(m->blas, a->proj, atty, PARAM(ZS_T_ATTPROJ_W),
+    ZS_CHECK(zs_cuda_linear_forward(m->blas, v.qkv, v.ln1, PARAM(ZS_T_QKV_W), PARAM(ZS_T_QKV_B), N,
+                                    C, 3 * C));
+    ZS_CHECK(zs_cuda_attention_forward(v.atty, v.att, v.qkv, B, T, C, m->NH, s));
+    ZS_CHECK(zs_cuda_linear_forward(m->blas, a->proj, v.atty, PARAM(ZS_T_ATTPROJ_W),
                                     PARAM(ZS_T_ATTPROJ_B), N, C, C));
-    ZS_CHECK(zs_cuda_residual_layernorm_forward(res2, ln2, ln2_mean, ln2_rstd, resid, a->proj,
-                                                PARAM(ZS_T_LN2_W), PARAM(ZS_T_LN2_B), N, C, s));
-    ZS_CHECK(zs_cuda_linear_forward(m->blas, fch, ln2, PARAM(ZS_T_FC_W), NULL, N, C, 4 * C));
-    ZS_CHECK(zs_cuda_bias_gelu_forward(fch, gelu, PARAM(ZS_T_FC_B), N, 4 * C, s));
-    ZS_CHECK(zs_cuda_linear_forward(m->blas, a->proj, gelu, PARAM(ZS_T_FCPROJ_W),
+    ZS_CHECK(zs_cuda_residual_layernorm_forward(v.res2, v.ln2, v.ln2_mean, v.ln2_rstd, v.resid,
+                                                a->proj, PARAM(ZS_T_LN2_W), PARAM(ZS_T_LN2_B), N, C,
+                                                s));
+    ZS_CHECK(zs_cuda_linear_forward(m->blas, v.fch, v.ln2, PARAM(ZS_T_FC_W), NULL, N, C, 4 * C));
+    ZS_CHECK(zs_cuda_bias_gelu_forward(v.fch, v.gelu, PARAM(ZS_T_FC_B), N, 4 * C, s));
+    ZS_CHECK(zs_cuda_linear_forward(m->blas, a->proj, v.gelu, PARAM(ZS_T_FCPROJ_W),
                                     PARAM(ZS_T_FCPROJ_B), N, 4 * C, C));
 #undef PARAM
     return ZS_OK;
@@ -416,34 +435,26 @@ static zs_err block_backward(cuda_model *m, int l, const float *p, float *g)
 {
     cuda_acts *a = &m->a;
     const int B = m->b, T = m->t, C = m->C, N = B * T;
-    const size_t NC = (size_t)m->max_b * m->max_t * C, Nn = (size_t)m->max_b * m->max_t;
-    const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
     const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
     cudaStream_t s = m->stream;
+    const block_acts v = block_slices(m, l);
 #define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
 #define GRAD(kind) (g + o[(kind)-ZS_T_LN1_W])
-    const float *resid = a->resid + l * NC;
-    const float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn;
-    const float *ln1_rstd = a->ln1_rstd + l * Nn;
-    const float *qkv = a->qkv + l * 3 * NC, *attp = a->att + l * att, *atty = a->atty + l * NC;
-    const float *res2 = a->res2 + l * NC;
-    const float *ln2 = a->ln2 + l * NC, *ln2_mean = a->ln2_mean + l * Nn;
-    const float *ln2_rstd = a->ln2_rstd + l * Nn;
-    const float *fch = a->fch + l * 4 * NC, *gelu = a->fch_gelu + l * 4 * NC;
     ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dbig, GRAD(ZS_T_FCPROJ_W), GRAD(ZS_T_FCPROJ_B),
-                                     a->dres, gelu, PARAM(ZS_T_FCPROJ_W), N, 4 * C, C));
-    ZS_CHECK(zs_cuda_bias_gelu_backward(a->dbig, GRAD(ZS_T_FC_B), fch, N, 4 * C, s));
-    ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_FC_W), NULL, a->dbig, ln2,
+                                     a->dres, v.gelu, PARAM(ZS_T_FCPROJ_W), N, 4 * C, C));
+    ZS_CHECK(zs_cuda_bias_gelu_backward(a->dbig, GRAD(ZS_T_FC_B), v.fch, N, 4 * C, s));
+    ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_FC_W), NULL, a->dbig, v.ln2,
                                      PARAM(ZS_T_FC_W), N, C, 4 * C));
-    ZS_CHECK(zs_cuda_layernorm_backward(a->dres, GRAD(ZS_T_LN2_W), GRAD(ZS_T_LN2_B), a->dln, res2,
-                                        PARAM(ZS_T_LN2_W), ln2_mean, ln2_rstd, N, C, s));
+    ZS_CHECK(zs_cuda_layernorm_backward(a->dres, GRAD(ZS_T_LN2_W), GRAD(ZS_T_LN2_B), a->dln, v.res2,
+                                        PARAM(ZS_T_LN2_W), v.ln2_mean, v.ln2_rstd, N, C, s));
     ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_ATTPROJ_W), GRAD(ZS_T_ATTPROJ_B),
-                                     a->dres, atty, PARAM(ZS_T_ATTPROJ_W), N, C, C));
-    ZS_CHECK(zs_cuda_attention_backward(a->dbig, a->datt, a->dln, qkv, attp, B, T, C, m->NH, s));
+                                     a->dres, v.atty, PARAM(ZS_T_ATTPROJ_W), N, C, C));
+    ZS_CHECK(zs_cuda_attention_backward(a->dbig, a->datt, a->dln, v.qkv, v.att, B, T, C, m->NH, s));
     ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_QKV_W), GRAD(ZS_T_QKV_B), a->dbig,
-                                     ln1, PARAM(ZS_T_QKV_W), N, C, 3 * C));
-    ZS_CHECK(zs_cuda_layernorm_backward(a->dres, GRAD(ZS_T_LN1_W), GRAD(ZS_T_LN1_B), a->dln, resid,
-                                        PARAM(ZS_T_LN1_W), ln1_mean, ln1_rstd, N, C, s));
+                                     v.ln1, PARAM(ZS_T_QKV_W), N, C, 3 * C));
+    ZS_CHECK(zs_cuda_layernorm_backward(a->dres, GRAD(ZS_T_LN1_W), GRAD(ZS_T_LN1_B), a->dln,
+                                        v.resid, PARAM(ZS_T_LN1_W), v.ln1_mean, v.ln1_rstd, N, C,
+                                        s));
 #undef PARAM
 #undef GRAD
     return ZS_OK;
