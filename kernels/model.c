@@ -145,6 +145,12 @@ zs_err zs_model_upload_async(zs_model *m, void *dst, const void *src, size_t byt
     return m->ops->upload_async(m->impl, dst, src, bytes, after, done);
 }
 
+zs_err zs_model_download_async(zs_model *m, void *dst, const void *src, size_t bytes,
+                               uint64_t after, uint64_t *done)
+{
+    return m->ops->download_async(m->impl, dst, src, bytes, after, done);
+}
+
 zs_err zs_model_after(zs_model *m, uint64_t ticket)
 {
     return m->ops->after(m->impl, ticket);

@@ -64,6 +64,8 @@ typedef struct {
     zs_err (*mark)(void *impl, uint64_t *ticket);
     zs_err (*upload_async)(void *impl, void *dst, const void *src, size_t bytes, uint64_t after,
                            uint64_t *done);
+    zs_err (*download_async)(void *impl, void *dst, const void *src, size_t bytes, uint64_t after,
+                             uint64_t *done);
     zs_err (*after)(void *impl, uint64_t ticket);
     zs_err (*sync)(void *impl, uint64_t ticket);
 } zs_model_ops;
@@ -114,14 +116,18 @@ zs_err zs_model_download(zs_model *m, void *dst, const void *src, size_t bytes);
  *   zs_model_upload_async: host src -> model memory dst on the model's copy stream, once the work
  *     of ticket `after` is done; *done is the copy's ticket.  src must stay unchanged, and dst
  *     unread, until the copy's ticket completes;
+ *   zs_model_download_async: the same from model memory src to host dst (page-locked memory from
+ *     zs_model_host_alloc, for the copy not to wait for the host);
  *   zs_model_after: the model's work enqueued from now on waits for ticket t (the host does not);
- *   zs_model_sync: the host waits for ticket t.
+ *   zs_model_sync: the host waits for ticket t; any thread may call it.
  * Tickets are good for the model's last 64 copies and marks.  On the CPU a copy is done when the
  * call returns and every ticket is complete.
  */
 zs_err zs_model_mark(zs_model *m, uint64_t *ticket);
 zs_err zs_model_upload_async(zs_model *m, void *dst, const void *src, size_t bytes, uint64_t after,
                              uint64_t *done);
+zs_err zs_model_download_async(zs_model *m, void *dst, const void *src, size_t bytes,
+                               uint64_t after, uint64_t *done);
 zs_err zs_model_after(zs_model *m, uint64_t ticket);
 zs_err zs_model_sync(zs_model *m, uint64_t ticket);
 

@@ -71,8 +71,8 @@ static zs_err cpu_mark(void *impl, uint64_t *ticket)
     return ZS_OK;
 }
 
-static zs_err cpu_upload_async(void *impl, void *dst, const void *src, size_t bytes, uint64_t after,
-                               uint64_t *done)
+static zs_err cpu_copy_async(void *impl, void *dst, const void *src, size_t bytes, uint64_t after,
+                             uint64_t *done)
 {
     (void)after;
     *done = 0;
@@ -100,7 +100,8 @@ const zs_model_ops zs_model_cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .mark = cpu_mark,
-    .upload_async = cpu_upload_async,
+    .upload_async = cpu_copy_async,
+    .download_async = cpu_copy_async,
     .after = cpu_ticket,
     .sync = cpu_ticket,
 };

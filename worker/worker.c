@@ -52,7 +52,9 @@ typedef struct {
     int chunk;         /* push */
     zs_frame_dtype dtype;
     void *buf;
-    zs_client_op *op; /* communication thread only */
+    uint64_t gpu_ready; /* a push: the model's copy of the gradient into buf (0: none) that the
+                           communication thread waits for before it sends */
+    zs_client_op *op;   /* communication thread only */
     zs_err err;
     char msg[512]; /* err's message (messages are per thread) */
 } xfer;
@@ -177,6 +179,20 @@ static void *comm_main(void *arg)
         xfer *oldest = NULL;
         for (int i = 0; i < 2 * SLOTS; i++) {
             xfer *x = all_xfers(w, i);
+            if (x->state == XF_QUEUED && x->gpu_ready) {
+                /* The gradient is still on its way from the GPU: the compute thread went on to
+                 * the next layer meanwhile. */
+                uint64_t t = x->gpu_ready;
+                pthread_mutex_unlock(&w->mu);
+                zs_err e = zs_model_sync(w->model, t);
+                pthread_mutex_lock(&w->mu);
+                x->gpu_ready = 0;
+                if (e != ZS_OK) {
+                    xfer_fail(x, e);
+                    pthread_cond_broadcast(&w->wake_compute);
+                    continue;
+                }
+            }
             if (x->state == XF_QUEUED)
                 xfer_start(w, x);
             if (x->state == XF_RUNNING && (!oldest || x->seq < oldest->seq))
@@ -375,7 +391,9 @@ static zs_err io_grads(void *ctx, int layer, float **base)
     wk *w = ctx;
     zs_session_heartbeat(w->s);
     slot *g = &w->grad[slot_of(w, layer)];
-    if (!w->on_host) { /* the model writes the twin; the push buffer is awaited when filled */
+    if (!w->on_host) { /* the model writes the twin once its last copy out is done; the push
+                          buffer is awaited when it is filled */
+        ZS_CHECK(zs_model_after(w->model, g->dev_ready));
         *base = g->dev - w->tt->layer_begin[layer];
         return ZS_OK;
     }
@@ -388,10 +406,19 @@ static zs_err io_grads_done(void *ctx, int layer)
 {
     wk *w = ctx;
     slot *g = &w->grad[slot_of(w, layer)];
+    /* (On the host, io_grads waited for the buffer's last push: the transfer is idle.) */
     if (!w->on_host) {
+        /* Copied out on the copy stream once the layer's backward is done; the communication
+         * thread waits for the copy before the push, and the compute thread goes on. */
         const size_t *lb = w->tt->layer_begin;
+        uint64_t computed;
         ZS_CHECK(await(w, &g->x, &w->st.push_wait_s)); /* its last push read the buffer */
-        ZS_CHECK(zs_model_download(w->model, g->buf, g->dev, (lb[layer + 1] - lb[layer]) * 4));
+        ZS_CHECK(zs_model_mark(w->model, &computed));
+        ZS_CHECK(zs_model_download_async(w->model, g->buf, g->dev, (lb[layer + 1] - lb[layer]) * 4,
+                                         computed, &g->dev_ready));
+        g->x.gpu_ready = g->dev_ready;
+    } else {
+        g->x.gpu_ready = 0;
     }
     g->x.is_push = 1;
     g->x.layer = layer;

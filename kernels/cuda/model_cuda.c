@@ -623,15 +623,28 @@ static zs_err cuda_mark(void *impl, uint64_t *ticket)
     return record(m, m->stream, ticket);
 }
 
-static zs_err cuda_upload_async(void *impl, void *dst, const void *src, size_t bytes,
-                                uint64_t after, uint64_t *done)
+/* A copy on the copy stream once ticket `after` is done; *done its own ticket. */
+static zs_err copy_async(cuda_model *m, void *dst, const void *src, size_t bytes, uint64_t after,
+                         int up, uint64_t *done)
 {
-    cuda_model *m = impl;
     CU(cudaSetDevice(m->device));
     if (after)
         CU(cudaStreamWaitEvent(m->copies, ticket_event(m, after), 0));
-    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, m->copies));
+    CU(cudaMemcpyAsync(dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                       m->copies));
     return record(m, m->copies, done);
+}
+
+static zs_err cuda_upload_async(void *impl, void *dst, const void *src, size_t bytes,
+                                uint64_t after, uint64_t *done)
+{
+    return copy_async(impl, dst, src, bytes, after, 1, done);
+}
+
+static zs_err cuda_download_async(void *impl, void *dst, const void *src, size_t bytes,
+                                  uint64_t after, uint64_t *done)
+{
+    return copy_async(impl, dst, src, bytes, after, 0, done);
 }
 
 static zs_err cuda_after(void *impl, uint64_t ticket)
@@ -669,6 +682,7 @@ const zs_model_ops zs_model_cuda_ops = {
     .download = cuda_download,
     .mark = cuda_mark,
     .upload_async = cuda_upload_async,
+    .download_async = cuda_download_async,
     .after = cuda_after,
     .sync = cuda_sync,
 };
