@@ -175,13 +175,20 @@ for shape in default:1 ntasks-per-node=2:2; do
   [ "$opt" = default ] || sbatch_opts+=("--$opt")
   t0=$(now_ms)
   rc=0
+  dev=()
+  [ "$n" = 1 ] || dev=(--device cpu --log-level info) # the workers say where they compute
   (cd "$tmp" && timeout -k 10 120 sbatch "${sbatch_opts[@]}" "$sbatch_script" \
-    --config "$DATA/tiny.json" --data "$data" --steps 4 --out "$out") >/dev/null || rc=$?
+    --config "$DATA/tiny.json" --data "$data" --steps 4 --out "$out" "${dev[@]}") >/dev/null || rc=$?
   echo "(a) sbatch ${sbatch_opts[*]:3} zshard.sbatch --steps 4 ($n servers, $n workers):" \
     "exit $rc in $(($(now_ms) - t0)) ms"
   checks=$((checks + 1))
   [ $rc -eq 0 ] || { fail "(a) $opt: sbatch --wait exit $rc: $(tail -n 20 "$tmp/a-$n.out")"; continue; }
   same_bits "(a) $opt" "$out" "$tmp/train4"
+  if [ "$n" = 2 ]; then
+    checks=$((checks + 1))
+    grep -qs "compute on cpu" "$out"/logs/slurm-*/worker-0.log ||
+      fail "(a) $opt: --device cpu did not reach the workers: $(cat "$out"/logs/slurm-*/worker-0.log 2>&1 | tail -n 3)"
+  fi
   expect_log "(a) $opt" "$tmp/a-$n.out" "coordinator on tcp://127\\.0\\.0\\.1:[0-9]+ .*; $n servers, $n workers"
   checks=$((checks + 2))
   [ "$(stat -c %a "$out/secret" 2>/dev/null)" = 600 ] || fail "(a) $opt: no $out/secret of mode 0600"
