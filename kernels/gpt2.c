@@ -40,54 +40,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/gpt2_layout.h"
 #include "kernels/kernels.h"
 
-/* Activations of one forward, sized for max_b x max_t positions; a forward over b x t uses
- * the first N = b*t rows of each (L, ...) slice.  T below is the forward's t. */
-typedef struct {
-    float *resid;    /* (L+1, N, C) residual stream: [0] embeddings, [l+1] output of block l */
-    float *ln1;      /* (L, N, C) */
-    float *ln1_mean; /* (L, N) */
-    float *ln1_rstd; /* (L, N) */
-    float *qkv;      /* (L, N, 3C) c_attn output: q, k, v */
-    float *att;      /* (L, B, NH, T, T) attention probabilities, 0 above the diagonal */
-    float *atty;     /* (L, N, C) attention output, heads merged */
-    float *res2;     /* (L, N, C) residual stream after the attention branch */
-    float *ln2;      /* (L, N, C) */
-    float *ln2_mean; /* (L, N) */
-    float *ln2_rstd; /* (L, N) */
-    float *fch;      /* (L, N, 4C) c_fc output plus bias: the GELU input */
-    float *fch_gelu; /* (L, N, 4C) */
-    float *lnf;      /* (N, C) */
-    float *lnf_mean; /* (N) */
-    float *lnf_rstd; /* (N) */
-    float *proj;     /* (N, C) a c_proj output (bias included) before its residual add */
-    float *logits;   /* (N, V) logits; dlogits once the forward has run */
-    float *losses;   /* (N) cross-entropy per position */
-    /* Backward scratch, shared by all layers. */
-    float *dres; /* (N, C) gradient of the residual stream */
-    float *dln;  /* (N, C) gradient of a LayerNorm output, or of atty */
-    float *dbig; /* (N, 4C) gradient of fch_gelu / fch, or (N, 3C) of qkv */
-    float *datt; /* (B, NH, T, T) gradient of the attention scores */
-} gpt2_acts;
-
-typedef struct {
-    size_t offset, numel;
-    int layer;
-} tensor_span;
-
 struct zs_gpt2 {
+    zs_model_config cfg;
     int L, C, NH, V, maxT; /* maxT: block_size, the rows of wpe */
     int max_b, max_t;
     int threads;
-    /* Offsets (floats) of the tensors in the flat vector. */
-    size_t wte, wpe, lnf_w, lnf_b;
-    size_t *blk;        /* (L, ZS_BLOCK_TENSORS): kind ZS_T_LN1_W + k of block l */
-    tensor_span *spans; /* every tensor, in vector order, to zero the gaps of gradients */
-    int n_spans;
-    size_t *layer_begin; /* (L + 3) */
-    float *mem;          /* one allocation for all activations */
-    gpt2_acts a;
+    zs_gpt2_offsets o; /* the tensors in the flat vector */
+    float *mem;        /* one allocation for all activations */
+    zs_gpt2_acts a;
     int32_t *inputs; /* (max_b, max_t) the last forward's inputs, for the encoder backward */
     /* Between a forward and its backward/finish: */
     int pending; /* layers 0 and L+1 are held */
@@ -97,78 +60,13 @@ struct zs_gpt2 {
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
-/* Rounds a float count up to a 64-byte boundary so that every array starts on a cache line. */
-static size_t round16(size_t n)
-{
-    return (n + 15) / 16 * 16;
-}
-
-static zs_err check_tensor(const zs_tensor_table *tt, int block, zs_tensor_kind kind, size_t numel,
-                           size_t *offset)
-{
-    const zs_tensor *t = zs_tensors_get(tt, block, kind);
-    if (!t)
-        return zs_error(ZS_ERR_INVALID, "gpt2: tensor table has no tensor of kind %d in block %d",
-                        (int)kind, block);
-    if (t->numel != numel || t->offset + t->numel > tt->total)
-        return zs_error(ZS_ERR_INVALID,
-                        "gpt2: tensor %s has %zu floats at offset %zu, expected "
-                        "%zu within %zu",
-                        t->name, t->numel, t->offset, numel, tt->total);
-    *offset = t->offset;
-    return ZS_OK;
-}
-
-/* The activations' layout, in the order of gpt2_acts, each part rounded to 16 floats: with
- * base, points a's arrays into base; returns the floats it takes (or would take). */
-static size_t acts_layout(gpt2_acts *a, float *base, size_t L, size_t C, size_t V, size_t NH,
-                          size_t max_b, size_t max_t)
-{
-    size_t N = max_b * max_t, T = max_t;
-    size_t att = max_b * NH * T * T;
-    struct {
-        float **p;
-        size_t n;
-    } parts[] = {
-        {&a->resid, (L + 1) * N * C},
-        {&a->ln1, L * N * C},
-        {&a->ln1_mean, L * N},
-        {&a->ln1_rstd, L * N},
-        {&a->qkv, L * N * 3 * C},
-        {&a->att, L * att},
-        {&a->atty, L * N * C},
-        {&a->res2, L * N * C},
-        {&a->ln2, L * N * C},
-        {&a->ln2_mean, L * N},
-        {&a->ln2_rstd, L * N},
-        {&a->fch, L * N * 4 * C},
-        {&a->fch_gelu, L * N * 4 * C},
-        {&a->lnf, N * C},
-        {&a->lnf_mean, N},
-        {&a->lnf_rstd, N},
-        {&a->proj, N * C},
-        {&a->logits, N * V},
-        {&a->losses, N},
-        {&a->dres, N * C},
-        {&a->dln, N * C},
-        {&a->dbig, N * 4 * C},
-        {&a->datt, att},
-    };
-    size_t at = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        if (base)
-            *parts[i].p = base + at;
-        at += round16(parts[i].n);
-    }
-    return at;
-}
+/* Every activation array starts on a cache line. */
+#define ACTS_ALIGN 64
 
 size_t zs_gpt2_activation_bytes(const zs_model_config *cfg, int max_b, int max_t)
 {
-    gpt2_acts a;
-    return sizeof(float) * acts_layout(&a, NULL, (size_t)cfg->n_layer, (size_t)cfg->n_embd,
-                                       (size_t)cfg->vocab_size, (size_t)cfg->n_head, (size_t)max_b,
-                                       (size_t)max_t);
+    zs_gpt2_acts a;
+    return zs_gpt2_acts_layout(&a, NULL, ACTS_ALIGN, cfg, max_b, max_t);
 }
 
 zs_err zs_gpt2_create(const zs_model_config *cfg, const zs_tensor_table *tt, int max_b, int max_t,
@@ -204,47 +102,24 @@ zs_err zs_gpt2_create(const zs_model_config *cfg, const zs_tensor_table *tt, int
     m->max_b = max_b;
     m->max_t = max_t;
     m->threads = zs_kernel_threads(threads);
-    size_t L = (size_t)m->L, C = (size_t)m->C, V = (size_t)m->V;
-
-    /* Tensor offsets, checked against the shapes the config implies. */
-    m->blk = calloc(L * ZS_BLOCK_TENSORS, sizeof *m->blk);
-    m->spans = calloc((size_t)tt->count, sizeof *m->spans);
-    m->layer_begin = calloc(L + 3, sizeof *m->layer_begin);
+    m->cfg = *cfg;
     m->inputs = calloc((size_t)max_b * max_t, sizeof *m->inputs);
-    if (!m->blk || !m->spans || !m->layer_begin || !m->inputs) {
-        err = zs_error(ZS_ERR_NOMEM, "gpt2: out of memory for the tensor offsets");
+    if (!m->inputs) {
+        err = zs_error(ZS_ERR_NOMEM, "gpt2: out of memory for the inputs");
         goto fail;
     }
-    ZS_CHECK_GOTO(check_tensor(tt, 0, ZS_T_WTE, V * C, &m->wte), err, fail);
-    ZS_CHECK_GOTO(check_tensor(tt, 0, ZS_T_WPE, (size_t)m->maxT * C, &m->wpe), err, fail);
-    ZS_CHECK_GOTO(check_tensor(tt, 0, ZS_T_LNF_W, C, &m->lnf_w), err, fail);
-    ZS_CHECK_GOTO(check_tensor(tt, 0, ZS_T_LNF_B, C, &m->lnf_b), err, fail);
-    const size_t block_numel[ZS_BLOCK_TENSORS] = {
-        C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C,
-    };
-    for (int l = 0; l < m->L; l++)
-        for (int k = 0; k < ZS_BLOCK_TENSORS; k++)
-            ZS_CHECK_GOTO(check_tensor(tt, l, (zs_tensor_kind)(ZS_T_LN1_W + k), block_numel[k],
-                                       &m->blk[(size_t)l * ZS_BLOCK_TENSORS + k]),
-                          err, fail);
-    for (int i = 0; i < tt->count; i++) {
-        m->spans[i].offset = tt->tensors[i].offset;
-        m->spans[i].numel = tt->tensors[i].numel;
-        m->spans[i].layer = tt->tensors[i].layer;
-    }
-    m->n_spans = tt->count;
-    memcpy(m->layer_begin, tt->layer_begin, (L + 3) * sizeof *m->layer_begin);
+    /* Tensor offsets, checked against the shapes the config implies. */
+    ZS_CHECK_GOTO(zs_gpt2_offsets_init(&m->o, cfg, tt), err, fail);
 
-    /* Activations: one allocation, carved in the order of gpt2_acts. */
-    size_t total = acts_layout(&m->a, NULL, L, C, V, (size_t)m->NH, (size_t)max_b, (size_t)max_t);
+    /* Activations: one allocation, carved in the order of zs_gpt2_acts. */
+    size_t bytes = zs_gpt2_acts_layout(&m->a, NULL, ACTS_ALIGN, cfg, max_b, max_t);
     void *mem = NULL;
-    if (posix_memalign(&mem, 64, total * sizeof(float)) != 0) {
-        err = zs_error(ZS_ERR_NOMEM, "gpt2: out of memory for %zu MiB of activations",
-                       total * sizeof(float) >> 20);
+    if (posix_memalign(&mem, ACTS_ALIGN, bytes) != 0) {
+        err = zs_error(ZS_ERR_NOMEM, "gpt2: out of memory for %zu MiB of activations", bytes >> 20);
         goto fail;
     }
     m->mem = mem;
-    acts_layout(&m->a, m->mem, L, C, V, (size_t)m->NH, (size_t)max_b, (size_t)max_t);
+    zs_gpt2_acts_layout(&m->a, (char *)m->mem, ACTS_ALIGN, cfg, max_b, max_t);
     *out = m;
     return ZS_OK;
 
@@ -259,26 +134,20 @@ void zs_gpt2_free(zs_gpt2 *m)
         return;
     free(m->mem);
     free(m->inputs);
-    free(m->layer_begin);
-    free(m->spans);
-    free(m->blk);
+    zs_gpt2_offsets_free(&m->o);
     free(m);
+}
+
+static zs_err zero_gap(void *base, size_t begin, size_t floats)
+{
+    memset((float *)base + begin, 0, floats * sizeof(float));
+    return ZS_OK;
 }
 
 /* Zeroes the parts of layer's gradient range [layer_begin, layer_end) that no tensor covers. */
 static void zero_padding(const zs_gpt2 *m, int layer, float *base)
 {
-    size_t at = m->layer_begin[layer];
-    for (int i = 0; i < m->n_spans; i++) {
-        const tensor_span *s = &m->spans[i];
-        if (s->layer != layer)
-            continue;
-        if (s->offset > at)
-            memset(base + at, 0, (s->offset - at) * sizeof *base);
-        at = s->offset + s->numel;
-    }
-    if (m->layer_begin[layer + 1] > at)
-        memset(base + at, 0, (m->layer_begin[layer + 1] - at) * sizeof *base);
+    zs_gpt2_gaps(&m->o, layer, zero_gap, base);
 }
 
 /* ---- forward ---------------------------------------------------------------------------- */
@@ -297,21 +166,16 @@ static zs_err check_tokens(const zs_gpt2 *m, const int32_t *tok, const char *wha
 /* Block l (0-based) forward with its parameters at base p. */
 static void block_forward(zs_gpt2 *m, int l, const float *p)
 {
-    gpt2_acts *a = &m->a;
+    zs_gpt2_acts *a = &m->a;
     const int B = m->b, T = m->t, C = m->C, N = B * T, nt = m->threads;
     const size_t NC = (size_t)m->max_b * m->max_t * C; /* one layer's slice of an (L, N, C) */
-    const size_t Nn = (size_t)m->max_b * m->max_t;
-    const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
-    const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
+    const size_t *o = m->o.blk + (size_t)l * ZS_BLOCK_TENSORS;
 #define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
-    float *resid = a->resid + l * NC;
-    float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn,
-          *ln1_rstd = a->ln1_rstd + l * Nn;
-    float *qkv = a->qkv + l * 3 * NC, *attp = a->att + l * att, *atty = a->atty + l * NC;
-    float *res2 = a->res2 + l * NC;
-    float *ln2 = a->ln2 + l * NC, *ln2_mean = a->ln2_mean + l * Nn,
-          *ln2_rstd = a->ln2_rstd + l * Nn;
-    float *fch = a->fch + l * 4 * NC, *gelu = a->fch_gelu + l * 4 * NC;
+    const zs_gpt2_block_acts v = zs_gpt2_block_slices(a, &m->cfg, m->max_b, m->max_t, l);
+    float *resid = v.resid, *ln1 = v.ln1, *ln1_mean = v.ln1_mean, *ln1_rstd = v.ln1_rstd;
+    float *qkv = v.qkv, *attp = v.att, *atty = v.atty, *res2 = v.res2;
+    float *ln2 = v.ln2, *ln2_mean = v.ln2_mean, *ln2_rstd = v.ln2_rstd;
+    float *fch = v.fch, *gelu = v.gelu;
 
     if (l == 0)
         zs_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, PARAM(ZS_T_LN1_W), PARAM(ZS_T_LN1_B),
@@ -344,7 +208,7 @@ zs_err zs_gpt2_forward(zs_gpt2 *m, const zs_gpt2_io *io, const int32_t *inputs,
     ZS_CHECK(check_tokens(m, inputs, "input", b, t));
     ZS_CHECK(check_tokens(m, targets, "target", b, t));
 
-    gpt2_acts *a = &m->a;
+    zs_gpt2_acts *a = &m->a;
     const int L = m->L, C = m->C, N = b * t, nt = m->threads;
     const size_t NC = (size_t)m->max_b * m->max_t * C;
     m->b = b;
@@ -355,7 +219,7 @@ zs_err zs_gpt2_forward(zs_gpt2 *m, const zs_gpt2_io *io, const int32_t *inputs,
     zs_err err = io->acquire(io->ctx, 0, &p0);
     if (err != ZS_OK)
         return err;
-    zs_encoder_forward(a->resid, inputs, p0 + m->wte, p0 + m->wpe, b, t, C, nt);
+    zs_encoder_forward(a->resid, inputs, p0 + m->o.wte, p0 + m->o.wpe, b, t, C, nt);
     for (int l = 1; l <= L; l++) {
         ZS_CHECK_GOTO(io->acquire(io->ctx, l, &p), err, fail);
         block_forward(m, l - 1, p);
@@ -363,9 +227,9 @@ zs_err zs_gpt2_forward(zs_gpt2 *m, const zs_gpt2_io *io, const int32_t *inputs,
     }
     ZS_CHECK_GOTO(io->acquire(io->ctx, L + 1, &pf), err, fail);
     zs_residual_layernorm_forward(a->resid + L * NC, a->lnf, a->lnf_mean, a->lnf_rstd,
-                                  a->res2 + (L - 1) * NC, a->proj, pf + m->lnf_w, pf + m->lnf_b, N,
-                                  C, nt);
-    zs_lm_head_forward(a->logits, a->lnf, p0 + m->wte, N, C, m->V, nt);
+                                  a->res2 + (L - 1) * NC, a->proj, pf + m->o.lnf_w, pf + m->o.lnf_b,
+                                  N, C, nt);
+    zs_lm_head_forward(a->logits, a->lnf, p0 + m->o.wte, N, C, m->V, nt);
     zs_crossentropy_fused(a->logits, a->losses, targets, N, m->V, 1.0f / (float)N, nt);
     double sum = 0.0;
     for (int i = 0; i < N; i++)
@@ -396,22 +260,16 @@ void zs_gpt2_finish(zs_gpt2 *m, const zs_gpt2_io *io)
  * on return; parameters at p, gradients written at g. */
 static void block_backward(zs_gpt2 *m, int l, const float *p, float *g)
 {
-    gpt2_acts *a = &m->a;
+    zs_gpt2_acts *a = &m->a;
     const int B = m->b, T = m->t, C = m->C, N = B * T, nt = m->threads;
-    const size_t NC = (size_t)m->max_b * m->max_t * C;
-    const size_t Nn = (size_t)m->max_b * m->max_t;
-    const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
-    const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
+    const size_t *o = m->o.blk + (size_t)l * ZS_BLOCK_TENSORS;
 #define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
 #define GRAD(kind) (g + o[(kind)-ZS_T_LN1_W])
-    const float *resid = a->resid + l * NC;
-    const float *ln1 = a->ln1 + l * NC, *ln1_mean = a->ln1_mean + l * Nn;
-    const float *ln1_rstd = a->ln1_rstd + l * Nn;
-    const float *qkv = a->qkv + l * 3 * NC, *attp = a->att + l * att, *atty = a->atty + l * NC;
-    const float *res2 = a->res2 + l * NC;
-    const float *ln2 = a->ln2 + l * NC, *ln2_mean = a->ln2_mean + l * Nn;
-    const float *ln2_rstd = a->ln2_rstd + l * Nn;
-    const float *fch = a->fch + l * 4 * NC, *gelu = a->fch_gelu + l * 4 * NC;
+    const zs_gpt2_block_acts v = zs_gpt2_block_slices(a, &m->cfg, m->max_b, m->max_t, l);
+    const float *resid = v.resid, *ln1 = v.ln1, *ln1_mean = v.ln1_mean, *ln1_rstd = v.ln1_rstd;
+    const float *qkv = v.qkv, *attp = v.att, *atty = v.atty, *res2 = v.res2;
+    const float *ln2 = v.ln2, *ln2_mean = v.ln2_mean, *ln2_rstd = v.ln2_rstd;
+    const float *fch = v.fch, *gelu = v.gelu;
 
     /* MLP: dres is also d proj (the residual add passes it through unchanged). */
     zs_linear_backward(a->dbig, GRAD(ZS_T_FCPROJ_W), GRAD(ZS_T_FCPROJ_B), a->dres, gelu,
@@ -437,7 +295,7 @@ zs_err zs_gpt2_backward(zs_gpt2 *m, const zs_gpt2_io *io)
 {
     if (!m->pending)
         return zs_error(ZS_ERR_INVALID, "gpt2: backward without a forward");
-    gpt2_acts *a = &m->a;
+    zs_gpt2_acts *a = &m->a;
     const int L = m->L, C = m->C, T = m->t, N = m->b * m->t, nt = m->threads;
     const size_t NC = (size_t)m->max_b * m->max_t * C;
     const float *p0 = m->p0, *pf = m->pf, *p;
@@ -449,10 +307,10 @@ zs_err zs_gpt2_backward(zs_gpt2 *m, const zs_gpt2_io *io)
     ZS_CHECK_GOTO(io->grads(io->ctx, 0, &g0), err, fail_final);
     zero_padding(m, L + 1, gf);
     zero_padding(m, 0, g0);
-    zs_lm_head_backward(a->dln, g0 + m->wte, a->logits, a->lnf, p0 + m->wte, N, C, m->V, nt);
+    zs_lm_head_backward(a->dln, g0 + m->o.wte, a->logits, a->lnf, p0 + m->o.wte, N, C, m->V, nt);
     memset(a->dres, 0, (size_t)N * C * sizeof *a->dres);
-    zs_layernorm_backward(a->dres, gf + m->lnf_w, gf + m->lnf_b, a->dln, a->resid + L * NC,
-                          pf + m->lnf_w, a->lnf_mean, a->lnf_rstd, N, C, nt);
+    zs_layernorm_backward(a->dres, gf + m->o.lnf_w, gf + m->o.lnf_b, a->dln, a->resid + L * NC,
+                          pf + m->o.lnf_w, a->lnf_mean, a->lnf_rstd, N, C, nt);
     ZS_CHECK_GOTO(io->grads_done(io->ctx, L + 1), err, fail_final);
     io->release(io->ctx, L + 1);
 
@@ -467,8 +325,8 @@ zs_err zs_gpt2_backward(zs_gpt2 *m, const zs_gpt2_io *io)
     }
 
     /* dwte += the embedding's share; dwpe = rows 0..t-1, 0 beyond. */
-    float *dwpe = g0 + m->wpe;
-    zs_encoder_backward(g0 + m->wte, dwpe, a->dres, m->inputs, m->b, T, C, nt);
+    float *dwpe = g0 + m->o.wpe;
+    zs_encoder_backward(g0 + m->o.wte, dwpe, a->dres, m->inputs, m->b, T, C, nt);
     memset(dwpe + (size_t)T * C, 0, (size_t)(m->maxT - T) * C * sizeof *dwpe);
     ZS_CHECK_GOTO(io->grads_done(io->ctx, 0), err, fail_embed);
     io->release(io->ctx, 0);

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/gpt2_layout.h"
 
 #define CU(call)                                                                                   \
     do {                                                                                           \
@@ -35,33 +36,11 @@
             return zs_error(ZS_ERR_IO, "cuda: %s: %s", #call, cudaGetErrorString(cu_e_));          \
     } while (0)
 
-/* Device activations for max_b x max_t positions (the (L, ...) arrays are sliced per layer at
- * max_b * max_t rows; a forward over b x t uses each slice's first b*t rows). */
-typedef struct {
-    float *resid;                     /* (L+1, N, C) */
-    float *ln1, *ln1_mean, *ln1_rstd; /* (L, N, C), (L, N), (L, N) */
-    float *qkv;                       /* (L, N, 3C) */
-    float *att;                       /* (L, B, NH, T, T) */
-    float *atty, *res2;               /* (L, N, C) */
-    float *ln2, *ln2_mean, *ln2_rstd; /* (L, N, C), (L, N), (L, N) */
-    float *fch, *fch_gelu;            /* (L, N, 4C) */
-    float *lnf, *lnf_mean, *lnf_rstd; /* (N, C), (N), (N) */
-    float *proj;                      /* (N, C) */
-    float *logits;                    /* (N, V), dlogits after the forward */
-    float *losses;                    /* (N) */
-    float *dres, *dln, *dbig, *datt;  /* (N, C), (N, C), (N, 4C), (B, NH, T, T) */
-} cuda_acts;
-
 typedef struct {
     int device;
+    zs_model_config cfg;
     int L, C, NH, V, maxT, max_b, max_t;
-    size_t wte, wpe, lnf_w, lnf_b;
-    size_t *blk;      /* (L, ZS_BLOCK_TENSORS) offsets */
-    size_t *span_off; /* every tensor's offset, numel and layer: to zero gradient gaps */
-    size_t *span_numel;
-    int *span_layer;
-    int n_spans;
-    size_t *layer_begin; /* (L + 3) */
+    zs_gpt2_offsets o; /* the tensors in the flat vector */
     cudaStream_t stream;
     cudaStream_t copies; /* upload_async's: the copy engine, beside the compute */
     /* Tickets (model.h): ticket t > 0 is event (t - 1) % n_events, recorded on the stream that
@@ -71,78 +50,28 @@ typedef struct {
     int n_events;
     uint64_t next_ticket;
     zs_cuda_blas *blas;
-    void *mem; /* device: the activations and the tokens */
-    cuda_acts a;
+    void *mem; /* device: the activations (gpt2_layout.h) and the tokens */
+    zs_gpt2_acts a;
     int32_t *inputs, *targets; /* device (max_b, max_t) */
     float *losses_host;        /* (max_b * max_t) */
     int pending, b, t;
     const float *p0, *pf;
 } cuda_model;
 
-static size_t round64(size_t bytes)
-{
-    return (bytes + 255) / 256 * 256;
-}
+/* Device arrays start on 256 bytes, as cudaMalloc's do. */
+#define ACTS_ALIGN 256
 
-/* Carves the activations and token buffers out of base (NULL: only counts); returns bytes. */
+/* Carves the activations and the token buffers out of base (NULL: only counts); the bytes. */
 static size_t layout(cuda_model *m, char *base)
 {
-    size_t L = (size_t)m->L, C = (size_t)m->C, V = (size_t)m->V, NH = (size_t)m->NH;
-    size_t N = (size_t)m->max_b * m->max_t, T = (size_t)m->max_t;
-    size_t att = (size_t)m->max_b * NH * T * T;
-    cuda_acts *a = &m->a;
-    struct {
-        float **p;
-        size_t n;
-    } parts[] = {
-        {&a->resid, (L + 1) * N * C},
-        {&a->ln1, L * N * C},
-        {&a->ln1_mean, L * N},
-        {&a->ln1_rstd, L * N},
-        {&a->qkv, L * N * 3 * C},
-        {&a->att, L * att},
-        {&a->atty, L * N * C},
-        {&a->res2, L * N * C},
-        {&a->ln2, L * N * C},
-        {&a->ln2_mean, L * N},
-        {&a->ln2_rstd, L * N},
-        {&a->fch, L * N * 4 * C},
-        {&a->fch_gelu, L * N * 4 * C},
-        {&a->lnf, N * C},
-        {&a->lnf_mean, N},
-        {&a->lnf_rstd, N},
-        {&a->proj, N * C},
-        {&a->logits, N * V},
-        {&a->losses, N},
-        {&a->dres, N * C},
-        {&a->dln, N * C},
-        {&a->dbig, N * 4 * C},
-        {&a->datt, att},
-    };
-    size_t at = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        if (base)
-            *parts[i].p = (float *)(base + at);
-        at += round64(parts[i].n * sizeof(float));
-    }
+    size_t at = zs_gpt2_acts_layout(&m->a, base, ACTS_ALIGN, &m->cfg, m->max_b, m->max_t);
+    size_t tokens = ((size_t)m->max_b * m->max_t * sizeof(int32_t) + ACTS_ALIGN - 1) &
+                    ~(size_t)(ACTS_ALIGN - 1);
     if (base) {
-        m->inputs = (int32_t *)(base + at);
-        m->targets = (int32_t *)(base + at + round64(N * sizeof(int32_t)));
+        m->inputs = (int32_t *)(void *)(base + at);
+        m->targets = (int32_t *)(void *)(base + at + tokens);
     }
-    return at + 2 * round64(N * sizeof(int32_t));
-}
-
-static zs_err tensor_offset(const zs_tensor_table *tt, int block, zs_tensor_kind kind, size_t numel,
-                            size_t *offset)
-{
-    const zs_tensor *t = zs_tensors_get(tt, block, kind);
-    if (!t || t->numel != numel || t->offset + t->numel > tt->total)
-        return zs_error(ZS_ERR_INVALID,
-                        "model cuda: tensor of kind %d in block %d is missing or has %zu floats, "
-                        "expected %zu",
-                        (int)kind, block, t ? t->numel : 0, numel);
-    *offset = t->offset;
-    return ZS_OK;
+    return at + 2 * tokens;
 }
 
 static void cuda_free(void *impl)
@@ -162,45 +91,16 @@ static void cuda_free(void *impl)
     for (int i = 0; i < m->n_events; i++)
         cudaEventDestroy(m->events[i]);
     free(m->losses_host);
-    free(m->layer_begin);
-    free(m->span_off);
-    free(m->span_numel);
-    free(m->span_layer);
-    free(m->blk);
+    zs_gpt2_offsets_free(&m->o);
     free(m);
 }
 
 static zs_err setup(cuda_model *m, const zs_model_config *cfg, const zs_tensor_table *tt)
 {
-    size_t L = (size_t)m->L, C = (size_t)m->C, V = (size_t)m->V;
-    m->blk = calloc(L * ZS_BLOCK_TENSORS, sizeof *m->blk);
-    m->span_off = calloc((size_t)tt->count, sizeof *m->span_off);
-    m->span_numel = calloc((size_t)tt->count, sizeof *m->span_numel);
-    m->span_layer = calloc((size_t)tt->count, sizeof *m->span_layer);
-    m->layer_begin = calloc(L + 3, sizeof *m->layer_begin);
     m->losses_host = calloc((size_t)m->max_b * m->max_t, sizeof *m->losses_host);
-    if (!m->blk || !m->span_off || !m->span_numel || !m->span_layer || !m->layer_begin ||
-        !m->losses_host)
-        return zs_error(ZS_ERR_NOMEM, "model cuda: out of memory for the tensor offsets");
-    ZS_CHECK(tensor_offset(tt, 0, ZS_T_WTE, V * C, &m->wte));
-    ZS_CHECK(tensor_offset(tt, 0, ZS_T_WPE, (size_t)cfg->block_size * C, &m->wpe));
-    ZS_CHECK(tensor_offset(tt, 0, ZS_T_LNF_W, C, &m->lnf_w));
-    ZS_CHECK(tensor_offset(tt, 0, ZS_T_LNF_B, C, &m->lnf_b));
-    const size_t numel[ZS_BLOCK_TENSORS] = {
-        C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C,
-    };
-    for (int l = 0; l < m->L; l++)
-        for (int k = 0; k < ZS_BLOCK_TENSORS; k++)
-            ZS_CHECK(tensor_offset(tt, l, (zs_tensor_kind)(ZS_T_LN1_W + k), numel[k],
-                                   &m->blk[(size_t)l * ZS_BLOCK_TENSORS + k]));
-    for (int i = 0; i < tt->count; i++) {
-        m->span_off[i] = tt->tensors[i].offset;
-        m->span_numel[i] = tt->tensors[i].numel;
-        m->span_layer[i] = tt->tensors[i].layer;
-    }
-    m->n_spans = tt->count;
-    memcpy(m->layer_begin, tt->layer_begin, (L + 3) * sizeof *m->layer_begin);
-
+    if (!m->losses_host)
+        return zs_error(ZS_ERR_NOMEM, "model cuda: out of memory for the losses");
+    ZS_CHECK(zs_gpt2_offsets_init(&m->o, cfg, tt));
     CU(cudaSetDevice(m->device));
     size_t bytes = layout(m, NULL), free_b = 0, total_b = 0;
     CU(cudaMemGetInfo(&free_b, &total_b));
@@ -246,6 +146,7 @@ static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt,
     if (!m)
         return zs_error(ZS_ERR_NOMEM, "model cuda: out of memory");
     m->device = index;
+    m->cfg = *cfg;
     m->L = cfg->n_layer;
     m->C = cfg->n_embd;
     m->NH = cfg->n_head;
@@ -273,58 +174,34 @@ static zs_err check_tokens(const cuda_model *m, const int32_t *tok, const char *
     return ZS_OK;
 }
 
-/* Zeroes the floats of layer's gradient range that no tensor covers. */
-static zs_err zero_padding(const cuda_model *m, int layer, float *base)
+typedef struct {
+    cuda_model *m;
+    float *base;
+} gap_ctx;
+
+static zs_err zero_gap(void *ctx, size_t begin, size_t floats)
 {
-    size_t at = m->layer_begin[layer];
-    for (int i = 0; i < m->n_spans; i++) {
-        if (m->span_layer[i] != layer)
-            continue;
-        if (m->span_off[i] > at)
-            CU(cudaMemsetAsync(base + at, 0, (m->span_off[i] - at) * sizeof(float), m->stream));
-        at = m->span_off[i] + m->span_numel[i];
-    }
-    if (m->layer_begin[layer + 1] > at)
-        CU(cudaMemsetAsync(base + at, 0, (m->layer_begin[layer + 1] - at) * sizeof(float),
-                           m->stream));
+    gap_ctx *g = ctx;
+    CU(cudaMemsetAsync(g->base + begin, 0, floats * sizeof(float), g->m->stream));
     return ZS_OK;
 }
 
-/* Block l's (0-based) slices of the (L, ...) activations. */
-typedef struct {
-    float *resid, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *gelu;
-} block_acts;
-
-static block_acts block_slices(const cuda_model *m, int l)
+/* Zeroes the floats of layer's gradient range that no tensor covers. */
+static zs_err zero_padding(cuda_model *m, int layer, float *base)
 {
-    const cuda_acts *a = &m->a;
-    const size_t NC = (size_t)m->max_b * m->max_t * m->C, Nn = (size_t)m->max_b * m->max_t;
-    const size_t att = (size_t)m->max_b * m->NH * m->max_t * m->max_t;
-    return (block_acts){.resid = a->resid + l * NC,
-                        .ln1 = a->ln1 + l * NC,
-                        .ln1_mean = a->ln1_mean + l * Nn,
-                        .ln1_rstd = a->ln1_rstd + l * Nn,
-                        .qkv = a->qkv + l * 3 * NC,
-                        .att = a->att + l * att,
-                        .atty = a->atty + l * NC,
-                        .res2 = a->res2 + l * NC,
-                        .ln2 = a->ln2 + l * NC,
-                        .ln2_mean = a->ln2_mean + l * Nn,
-                        .ln2_rstd = a->ln2_rstd + l * Nn,
-                        .fch = a->fch + l * 4 * NC,
-                        .gelu = a->fch_gelu + l * 4 * NC};
+    gap_ctx g = {m, base};
+    return zs_gpt2_gaps(&m->o, layer, zero_gap, &g);
 }
 
 /* Block l (0-based) forward with its parameters at p (gpt2.c's block_forward). */
 static zs_err block_forward(cuda_model *m, int l, const float *p)
 {
-    cuda_acts *a = &m->a;
+    zs_gpt2_acts *a = &m->a;
     const int B = m->b, T = m->t, C = m->C, N = B * T;
     const size_t NC = (size_t)m->max_b * m->max_t * C;
-    const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
+    const size_t *o = m->o.blk + (size_t)l * ZS_BLOCK_TENSORS;
     cudaStream_t s = m->stream;
-    block_acts v = block_slices(m, l);
+    zs_gpt2_block_acts v = zs_gpt2_block_slices(a, &m->cfg, m->max_b, m->max_t, l);
 #define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
     if (l == 0)
         ZS_CHECK(zs_cuda_layernorm_forward(v.ln1, v.ln1_mean, v.ln1_rstd, v.resid,
@@ -363,7 +240,7 @@ static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inpu
     ZS_CHECK(check_tokens(m, inputs, "input", N, t));
     ZS_CHECK(check_tokens(m, targets, "target", N, t));
     CU(cudaSetDevice(m->device));
-    cuda_acts *a = &m->a;
+    zs_gpt2_acts *a = &m->a;
     const size_t NC = (size_t)m->max_b * m->max_t * C;
     m->b = b;
     m->t = t;
@@ -375,9 +252,9 @@ static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inpu
     zs_err err = io->acquire(io->ctx, 0, &p0);
     if (err != ZS_OK)
         return err;
-    ZS_CHECK_GOTO(
-        zs_cuda_encoder_forward(a->resid, m->inputs, p0 + m->wte, p0 + m->wpe, b, t, C, m->stream),
-        err, fail);
+    ZS_CHECK_GOTO(zs_cuda_encoder_forward(a->resid, m->inputs, p0 + m->o.wte, p0 + m->o.wpe, b, t,
+                                          C, m->stream),
+                  err, fail);
     for (int l = 1; l <= L; l++) {
         ZS_CHECK_GOTO(io->acquire(io->ctx, l, &p), err, fail);
         err = block_forward(m, l - 1, p);
@@ -386,12 +263,12 @@ static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inpu
             goto fail;
     }
     ZS_CHECK_GOTO(io->acquire(io->ctx, L + 1, &pf), err, fail);
-    ZS_CHECK_GOTO(zs_cuda_residual_layernorm_forward(a->resid + L * NC, a->lnf, a->lnf_mean,
-                                                     a->lnf_rstd, a->res2 + (L - 1) * NC, a->proj,
-                                                     pf + m->lnf_w, pf + m->lnf_b, N, C, m->stream),
+    ZS_CHECK_GOTO(zs_cuda_residual_layernorm_forward(
+                      a->resid + L * NC, a->lnf, a->lnf_mean, a->lnf_rstd, a->res2 + (L - 1) * NC,
+                      a->proj, pf + m->o.lnf_w, pf + m->o.lnf_b, N, C, m->stream),
                   err, fail_final);
-    ZS_CHECK_GOTO(zs_cuda_lm_head_forward(m->blas, a->logits, a->lnf, p0 + m->wte, N, C, m->V), err,
-                  fail_final);
+    ZS_CHECK_GOTO(zs_cuda_lm_head_forward(m->blas, a->logits, a->lnf, p0 + m->o.wte, N, C, m->V),
+                  err, fail_final);
     ZS_CHECK_GOTO(zs_cuda_crossentropy_fused(a->logits, a->losses, m->targets, N, m->V,
                                              1.0f / (float)N, m->stream),
                   err, fail_final);
@@ -433,11 +310,11 @@ static void cuda_finish(void *impl, const zs_gpt2_io *io)
  * entry and d loss / d resid[l] on return. */
 static zs_err block_backward(cuda_model *m, int l, const float *p, float *g)
 {
-    cuda_acts *a = &m->a;
+    zs_gpt2_acts *a = &m->a;
     const int B = m->b, T = m->t, C = m->C, N = B * T;
-    const size_t *o = m->blk + (size_t)l * ZS_BLOCK_TENSORS;
+    const size_t *o = m->o.blk + (size_t)l * ZS_BLOCK_TENSORS;
     cudaStream_t s = m->stream;
-    const block_acts v = block_slices(m, l);
+    const zs_gpt2_block_acts v = zs_gpt2_block_slices(a, &m->cfg, m->max_b, m->max_t, l);
 #define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
 #define GRAD(kind) (g + o[(kind)-ZS_T_LN1_W])
     ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dbig, GRAD(ZS_T_FCPROJ_W), GRAD(ZS_T_FCPROJ_B),
@@ -465,7 +342,7 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
     cuda_model *m = impl;
     if (!m->pending)
         return zs_error(ZS_ERR_INVALID, "model cuda: backward without a forward");
-    cuda_acts *a = &m->a;
+    zs_gpt2_acts *a = &m->a;
     const int L = m->L, C = m->C, T = m->t, N = m->b * m->t;
     const size_t NC = (size_t)m->max_b * m->max_t * C;
     const float *p0 = m->p0, *pf = m->pf, *p;
@@ -479,15 +356,15 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
     ZS_CHECK_GOTO(io->grads(io->ctx, 0, &g0), err, fail_final);
     ZS_CHECK_GOTO(zero_padding(m, L + 1, gf), err, fail_final);
     ZS_CHECK_GOTO(zero_padding(m, 0, g0), err, fail_final);
-    ZS_CHECK_GOTO(zs_cuda_lm_head_backward(m->blas, a->dln, g0 + m->wte, a->logits, a->lnf,
-                                           p0 + m->wte, N, C, m->V),
+    ZS_CHECK_GOTO(zs_cuda_lm_head_backward(m->blas, a->dln, g0 + m->o.wte, a->logits, a->lnf,
+                                           p0 + m->o.wte, N, C, m->V),
                   err, fail_final);
     if (cudaMemsetAsync(a->dres, 0, (size_t)N * C * sizeof(float), m->stream) != cudaSuccess) {
         err = zs_error(ZS_ERR_IO, "model cuda:%d: clearing the residual gradient", m->device);
         goto fail_final;
     }
-    ZS_CHECK_GOTO(zs_cuda_layernorm_backward(a->dres, gf + m->lnf_w, gf + m->lnf_b, a->dln,
-                                             a->resid + L * NC, pf + m->lnf_w, a->lnf_mean,
+    ZS_CHECK_GOTO(zs_cuda_layernorm_backward(a->dres, gf + m->o.lnf_w, gf + m->o.lnf_b, a->dln,
+                                             a->resid + L * NC, pf + m->o.lnf_w, a->lnf_mean,
                                              a->lnf_rstd, N, C, m->stream),
                   err, fail_final);
     ZS_CHECK_GOTO(io->grads_done(io->ctx, L + 1), err, fail_final);
@@ -502,10 +379,10 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
         io->release(io->ctx, l);
     }
 
-    float *dwpe = g0 + m->wpe;
+    float *dwpe = g0 + m->o.wpe;
     ZS_CHECK_GOTO(
-        zs_cuda_encoder_backward(g0 + m->wte, dwpe, a->dres, m->inputs, m->b, T, C, m->stream), err,
-        fail_embed);
+        zs_cuda_encoder_backward(g0 + m->o.wte, dwpe, a->dres, m->inputs, m->b, T, C, m->stream),
+        err, fail_embed);
     if (m->maxT > T &&
         cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(m->maxT - T) * C * sizeof(float),
                         m->stream) != cudaSuccess) {
