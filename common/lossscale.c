@@ -5,6 +5,7 @@
 #include "common/lossscale.h"
 
 #include <math.h>
+#include <stdio.h>
 
 void zs_lossscale_init(zs_lossscale *ls, const zs_fp16_config *cfg)
 {
@@ -68,4 +69,13 @@ zs_err zs_lossscale_check(const zs_lossscale *ls, const zs_fp16_config *cfg, con
                         what, ls->scale, ls->hysteresis, ls->last_overflow, ls->iter, ls->skipped,
                         cfg->hysteresis);
     return ZS_OK;
+}
+
+const char *zs_lossscale_progress(char *buf, size_t n, int fp16, double scale, int skipped)
+{
+    if (!fp16)
+        snprintf(buf, n, "%s", skipped ? " | skipped" : "");
+    else
+        snprintf(buf, n, " | loss scale %g%s", scale, skipped ? ", overflow: skipped" : "");
+    return buf;
 }

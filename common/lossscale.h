@@ -28,6 +28,8 @@
 #ifndef ZS_LOSSSCALE_H
 #define ZS_LOSSSCALE_H
 
+#include <stddef.h>
+
 #include "common/config.h"
 #include "common/err.h"
 
@@ -56,5 +58,10 @@ zs_err zs_lossscale_update(zs_lossscale *ls, const zs_fp16_config *cfg, int over
 /* Checks a state read from a checkpoint against cfg (positive power-of-two scale, counters in
  * range); what names the source in the message. */
 zs_err zs_lossscale_check(const zs_lossscale *ls, const zs_fp16_config *cfg, const char *what);
+
+/* The end of a step's progress line, in buf (n bytes): "" or " | skipped", and in an fp16 job
+ * " | loss scale 65536" or " | loss scale 65536, overflow: skipped" (zshard train and the
+ * coordinator print the same). */
+const char *zs_lossscale_progress(char *buf, size_t n, int fp16, double scale, int skipped);
 
 #endif
