@@ -76,6 +76,6 @@ const char *zs_lossscale_progress(char *buf, size_t n, int fp16, double scale, i
     if (!fp16)
         snprintf(buf, n, "%s", skipped ? " | skipped" : "");
     else
-        snprintf(buf, n, " | loss scale %g%s", scale, skipped ? ", overflow: skipped" : "");
+        snprintf(buf, n, " | loss scale %.17g%s", scale, skipped ? ", overflow: skipped" : "");
     return buf;
 }

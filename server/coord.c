@@ -787,8 +787,9 @@ static void send_verdict(coord *co)
         v.optimizer_step = (uint64_t)zs_coord_opt_step(co->cs);
     }
     if (v.skip && co->cfg.fp16.enabled)
-        ZS_WARN("coord: step %ld: the gradient overflowed at loss scale %g; the update is skipped",
-                zs_coord_step(co->cs) + 1, v.loss_scale);
+        ZS_WARN(
+            "coord: step %ld: the gradient overflowed at loss scale %.17g; the update is skipped",
+            zs_coord_step(co->cs) + 1, v.loss_scale);
     else if (v.skip)
         ZS_WARN("coord: step %ld: the gradient is not finite; the update is skipped",
                 zs_coord_step(co->cs) + 1);
