@@ -8,6 +8,7 @@
  * canonical text of the values that decide the training bits, field by field.
  */
 #include "common/config.h"
+#include "common/lossscale.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -358,16 +359,14 @@ out:
     return res;
 }
 
-/* A power of two in [2^-24, 2^64] (so that scaling by it and unscaling are exact in fp32). */
+/* A loss scale (zs_lossscale_valid), or 0 where allow_zero. */
 static zs_err get_pow2(const parser *p, json_t *f, const char *key, int allow_zero, double *out)
 {
     double x = *out;
     char full[64];
     snprintf(full, sizeof full, "fp16.%s", key);
     ZS_CHECK(get_num(p, f, "fp16", key, 0, ldexp(1.0, 64), &x));
-    int e2;
-    if ((x == 0 && !allow_zero) ||
-        (x != 0 && (frexp(x, &e2) != 0.5 || e2 - 1 < -24 || e2 - 1 > 64))) {
+    if (!(x == 0 ? allow_zero : zs_lossscale_valid(x))) {
         char d[128];
         snprintf(d, sizeof d, "%g is not %sa power of two in [2^-24, 2^64]", x,
                  allow_zero ? "0 or " : "");

@@ -7,6 +7,12 @@
 #include <math.h>
 #include <stdio.h>
 
+int zs_lossscale_valid(double x)
+{
+    int e2 = 0;
+    return x > 0 && isfinite(x) && frexp(x, &e2) == 0.5 && e2 - 1 >= -24 && e2 - 1 <= 64;
+}
+
 void zs_lossscale_init(zs_lossscale *ls, const zs_fp16_config *cfg)
 {
     *ls = (zs_lossscale){.scale = cfg->loss_scale > 0 ? cfg->loss_scale
@@ -58,11 +64,9 @@ zs_err zs_lossscale_update(zs_lossscale *ls, const zs_fp16_config *cfg, int over
 
 zs_err zs_lossscale_check(const zs_lossscale *ls, const zs_fp16_config *cfg, const char *what)
 {
-    int e2;
-    if (!(ls->scale > 0) || !isfinite(ls->scale) || frexp(ls->scale, &e2) != 0.5 ||
-        ls->hysteresis < 1 || ls->hysteresis > cfg->hysteresis || ls->iter < 0 ||
-        ls->last_overflow < -1 || ls->last_overflow >= ls->iter || ls->skipped < 0 ||
-        ls->skipped > ls->iter)
+    if (!zs_lossscale_valid(ls->scale) || ls->hysteresis < 1 || ls->hysteresis > cfg->hysteresis ||
+        ls->iter < 0 || ls->last_overflow < -1 || ls->last_overflow >= ls->iter ||
+        ls->skipped < 0 || ls->skipped > ls->iter)
         return zs_error(ZS_ERR_FORMAT,
                         "%s: loss scaler state (scale %g, hysteresis %d, last_overflow %ld, "
                         "iter %ld, skipped %ld) is not one fp16 (hysteresis %d) can reach",

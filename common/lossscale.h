@@ -41,6 +41,11 @@ typedef struct {
     long skipped;       /* the engine's skipped_steps: steps whose update was skipped */
 } zs_lossscale;
 
+/* Whether x is a loss scale zshard takes: a power of two in [2^-24, 2^64], so that scaling by
+ * it and unscaling are exact in fp32 (docs/precision.md).  DeepSpeed takes any positive
+ * number; fp16.loss_scale, fp16.min_loss_scale and every scale on the wire must pass this. */
+int zs_lossscale_valid(double x);
+
 /* The state of a fresh run under cfg (fp16.loss_scale, initial_scale_power, hysteresis). */
 void zs_lossscale_init(zs_lossscale *ls, const zs_fp16_config *cfg);
 

@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/lossscale.h"
+
 #define FAIL(...) zs_error(ZS_ERR_FORMAT, __VA_ARGS__)
 
 /* ------------------------------------------------------------------------------------------ */
@@ -220,15 +222,14 @@ static zs_err dbl_in(const char *path, int has, double v, double lo, double hi)
     return ZS_OK;
 }
 
-/* A power of two in [2^-24, 2^64] (fp16 loss scales), or 0 where zero_ok. */
+/* A loss scale (zs_lossscale_valid: a power of two in [2^-24, 2^64]), or 0 where zero_ok. */
 static zs_err pow2_in(const char *path, int has, double v, int zero_ok)
 {
     if (!has)
         return FAIL("%s: missing", path);
-    int e2 = 0;
     if (zero_ok && v == 0)
         return ZS_OK;
-    if (!(v > 0) || !isfinite(v) || frexp(v, &e2) != 0.5 || e2 - 1 < -24 || e2 - 1 > 64)
+    if (!zs_lossscale_valid(v))
         return FAIL("%s: %g is not %sa power of two in [2^-24, 2^64]", path, v,
                     zero_ok ? "0 or " : "");
     return ZS_OK;
