@@ -59,10 +59,9 @@ zs_err zs_trainer_init_on(zs_trainer *tr, zs_device dev, const zs_config *cfg,
         /* Weights, gradients, accumulator and both moments (and the bf16 copies), then the
          * activations: checked against this process's limits before any of it is taken. */
         char what[128];
-        uint64_t need = (uint64_t)n * (5 * 4 + (cfg->bf16           ? 4 + 2
-                                                : cfg->fp16.enabled ? 4
-                                                                    : 0)) +
-                        zs_model_host_bytes(dev, &cfg->model, b, T);
+        int rounded = cfg->bf16 ? 4 + 2 : cfg->fp16.enabled ? 4 : 0; /* bytes a parameter */
+        uint64_t need =
+            (uint64_t)n * (5 * 4 + rounded) + zs_model_host_bytes(dev, &cfg->model, b, T);
         snprintf(what, sizeof what, "%zu parameters (weights, gradients, moments) and activations",
                  n);
         ZS_CHECK_GOTO(zs_mem_check("train", what, need), res, fail);

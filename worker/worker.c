@@ -191,6 +191,8 @@ static void *comm_main(void *arg)
                 uint64_t t = x->gpu_ready;
                 pthread_mutex_unlock(&w->mu);
                 zs_err e = zs_model_sync(w->model, t);
+                if (e == ZS_OK && w->fp16) /* fp16: io_grads_done left it to us */
+                    zs_fp16_scale_grads(x->buf, x->end - x->begin, w->loss_scale);
                 pthread_mutex_lock(&w->mu);
                 x->gpu_ready = 0;
                 if (e != ZS_OK) {
@@ -428,7 +430,10 @@ static zs_err io_grads_done(void *ctx, int layer)
     } else {
         g->x.gpu_ready = 0;
     }
-    if (w->fp16) /* fp16: scaled and rounded as zshard train does (trainer.c) */
+    /* fp16: scaled and rounded as zshard train does (trainer.c), here when the gradient is in
+     * the host slot already, else by the communication thread once its copy is done.  Every
+     * push is done before the next assignment changes loss_scale (run_chunk drains). */
+    if (w->fp16 && w->on_host)
         zs_fp16_scale_grads(g->buf, w->tt->layer_begin[layer + 1] - w->tt->layer_begin[layer],
                             w->loss_scale);
     g->x.is_push = 1;
