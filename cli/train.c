@@ -16,6 +16,7 @@
 #include "common/config.h"
 #include "common/data.h"
 #include "common/log.h"
+#include "common/lossscale.h"
 #include "common/metrics.h"
 #include "worker/trainer.h"
 
@@ -165,16 +166,23 @@ int zs_cmd_train(int argc, char **argv)
         /* Only on a skipped step, as the coordinator writes it: the other lines are unchanged. */
         if (st.skipped)
             zs_metrics_bool(metrics, "skipped", 1);
+        if (tr.cfg.fp16.enabled) { /* as the coordinator writes them (server/coord.c) */
+            zs_metrics_num(metrics, "loss_scale", st.loss_scale, "%.17g");
+            zs_metrics_bool(metrics, "overflow", st.skipped);
+        }
         if (zs_metrics_end(metrics) != ZS_OK) {
             fprintf(stderr, "zshard train: step %ld: %s\n", st.step, zs_last_error());
             metrics_failed = 1;
         }
         double eta = st.seconds * (double)(steps - st.step);
+        char tail[96];
         fprintf(stderr,
                 "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %.0f ms"
                 " | eta %.0fs%s\n",
                 st.step, steps, st.loss, st.lr, st.grad_norm, st.tokens_per_sec, st.seconds * 1e3,
-                eta, st.skipped ? " | skipped" : "");
+                eta,
+                zs_lossscale_progress(tail, sizeof tail, tr.cfg.fp16.enabled, st.loss_scale,
+                                      st.skipped));
     }
     if (metrics_failed)
         ZS_WARN("train: stopped after step %ld: its metrics line could not be written; "

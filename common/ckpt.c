@@ -26,6 +26,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -468,15 +469,31 @@ static json_t *manifest_body(const zs_ckpt_info *info, const zs_tensor_table *tt
     }
     const zs_model_config *m = &info->model;
     /* json_pack takes the references of "o" values, also when it fails. */
-    return json_pack("{s:I, s:I, s:s, s:s, s:s, s:I, s:{s:i, s:i, s:i, s:i, s:i}, s:I, s:I, s:o,"
-                     " s:o}",
-                     "step", (json_int_t)info->step, "steps_total", (json_int_t)info->steps_total,
-                     "run_id", run, "config_fingerprint", cfp, "data_fingerprint", dfp,
-                     "data_ntokens", (json_int_t)info->data_ntokens, "model", "n_layer", m->n_layer,
-                     "n_head", m->n_head, "n_embd", m->n_embd, "vocab_size", m->vocab_size,
-                     "block_size", m->block_size, "total_floats", (json_int_t)info->total_floats,
-                     "shard_floats", (json_int_t)info->shard_floats, "tensors", tensors, "shards",
-                     list);
+    json_t *body =
+        json_pack("{s:I, s:I, s:s, s:s, s:s, s:I, s:{s:i, s:i, s:i, s:i, s:i}, s:I, s:I, s:o,"
+                  " s:o}",
+                  "step", (json_int_t)info->step, "steps_total", (json_int_t)info->steps_total,
+                  "run_id", run, "config_fingerprint", cfp, "data_fingerprint", dfp, "data_ntokens",
+                  (json_int_t)info->data_ntokens, "model", "n_layer", m->n_layer, "n_head",
+                  m->n_head, "n_embd", m->n_embd, "vocab_size", m->vocab_size, "block_size",
+                  m->block_size, "total_floats", (json_int_t)info->total_floats, "shard_floats",
+                  (json_int_t)info->shard_floats, "tensors", tensors, "shards", list);
+    if (body && info->has_scaler) {
+        /* Integers and strings only (the checksum's canonical text): the scale as C's exact
+         * hexadecimal ("0x1p+16"). */
+        const zs_lossscale *ls = &info->scaler;
+        char scale[64];
+        snprintf(scale, sizeof scale, "%a", ls->scale);
+        json_t *o =
+            json_pack("{s:s, s:I, s:I, s:I, s:I}", "scale", scale, "hysteresis",
+                      (json_int_t)ls->hysteresis, "last_overflow", (json_int_t)ls->last_overflow,
+                      "iter", (json_int_t)ls->iter, "skipped", (json_int_t)ls->skipped);
+        if (!o || json_object_set_new(body, "loss_scaler", o) != 0) {
+            json_decref(body);
+            body = NULL;
+        }
+    }
+    return body;
 }
 
 /* XXH3-64 of the body's canonical text: compact, keys sorted.  Every value is an integer or
@@ -777,6 +794,37 @@ static zs_err parse_shards(const char *path, const json_t *list, zs_ckpt *ck)
                                                                                  : ZS_ERR_FORMAT;
 }
 
+/* The optional "loss_scaler" of an fp16 job (absent: in->has_scaler stays 0); its values are
+ * checked against the job's fp16 block by the coordinator (zs_lossscale_check). */
+static zs_err parse_scaler(const char *path, const json_t *o, zs_ckpt_info *in)
+{
+    in->has_scaler = 0;
+    if (!o)
+        return ZS_OK;
+    if (!json_is_object(o))
+        return zs_error(ZS_ERR_FORMAT, "%s: body.loss_scaler is not an object", path);
+    static const char *const keys[] = {"scale", "hysteresis", "last_overflow", "iter", "skipped"};
+    ZS_CHECK(check_keys(path, "loss_scaler.", o, keys, 5));
+    const char *scale = json_string_value(json_object_get(o, "scale"));
+    char *end = NULL;
+    double x = scale ? strtod(scale, &end) : 0;
+    if (!scale || end == scale || *end || !(x > 0) || !isfinite(x))
+        return zs_error(ZS_ERR_FORMAT, "%s: loss_scaler.scale is \"%.40s\", not a positive number",
+                        path, scale ? scale : "(not a string)");
+    long long h, last, iter, skipped;
+    ZS_CHECK(get_int(path, "loss_scaler.", o, "hysteresis", 1, INT_MAX, &h));
+    ZS_CHECK(get_int(path, "loss_scaler.", o, "last_overflow", -1, LONG_MAX, &last));
+    ZS_CHECK(get_int(path, "loss_scaler.", o, "iter", 0, LONG_MAX, &iter));
+    ZS_CHECK(get_int(path, "loss_scaler.", o, "skipped", 0, LONG_MAX, &skipped));
+    in->scaler = (zs_lossscale){.scale = x,
+                                .hysteresis = (int)h,
+                                .last_overflow = (long)last,
+                                .iter = (long)iter,
+                                .skipped = (long)skipped};
+    in->has_scaler = 1;
+    return ZS_OK;
+}
+
 /* Parses and checks the body into ck (shards and table allocated on success or failure: the
  * caller closes ck on failure). */
 static zs_err parse_body(const char *path, const json_t *body, zs_ckpt *ck)
@@ -784,8 +832,8 @@ static zs_err parse_body(const char *path, const json_t *body, zs_ckpt *ck)
     static const char *const keys[] = {
         "step",         "steps_total", "run_id",       "config_fingerprint", "data_fingerprint",
         "data_ntokens", "model",       "total_floats", "shard_floats",       "tensors",
-        "shards"};
-    ZS_CHECK(check_keys(path, "body.", body, keys, 11));
+        "shards",       "loss_scaler"};
+    ZS_CHECK(check_keys(path, "body.", body, keys, 12));
     zs_ckpt_info *in = &ck->info;
     long long v;
     ZS_CHECK(get_int(path, "body.", body, "step", 0, LONG_MAX, &v));
@@ -803,6 +851,8 @@ static zs_err parse_body(const char *path, const json_t *body, zs_ckpt *ck)
     in->total_floats = (size_t)v;
     ZS_CHECK(get_int(path, "body.", body, "shard_floats", 1, INT64_MAX, &v));
     in->shard_floats = (size_t)v;
+
+    ZS_CHECK(parse_scaler(path, json_object_get(body, "loss_scaler"), in));
 
     const json_t *m = json_object_get(body, "model");
     if (!json_is_object(m))

@@ -40,6 +40,7 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "common/lossscale.h"
 #include "common/tensors.h"
 
 #define ZS_CKPT_FORMAT_VERSION 1
@@ -73,6 +74,9 @@ typedef struct {
     size_t total_floats; /* the flat vector */
     size_t shard_floats; /* the shard size of the run that wrote it (informative:
                             a reader copes with any boundaries) */
+    int has_scaler;      /* fp16 jobs: the manifest's "loss_scaler" (absent in checkpoints of
+                            other jobs, and of every job before fp16 existed) */
+    zs_lossscale scaler; /* the loss scaler's state after step `step` */
 } zs_ckpt_info;
 
 /* "DIR/step-%08ld" into out (n bytes); the directory is created (mode 0777 & umask) when

@@ -8,6 +8,7 @@
  * canonical text of the values that decide the training bits, field by field.
  */
 #include "common/config.h"
+#include "common/lossscale.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -51,6 +52,13 @@ void zs_config_defaults(zs_config *cfg)
                                        .rdma_device = "",
                                        .rdma_port = 1,
                                        .rdma_gid_index = -1};
+    cfg->fp16 = (zs_fp16_config){.enabled = 0,
+                                 .loss_scale = 0,
+                                 .initial_scale_power = 16,
+                                 .loss_scale_window = 1000,
+                                 .hysteresis = 2,
+                                 .min_loss_scale = 1,
+                                 .consecutive_hysteresis = 0};
     cfg->zero = (zs_zero_config){.stage = 3, .optimizer = ZS_OFFLOAD_NONE, .param_buffers = 5};
     cfg->aio = (zs_aio_config){.block_size = 1u << 20, .queue_depth = 8};
     cfg->elasticity = (zs_elastic_config){.enabled = 0, .min_workers = 1, .max_workers = 0};
@@ -351,20 +359,39 @@ out:
     return res;
 }
 
-/* Keys whose only supported value is "off": present so DeepSpeed configs load unchanged. */
-static zs_err parse_fp16(const parser *p, json_t *f)
+/* A loss scale (zs_lossscale_valid), or 0 where allow_zero. */
+static zs_err get_pow2(const parser *p, json_t *f, const char *key, int allow_zero, double *out)
+{
+    double x = *out;
+    char full[64];
+    snprintf(full, sizeof full, "fp16.%s", key);
+    ZS_CHECK(get_num(p, f, "fp16", key, 0, ldexp(1.0, 64), &x));
+    if (!(x == 0 ? allow_zero : zs_lossscale_valid(x))) {
+        char d[128];
+        snprintf(d, sizeof d, "%g is not %sa power of two in [2^-24, 2^64]", x,
+                 allow_zero ? "0 or " : "");
+        return bad(p, full, "%s", d);
+    }
+    *out = x;
+    return ZS_OK;
+}
+
+/* DeepSpeed's fp16 block (deepspeed/runtime/precision_config.py: its keys and defaults).
+ * DeepSpeed accepts any positive static scale and min_loss_scale; zshard wants powers of two,
+ * so that the gradient's scaling and unscaling are exact (docs/precision.md). */
+static zs_err parse_fp16(const parser *p, json_t *f, zs_fp16_config *c)
 {
     static const char *const keys[] = {
-        "enabled",        "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-        "min_loss_scale", NULL};
+        "enabled",    "loss_scale",     "initial_scale_power",    "loss_scale_window",
+        "hysteresis", "min_loss_scale", "consecutive_hysteresis", NULL};
     ZS_CHECK(check_keys(p, "fp16", f, keys));
-    int on = 0;
-    ZS_CHECK(get_bool(p, f, "fp16", "enabled", &on));
-    if (on)
-        return zs_error(ZS_ERR_INVALID,
-                        "%s: key \"fp16.enabled\": fp16 training is not "
-                        "supported; use \"bf16\": {\"enabled\": true}",
-                        p->source);
+    ZS_CHECK(get_bool(p, f, "fp16", "enabled", &c->enabled));
+    ZS_CHECK(get_pow2(p, f, "loss_scale", 1, &c->loss_scale));
+    ZS_CHECK(get_int32(p, f, "fp16", "initial_scale_power", 0, 64, &c->initial_scale_power, NULL));
+    ZS_CHECK(get_int32(p, f, "fp16", "loss_scale_window", 1, 1 << 30, &c->loss_scale_window, NULL));
+    ZS_CHECK(get_int32(p, f, "fp16", "hysteresis", 1, 1 << 30, &c->hysteresis, NULL));
+    ZS_CHECK(get_pow2(p, f, "min_loss_scale", 0, &c->min_loss_scale));
+    ZS_CHECK(get_bool(p, f, "fp16", "consecutive_hysteresis", &c->consecutive_hysteresis));
     return ZS_OK;
 }
 
@@ -566,7 +593,12 @@ static zs_err parse_root(const parser *p, json_t *root, zs_config *cfg)
     }
     ZS_CHECK(get_obj(p, root, "", "fp16", &o));
     if (o)
-        ZS_CHECK(parse_fp16(p, o));
+        ZS_CHECK(parse_fp16(p, o, &cfg->fp16));
+    if (cfg->fp16.enabled && cfg->bf16)
+        return zs_error(ZS_ERR_INVALID,
+                        "%s: keys \"fp16.enabled\" and \"bf16.enabled\" are both true: choose one "
+                        "precision",
+                        p->source);
     ZS_CHECK(get_obj(p, root, "", "cluster", &o));
     if (o) {
         ZS_CHECK(check_keys(p, "cluster", o, cluster_keys));
@@ -810,6 +842,17 @@ uint64_t zs_config_fingerprint(const zs_config *cfg)
             s->cos_min_ratio);
     fp_line(&t, "gradient_clipping=%a\nbf16=%d\n", cfg->gradient_clipping, cfg->bf16 ? 1 : 0);
     fp_line(&t, "cluster.shard_size=%zu\n", cfg->cluster.shard_bytes);
+    if (cfg->fp16.enabled) {
+        /* Only fp16 jobs hash these lines: every other job keeps the v1 text and with it the
+         * fingerprint its older checkpoints carry. */
+        const zs_fp16_config *f = &cfg->fp16;
+        fp_line(&t, "fp16.loss_scale=%a\nfp16.initial_scale_power=%d\n", f->loss_scale,
+                f->initial_scale_power);
+        fp_line(&t, "fp16.loss_scale_window=%d\nfp16.hysteresis=%d\n", f->loss_scale_window,
+                f->hysteresis);
+        fp_line(&t, "fp16.min_loss_scale=%a\nfp16.consecutive_hysteresis=%d\n", f->min_loss_scale,
+                f->consecutive_hysteresis ? 1 : 0);
+    }
     return XXH3_64bits(t.buf, t.len);
 }
 

@@ -112,6 +112,18 @@ typedef struct {
     int replicas;       /* 0, or 1: each server's state also copied to one buddy server */
 } zs_checkpoint_config;
 
+/* DeepSpeed's "fp16" block (common/lossscale.h has the scaler's rules, docs/precision.md what
+ * the CPU emulates). */
+typedef struct {
+    int enabled;                /* fp16.enabled: compute with fp16 weights, push fp16 gradients */
+    double loss_scale;          /* fp16.loss_scale: 0 = dynamic, else a static power of two */
+    int initial_scale_power;    /* dynamic: the first scale is 2^this */
+    int loss_scale_window;      /* dynamic: steps without overflow before the scale doubles */
+    int hysteresis;             /* dynamic: overflows tolerated before the scale halves */
+    double min_loss_scale;      /* dynamic: the scale's floor, a power of two */
+    int consecutive_hysteresis; /* dynamic: refill the hysteresis on every step without overflow */
+} zs_fp16_config;
+
 typedef struct {
     zs_model_config model;
     uint64_t seed;
@@ -122,6 +134,7 @@ typedef struct {
     zs_schedule sched;
     double gradient_clipping; /* max global L2 norm; 0 disables clipping */
     int bf16;                 /* bf16.enabled: workers fetch bf16 weights */
+    zs_fp16_config fp16;      /* fp16.*: never enabled together with bf16 */
     int steps_per_print;
     zs_cluster_config cluster;
     zs_elastic_config elasticity;
@@ -147,7 +160,9 @@ zs_err zs_config_load(const char *path, zs_config *cfg);
  * In: model.* (n_layer, n_head, n_embd, vocab_size, block_size), seed, train_batch_size,
  * the micro-batch and the chunk count, optimizer.params (lr, betas, eps, weight_decay), every
  * field of the schedule (type and all parameters, as parsed: warmup_num_steps after DeepSpeed's
- * clamp to 2), gradient_clipping, bf16.enabled, and cluster.shard_size: the gradient norm is
+ * clamp to 2), gradient_clipping, bf16.enabled, fp16.* (only when fp16.enabled: the text of
+ * every other job is unchanged, so their older checkpoints still resume), and
+ * cluster.shard_size: the gradient norm is
  * summed shard by shard, so the shard size decides the norm's rounding and with it the clip
  * factor.
  * Out, because a resume may change them without changing a bit of the training: the rest of

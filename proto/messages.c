@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/lossscale.h"
+
 #define FAIL(...) zs_error(ZS_ERR_FORMAT, __VA_ARGS__)
 
 /* ------------------------------------------------------------------------------------------ */
@@ -217,6 +219,19 @@ static zs_err dbl_in(const char *path, int has, double v, double lo, double hi)
         return FAIL("%s: missing", path);
     if (!(v >= lo && v <= hi)) /* NaN fails too */
         return FAIL("%s: %g is outside [%g, %g]", path, v, lo, hi);
+    return ZS_OK;
+}
+
+/* A loss scale (zs_lossscale_valid: a power of two in [2^-24, 2^64]), or 0 where zero_ok. */
+static zs_err pow2_in(const char *path, int has, double v, int zero_ok)
+{
+    if (!has)
+        return FAIL("%s: missing", path);
+    if (zero_ok && v == 0)
+        return ZS_OK;
+    if (!zs_lossscale_valid(v))
+        return FAIL("%s: %g is not %sa power of two in [2^-24, 2^64]", path, v,
+                    zero_ok ? "0 or " : "");
     return ZS_OK;
 }
 
@@ -896,7 +911,8 @@ zs_err zs_msg_check_step_assign(const Zshard__StepAssign *m, const zs_msg_ctx *c
                         "must be unique and ascending",
                         i, m->chunks[i], m->chunks[i - 1]);
     }
-    return dbl_in("StepAssign.lr", m->has_lr, m->lr, 0, 10);
+    ZS_CHECK(dbl_in("StepAssign.lr", m->has_lr, m->lr, 0, 10));
+    return m->has_loss_scale ? pow2_in("StepAssign.loss_scale", 1, m->loss_scale, 0) : ZS_OK;
 }
 
 zs_err zs_msg_check_chunk_done(const Zshard__ChunkDone *m, const zs_msg_ctx *ctx)
@@ -974,6 +990,14 @@ zs_err zs_msg_check_clip_verdict(const Zshard__ClipVerdict *m, const zs_msg_ctx 
     if (isfinite(m->grad_norm) ? m->grad_norm < 0 : !m->skip)
         return FAIL("ClipVerdict.grad_norm: %g%s", m->grad_norm,
                     isfinite(m->grad_norm) ? " is negative" : " is not finite, but skip is false");
+    if (m->has_loss_scale != m->has_optimizer_step)
+        return FAIL("ClipVerdict: loss_scale and optimizer_step come together (fp16 jobs)");
+    if (m->has_loss_scale) {
+        ZS_CHECK(pow2_in("ClipVerdict.loss_scale", 1, m->loss_scale, 0));
+        if (m->optimizer_step > m->step)
+            return FAIL("ClipVerdict.optimizer_step: %" PRIu64 " is after step %" PRIu64,
+                        m->optimizer_step, m->step);
+    }
     return ZS_OK;
 }
 
@@ -1614,6 +1638,21 @@ zs_err zs_msg_jobspec_from_config(const zs_config *cfg, const zs_tensor_table *t
     m->seed = cfg->seed;
     m->has_bf16 = 1;
     m->bf16 = cfg->bf16 != 0;
+    if (cfg->fp16.enabled) {
+        Zshard__Fp16 *f = m->fp16 = malloc(sizeof *f);
+        if (!f)
+            goto nomem;
+        zshard__fp16__init(f);
+        const zs_fp16_config *fc = &cfg->fp16;
+        f->has_loss_scale = f->has_initial_scale_power = f->has_loss_scale_window = 1;
+        f->has_hysteresis = f->has_min_loss_scale = f->has_consecutive_hysteresis = 1;
+        f->loss_scale = fc->loss_scale;
+        f->initial_scale_power = (uint32_t)fc->initial_scale_power;
+        f->loss_scale_window = (uint32_t)fc->loss_scale_window;
+        f->hysteresis = (uint32_t)fc->hysteresis;
+        f->min_loss_scale = fc->min_loss_scale;
+        f->consecutive_hysteresis = fc->consecutive_hysteresis != 0;
+    }
     m->has_steps = 1;
     m->steps = job->steps;
     m->has_steps_per_print = 1;
@@ -1710,6 +1749,18 @@ zs_err zs_msg_jobspec_to_config(const Zshard__JobSpec *m, zs_config *cfg, zs_ten
     };
     cfg->gradient_clipping = m->gradient_clipping;
     cfg->bf16 = m->bf16 != 0;
+    if (m->fp16)
+        cfg->fp16 = (zs_fp16_config){
+            .enabled = 1,
+            .loss_scale = m->fp16->loss_scale,
+            .initial_scale_power = (int)m->fp16->initial_scale_power,
+            .loss_scale_window = (int)m->fp16->loss_scale_window,
+            .hysteresis = (int)m->fp16->hysteresis,
+            .min_loss_scale = m->fp16->min_loss_scale,
+            .consecutive_hysteresis = m->fp16->consecutive_hysteresis != 0,
+        };
+    else
+        cfg->fp16 = (zs_fp16_config){.enabled = 0};
     cfg->steps_per_print = (int)m->steps_per_print;
     cfg->cluster = (zs_cluster_config){
         .shard_bytes = (size_t)m->cluster->shard_bytes,

@@ -152,6 +152,10 @@ struct zs_coord {
      * (GradNormPartial.replicas_current) since this map was made.  A failover waits for the
      * step in hand to finish publishing (the replica applies the verdict too). */
     uint8_t *replica_current;
+    /* fp16 jobs: the loss scaler's state after each version v in start..steps (ls_hist[v]):
+     * what a checkpoint of v carries, and where a recovery to v starts the scaler again.
+     * 40 bytes a step of the run. */
+    zs_lossscale *ls_hist;
     /* Workers told to register again (a server lost): the next step waits for that many to be
      * back, at most a heartbeat timeout, rather than beginning with the first one and giving it
      * every chunk. */
@@ -166,7 +170,7 @@ struct zs_coord {
     struct {
         zs_prom_series *step, *steps, *loss, *lr, *grad_norm, *tps, *step_seconds;
         zs_prom_series *steps_finished, *skipped, *ckpt_committed, *ckpt_failed, *ckpt_step;
-        zs_prom_series *ckpt_age, *recoveries, *failovers, *workers_live;
+        zs_prom_series *ckpt_age, *recoveries, *failovers, *workers_live, *loss_scale;
         zs_prom_series *members[2][3]; /* [server, worker][joining, active, gone] */
         zs_prom_series *hb_age[2];     /* [server, worker]: the oldest heartbeat's age */
         double ckpt_at;                /* zs_now_s() of the last commit; 0: none yet */
@@ -326,6 +330,8 @@ static zs_err build_map(coord *co, int restore, uint32_t *ids, const char **eps)
     long from = restore ? co->last_ckpt : co->start_step;
     if (from > 0)
         ZS_CHECK(zs_coord_state_start_at(co->cs, from));
+    if (co->ls_hist)
+        zs_coord_set_scaler(co->cs, &co->ls_hist[from]);
     for (int k = 0; k < 2; k++) {
         ckpt_pend *cp = &co->pend[k];
         *cp = (ckpt_pend){0};
@@ -578,7 +584,11 @@ static void send_assignment(coord *co, int pi, uint32_t *chunks, int n, int to_s
     sa.worker = (uint32_t)(pi + 1);
     sa.n_chunks = (size_t)n;
     sa.chunks = chunks;
-    sa.lr = zs_config_lr(&co->cfg, (int)step);
+    sa.lr = zs_config_lr(&co->cfg, (int)zs_coord_opt_step(co->cs));
+    if (co->cfg.fp16.enabled) {
+        sa.has_loss_scale = 1;
+        sa.loss_scale = zs_coord_loss_scale(co->cs);
+    }
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
     env.body_case = ZSHARD__ENVELOPE__BODY_STEP_ASSIGN;
     env.step_assign = &sa;
@@ -771,7 +781,16 @@ static void send_verdict(coord *co)
     v.skip = !isfinite(norm);
     v.clip_factor = v.skip ? 1.0 : clip;
     v.grad_norm = norm;
-    if (v.skip)
+    if (co->cfg.fp16.enabled) {
+        v.has_loss_scale = v.has_optimizer_step = 1;
+        v.loss_scale = zs_coord_loss_scale(co->cs);
+        v.optimizer_step = (uint64_t)zs_coord_opt_step(co->cs);
+    }
+    if (v.skip && co->cfg.fp16.enabled)
+        ZS_WARN(
+            "coord: step %ld: the gradient overflowed at loss scale %.17g; the update is skipped",
+            zs_coord_step(co->cs) + 1, v.loss_scale);
+    else if (v.skip)
         ZS_WARN("coord: step %ld: the gradient is not finite; the update is skipped",
                 zs_coord_step(co->cs) + 1);
     Zshard__Envelope env = ZSHARD__ENVELOPE__INIT;
@@ -803,6 +822,10 @@ static void write_metrics(coord *co, const zs_coord_step_stats *st, double tps, 
     zs_metrics_int(m, "workers", st->workers);
     if (st->skipped) /* where zshard train writes it: the lines compare equal */
         zs_metrics_bool(m, "skipped", 1);
+    if (co->cfg.fp16.enabled) { /* as zshard train writes them (cli/train.c) */
+        zs_metrics_num(m, "loss_scale", st->loss_scale, "%.17g");
+        zs_metrics_bool(m, "overflow", st->skipped);
+    }
     if (ckpt)
         zs_metrics_str(m, "checkpoint", ckpt);
     if (ckpt_error)
@@ -921,6 +944,10 @@ static void ckpt_settle(coord *co, ckpt_pend *cp)
                              .model = co->cfg.model,
                              .total_floats = co->tt.total,
                              .shard_floats = co->map.shard_floats};
+        if (co->ls_hist) {
+            info.has_scaler = 1;
+            info.scaler = co->ls_hist[step];
+        }
         zs_err e = zs_ckpt_write_manifest(dir, &info, &co->tt, cp->files, co->map.n_shards);
         if (e == ZS_OK) {
             /* The step's metrics line before `latest` moves: a coordinator killed between the
@@ -1102,11 +1129,26 @@ static void step_finished(coord *co, zs_coord_step_stats st)
     zs_prom_observe(co->prom.step_seconds, dt);
     zs_prom_add(co->prom.steps_finished, 1);
     zs_prom_add(co->prom.skipped, st.skipped ? 1 : 0);
-    fprintf(stderr,
-            "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
-            " | eta %.0fs%s\n",
-            st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps, st.workers,
-            dt * (double)(co->opts->steps - st.step), st.skipped ? " | skipped" : "");
+    if (co->cfg.fp16.enabled)
+        zs_prom_set(co->prom.loss_scale, zs_coord_scaler(co->cs)->scale);
+    if (co->ls_hist && st.step >= co->start_step && st.step <= co->opts->steps)
+        co->ls_hist[st.step] = *zs_coord_scaler(co->cs);
+    char tail[96];
+    fprintf(
+        stderr,
+        "step %5ld/%ld | loss %.4f | lr %.3e | norm %.4f | %8.0f tok/s | %d workers"
+        " | eta %.0fs%s\n",
+        st.step, co->opts->steps, st.loss, st.lr, st.grad_norm, tps, st.workers,
+        dt * (double)(co->opts->steps - st.step),
+        zs_lossscale_progress(tail, sizeof tail, co->cfg.fp16.enabled, st.loss_scale, st.skipped));
+    if (st.scaler_error[0]) {
+        /* DeepSpeed ends the run here (an overflow at the minimum loss scale): the step's
+         * line first, so that metrics.jsonl says where. */
+        write_metrics(co, &st, tps, dt, NULL, NULL);
+        if (!co->done)
+            abort_job(co, zs_error(ZS_ERR_INVALID, "%s", st.scaler_error));
+        return;
+    }
     int last = zs_coord_phase(co->cs) == ZS_PHASE_DONE;
     if (last && co->hooks.finish) {
         write_metrics(co, &st, tps, dt, NULL, NULL);
@@ -1471,6 +1513,8 @@ static void finish_failover(coord *co)
         e = zs_coord_state_create(&co->cfg, n, n_shards, co->opts->steps, &co->cs);
         if (e == ZS_OK && V > 0)
             e = zs_coord_state_start_at(co->cs, V);
+        if (e == ZS_OK && co->ls_hist)
+            zs_coord_set_scaler(co->cs, &co->ls_hist[V]);
         if (e != ZS_OK)
             goto out;
     }
@@ -1620,6 +1664,34 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
  * newest valid one for a directory), fully verified and checked against this run's config,
  * data and model; its run id and step go into the job.  A fresh run gets a new random id.
  */
+/* fp16 jobs: the scaler's history, from the fresh state or the resumed checkpoint's. */
+static zs_err scaler_setup(coord *co, const zs_ckpt *ck)
+{
+    if (!co->cfg.fp16.enabled)
+        return ZS_OK;
+    co->ls_hist = calloc((size_t)co->opts->steps + 1, sizeof *co->ls_hist);
+    if (!co->ls_hist)
+        return zs_error(ZS_ERR_NOMEM, "coord: out of memory for the loss scaler of %ld steps",
+                        co->opts->steps);
+    zs_lossscale *ls = &co->ls_hist[co->start_step];
+    zs_lossscale_init(ls, &co->cfg.fp16);
+    if (!ck)
+        return ZS_OK;
+    /* The fingerprint matched, so the checkpoint is of an fp16 job: it must carry the state. */
+    if (!ck->info.has_scaler)
+        return zs_error(ZS_ERR_FORMAT,
+                        "--resume %s: the manifest has no loss_scaler, which an fp16 job's "
+                        "checkpoint carries",
+                        ck->step_dir);
+    ZS_CHECK(zs_lossscale_check(&ck->info.scaler, &co->cfg.fp16, ck->step_dir));
+    if (ck->info.scaler.iter != ck->info.step)
+        return zs_error(ZS_ERR_FORMAT,
+                        "%s: loss_scaler.iter %ld, but the checkpoint is of step %ld", ck->step_dir,
+                        ck->info.scaler.iter, ck->info.step);
+    *ls = ck->info.scaler;
+    return ZS_OK;
+}
+
 static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
 {
     /* The resume first: a refused one must leave nothing behind (no empty directory). */
@@ -1649,6 +1721,7 @@ static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
             snprintf(job->resume_dir, sizeof job->resume_dir, "%s", ck.step_dir);
             ZS_INFO("coord: resuming run %016llx from %s (step %ld of %ld)",
                     (unsigned long long)co->run_id, ck.step_dir, ck.info.step, co->opts->steps);
+            res = scaler_setup(co, &ck);
         }
         zs_ckpt_close(&ck);
         ZS_CHECK(res);
@@ -1656,6 +1729,7 @@ static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
         return zs_error(ZS_ERR_IO, "coord: no random run id: %s", strerror(errno));
     } else {
         job->run_id = co->run_id;
+        ZS_CHECK(scaler_setup(co, NULL));
     }
     if (mkdir(co->opts->out_dir, 0777) != 0 && errno != EEXIST)
         return zs_error(ZS_ERR_IO, "--out %s: %s", co->opts->out_dir, strerror(errno));
@@ -1764,6 +1838,9 @@ static zs_err prom_setup(coord *co)
          "Recoveries from a checkpoint after a partition server was lost"},
         {&co->prom.failovers, 0, "zshard_failovers_total",
          "Lost partition servers failed over to their replica"},
+        {&co->prom.loss_scale, 1, "zshard_loss_scale",
+         "fp16 jobs: the loss scale of the next step (DeepSpeed's dynamic loss scaler); 1 "
+         "otherwise"},
     };
     ZS_CHECK(zs_prom_register(r, defs, (int)(sizeof defs / sizeof defs[0])));
     static const double step_bounds[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60};
@@ -1790,6 +1867,7 @@ static zs_err prom_setup(coord *co)
     }
     zs_prom_set(co->prom.steps, (double)co->opts->steps);
     zs_prom_set(co->prom.step, (double)co->start_step);
+    zs_prom_set(co->prom.loss_scale, co->ls_hist ? co->ls_hist[co->start_step].scale : 1.0);
     zs_prom_set(co->prom.loss, NAN);
     zs_prom_set(co->prom.ckpt_age, NAN);
     return ZS_OK;
@@ -2174,6 +2252,7 @@ void zs_coord_close(zs_coord *co)
     zs_tensors_free(&co->tt);
     zs_data_close(&co->data);
     free(co->replica_current);
+    free(co->ls_hist);
     free(co->peers);
     free(co->chunk_since);
     free(co->chunk_seen);

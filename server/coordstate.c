@@ -40,7 +40,8 @@ struct zs_coord_state {
      * while another worker is alive. */
     char *chunks_in;
     int *refuted;
-    long *reported; /* [members] the step of each server's last chunks_in (-1: none yet) */
+    long *reported;  /* [members] the step of each server's last chunks_in (-1: none yet) */
+    zs_lossscale ls; /* fp16 jobs: the loss scaler, updated as each step finishes */
 };
 
 zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, long steps,
@@ -56,6 +57,7 @@ zs_err zs_coord_state_create(const zs_config *cfg, int n_servers, int n_shards, 
     if (!cs)
         return zs_error(ZS_ERR_NOMEM, "coordinator: out of memory");
     cs->cfg = *cfg;
+    zs_lossscale_init(&cs->ls, &cfg->fp16);
     cs->S = n_servers;
     cs->n_shards = n_shards;
     cs->steps = steps;
@@ -477,9 +479,10 @@ double zs_coord_verdict(zs_coord_state *cs, double *norm, double *lr)
         double sum = 0;
         for (int k = 0; k < cs->n_shards; k++) /* shard order: the trainer's order */
             sum += cs->partial[k];
-        cs->norm = zs_grad_norm(sum, cs->cfg.chunks);
+        /* fp16: the unscaled norm, divided as zshard train divides it (trainer.c). */
+        cs->norm = zs_grad_norm(sum, cs->cfg.chunks) / zs_coord_loss_scale(cs);
         cs->clip = zs_clip_factor(cs->norm, cs->cfg.gradient_clipping);
-        cs->lr = zs_config_lr(&cs->cfg, (int)cs->step);
+        cs->lr = zs_config_lr(&cs->cfg, (int)zs_coord_opt_step(cs));
         cs->phase = ZS_PHASE_PUBLISH;
     }
     if (norm)
@@ -516,10 +519,34 @@ int zs_coord_published(zs_coord_state *cs, int id, long version, zs_coord_step_s
                                    .grad_norm = cs->norm,
                                    .clip = cs->clip,
                                    .skipped = !isfinite(cs->norm),
+                                   .loss_scale = zs_coord_loss_scale(cs),
                                    .workers = cs->workers_at_begin};
+    if (cs->cfg.fp16.enabled &&
+        zs_lossscale_update(&cs->ls, &cs->cfg.fp16, stats->skipped) != ZS_OK)
+        snprintf(stats->scaler_error, sizeof stats->scaler_error, "%s", zs_last_error());
     cs->step++;
     for (int c = 0; c < cs->cfg.chunks; c++)
         cs->owner[c] = -1;
     cs->phase = cs->step >= cs->steps ? ZS_PHASE_DONE : ZS_PHASE_WAIT_WORKERS;
     return 1;
+}
+
+double zs_coord_loss_scale(const zs_coord_state *cs)
+{
+    return cs->cfg.fp16.enabled ? cs->ls.scale : 1.0;
+}
+
+long zs_coord_opt_step(const zs_coord_state *cs)
+{
+    return cs->cfg.fp16.enabled ? zs_lossscale_opt_step(&cs->ls) : cs->step;
+}
+
+const zs_lossscale *zs_coord_scaler(const zs_coord_state *cs)
+{
+    return &cs->ls;
+}
+
+void zs_coord_set_scaler(zs_coord_state *cs, const zs_lossscale *ls)
+{
+    cs->ls = *ls;
 }

@@ -24,6 +24,7 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "common/lossscale.h"
 #include "proto/messages.h"
 
 typedef enum { ZS_MEMBER_SERVER = 1, ZS_MEMBER_WORKER = 2 } zs_member_role;
@@ -55,7 +56,10 @@ typedef struct {
     double grad_norm;
     double clip;
     int skipped; /* the norm was not finite: the verdict told the servers to skip the update */
-    int workers; /* live workers when the step began */
+    double loss_scale;      /* fp16 jobs: the step's loss scale (1 otherwise) */
+    char scaler_error[256]; /* fp16 jobs: "" or why the run must end (DeepSpeed's overflow at
+                               the minimum scale, lossscale.h) */
+    int workers;            /* live workers when the step began */
     /* Where the workers' time went, summed over the step's chunks (ms; 0 when the workers
      * did not report it). */
     double compute_ms, fetch_wait_ms, push_wait_ms;
@@ -117,6 +121,21 @@ zs_err zs_coord_partials(zs_coord_state *cs, int id, long step, const int *shard
  * not finite (an inf or NaN in some shard's partial) means the step's update is skipped, as
  * `zshard train` skips it; the step's stats then say skipped. */
 double zs_coord_verdict(zs_coord_state *cs, double *norm, double *lr);
+
+/*
+ * fp16 jobs (fp16.enabled): the coordinator owns DeepSpeed's loss scaler (common/lossscale.h).
+ * During a step, zs_coord_loss_scale() is the step's scale (StepAssign and ClipVerdict carry
+ * it) and zs_coord_opt_step() the optimizer step its update is (its learning rate's index and
+ * AdamW's t - 1, which skipped steps do not advance); the verdict's norm is that of the
+ * unscaled gradient.  The scaler is updated when the step finishes (zs_coord_published):
+ * zs_coord_scaler() then is the state after it, which checkpoints of that version carry, and
+ * zs_coord_set_scaler() restores it with zs_coord_state_start_at.  Other jobs: scale 1 and the
+ * optimizer step is the step.
+ */
+double zs_coord_loss_scale(const zs_coord_state *cs);
+long zs_coord_opt_step(const zs_coord_state *cs);
+const zs_lossscale *zs_coord_scaler(const zs_coord_state *cs);
+void zs_coord_set_scaler(zs_coord_state *cs, const zs_lossscale *ls);
 /*
  * The servers' view of the step, from their heartbeats: server id has chunks[0..n) of step
  * `step` in full (anything else it has not).  zs_coord_refute then contradicts the workers:

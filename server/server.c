@@ -157,10 +157,11 @@ struct zs_server {
 
     uint32_t *owner; /* [C] worker id assigned to each chunk of the current step, 0: none */
     int partials_sent;
-    int verdict_pending; /* a verdict arrived and waits for sends to drain */
-    double verdict_clip, verdict_lr;
+    int verdict_pending;             /* a verdict arrived and waits for sends to drain */
+    double verdict_clip, verdict_lr; /* fp16 jobs: verdict_clip is clip_factor / loss_scale */
     int verdict_skip;
-    long store_sends; /* sends from shard memory not completed */
+    long verdict_skipped; /* fp16 jobs: steps skipped before this one (step - optimizer_step) */
+    long store_sends;     /* sends from shard memory not completed */
     /* offload_param.device "nvme": the shards of the copy workers fetch that are on NVMe come
      * to RAM through this window of offload_param.buffer_count slots, least recently used out
      * first, read by a thread of their own (window_reader) with the next shard read ahead on
@@ -1374,6 +1375,7 @@ static void maybe_apply(server *sv)
         return;
     char into[4096];
     double t0 = zs_now_s();
+    zs_store_set_skipped(sv->store, sv->verdict_skipped);
     zs_err e =
         zs_store_apply_into(sv->store, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip,
                             ckpt_in_place(sv, zs_store_version(sv->store) + 1, into, sizeof into));
@@ -1402,6 +1404,8 @@ static void maybe_apply(server *sv)
         ZS_ERROR("server %u: %s", sv->id, zs_last_error());
     ZS_DEBUG("server %u: published version %ld", sv->id, v);
     prom_state(sv);
+    if (sv->replica && !zs_replica_lost(sv->replica))
+        zs_store_set_skipped(zs_replica_store(sv->replica), sv->verdict_skipped);
     if (sv->replica && !zs_replica_lost(sv->replica) &&
         zs_replica_apply(sv->replica, sv->verdict_lr, sv->verdict_clip, sv->verdict_skip) != ZS_OK)
         zs_replica_lose(sv->replica, zs_last_error());
@@ -2093,9 +2097,14 @@ static void on_ctrl(server *sv, const Zshard__Envelope *env)
         if (!sv->store || (long)v->step != zs_store_version(sv->store) || !sv->partials_sent)
             return;
         sv->verdict_pending = 1;
-        sv->verdict_clip = v->clip_factor;
+        /* fp16 jobs: the gradient is divided by the step's loss scale inside AdamW's factor,
+         * (clip / scale) / C, as zshard train computes it; the learning rate and AdamW's t
+         * follow the optimizer step (skipped steps do not advance them, as in DeepSpeed). */
+        long opt = v->has_optimizer_step ? (long)v->optimizer_step : (long)v->step;
+        sv->verdict_clip = v->clip_factor / (v->has_loss_scale ? v->loss_scale : 1.0);
         sv->verdict_skip = v->skip;
-        sv->verdict_lr = zs_config_lr(&sv->cfg, (int)v->step);
+        sv->verdict_lr = zs_config_lr(&sv->cfg, (int)opt);
+        sv->verdict_skipped = (long)v->step - opt;
         ZS_DEBUG("server %u: verdict for step %llu (clip %g); %ld sends in flight", sv->id,
                  (unsigned long long)v->step, v->clip_factor, sv->store_sends);
         maybe_apply(sv);

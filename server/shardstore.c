@@ -56,6 +56,7 @@ struct zs_store {
                           shard of len / 2 floats (bf16 pairs) */
     uint16_t *scratch; /* [largest shard] the bf16 copy of a shard on its way to ptier */
     char *ck_dir;      /* the checkpoint step directory zs_store_apply_into wrote to */
+    long skipped;      /* fp16: updates skipped so far; AdamW's t is version + 1 - skipped */
     long ck_version;   /* the version it holds */
 };
 
@@ -579,6 +580,11 @@ zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset,
     return ZS_STORE_OK;
 }
 
+void zs_store_set_skipped(zs_store *st, long skipped)
+{
+    st->skipped = skipped;
+}
+
 int zs_store_complete(const zs_store *st)
 {
     for (int i = 0; i < st->n; i++)
@@ -620,8 +626,8 @@ static void adamw_shard(const apply_ctx *c, shard *s, float *p, float *m, float 
 {
     const zs_adamw_config *a = &c->st->cfg.adamw;
     zs_adamw_tensors(c->st->tt, s->r.begin, s->r.end, p, m, v, s->acc, bf16_out(c->st, s), c->lr,
-                     a->beta1, a->beta2, a->eps, a->weight_decay, c->st->version + 1, c->scale,
-                     c->st->threads);
+                     a->beta1, a->beta2, a->eps, a->weight_decay,
+                     c->st->version + 1 - c->st->skipped, c->scale, c->st->threads);
 }
 
 static zs_err apply_unit(void *ctx, int unit, float *const *arrays)

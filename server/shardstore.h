@@ -94,6 +94,10 @@ zs_err zs_store_load(zs_store *st, const float *full);
 
 /* The version that fetches read now (= the step whose gradients are being accepted). */
 long zs_store_version(const zs_store *st);
+/* fp16 jobs: the steps whose update was skipped on an overflow before the next apply; that
+ * apply's AdamW t is version + 1 - skipped (DeepSpeed does not advance the optimizer's step on
+ * an overflow).  0 (the default) in every other job. */
+void zs_store_set_skipped(zs_store *st, long skipped);
 
 /*
  * A gradient piece: elements [offset, offset + count) of chunk `chunk` of step `step`, which

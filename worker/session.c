@@ -153,6 +153,7 @@ static zs_err handle(zs_session *s, const Zshard__Envelope *env, const char *dat
         }
         a->step = (long)sa->step;
         a->lr = sa->lr;
+        a->loss_scale = sa->has_loss_scale ? sa->loss_scale : 1.0;
         a->n = 0;
         for (size_t i = 0; i < sa->n_chunks && a->n < ZS_SESSION_MAX_CHUNKS; i++) {
             uint32_t c = sa->chunks[i];

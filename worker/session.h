@@ -30,6 +30,7 @@ typedef struct zs_session zs_session;
 typedef struct {
     long step;
     double lr;
+    double loss_scale;                 /* fp16 jobs: the gradient's multiplier (StepAssign); 1 */
     int n;                             /* chunks to compute */
     int chunks[ZS_SESSION_MAX_CHUNKS]; /* ascending */
 } zs_assignment;

@@ -4,6 +4,7 @@
  */
 #include "worker/trainer.h"
 #include "common/clock.h"
+#include "common/fp16.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -58,8 +59,9 @@ zs_err zs_trainer_init_on(zs_trainer *tr, zs_device dev, const zs_config *cfg,
         /* Weights, gradients, accumulator and both moments (and the bf16 copies), then the
          * activations: checked against this process's limits before any of it is taken. */
         char what[128];
-        uint64_t need = (uint64_t)n * (5 * 4 + (cfg->bf16 ? 4 + 2 : 0)) +
-                        zs_model_host_bytes(dev, &cfg->model, b, T);
+        int rounded = cfg->bf16 ? 4 + 2 : cfg->fp16.enabled ? 4 : 0; /* bytes a parameter */
+        uint64_t need =
+            (uint64_t)n * (5 * 4 + rounded) + zs_model_host_bytes(dev, &cfg->model, b, T);
         snprintf(what, sizeof what, "%zu parameters (weights, gradients, moments) and activations",
                  n);
         ZS_CHECK_GOTO(zs_mem_check("train", what, need), res, fail);
@@ -75,8 +77,10 @@ zs_err zs_trainer_init_on(zs_trainer *tr, zs_device dev, const zs_config *cfg,
         tr->compute = alloc_floats(n);
         tr->bf16 = calloc(n, sizeof *tr->bf16);
     }
+    if (cfg->fp16.enabled) /* fp16: the weights rounded to fp16 (docs/precision.md) */
+        tr->compute = alloc_floats(n);
     if (!tr->params || !tr->grads || !tr->acc || !tr->m || !tr->v || !tr->inputs || !tr->targets ||
-        (cfg->bf16 && (!tr->compute || !tr->bf16))) {
+        (cfg->bf16 && (!tr->compute || !tr->bf16)) || (cfg->fp16.enabled && !tr->compute)) {
         res = zs_error(ZS_ERR_NOMEM, "trainer: out of memory for %zu parameters", n);
         goto fail;
     }
@@ -89,8 +93,11 @@ zs_err zs_trainer_init_on(zs_trainer *tr, zs_device dev, const zs_config *cfg,
     }
     if (cfg->bf16)
         round_compute(tr);
+    else if (cfg->fp16.enabled)
+        zs_fp16_round_array(tr->compute, tr->params, n, tr->threads);
     else
         tr->compute = tr->params;
+    zs_lossscale_init(&tr->ls, &cfg->fp16);
     ZS_CHECK_GOTO(zs_model_create(dev, &cfg->model, &tr->tt, b, T, tr->threads, &tr->model), res,
                   fail);
     if (zs_model_on_host(tr->model)) {
@@ -141,6 +148,9 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
     if (!on_host) /* the weights of this step, as a GPU worker fetches them */
         ZS_CHECK(zs_model_upload(tr->model, tr->dev_params, tr->compute, n * sizeof(float)));
     double loss_sum = 0;
+    /* fp16: this step's loss scale (1 otherwise, which changes no bit below). */
+    int fp16 = cfg->fp16.enabled;
+    double scale = fp16 ? tr->ls.scale : 1.0;
     for (int c = 0; c < C; c++) {
         zs_data_chunk(tr->data, cfg->seed, tr->step, c, b, T, tr->inputs, tr->targets);
         float loss;
@@ -149,6 +159,8 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
         if (!on_host)
             ZS_CHECK(zs_model_download(tr->model, tr->grads, tr->dev_grads, n * sizeof(float)));
         loss_sum += loss;
+        if (fp16) /* as a worker pushes it: scaled, rounded to fp16 (inf on overflow) */
+            zs_fp16_scale_grads(tr->grads, n, (float)scale);
         /* acc = g_0, then acc += g_c: chunk order, as the servers add them. */
         if (c == 0) {
             memcpy(tr->acc, tr->grads, n * sizeof *tr->acc);
@@ -159,27 +171,39 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
         }
     }
     size_t shard_floats = cfg->cluster.shard_bytes / sizeof(float);
-    double norm = zs_grad_norm(zs_sumsq_sharded(tr->acc, n, shard_floats, tr->threads), C);
+    /* fp16: the norm of the unscaled gradient, as the coordinator divides it (exact: the scale
+     * is a power of two), and the schedule and AdamW's t at the steps applied so far. */
+    double norm = zs_grad_norm(zs_sumsq_sharded(tr->acc, n, shard_floats, tr->threads), C) / scale;
     double clip = zs_clip_factor(norm, cfg->gradient_clipping);
-    double lr = zs_config_lr(cfg, (int)tr->step);
+    long opt_step = fp16 ? zs_lossscale_opt_step(&tr->ls) : tr->step;
+    double lr = zs_config_lr(cfg, (int)opt_step);
     /* A non-finite gradient (an overflow, a NaN) skips the update, as the coordinator's
      * verdict makes the servers do (zs_store_apply): weights, moments and the bf16 copy stay
      * as they are, and the step count still moves on, so the next update's bias correction
      * uses t = its own step number in both. */
     int skip = !isfinite(norm);
-    if (skip) {
+    if (skip && fp16) {
+        ZS_WARN("train: step %ld: the gradient overflowed at loss scale %.17g; the update is "
+                "skipped",
+                tr->step + 1, scale);
+    } else if (skip) {
         ZS_WARN("train: step %ld: the gradient is not finite; the update is skipped", tr->step + 1);
     } else {
         const zs_adamw_config *ac = &cfg->adamw;
+        /* (clip / scale) / C: the servers' factor (zs_store_apply with clip / scale). */
         zs_adamw_tensors(&tr->tt, 0, n, tr->params, tr->m, tr->v, tr->acc, tr->bf16, lr, ac->beta1,
-                         ac->beta2, ac->eps, ac->weight_decay, tr->step + 1, (float)(clip / C),
-                         tr->threads);
+                         ac->beta2, ac->eps, ac->weight_decay, opt_step + 1,
+                         (float)(clip / scale / C), tr->threads);
         if (cfg->bf16) {
 #pragma omp parallel for schedule(static) num_threads(tr->threads)
             for (size_t i = 0; i < n; i++)
                 tr->compute[i] = zs_bf16_to_f32(tr->bf16[i]);
         }
+        if (fp16)
+            zs_fp16_round_array(tr->compute, tr->params, n, tr->threads);
     }
+    if (fp16)
+        ZS_CHECK(zs_lossscale_update(&tr->ls, &cfg->fp16, skip));
     tr->step++;
     double dt = zs_now_s() - t0;
     *st = (zs_step_stats){.step = tr->step,
@@ -188,6 +212,7 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
                           .grad_norm = norm,
                           .clip = clip,
                           .skipped = skip,
+                          .loss_scale = scale,
                           .seconds = dt,
                           .tokens_per_sec = (double)C * b * T / dt};
     return ZS_OK;

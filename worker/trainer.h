@@ -13,6 +13,11 @@
  * skip it: no AdamW at all, and the step count (AdamW's t) still advances.
  * With bf16.enabled the model computes with the weights rounded to bf16, as a worker that
  * fetches bf16 does.
+ * With fp16.enabled (docs/precision.md) the model computes with the weights rounded to fp16,
+ * each chunk's gradient is multiplied by the step's loss scale and rounded to fp16 before it
+ * is added (as a worker pushes it), the norm is divided by the scale, AdamW's gradient factor
+ * is (clip / scale) / C, and an overflow skips the step the DeepSpeed way (common/lossscale.h:
+ * the learning rate and AdamW's t follow the steps applied), as the coordinator's scaler does.
  */
 #ifndef ZS_TRAINER_H
 #define ZS_TRAINER_H
@@ -23,6 +28,7 @@
 #include "common/config.h"
 #include "common/data.h"
 #include "common/err.h"
+#include "common/lossscale.h"
 #include "common/tensors.h"
 #include "kernels/model.h"
 
@@ -34,7 +40,7 @@ typedef struct {
     int threads;
     long step;         /* steps done so far */
     float *params;     /* [tt.total] fp32 master weights */
-    float *compute;    /* [tt.total] bf16-rounded weights the model reads, or == params */
+    float *compute;    /* [tt.total] bf16/fp16-rounded weights the model reads, or == params */
     uint16_t *bf16;    /* [tt.total] bf16 copy written by AdamW, or NULL */
     float *grads;      /* [tt.total] one chunk's gradient */
     float *acc;        /* [tt.total] the step's accumulated gradient */
@@ -43,15 +49,17 @@ typedef struct {
     float *dev_grads;  /* [tt.total] grads, in the model's memory (== grads on the CPU) */
     int32_t *inputs;   /* [b, T] */
     int32_t *targets;  /* [b, T] */
+    zs_lossscale ls;   /* fp16.enabled: the loss scaler, as the coordinator runs it */
 } zs_trainer;
 
 typedef struct {
     long step;   /* 1-based number of the step just done */
     double loss; /* mean of the chunk losses */
     double lr;
-    double grad_norm; /* before clipping */
-    double clip;      /* factor applied (1 when no clipping happened) */
-    int skipped;      /* the gradient was not finite: no update (weights, moments unchanged) */
+    double grad_norm;  /* before clipping */
+    double clip;       /* factor applied (1 when no clipping happened) */
+    int skipped;       /* the gradient was not finite: no update (weights, moments unchanged) */
+    double loss_scale; /* fp16.enabled: the scale this step's gradient was multiplied by */
     double seconds;
     double tokens_per_sec;
 } zs_step_stats;

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/fp16.h"
 #include "common/log.h"
 #include "common/memlimit.h"
 #include "kernels/adamw.h"
@@ -101,6 +102,11 @@ typedef struct {
     uint64_t seq;
 
     zs_worker_stats st;
+    /* fp16.enabled (docs/precision.md): fetched weights are rounded to fp16 on arrival, and
+     * each layer's gradient is multiplied by the step's loss scale and rounded to fp16 before
+     * it is pushed (still F32 on the wire: values fp16 represents, inf on an overflow). */
+    int fp16;
+    float loss_scale;
 } wk;
 
 /* ---- the communication thread ----------------------------------------------------------- */
@@ -185,6 +191,8 @@ static void *comm_main(void *arg)
                 uint64_t t = x->gpu_ready;
                 pthread_mutex_unlock(&w->mu);
                 zs_err e = zs_model_sync(w->model, t);
+                if (e == ZS_OK && w->fp16) /* fp16: io_grads_done left it to us */
+                    zs_fp16_scale_grads(x->buf, x->end - x->begin, w->loss_scale);
                 pthread_mutex_lock(&w->mu);
                 x->gpu_ready = 0;
                 if (e != ZS_OK) {
@@ -211,6 +219,8 @@ static void *comm_main(void *arg)
             comm_sleep(w);
         if (done && e == ZS_OK && !oldest->is_push && oldest->dtype == ZS_DTYPE_BF16)
             widen_bf16(oldest->buf, oldest->end - oldest->begin);
+        if (done && e == ZS_OK && !oldest->is_push && w->fp16) /* fp16: as zshard train */
+            zs_fp16_round_array(oldest->buf, oldest->buf, oldest->end - oldest->begin, 1);
         pthread_mutex_lock(&w->mu);
         if (done) {
             oldest->op = NULL;
@@ -420,6 +430,12 @@ static zs_err io_grads_done(void *ctx, int layer)
     } else {
         g->x.gpu_ready = 0;
     }
+    /* fp16: scaled and rounded as zshard train does (trainer.c), here when the gradient is in
+     * the host slot already, else by the communication thread once its copy is done.  Every
+     * push is done before the next assignment changes loss_scale (run_chunk drains). */
+    if (w->fp16 && w->on_host)
+        zs_fp16_scale_grads(g->buf, w->tt->layer_begin[layer + 1] - w->tt->layer_begin[layer],
+                            w->loss_scale);
     g->x.is_push = 1;
     g->x.layer = layer;
     g->x.begin = w->tt->layer_begin[layer];
@@ -584,6 +600,7 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     w.cl = zs_session_client(w.s);
     w.L = w.cfg->model.n_layer;
     w.dtype = w.cfg->bf16 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32;
+    w.fp16 = w.cfg->fp16.enabled;
     int b = w.cfg->micro_batch, T = w.cfg->model.block_size;
     in = malloc((size_t)b * T * sizeof *in);
     tg = malloc((size_t)b * T * sizeof *tg);
@@ -623,8 +640,11 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     char dev_name[16];
     zs_device_format(opts->device, dev_name, sizeof dev_name);
     ZS_INFO("worker %u: %s weights, compute on %s, %d threads, %.1f MB of layer buffers",
-            zs_session_id(w.s), w.dtype == ZS_DTYPE_BF16 ? "bf16" : "fp32", dev_name, opts->threads,
-            w.st.buffer_bytes / 1e6);
+            zs_session_id(w.s),
+            w.dtype == ZS_DTYPE_BF16 ? "bf16"
+            : w.fp16                 ? "fp16 (fetched as fp32)"
+                                     : "fp32",
+            dev_name, opts->threads, w.st.buffer_bytes / 1e6);
 
     long last_step = -1;
     double idle_since = -1; /* when it last finished a chunk: waiting from then is step wait */
@@ -643,6 +663,7 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
             w.st.steps++;
             last_step = a.step;
         }
+        w.loss_scale = (float)a.loss_scale;
         /* A stop request ends the loop after the chunk in hand; the coordinator gives the
          * rest of the assignment to others once this worker leaves. */
         for (int i = 0; i < a.n && res == ZS_OK && !(stop_flag && *stop_flag); i++) {

@@ -237,6 +237,35 @@ static void progress_cb(void *user, uint64_t done, uint64_t total)
 }
 
 /* Open, verify, ranges, resharded reads, export. */
+/* An fp16 job's manifest carries the loss scaler's state; it reads back exactly (the scale as
+ * a hexadecimal float, last_overflow -1 included). */
+static void test_scaler(state *st)
+{
+    char dir[PATH_BUF], step_dir[PATH_BUF];
+    snprintf(dir, sizeof dir, "%s/scaler", root);
+    size_t cuts[3] = {0, 200000, st->tt.total};
+    zs_ckpt_info saved = st->info;
+    zs_lossscale cases[2] = {
+        {.scale = 0x1p+18, .hysteresis = 1, .last_overflow = 2, .iter = 3, .skipped = 3},
+        {.scale = 0x1p-20, .hysteresis = 7, .last_overflow = -1, .iter = 9, .skipped = 0}};
+    for (int k = 0; k < 2; k++) {
+        st->info.step = 3 + 6 * k;
+        st->info.has_scaler = 1;
+        st->info.scaler = cases[k];
+        write_ckpt(dir, st, cuts, 2, 0, step_dir);
+        zs_ckpt ck;
+        CHECK_OK(zs_ckpt_open(step_dir, &ck));
+        CHECK_EQ_INT(ck.info.has_scaler, 1);
+        CHECK(ck.info.scaler.scale == cases[k].scale);
+        CHECK_EQ_INT(ck.info.scaler.hysteresis, cases[k].hysteresis);
+        CHECK_EQ_INT(ck.info.scaler.last_overflow, cases[k].last_overflow);
+        CHECK_EQ_INT(ck.info.scaler.iter, cases[k].iter);
+        CHECK_EQ_INT(ck.info.scaler.skipped, cases[k].skipped);
+        zs_ckpt_close(&ck);
+    }
+    st->info = saved;
+}
+
 static void test_roundtrip(state *st, const char *step_dir)
 {
     zs_ckpt ck;
@@ -252,6 +281,7 @@ static void test_roundtrip(state *st, const char *step_dir)
     CHECK_EQ_INT(ck.info.total_floats, st->tt.total);
     CHECK_EQ_INT(ck.tt.count, st->tt.count);
     CHECK_EQ_INT(ck.n_shards, 4);
+    CHECK_EQ_INT(ck.info.has_scaler, 0); /* a non-fp16 job's manifest has no loss_scaler */
 
     size_t total = st->tt.total;
     float *buf = malloc(total * sizeof *buf);
@@ -763,6 +793,7 @@ int main(void)
     write_ckpt(dir, &st, cuts, 4, 1, step_dir);
 
     test_roundtrip(&st, step_dir);
+    test_scaler(&st);
     test_refusals(&st, step_dir, cuts);
     test_writer_refusals(&st);
     test_finish_in_place(&st);

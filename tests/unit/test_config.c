@@ -197,8 +197,26 @@ static void test_errors(void)
     CHECK_FAILS_WITH(
         zs_config_parse("{\"scheduler\": {\"type\": \"WarmupDecayLR\"}}", "cfg.json", &c),
         "total_num_steps\" is required");
-    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"enabled\": true}}", "cfg.json", &c),
-                     "fp16.enabled");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": "
+                                     "true}}",
+                                     "cfg.json", &c),
+                     "\"fp16.enabled\" and \"bf16.enabled\"");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"loss_scale\": 3}}", "cfg.json", &c),
+                     "key \"fp16.loss_scale\": 3 is not 0 or a power of two");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"loss_scale\": -1}}", "cfg.json", &c),
+                     "key \"fp16.loss_scale\": -1 is outside");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"min_loss_scale\": 0}}", "cfg.json", &c),
+                     "key \"fp16.min_loss_scale\": 0 is not a power of two");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"initial_scale_power\": 65}}", "cfg.json", &c),
+                     "key \"fp16.initial_scale_power\": 65 is outside [0, 64]");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"loss_scale_window\": 0}}", "cfg.json", &c),
+                     "key \"fp16.loss_scale_window\": 0 is outside");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"hysteresis\": 0}}", "cfg.json", &c),
+                     "key \"fp16.hysteresis\": 0 is outside");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"consecutive_hysteresis\": 1}}", "cfg.json", &c),
+                     "key \"fp16.consecutive_hysteresis\": expected true or false");
+    CHECK_FAILS_WITH(zs_config_parse("{\"fp16\": {\"auto_cast\": true}}", "cfg.json", &c),
+                     "unknown key \"fp16.auto_cast\"");
     CHECK_FAILS_WITH(zs_config_parse("{\"cluster\": {\"shard_size\": 1000}}", "cfg.json", &c),
                      "multiple of 256");
     CHECK_FAILS_WITH(zs_config_parse("{\"seed\": 1, \"seed\": 2}", "cfg.json", &c), "invalid JSON");
@@ -337,6 +355,13 @@ static void test_fingerprint(void)
         "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
         " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}}, \"bf16\": {\"enabled\": "
         "true}}",
+        /* fp16, and each of its keys */
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}}, \"fp16\": {\"enabled\": "
+        "true}}",
+        "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
+        " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}}, \"fp16\": {\"enabled\": "
+        "true, \"hysteresis\": 1}}",
         /* the shard size decides how the gradient norm is summed */
         "{\"seed\": 7, \"train_batch_size\": 8, \"model\": {\"n_layer\": 2, \"n_head\": 2,"
         " \"n_embd\": 32}, \"optimizer\": {\"params\": {\"lr\": 0.01}},"
@@ -349,6 +374,37 @@ static void test_fingerprint(void)
                     (unsigned long long)fb);
         CHECK(f != fb);
     }
+}
+
+/* DeepSpeed's defaults, every key read, and an fp16 job without fp16 keys fingerprints as
+ * before (checkpoints of earlier non-fp16 jobs still resume). */
+static void test_fp16(void)
+{
+    zs_config c;
+    CHECK_OK(zs_config_parse("{\"fp16\": {\"enabled\": true}}", "cfg.json", &c));
+    CHECK_EQ_INT(c.fp16.enabled, 1);
+    CHECK(c.fp16.loss_scale == 0);
+    CHECK_EQ_INT(c.fp16.initial_scale_power, 16);
+    CHECK_EQ_INT(c.fp16.loss_scale_window, 1000);
+    CHECK_EQ_INT(c.fp16.hysteresis, 2);
+    CHECK(c.fp16.min_loss_scale == 1);
+    CHECK_EQ_INT(c.fp16.consecutive_hysteresis, 0);
+    CHECK_OK(zs_config_parse("{\"fp16\": {\"enabled\": true, \"loss_scale\": 128, "
+                             "\"initial_scale_power\": 30, \"loss_scale_window\": 7, "
+                             "\"hysteresis\": 3, \"min_loss_scale\": 0.25, "
+                             "\"consecutive_hysteresis\": true}}",
+                             "cfg.json", &c));
+    CHECK(c.fp16.loss_scale == 128);
+    CHECK_EQ_INT(c.fp16.initial_scale_power, 30);
+    CHECK_EQ_INT(c.fp16.loss_scale_window, 7);
+    CHECK_EQ_INT(c.fp16.hysteresis, 3);
+    CHECK(c.fp16.min_loss_scale == 0.25);
+    CHECK_EQ_INT(c.fp16.consecutive_hysteresis, 1);
+    zs_config a, b;
+    CHECK_OK(zs_config_parse("{\"seed\": 3}", "cfg.json", &a));
+    CHECK_OK(zs_config_parse("{\"seed\": 3, \"fp16\": {\"enabled\": false, \"hysteresis\": 5}}",
+                             "cfg.json", &b));
+    CHECK(zs_config_fingerprint(&a) == zs_config_fingerprint(&b));
 }
 
 static void test_hf_roundtrip(void)
@@ -389,6 +445,7 @@ int main(void)
     test_errors();
     test_checkpoint();
     test_fingerprint();
+    test_fp16();
     test_hf_roundtrip();
     return zs_test_result("test_config");
 }

@@ -4,6 +4,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/reduce.h"
 #include "server/coordstate.h"
@@ -51,8 +52,79 @@ static void finish_step(zs_coord_state *cs, int s0, int s1, long step, const dou
     CHECK_EQ_INT(zs_coord_published(cs, s1, step + 1, st), 1);
 }
 
+/* Runs one step of an fp16 job with one server (one shard) and one worker of 5 chunks: the
+ * shard's partial is sumsq. */
+static void fp16_step(zs_coord_state *cs, int srv, int wk, long step, double sumsq,
+                      zs_coord_step_stats *st)
+{
+    CHECK_EQ_INT(zs_coord_try_begin(cs), 1);
+    for (int c = 0; c < 5; c++)
+        CHECK_EQ_INT(zs_coord_chunk_done(cs, wk, step, c, 2.0, NULL), 1);
+    int shard = 0;
+    CHECK_OK(zs_coord_partials(cs, srv, step, &shard, &sumsq, 1));
+    zs_coord_verdict(cs, NULL, NULL);
+    CHECK_EQ_INT(zs_coord_published(cs, srv, step + 1, st), 1);
+}
+
+/* fp16: the coordinator's scaler gives each step its scale, divides the norm by it, takes the
+ * learning rate at the optimizer step (skipped steps do not count), updates as each step
+ * finishes, and reports an overflow at the minimum scale as the run's end. */
+static void test_fp16(void)
+{
+    zs_config cfg = config();
+    cfg.fp16 = (zs_fp16_config){.enabled = 1,
+                                .initial_scale_power = 4,
+                                .loss_scale_window = 1000,
+                                .hysteresis = 1,
+                                .min_loss_scale = 1};
+    cfg.sched = (zs_schedule){.type = ZS_SCHED_WARMUP,
+                              .warmup_min_lr = 0.001,
+                              .warmup_max_lr = 0.002,
+                              .warmup_num_steps = 10,
+                              .warmup_linear = 1};
+    zs_coord_state *cs;
+    CHECK_OK(zs_coord_state_create(&cfg, 1, 1, 4, &cs));
+    int srv, wk;
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_SERVER, 0, "127.0.0.1:7001", 0, &srv));
+    CHECK_OK(zs_coord_join(cs, ZS_MEMBER_WORKER, 0, "", 0, &wk));
+    CHECK(zs_coord_loss_scale(cs) == 16);
+    CHECK_EQ_INT(zs_coord_opt_step(cs), 0);
+    zs_coord_step_stats st;
+    fp16_step(cs, srv, wk, 0, INFINITY, &st); /* an overflow: halves (hysteresis 1) */
+    CHECK(st.loss_scale == 16);
+    CHECK_EQ_INT(st.skipped, 1);
+    CHECK(st.scaler_error[0] == '\0');
+    CHECK(zs_coord_loss_scale(cs) == 8);
+    CHECK_EQ_INT(zs_coord_opt_step(cs), 0); /* still the first update to come */
+    double norm, lr;
+    CHECK_EQ_INT(zs_coord_try_begin(cs), 1);
+    for (int c = 0; c < 5; c++)
+        CHECK_EQ_INT(zs_coord_chunk_done(cs, wk, 1, c, 2.0, NULL), 1);
+    int shard = 0;
+    double sumsq = 256.0;
+    CHECK_OK(zs_coord_partials(cs, srv, 1, &shard, &sumsq, 1));
+    double clip = zs_coord_verdict(cs, &norm, &lr);
+    CHECK(norm == zs_grad_norm(256.0, 5) / 8);
+    CHECK(clip == zs_clip_factor(norm, 1.0));
+    CHECK(lr == zs_config_lr(&cfg, 0)); /* step 2, but the first update */
+    CHECK(lr != zs_config_lr(&cfg, 1));
+    CHECK(zs_coord_loss_scale(cs) == 8); /* the step's scale until it finishes */
+    CHECK_EQ_INT(zs_coord_published(cs, srv, 2, &st), 1);
+    CHECK(st.loss_scale == 8 && !st.skipped);
+    CHECK_EQ_INT(zs_coord_opt_step(cs), 1);
+    CHECK_EQ_INT(zs_coord_scaler(cs)->iter, 2);
+    CHECK_EQ_INT(zs_coord_scaler(cs)->skipped, 1);
+    /* A restored state at the floor: the next overflow ends the run. */
+    zs_lossscale floor = {.scale = 1, .hysteresis = 1, .last_overflow = 0, .iter = 2, .skipped = 1};
+    zs_coord_set_scaler(cs, &floor);
+    fp16_step(cs, srv, wk, 2, NAN, &st);
+    CHECK(strstr(st.scaler_error, "minimum loss scale 1") != NULL);
+    zs_coord_state_free(cs);
+}
+
 int main(void)
 {
+    test_fp16();
     zs_config cfg = config();
     zs_coord_state *cs;
     CHECK_FAILS_WITH(zs_coord_state_create(&cfg, 3, 2, 4, &cs), "1 <= servers <= shards");

@@ -408,7 +408,14 @@ static int config_equal(const zs_config *a, const zs_config *b)
            a->cluster.heartbeat_timeout_ms == b->cluster.heartbeat_timeout_ms &&
            a->elasticity.enabled == b->elasticity.enabled &&
            a->elasticity.min_workers == b->elasticity.min_workers &&
-           a->elasticity.max_workers == b->elasticity.max_workers;
+           a->elasticity.max_workers == b->elasticity.max_workers &&
+           a->fp16.enabled == b->fp16.enabled &&
+           (!a->fp16.enabled || (a->fp16.loss_scale == b->fp16.loss_scale &&
+                                 a->fp16.initial_scale_power == b->fp16.initial_scale_power &&
+                                 a->fp16.loss_scale_window == b->fp16.loss_scale_window &&
+                                 a->fp16.hysteresis == b->fp16.hysteresis &&
+                                 a->fp16.min_loss_scale == b->fp16.min_loss_scale &&
+                                 a->fp16.consecutive_hysteresis == b->fp16.consecutive_hysteresis));
 }
 
 static int tables_equal(const zs_tensor_table *a, const zs_tensor_table *b)
@@ -502,6 +509,9 @@ static void test_jobspec(void)
     test_jobspec_roundtrip("{\"train_batch_size\": 4, \"scheduler\": {\"type\": \"WarmupDecayLR\","
                            " \"params\": {\"total_num_steps\": 9, \"warmup_max_lr\": 0.01}}}");
     test_jobspec_roundtrip("{\"scheduler\": {\"type\": \"WarmupLR\"}}");
+    test_jobspec_roundtrip("{\"fp16\": {\"enabled\": true, \"loss_scale\": 0.5, "
+                           "\"initial_scale_power\": 9, \"loss_scale_window\": 17, \"hysteresis\": "
+                           "3, \"min_loss_scale\": 0.125, \"consecutive_hysteresis\": true}}");
 
     job_msg m;
     if (!make_job(&m, job_json))
@@ -1000,6 +1010,12 @@ static void test_step_assign_chunk_done(void)
     m.sa.lr = -1e-3;
     REFUSED(&m.env, &WORKER, "StepAssign.lr: -0.001 is outside [0, 10]");
     make_step(&m);
+    m.sa.has_loss_scale = 1; /* fp16 */
+    m.sa.loss_scale = 0x1p-3;
+    CHECK_OK(decode_raw(&m.env, &WORKER));
+    m.sa.loss_scale = 1e30;
+    REFUSED(&m.env, &WORKER, "StepAssign.loss_scale: 1e+30 is not a power of two");
+    make_step(&m);
     m.sa.step = 100;
     REFUSED(&m.env, &WORKER, "StepAssign.step: 100, the job has 100 steps (0..99)");
     m.sa.has_step = 0;
@@ -1177,6 +1193,25 @@ static void test_grad_norm_clip(void)
     cv.has_skip = 1;
     cv.has_clip_factor = 0;
     REFUSED(&env, &SERVER, "ClipVerdict.clip_factor: missing");
+    cv.has_clip_factor = 1;
+    /* fp16: the loss scale and the optimizer step, together. */
+    cv.has_loss_scale = cv.has_optimizer_step = 1;
+    cv.loss_scale = 65536;
+    cv.optimizer_step = 9;
+    CHECK_OK(roundtrip(&env, &SERVER, &out));
+    if (out)
+        CHECK(out->clip_verdict->loss_scale == 65536 && out->clip_verdict->optimizer_step == 9);
+    zs_msg_free(out);
+    cv.loss_scale = 3;
+    REFUSED(&env, &SERVER, "ClipVerdict.loss_scale: 3 is not a power of two");
+    cv.loss_scale = 0;
+    REFUSED(&env, &SERVER, "ClipVerdict.loss_scale: 0 is not a power of two");
+    cv.loss_scale = 2;
+    cv.optimizer_step = 13;
+    REFUSED(&env, &SERVER, "ClipVerdict.optimizer_step: 13 is after step 12");
+    cv.optimizer_step = 12;
+    cv.has_optimizer_step = 0;
+    REFUSED(&env, &SERVER, "ClipVerdict: loss_scale and optimizer_step come together");
 }
 
 static void test_version_error_shutdown(void)
