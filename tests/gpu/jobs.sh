@@ -7,6 +7,8 @@
 #     bits from the first step on, and the runs drift apart slowly);
 #   - the small model for 200 steps: the GPU run's loss curve within 3% of the CPU run's, per
 #     window of 20 steps;
+#   - fp16 with a loss scale that overflows at first: skipped steps, a falling scale, then
+#     training, and a launch with GPU workers in the same bits;
 #   - `zshard launch --device cuda` with 2 servers and 2 workers gives bitwise the weights and
 #     the metrics of `zshard train --device cuda` (the worker copies each layer to the GPU and
 #     each gradient back; the optimizer runs on the servers, as it runs on the host in train).
@@ -65,6 +67,35 @@ paste <(grep -o '"loss": [0-9.e+-]*' "$WORK/small-cpu/metrics.jsonl" | cut -d' '
        END { if (n != 200 || worst > 0.03) { print "worst " worst " over " n " steps"; exit 1 } }' \
   >"$WORK/small-losses.txt" || fail "small model: GPU loss curve outside 3% of the CPU's: $(cat "$WORK/small-losses.txt")"
 cat "$WORK/small-losses.txt"
+
+# fp16 on the GPU (docs/precision.md: the same emulation as on the CPU, the weights rounded to
+# fp16 and each chunk's gradient scaled and rounded before it is pushed): initial_scale_power 20
+# makes the first steps overflow and skip, the scale falls, then it trains; a launch with GPU
+# workers gives the same bits.
+python3 - "$DATA/tiny.json" "$WORK/fp16.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["fp16"] = {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 3,
+             "hysteresis": 2, "min_loss_scale": 1}
+json.dump(c, open(sys.argv[2], "w"))
+PY
+expect_ok "$ZSHARD" train --config "$WORK/fp16.json" --data "$DATA/tiny.txt" --steps 10 \
+  --device cuda --out "$WORK/fp16-train"
+checks=$((checks + 1))
+python3 - "$WORK/fp16-train/metrics.jsonl" <<'PY' || fail "fp16 on the GPU: no overflow and recovery (above)"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+flags = [l.get("overflow") for l in lines]
+scales = [l.get("loss_scale") for l in lines]
+print("fp16 on the GPU: overflow flags %s, scales %s" % (flags, scales))
+ok = flags[0] is True and False in flags and scales[-1] < scales[0] and lines[-1]["loss"] < lines[0]["loss"]
+sys.exit(0 if ok else 1)
+PY
+expect_ok "$ZSHARD" launch --config "$WORK/fp16.json" --data "$DATA/tiny.txt" --steps 10 \
+  --servers 2 --workers 2 --device cuda --out "$WORK/fp16-launch"
+checks=$((checks + 1))
+cmp "$WORK/fp16-train/model.safetensors" "$WORK/fp16-launch/model.safetensors" ||
+  fail "fp16: zshard launch --device cuda differs from zshard train --device cuda"
 
 expect_ok "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --servers 2 --workers 2 --device cuda --log-level info --out "$WORK/launch"
