@@ -45,7 +45,7 @@ static void gelu_exp(float *e, const float *x, int n)
 void zs_bias_gelu_forward(float *pre, float *out, const float *bias, int N, int C, int threads)
 {
     int nt = zs_kernel_threads(threads);
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {
         for (int c0 = 0; c0 < C; c0 += COL_BLOCK) {
             int n = C - c0 < COL_BLOCK ? C - c0 : COL_BLOCK;
@@ -69,7 +69,7 @@ void zs_bias_gelu_backward(float *d, float *dbias, const float *pre, int N, int 
 {
     int nt = zs_kernel_threads(threads);
     int nblocks = (C + COL_BLOCK - 1) / COL_BLOCK;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int blk = 0; blk < nblocks; blk++) {
         int c0 = blk * COL_BLOCK;
         int n = C - c0 < COL_BLOCK ? C - c0 : COL_BLOCK;
