@@ -57,11 +57,13 @@ extern cntx_t **bli_gks_lookup_id(arch_t id) __attribute__((weak));
 /* Columns per block when summing over rows: a thread owns whole blocks. */
 #define COL_BLOCK 64
 
-/* Tiling of a product over threads (tiling_make): about TILES_PER_THREAD tiles per thread
- * along the longer of C's two dimensions, each a multiple of TILE_ALIGN (the micro-kernel's
- * 32 rows) and at least TILE_MIN wide.  More tiles balance better when a core is shared;
- * each extra tile packs the other operand once more. */
-#define TILES_PER_THREAD 2
+/* Tiling of a product over threads (tiling_make): TILES_PER_THREAD tiles per thread along
+ * the longer of C's two dimensions, each a multiple of TILE_ALIGN (the micro-kernel's 32
+ * rows) and at least TILE_MIN wide.  Each extra tile packs the operand the tiles share once
+ * more: the step's 15 product shapes, timed alone and interleaved on 2 threads (best of 8),
+ * took 720 ms with 1 tile per thread, 752 ms with 2 and 736 ms with BLIS's own threads; with
+ * another process on the cores, 1857, 1803, 1762 (4 per thread) and 5148 ms. */
+#define TILES_PER_THREAD 1
 #define TILE_ALIGN 32
 #define TILE_MIN 64
 #define MAX_BATCH 4
