@@ -23,9 +23,11 @@
  * independent outputs (rows; or columns, when the kernel sums over rows: whoever takes a
  * block of columns adds their rows in row order), never by splitting one sum, and the
  * matrix products are tiles of C, each a single-threaded BLIS sgemm that never splits k.
- * No atomics, no OpenMP reduction clauses.  The loops hand out their pieces dynamically
- * (schedule(dynamic)): a piece's result does not depend on which thread computed it, and a
- * thread that loses its core to another process holds back only the pieces it has taken.
+ * No atomics, no OpenMP reduction clauses.  A piece's result does not depend on which
+ * thread computed it, so the products' tiles (and GELU's column blocks) are handed out as
+ * threads come free (schedule(dynamic)); the other loops split statically, which measured
+ * faster on a quiet machine (neighbouring pieces on different cores share cache lines'
+ * neighbours: attention's backward 1.14 against 1.34 ms, LayerNorm's 240 against 285 us).
  */
 #ifndef ZS_KERNELS_H
 #define ZS_KERNELS_H

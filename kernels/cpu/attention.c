@@ -103,7 +103,7 @@ void zs_attention_forward(float *out, float *att, const float *qkv, int B, int T
     int nt = zs_kernel_threads(threads);
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
         head_forward(out + (size_t)b * T * C + (size_t)h * hs, att + (size_t)bh * T * T,
@@ -117,7 +117,7 @@ void zs_attention_backward(float *dqkv, float *datt, const float *dout, const fl
     int nt = zs_kernel_threads(threads);
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
         size_t qoff = (size_t)b * T * 3 * C + (size_t)h * hs;

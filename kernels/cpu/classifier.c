@@ -41,7 +41,7 @@ void zs_crossentropy_fused(float *logits, float *losses, const int32_t *targets,
                            float dloss, int threads)
 {
     int nt = zs_kernel_threads(threads);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 8)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < N; i++) {
         float *x = logits + (size_t)i * V;
         int t = targets[i];

@@ -65,7 +65,7 @@ void zs_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
                           const float *weight, const float *bias, int N, int C, int threads)
 {
     int nt = zs_kernel_threads(threads);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 16)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C;
         float m, s;
@@ -81,7 +81,7 @@ void zs_residual_layernorm_forward(float *res, float *out, float *mean, float *r
                                    const float *bias, int N, int C, int threads)
 {
     int nt = zs_kernel_threads(threads);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 16)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < N; i++) {
         float *r = res + (size_t)i * C;
         const float *a = inp1 + (size_t)i * C, *b = inp2 + (size_t)i * C;
@@ -104,7 +104,7 @@ void zs_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
 #pragma omp parallel num_threads(nt)
     {
 /* dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = w * dout. */
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for schedule(static)
         for (int i = 0; i < N; i++) {
             const float *x = inp + (size_t)i * C, *d = dout + (size_t)i * C;
             float *dx = dinp + (size_t)i * C;
@@ -131,7 +131,7 @@ void zs_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
             }
         }
 /* dweight = sum_i dout * xhat, dbias = sum_i dout: columns owned, rows in order. */
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
         for (int blk = 0; blk < nblocks; blk++) {
             int c0 = blk * COL_BLOCK;
             int nc = C - c0 < COL_BLOCK ? C - c0 : COL_BLOCK;

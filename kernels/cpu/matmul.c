@@ -183,7 +183,11 @@ void zs_sgemm_many(const zs_gemm *g, int count, int threads)
         first[i + 1] = first[i] + tl[i].tiles;
     }
     int total = first[count];
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (total > 1)
+    if (total == 1) { /* no OpenMP region: attention calls this ~300 times per layer */
+        tile_run(&g[0], &tl[0], 0);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int t = 0; t < total; t++) {
         int i = 0;
         while (t >= first[i + 1])
@@ -226,7 +230,7 @@ void zs_bias_backward(float *dbias, const float *dout, int N, int OC, int thread
 {
     int nt = zs_kernel_threads(threads);
     int nblocks = (OC + COL_BLOCK - 1) / COL_BLOCK;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int blk = 0; blk < nblocks; blk++) {
         int c0 = blk * COL_BLOCK;
         int nc = OC - c0 < COL_BLOCK ? OC - c0 : COL_BLOCK;
