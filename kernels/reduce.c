@@ -52,13 +52,53 @@ double zs_sumsq(const float *x, size_t n, int threads)
     return s;
 }
 
+/* Blocks of ZS_REDUCE_BLOCK per shard of shard_floats (the last shard may be shorter). */
+static size_t shard_blocks(size_t len)
+{
+    return (len + ZS_REDUCE_BLOCK - 1) / ZS_REDUCE_BLOCK;
+}
+
+/*
+ * The sum zs_sumsq would give shard by shard, added in shard order, but with the blocks of
+ * all shards in one parallel loop (one barrier instead of one per shard, 118 for GPT-2 124M
+ * in 4 MiB shards) and then the same additions in the same order: per shard, its block sums
+ * in block order starting from 0 (a shard of one block is that block's sum, as in zs_sumsq).
+ */
 double zs_sumsq_sharded(const float *x, size_t n, size_t shard_floats, int threads)
 {
-    double s = 0;
-    for (size_t lo = 0; lo < n; lo += shard_floats) {
-        size_t len = n - lo < shard_floats ? n - lo : shard_floats;
-        s += zs_sumsq(x + lo, len, threads);
+    size_t nshards = shard_floats ? (n + shard_floats - 1) / shard_floats : 0;
+    size_t per = shard_blocks(shard_floats), total = 0;
+    if (nshards > 0)
+        total = (nshards - 1) * per + shard_blocks(n - (nshards - 1) * shard_floats);
+    double *partial = total > 1 ? malloc(total * sizeof *partial) : NULL;
+    if (!partial) { /* one shard of one block, no memory, or shard_floats 0 */
+        double s = 0;
+        for (size_t lo = 0; lo < n; lo += shard_floats ? shard_floats : n) {
+            size_t len = shard_floats && n - lo > shard_floats ? shard_floats : n - lo;
+            s += zs_sumsq(x + lo, len, threads);
+        }
+        return s;
     }
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
+    for (size_t b = 0; b < total; b++) {
+        size_t shard = b / per, lo = shard * shard_floats + (b % per) * ZS_REDUCE_BLOCK;
+        size_t end =
+            shard * shard_floats + shard_floats < n ? shard * shard_floats + shard_floats : n;
+        size_t hi = lo + ZS_REDUCE_BLOCK < end ? lo + ZS_REDUCE_BLOCK : end;
+        partial[b] = block_sumsq(x + lo, hi - lo);
+    }
+    double s = 0;
+    for (size_t shard = 0; shard < nshards; shard++) {
+        size_t first = shard * per;
+        size_t len = shard + 1 < nshards ? shard_floats : n - shard * shard_floats;
+        size_t nb = shard_blocks(len);
+        double ss = nb <= 1 ? partial[first] : 0;
+        for (size_t k = 0; nb > 1 && k < nb; k++)
+            ss += partial[first + k];
+        s += ss;
+    }
+    free(partial);
     return s;
 }
 

@@ -1,10 +1,13 @@
 #!/bin/sh
 # make_venv.sh: create the Python venv in which bench_adamw times its peers, PyTorch's fused
-# CPU AdamW and DeepSpeed's DeepSpeedCPUAdam (bench/peers/adamw_peers.py).  For a person
-# running benchmarks by hand; never run by CI or the test suite (the download is gigabytes).
+# CPU AdamW and DeepSpeed's DeepSpeedCPUAdam (bench/peers/adamw_peers.py), and in which
+# bench/train_step_vs_torch.sh runs torch.compile's training step (torch_train_step.py, which
+# needs torch only; torch.compile also needs a C++ compiler, g++).  For a person running
+# benchmarks by hand; never run by CI or the test suite (the download is gigabytes).
 #
 # usage: bench/peers/make_venv.sh            (ZS_PEERS_VENV picks the path)
 #        ZS_PEERS_PYTHON=$venv/bin/python build/bench/bench_adamw 2 124
+#        ZS_PEERS_PYTHON=$venv/bin/python bench/train_step_vs_torch.sh build 2 3 3
 #
 # The venv lives outside the tree, so that no ignore rule is needed.  torch comes from
 # PyTorch's CPU-only index when it is reachable; otherwise from PyPI, whose Linux wheel

@@ -30,9 +30,11 @@ void zs_lm_head_forward(float *logits, const float *inp, const float *wte, int N
 void zs_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
                          const float *wte, int N, int C, int V, int threads)
 {
-    int nt = zs_kernel_threads(threads);
-    zs_sgemm(0, 0, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dinp, C, nt);
-    zs_sgemm(1, 0, V, C, N, 1.0f, dlogits, V, inp, C, 0.0f, dwte, C, nt);
+    zs_gemm g[2] = {
+        {0, 0, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dinp, C, NULL},
+        {1, 0, V, C, N, 1.0f, dlogits, V, inp, C, 0.0f, dwte, C, NULL},
+    };
+    zs_sgemm_many(g, 2, threads);
 }
 
 void zs_crossentropy_fused(float *logits, float *losses, const int32_t *targets, int N, int V,

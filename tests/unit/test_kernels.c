@@ -268,6 +268,42 @@ static void test_sgemm(void)
             }
 }
 
+/* zs_sgemm_many: a batch with a bias (C's rows start at it, beta taken as 1) on shapes cut
+ * along m (m > n) and along n, against one single-threaded product per member. */
+static void test_sgemm_many(void)
+{
+    const int shapes[][3] = {{300, 130, 70}, {96, 1000, 40}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int threads = 1; threads <= 3; threads++) {
+            int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            float *a = randn((size_t)m * k, 1), *b = randn((size_t)k * n, 1);
+            float *bias = randn((size_t)n, 1);
+            float *want1 = filled((size_t)m * n, NAN), *want2 = filled((size_t)k * n, NAN);
+            float *got1 = filled((size_t)m * n, NAN), *got2 = filled((size_t)k * n, NAN);
+            for (int i = 0; i < m; i++)
+                memcpy(want1 + (size_t)i * n, bias, (size_t)n * sizeof *bias);
+            zs_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 1.0f, want1, n, 1);
+            zs_sgemm(1, 0, k, n, m, 0.5f, a, k, want1, n, 0.0f, want2, n, 1);
+            zs_gemm g[2] = {
+                {0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, got1, n, bias},
+                {1, 0, k, n, m, 0.5f, a, k, want1, n, 0.0f, got2, n, NULL},
+            };
+            zs_sgemm_many(g, 2, threads);
+            char name[96];
+            snprintf(name, sizeof name, "sgemm_many %dx%dx%d + bias, %d threads", m, n, k, threads);
+            check_bits(name, want1, got1, (size_t)m * n);
+            snprintf(name, sizeof name, "sgemm_many %dx%dx%d ta 1, %d threads", k, n, m, threads);
+            check_bits(name, want2, got2, (size_t)k * n);
+            free(a);
+            free(b);
+            free(bias);
+            free(want1);
+            free(want2);
+            free(got1);
+            free(got2);
+        }
+}
+
 /* ---- linear ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -870,6 +906,7 @@ int main(void)
 {
     printf("test_kernels: sgemm micro-kernels %s\n", zs_sgemm_config());
     test_sgemm();
+    test_sgemm_many();
     test_linear();
     test_encoder();
     test_layernorm();
