@@ -153,22 +153,21 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
     double scale = fp16 ? tr->ls.scale : 1.0;
     for (int c = 0; c < C; c++) {
         zs_data_chunk(tr->data, cfg->seed, tr->step, c, b, T, tr->inputs, tr->targets);
+        /* acc = g_0, then acc += g_c: chunk order, as the servers add them.  Chunk 0's
+         * gradient is written straight into acc (the model writes every float of it). */
+        float *g = c == 0 ? tr->acc : tr->grads;
+        if (on_host)
+            flat.grads = g;
         float loss;
         ZS_CHECK(zs_model_forward(tr->model, &io, tr->inputs, tr->targets, b, T, &loss));
         ZS_CHECK(zs_model_backward(tr->model, &io));
         if (!on_host)
-            ZS_CHECK(zs_model_download(tr->model, tr->grads, tr->dev_grads, n * sizeof(float)));
+            ZS_CHECK(zs_model_download(tr->model, g, tr->dev_grads, n * sizeof(float)));
         loss_sum += loss;
         if (fp16) /* as a worker pushes it: scaled, rounded to fp16 (inf on overflow) */
-            zs_fp16_scale_grads(tr->grads, n, (float)scale);
-        /* acc = g_0, then acc += g_c: chunk order, as the servers add them. */
-        if (c == 0) {
-            memcpy(tr->acc, tr->grads, n * sizeof *tr->acc);
-        } else {
-#pragma omp parallel for schedule(static) num_threads(tr->threads)
-            for (size_t i = 0; i < n; i++)
-                tr->acc[i] += tr->grads[i];
-        }
+            zs_fp16_scale_grads(g, n, (float)scale);
+        if (c > 0) /* the servers' addition (kernels/reduce.h): the same bits */
+            zs_accumulate(tr->acc, tr->grads, n, tr->threads);
     }
     size_t shard_floats = cfg->cluster.shard_bytes / sizeof(float);
     /* fp16: the norm of the unscaled gradient, as the coordinator divides it (exact: the scale
