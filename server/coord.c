@@ -1658,12 +1658,6 @@ static void on_message(coord *co, const zs_ctrl_peer *from, const Zshard__Envelo
     }
 }
 
-/*
- * The checkpoint directory (checkpoint.dir, or OUT/checkpoints; made absolute, since the
- * servers resolve it too) and, for a resume, the checkpoint to start from: resolved (its
- * newest valid one for a directory), fully verified and checked against this run's config,
- * data and model; its run id and step go into the job.  A fresh run gets a new random id.
- */
 /* fp16 jobs: the scaler's history, from the fresh state or the resumed checkpoint's. */
 static zs_err scaler_setup(coord *co, const zs_ckpt *ck)
 {
@@ -1692,6 +1686,12 @@ static zs_err scaler_setup(coord *co, const zs_ckpt *ck)
     return ZS_OK;
 }
 
+/*
+ * The checkpoint directory (checkpoint.dir, or OUT/checkpoints; made absolute, since the
+ * servers resolve it too) and, for a resume, the checkpoint to start from: resolved (its
+ * newest valid one for a directory), fully verified and checked against this run's config,
+ * data and model; its run id and step go into the job.  A fresh run gets a new random id.
+ */
 static zs_err checkpoint_setup(coord *co, zs_msg_job *job)
 {
     /* The resume first: a refused one must leave nothing behind (no empty directory). */
