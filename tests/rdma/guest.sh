@@ -6,7 +6,7 @@
 # else runs.  Then BUILD_DIR/tests/test_transport_rdma, if it was built, the way CTest runs
 # a unit test (from tests/, with ZSHARD set); then each tests/rdma/*.test.sh in name order,
 # as `bash SCRIPT BUILD_DIR WORKDIR` with a fresh WORKDIR under /tmp.  Each test gets
-# ZS_RDMA_TEST_TIMEOUT seconds (default 200) before it is killed and failed.  Exit 77 (no
+# ZS_RDMA_TEST_TIMEOUT seconds (default 300) before it is killed and failed.  Exit 77 (no
 # RDMA device found) is a failure here, not a skip: this guest has two.  Exit status 0 only
 # if every test that ran passed.
 set -uo pipefail
@@ -27,7 +27,7 @@ build=$(cd "$1" >/dev/null && pwd) || {
   echo "guest.sh: build directory '$1' does not exist" >&2
   exit 2
 }
-per_test=${ZS_RDMA_TEST_TIMEOUT:-200}
+per_test=${ZS_RDMA_TEST_TIMEOUT:-300}
 
 # ---- the fabric ----
 echo "guest.sh: RDMA devices (ibv_devinfo -l): $(ibv_devinfo -l 2>&1 | tail -n +2 | xargs)"

@@ -14,7 +14,7 @@
 # (default BUILD_DIR/rdma-guest) and reused: the kernel package is the one linux-image-amd64
 # depends on, fetched with apt-get download.  Besides the cache, the run leaves nothing: its
 # scratch files live in a temporary folder it removes.  Environment (docs/testing.md):
-#   ZS_RDMA_TIMEOUT    seconds for the boot and CMD together, default 300; qemu is killed then
+#   ZS_RDMA_TIMEOUT    seconds for the boot and CMD together, default 450; qemu is killed then
 #   ZS_RDMA_CACHE      where prepared guests are kept
 #   ZS_RDMA_VERBOSE=1  the kernel's console messages and the guest init's steps too
 #   ZS_RDMA_ACCEL      kvm or tcg, to override the choice
@@ -48,7 +48,7 @@ else
   cmd=(bash tests/rdma/guest.sh "$build")
 fi
 
-timeout_s=${ZS_RDMA_TIMEOUT:-300}
+timeout_s=${ZS_RDMA_TIMEOUT:-450}
 [[ $timeout_s =~ ^[1-9][0-9]*$ ]] || die "ZS_RDMA_TIMEOUT='$timeout_s' is not a positive whole number of seconds"
 cache=${ZS_RDMA_CACHE:-$build/rdma-guest}
 verbose=${ZS_RDMA_VERBOSE:-0}
