@@ -115,7 +115,7 @@ void zs_client_close(zs_client *cl)
     free(cl);
 }
 
-zs_err zs_client_register(zs_client *cl, void *base, size_t bytes)
+static zs_err register_region(zs_client *cl, void *base, size_t bytes, int access)
 {
     if (cl->n_regions == cl->cap_regions) {
         int cap = cl->cap_regions ? 2 * cl->cap_regions : 8;
@@ -128,9 +128,19 @@ zs_err zs_client_register(zs_client *cl, void *base, size_t bytes)
     region *r = &cl->regions[cl->n_regions];
     r->base = base;
     r->bytes = bytes;
-    ZS_CHECK(cl->ops->reg_mr(cl->net, base, bytes, ZS_MR_SEND | ZS_MR_RECV, &r->mr));
+    ZS_CHECK(cl->ops->reg_mr(cl->net, base, bytes, access, &r->mr));
     cl->n_regions++;
     return ZS_OK;
+}
+
+zs_err zs_client_register(zs_client *cl, void *base, size_t bytes)
+{
+    return register_region(cl, base, bytes, ZS_MR_SEND | ZS_MR_RECV);
+}
+
+zs_err zs_client_register_pinned(zs_client *cl, void *base, size_t bytes)
+{
+    return register_region(cl, base, bytes, ZS_MR_SEND | ZS_MR_RECV | ZS_MR_PINNED);
 }
 
 /* The registered region holding [p, p + bytes), and p's offset in it. */

@@ -35,6 +35,9 @@ void zs_client_close(zs_client *cl);
 /* Registers [base, base + bytes) as a fetch destination and push source.  Regions must not
  * overlap; they stay registered until zs_client_close. */
 zs_err zs_client_register(zs_client *cl, void *base, size_t bytes);
+/* The same for memory whose pages someone else holds in place (a GPU's page-locked buffer):
+ * no backend moves them (ZS_MR_PINNED). */
+zs_err zs_client_register_pinned(zs_client *cl, void *base, size_t bytes);
 
 /* Starts fetching elements [begin, end) at `version` in dtype into dst (registered), which
  * receives (end - begin) elements.  The servers hold a fetch of a version not yet published

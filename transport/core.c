@@ -162,10 +162,10 @@ zs_err zs_region_remove(zs_region **table, zs_region *m, const char *backend)
 zs_err zs_region_check_access(const char *backend, int access)
 {
     const int all = ZS_MR_SEND | ZS_MR_RECV | ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE;
-    if (access <= 0 || (access & ~all))
+    if ((access & all) == 0 || (access & ~(all | ZS_MR_PINNED)))
         return zs_error(ZS_ERR_INVALID,
                         "%s reg_mr: access %d is not a combination of ZS_MR_SEND, ZS_MR_RECV, "
-                        "ZS_MR_REMOTE_READ and ZS_MR_REMOTE_WRITE",
+                        "ZS_MR_REMOTE_READ and ZS_MR_REMOTE_WRITE (and ZS_MR_PINNED)",
                         backend, access);
     return ZS_OK;
 }

@@ -1462,13 +1462,15 @@ static void share_region(sh_net *n, sh_mr *m)
 static zs_err sh_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out)
 {
     sh_net *n = (sh_net *)nn;
+    *out = NULL;
+    ZS_CHECK(zs_region_check_access("shm", access));
     sh_mr *m = calloc(1, sizeof *m);
     if (!m)
         return zs_error(ZS_ERR_NOMEM, "shm: out of memory");
     m->reg.base = base;
     m->reg.len = len;
     m->memfd = -1;
-    if ((access & (ZS_MR_SEND | ZS_MR_REMOTE_READ)) && len > 0)
+    if ((access & (ZS_MR_SEND | ZS_MR_REMOTE_READ)) && !(access & ZS_MR_PINNED) && len > 0)
         share_region(n, m);
     zs_region_add(&n->s.mrs, &m->reg, n, base, len, access);
     *out = (zs_mr *)m;

@@ -96,8 +96,17 @@ typedef struct zs_req zs_req;
 
 /* Access a region is registered for (RDMA maps them to local/remote read/write rights).
  * ZS_MR_REMOTE_READ and ZS_MR_REMOTE_WRITE open it to one-sided reads and writes by the peers
- * this net is connected to, through the descriptor mr_export() gives. */
-enum { ZS_MR_SEND = 1, ZS_MR_RECV = 2, ZS_MR_REMOTE_READ = 4, ZS_MR_REMOTE_WRITE = 8 };
+ * this net is connected to, through the descriptor mr_export() gives.  ZS_MR_PINNED, with any
+ * of them, says that someone else holds the pages where they are (a GPU driver's page-locked
+ * buffer): the backend must not move them (shm then reads the region from the owner's memory
+ * with process_vm_readv instead of moving its pages into a shared memfd). */
+enum {
+    ZS_MR_SEND = 1,
+    ZS_MR_RECV = 2,
+    ZS_MR_REMOTE_READ = 4,
+    ZS_MR_REMOTE_WRITE = 8,
+    ZS_MR_PINNED = 16
+};
 
 /* A registered region as a peer names it in one-sided reads and writes: exported by
  * mr_export() on the side that owns the memory, carried to the peer by the caller (in a frame's

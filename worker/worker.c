@@ -532,7 +532,10 @@ static zs_err setup_slots(wk *w)
             ZS_CHECK(zs_model_host_alloc(w->model, bytes, &p));
             s->buf = p;
             w->st.buffer_bytes += bytes;
-            ZS_CHECK(zs_client_register(w->cl, p, bytes));
+            /* A GPU's page-locked buffer stays where the driver pinned it (shm would move the
+             * pages of a large send buffer into shared memory otherwise). */
+            ZS_CHECK(w->on_host ? zs_client_register(w->cl, p, bytes)
+                                : zs_client_register_pinned(w->cl, p, bytes));
             /* A model off the host gets a twin of the slot in its own memory. */
             s->dev_layer = -1;
             s->dev_version = -1;

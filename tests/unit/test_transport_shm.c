@@ -9,6 +9,7 @@
  * copies cross address spaces, as in a job), and a client process SIGKILLed while the server
  * reads its push, after which the server serves others.
  */
+#include <sys/mman.h>
 #include <sys/prctl.h>
 
 #include "transport/shm.h"
@@ -104,6 +105,56 @@ static void test_client_killed(server *s)
     client_close(&cl);
 }
 
+/* Whether the page at p is mapped from our shared-memory memfd (a region moved at reg_mr). */
+static int moved_to_memfd(const void *p)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int moved = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx", &a, &b) == 2 && (uintptr_t)p >= a && (uintptr_t)p < b)
+            moved = strstr(line, "/memfd:zshard-shm") != NULL;
+    }
+    if (f)
+        fclose(f);
+    return moved;
+}
+
+/* A region registered with ZS_MR_PINNED (a GPU's page-locked buffer) keeps its pages where
+ * they are, and its payloads are read from the sender's memory (not viewed in place); the same
+ * region without the flag is moved into the shared memfd and its pushes are viewed. */
+static void test_pinned_stays(server *s)
+{
+    const size_t bytes = 4 * MIB;
+    uint8_t *pinned = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *plain = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(pinned != MAP_FAILED && plain != MAP_FAILED);
+    for (size_t i = 0; i < bytes; i++)
+        pinned[i] = plain[i] = (uint8_t)(i * 17 + 3);
+    client cl;
+    CHECK_OK(client_open(&cl, s->port, NULL));
+    zs_mr *mp, *mq, *own = cl.mr;
+    CHECK_OK(T->reg_mr(cl.net, pinned, bytes, ZS_MR_SEND | ZS_MR_PINNED, &mp));
+    CHECK_OK(T->reg_mr(cl.net, plain, bytes, ZS_MR_SEND, &mq));
+    CHECK_EQ_INT(moved_to_memfd(pinned), 0);
+    CHECK_EQ_INT(moved_to_memfd(plain), 1);
+    uint64_t h = 0;
+    cl.mr = mp; /* push() sends from cl.mr */
+    CHECK_OK(push(&cl, 0, 2 * MIB, 0, &h));
+    CHECK_EQ_INT(h, fnv(pinned, 2 * MIB));
+    CHECK_EQ_INT(last_push_viewed, 0);
+    cl.mr = mq;
+    CHECK_OK(push(&cl, 0, 2 * MIB, 0, &h));
+    CHECK_EQ_INT(h, fnv(plain, 2 * MIB));
+    CHECK_EQ_INT(last_push_viewed, 1);
+    CHECK_FAILS_WITH(T->reg_mr(cl.net, pinned, bytes, ZS_MR_PINNED, &mp), "not a combination");
+    cl.mr = own;
+    client_close(&cl);
+    munmap(pinned, bytes);
+    munmap(plain, bytes);
+}
+
 /* The one-sided operations (rma_suite.h). */
 #define RMA_OPS (&zs_shm_ops)
 #define RMA_NIC 0
@@ -173,6 +224,7 @@ int main(void)
     test_round_trips(&s);
     test_read_vs_republish(&s);
     test_view_holds_send(&s);
+    test_pinned_stays(&s);
     test_wait_fd(&s);
     test_client_killed(&s);
     test_garbage_setup(&s);
