@@ -627,9 +627,7 @@ out:
     job_stop(&sj);
     if (t1.s || t1.coord > 0)
         job_stop(&t1);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0)
+    if (zs_bench_rmtree(dir) != 0)
         rc = 1;
     return rc;
 }

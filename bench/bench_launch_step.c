@@ -31,23 +31,6 @@
 #define MAX_STEPS 256
 #define MAX_SAMPLES 4096
 
-static int run(char *const argv[], const char *log)
-{
-    pid_t p = fork();
-    if (p == 0) {
-        FILE *f = freopen(log, "w", stderr);
-        (void)f;
-        if (!freopen("/dev/null", "w", stdout))
-            _exit(127);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int st = 0;
-    if (p < 0 || waitpid(p, &st, 0) != p)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 typedef struct {
     double step_ms[MAX_SAMPLES], compute[MAX_SAMPLES], fetch[MAX_SAMPLES], push[MAX_SAMPLES];
     int n;
@@ -93,7 +76,7 @@ int main(int argc, char **argv)
     char dir[] = "/tmp/zs_bench_launch_XXXXXX";
     if (!mkdtemp(dir))
         return 1;
-    char data[512], cmd[2048];
+    char data[512];
     snprintf(data, sizeof data, "%s/data.txt", dir);
     if (zs_bench_write_corpus(data) != 0)
         return 1;
@@ -113,16 +96,15 @@ int main(int argc, char **argv)
                          data,        "--steps",  steps,       "--servers", "1",
                          "--workers", "1",        "--threads", threads,     "--out",
                          ldir,        "--device", device,      NULL};
-        if (run(targv, tlog) != 0 || read_metrics(tdir, &tr) < 2) {
+        if (zs_bench_run(targv, tlog) != 0 || read_metrics(tdir, &tr) < 2) {
             fprintf(stderr, "bench_launch_step: zshard train failed (log %s)\n", tlog);
             goto out;
         }
-        if (run(largv, llog) != 0 || read_metrics(ldir, &la) < 2) {
+        if (zs_bench_run(largv, llog) != 0 || read_metrics(ldir, &la) < 2) {
             fprintf(stderr, "bench_launch_step: zshard launch failed (log %s)\n", llog);
             goto out;
         }
-        snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", tdir, ldir);
-        same &= system(cmd) == 0;
+        same &= zs_bench_same_model(tdir, ldir);
     }
     double t_train = zs_bench_median(tr.step_ms, tr.n),
            t_launch = zs_bench_median(la.step_ms, la.n);
@@ -144,8 +126,7 @@ int main(int argc, char **argv)
            t_launch, t_train, t_launch / t_train);
     rc = same ? 0 : 1;
 out:
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0)
+    if (zs_bench_rmtree(dir) != 0)
         rc = 1;
     return rc;
 }

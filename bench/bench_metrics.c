@@ -26,18 +26,6 @@
 
 #define MAX_SAMPLES 100000
 
-static pid_t start(char *const argv[], const char *log)
-{
-    pid_t p = fork();
-    if (p == 0) {
-        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
-            _exit(127);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return p;
-}
-
 /* Adds step_ms of steps 2.. of dir/metrics.jsonl to v[*n]; returns the steps read. */
 static int read_steps(const char *dir, double *v, int *n)
 {
@@ -132,7 +120,7 @@ int main(int argc, char **argv)
                          "--workers", "1",         "--threads",   threads,     "--out",
                          mdir,        "--metrics", "127.0.0.1:0", NULL};
         int st = 0;
-        pid_t p = start(oargv, olog);
+        pid_t p = zs_bench_spawn(oargv, olog);
         if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0 ||
             read_steps(odir, off, &n_off) < 2) {
             fprintf(stderr, "bench_metrics: zshard launch failed; the end of its log:\n");
@@ -141,7 +129,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_metrics: cannot show %s\n", olog);
             goto out;
         }
-        p = start(margv, mlog);
+        p = zs_bench_spawn(margv, mlog);
         if (p < 0)
             goto out;
         /* Scrape every target every 100 ms until the launch exits. */
@@ -165,8 +153,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_metrics: cannot show %s\n", mlog);
             goto out;
         }
-        snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", odir, mdir);
-        same &= system(cmd) == 0;
+        same &= zs_bench_same_model(odir, mdir);
     }
     double t_off = zs_bench_median(off, n_off), t_on = zs_bench_median(on, n_on);
     printf("%s, %s steps x %d rounds, %s kernel threads; medians of steps 2..%s\n", cfg, steps,
@@ -180,8 +167,7 @@ int main(int argc, char **argv)
            t_on, t_off, t_on / t_off);
     rc = same ? 0 : 1;
 out:
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0)
+    if (zs_bench_rmtree(dir) != 0)
         rc = 1;
     return rc;
 }

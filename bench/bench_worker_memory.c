@@ -49,7 +49,7 @@ int main(int argc, char **argv)
     char dir[] = "/tmp/zs_bench_mem_XXXXXX";
     if (!mkdtemp(dir))
         return 1;
-    char cfg[256], data[256], ref[256], dist[256], ep[64], cmd[1024];
+    char cfg[256], data[256], ref[256], dist[256], ep[64];
     snprintf(cfg, sizeof cfg, "%s/cfg.json", dir);
     snprintf(data, sizeof data, "%s/data.txt", dir);
     snprintf(ref, sizeof ref, "%s/train", dir);
@@ -100,8 +100,7 @@ int main(int argc, char **argv)
                 cst, sst, wst);
         goto out;
     }
-    snprintf(cmd, sizeof cmd, "cmp -s %s/model.safetensors %s/model.safetensors", ref, dist);
-    int same = system(cmd) == 0;
+    int same = zs_bench_same_model(ref, dist);
     printf("GPT-2 124M (12 x 768, V 50257, T 64, 2 chunks of 4), %s step(s), %s threads\n", steps,
            threads);
     printf("peak RSS: zshard train %.0f MiB; worker %.0f MiB, server %.0f MiB, coordinator "
@@ -112,8 +111,7 @@ int main(int argc, char **argv)
            worker_rss, train_rss, worker_rss / train_rss);
     rc = same ? 0 : 1;
 out:
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0)
+    if (zs_bench_rmtree(dir) != 0)
         rc = 1;
     return rc;
 }

@@ -42,16 +42,44 @@ static inline int zs_bench_job_secret(const char *dir, zs_secret *out)
     return 0;
 }
 
+/* Starts argv (argv[0] a path) with its stderr in log (NULL: ours) and its stdout on /dev/null:
+ * a benchmark's stdout is its figures.  Returns the pid, or -1. */
 static inline pid_t zs_bench_spawn(char *const argv[], const char *log)
 {
     pid_t p = fork();
     if (p == 0) {
-        if (log && !freopen(log, "w", stderr))
+        if ((log && !freopen(log, "w", stderr)) || !freopen("/dev/null", "w", stdout))
             _exit(127);
         execv(argv[0], argv);
         _exit(127);
     }
     return p;
+}
+
+/* zs_bench_spawn to the end: the exit status, or -1 (not started, or killed by a signal). */
+static inline int zs_bench_run(char *const argv[], const char *log)
+{
+    pid_t p = zs_bench_spawn(argv, log);
+    int st = 0;
+    if (p < 0 || waitpid(p, &st, 0) != p)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Whether dir_a/model.safetensors and dir_b/model.safetensors have the same bytes. */
+static inline int zs_bench_same_model(const char *dir_a, const char *dir_b)
+{
+    char cmd[2200];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s/model.safetensors' '%s/model.safetensors'", dir_a, dir_b);
+    return system(cmd) == 0;
+}
+
+/* Removes a benchmark's scratch directory; 0, or -1 when rm failed. */
+static inline int zs_bench_rmtree(const char *dir)
+{
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
 }
 
 /* Runs `zshard launch ...` (argv) to its end, its stderr in out.log, and appends the step_ms
