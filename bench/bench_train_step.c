@@ -94,6 +94,9 @@ static void step_products(int N, int C, int V, int L, int nt, double *peak, cons
         double s =
             sgemm_best_s(p[i].ta, p[i].tb, p[i].m, p[i].n, p[i].k, nt, p[i].count > 1 ? 5 : 3);
         double g = 2.0 * p[i].m * p[i].n * p[i].k / s / 1e9;
+        printf("  product %-18s %c%c m=%-6d n=%-6d k=%-6d x%-2d %7.1f GFLOP/s %7.2f ms\n",
+               p[i].name, p[i].ta ? 'T' : 'N', p[i].tb ? 'T' : 'N', p[i].m, p[i].n, p[i].k,
+               p[i].count, g, s * 1e3 * p[i].count);
         if (g > *peak) {
             *peak = g;
             *peak_name = p[i].name;
