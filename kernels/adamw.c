@@ -9,7 +9,7 @@
  *   v     = v * beta2 + (one_minus_b2 * g) * g
  *   denom = sqrtf(v) / bc2_sqrt + eps
  *   p     = p - (step_size * m) / denom
- *   bf16  = zs_f32_to_bf16(p)
+ *   half  = zs_f32_to_bf16(p), or zs_f32_to_f16(p) when hp->half is ZS_HALF_F16
  * and p, m, v are stored with any NaN replaced by ZS_ADAMW_NAN_BITS (after p is computed
  * from the uncanonicalized m and v; whether p is NaN does not depend on their payloads).
  *
@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fp16.h"
 #include "common/log.h"
 #include "kernels/cpu/adamw_simd.h"
 
@@ -45,6 +46,7 @@ zs_adamw_hparams zs_adamw_hparams_make(double lr, double beta1, double beta2, do
         .bc2_sqrt = (float)sqrt(bc2),
         .eps = (float)eps,
         .step_size = (float)(lr / bc1),
+        .half = ZS_HALF_BF16,
     };
 }
 
@@ -58,9 +60,10 @@ static inline float canonical_nan(float x)
     return isnan(x) ? nan.f : x;
 }
 
-void zs_adamw_ref(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
+void zs_adamw_ref(float *param, float *m, float *v, const float *grad, uint16_t *half, size_t n,
                   const zs_adamw_hparams *hp)
 {
+    int f16 = hp->half == ZS_HALF_F16;
     for (size_t i = 0; i < n; i++) {
         float g = grad[i] * hp->grad_scale;
         float p = param[i] * hp->decay_factor;
@@ -72,8 +75,8 @@ void zs_adamw_ref(float *param, float *m, float *v, const float *grad, uint16_t 
         param[i] = p;
         m[i] = canonical_nan(mi);
         v[i] = canonical_nan(vi);
-        if (bf16)
-            bf16[i] = zs_f32_to_bf16(p);
+        if (half)
+            half[i] = f16 ? zs_f32_to_f16(p) : zs_f32_to_bf16(p);
     }
 }
 
@@ -94,8 +97,8 @@ static int have_avx512(void)
            __builtin_cpu_supports("fma");
 }
 
-/* -mf16c is not checked: the AVX2 file converts no halves, every AVX2 CPU has F16C, and
- * clang 14 knows no "f16c" feature string. */
+/* -mf16c is not checked: every AVX2 CPU has F16C (the AVX2 file converts fp16 copies with it),
+ * and clang 14 knows no "f16c" feature string. */
 static int have_avx2(void)
 {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -142,7 +145,7 @@ const char *zs_adamw_isa(void)
  * whole number of AVX-512 vectors, so only the last range has a tail. */
 #define ADAMW_ALIGN 64
 
-void zs_adamw(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
+void zs_adamw(float *param, float *m, float *v, const float *grad, uint16_t *half, size_t n,
               const zs_adamw_hparams *hp, int threads)
 {
     pthread_once(&chosen_once, choose);
@@ -151,7 +154,7 @@ void zs_adamw(float *param, float *m, float *v, const float *grad, uint16_t *bf1
     if ((size_t)nt > n / ADAMW_MIN_PER_THREAD)
         nt = (int)(n / ADAMW_MIN_PER_THREAD);
     if (nt <= 1) {
-        fn(param, m, v, grad, bf16, n, hp);
+        fn(param, m, v, grad, half, n, hp);
         return;
     }
 #pragma omp parallel num_threads(nt)
@@ -165,14 +168,14 @@ void zs_adamw(float *param, float *m, float *v, const float *grad, uint16_t *bf1
         size_t lo = (size_t)omp_get_thread_num() * per;
         size_t hi = lo + per < n ? lo + per : n;
         if (lo < hi)
-            fn(param + lo, m + lo, v + lo, grad + lo, bf16 ? bf16 + lo : NULL, hi - lo, hp);
+            fn(param + lo, m + lo, v + lo, grad + lo, half ? half + lo : NULL, hi - lo, hp);
     }
 }
 
 void zs_adamw_tensors(const zs_tensor_table *tt, size_t begin, size_t end, float *param, float *m,
-                      float *v, const float *grad, uint16_t *bf16, double lr, double beta1,
-                      double beta2, double eps, double weight_decay, long t, float grad_scale,
-                      int threads)
+                      float *v, const float *grad, uint16_t *half, zs_half_format fmt, double lr,
+                      double beta1, double beta2, double eps, double weight_decay, long t,
+                      float grad_scale, int threads)
 {
     for (int i = 0; i < tt->count; i++) {
         const zs_tensor *ts = &tt->tensors[i];
@@ -182,7 +185,8 @@ void zs_adamw_tensors(const zs_tensor_table *tt, size_t begin, size_t end, float
             continue;
         zs_adamw_hparams hp = zs_adamw_hparams_make(lr, beta1, beta2, eps,
                                                     ts->decay ? weight_decay : 0.0, t, grad_scale);
+        hp.half = fmt;
         size_t o = b - begin;
-        zs_adamw(param + o, m + o, v + o, grad + o, bf16 ? bf16 + o : NULL, e - b, &hp, threads);
+        zs_adamw(param + o, m + o, v + o, grad + o, half ? half + o : NULL, e - b, &hp, threads);
     }
 }

@@ -385,7 +385,7 @@ zs_err zs_ctrl_register(zs_ctrl *c, Zshard__Role role, const char *endpoint, uin
     r.endpoints = endpoint ? endpoints : NULL;
     r.protocol_version = ZS_PROTOCOL_VERSION;
     r.capabilities = ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |
-                     (transports & ZS_MSG_CAPS_TRANSPORT);
+                     ZSHARD__CAPABILITY__CAP_FETCH_FP16 | (transports & ZS_MSG_CAPS_TRANSPORT);
     r.hostname = host;
     r.pid = (uint32_t)getpid();
     r.build = (char *)ZS_VERSION;

@@ -60,10 +60,11 @@
 
 /* The Register.capabilities bits this version knows; any other bit is refused. */
 #define ZS_MSG_CAPS_KNOWN                                                                          \
+    (ZS_MSG_CAPS_FETCH | ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP |                                   \
+     ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA | ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM)
+#define ZS_MSG_CAPS_FETCH                                                                          \
     (ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |                     \
-     ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP | ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA |              \
-     ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM)
-#define ZS_MSG_CAPS_FETCH (ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16)
+     ZSHARD__CAPABILITY__CAP_FETCH_FP16)
 #define ZS_MSG_CAPS_TRANSPORT                                                                      \
     (ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP | ZSHARD__CAPABILITY__CAP_TRANSPORT_RDMA |              \
      ZSHARD__CAPABILITY__CAP_TRANSPORT_SHM)

@@ -478,6 +478,19 @@ static const char *registration_refusal(coord *co, const zs_ctrl_peer *from,
     const char *tr = transport_refusal(co, r, why, n);
     if (tr)
         return tr;
+    /* An fp16 job's workers fetch fp16 copies: a build that does not know them would refuse
+     * every fetch (a server) or ask for another dtype (a worker). */
+    if (co->cfg.fp16.enabled &&
+        (r->role == ZSHARD__ROLE__ROLE_SERVER || r->role == ZSHARD__ROLE__ROLE_WORKER) &&
+        !(r->capabilities & ZSHARD__CAPABILITY__CAP_FETCH_FP16)) {
+        snprintf(why, n,
+                 "this is an fp16 job, whose workers fetch fp16 copies of the weights, and this "
+                 "%s (build %s) does not %s them",
+                 r->role == ZSHARD__ROLE__ROLE_SERVER ? "server" : "worker",
+                 r->build ? r->build : "?",
+                 r->role == ZSHARD__ROLE__ROLE_SERVER ? "serve" : "fetch");
+        return why;
+    }
     if (live >= MAX_PEERS)
         return "too many peers at once";
     if (from->addr[0]) {

@@ -5,9 +5,9 @@
  * turns the thread sleeps (zs_server_wait) on the data plane's descriptor, the control socket
  * and an eventfd its checkpoint and replica threads write when they finish.
  *
- * Buffers: each shard's fp32 and bf16 arrays are registered once and fetch replies are sent
- * straight from them.  A push is added into the accumulator straight from where its payload
- * lies when the transport can show it in place (view_payload: over shm, the worker's pages
+ * Buffers: each shard's fp32 and 16-bit (bf16 or fp16) arrays are registered once and fetch replies
+ * are sent straight from them.  A push is added into the accumulator straight from where its
+ * payload lies when the transport can show it in place (view_payload: over shm, the worker's pages
  * mapped here), with no copy; otherwise it is received into a pool of registered scratch
  * buffers (one shard's worth each) and added from there.  A push whose header arrives while
  * it needs a scratch buffer and every one is busy stays pending in the transport (which then
@@ -90,7 +90,7 @@ enum { LOAD_NONE = 0, LOAD_QUEUED, LOAD_READING, LOAD_DONE };
 typedef struct {
     int shard;     /* local index; -1: empty */
     long version;  /* the version it holds (or is being read at) */
-    void *buf;     /* the largest shard in the job's fetch dtype (+1 bf16 pad), 4096-aligned */
+    void *buf;     /* the largest shard in the job's fetch dtype (+1 16-bit pad), 4096-aligned */
     zs_mr *mr;     /* buf, registered for sends */
     long sends;    /* sends from it not completed: it is not reused before they are */
     uint64_t used; /* win_clock when last served from (least recently used goes first) */
@@ -149,7 +149,7 @@ struct zs_server {
     zs_shardmap map;
     int have_map;
     zs_store *store;
-    zs_mr **mr_f32, **mr_bf16; /* per local shard */
+    zs_mr **mr_f32, **mr_half; /* per local shard */
     zs_mr **mr_m, **mr_v;      /* per local shard: the moments, for state fetches */
     zs_shard_range *local;     /* per local shard */
     int n_local;
@@ -322,10 +322,17 @@ static void skip_payload(server *sv, zs_conn *c, const zs_frame *f)
         doom(sv, c);
 }
 
+/* The dtype of the 16-bit copy on the wire: F16 in an fp16 job, else BF16 (an fp32 job's
+ * workers fetch F32, but the store keeps a bf16 copy all the same, and serves it). */
+static zs_frame_dtype half_dtype(const server *sv)
+{
+    return sv->cfg.fp16.enabled ? ZS_DTYPE_F16 : ZS_DTYPE_BF16;
+}
+
 /* The copy workers fetch in this job. */
 static zs_store_copy fetched_copy(const server *sv)
 {
-    return sv->cfg.bf16 ? ZS_STORE_BF16 : ZS_STORE_F32;
+    return zs_store_fetched_copy(&sv->cfg);
 }
 
 /* The window's reader thread: takes the queued slot read first, reads the shard's published
@@ -572,7 +579,7 @@ static void window_retry(server *sv)
 static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
 {
     const void *data;
-    zs_store_copy copy = f->dtype == ZS_DTYPE_BF16 ? ZS_STORE_BF16 : ZS_STORE_F32;
+    zs_store_copy copy = f->dtype == ZS_DTYPE_F32 ? ZS_STORE_F32 : ZS_STORE_HALF;
     zs_store_result where = zs_store_locate(sv->store, f->offset, f->count, copy, &data);
     int i = 0;
     while (i < sv->n_local && !(f->offset >= sv->local[i].begin && f->offset < sv->local[i].end))
@@ -607,7 +614,7 @@ static void serve_fetch(server *sv, zs_conn *c, const zs_frame *f)
                   .count = f->count,
                   .length = f->count * esz};
     zs_mr *mr = slot >= 0                                            ? sv->win[slot].mr
-                : f->dtype == ZS_DTYPE_BF16                          ? sv->mr_bf16[i]
+                : f->dtype != ZS_DTYPE_F32                           ? sv->mr_half[i]
                 : !(f->flags & ZS_FRAME_FLAG_STATE) || f->chunk == 0 ? sv->mr_f32[i]
                 : f->chunk == 1                                      ? sv->mr_m[i]
                                                                      : sv->mr_v[i];
@@ -653,8 +660,11 @@ static void on_fetch(server *sv, zs_conn *c, const zs_frame *f)
         return;
     }
     long v = zs_store_version(sv->store);
-    if (f->dtype != ZS_DTYPE_F32 && f->dtype != ZS_DTYPE_BF16) {
-        reply_error(sv, c, f, ZS_FS_BAD_RANGE, "fetch dtype must be F32 or BF16");
+    if (f->dtype != ZS_DTYPE_F32 && f->dtype != half_dtype(sv)) {
+        reply_error(sv, c, f, ZS_FS_BAD_RANGE,
+                    sv->cfg.fp16.enabled
+                        ? "fetch dtype must be F32 or F16 (this is an fp16 job)"
+                        : "fetch dtype must be F32 or BF16 (F16 only in fp16 jobs)");
     } else if ((long)f->step < v || (sv->verdict_pending && (long)f->step == v)) {
         reply_error(sv, c, f, ZS_FS_STALE, "version is no longer held");
     } else if (f->step > (uint64_t)v + 1) {
@@ -1589,7 +1599,7 @@ static void teardown_shards(server *sv, int keep)
     sv->win = NULL;
     sv->n_win = 0;
     sv->n_wwait = 0;
-    zs_mr **mrs[] = {sv->mr_f32, sv->mr_bf16, sv->mr_m, sv->mr_v};
+    zs_mr **mrs[] = {sv->mr_f32, sv->mr_half, sv->mr_m, sv->mr_v};
     for (int k = 0; k < 4; k++) {
         for (int i = 0; mrs[k] && i < sv->n_local; i++)
             if (mrs[k][i])
@@ -1602,7 +1612,7 @@ static void teardown_shards(server *sv, int keep)
     free(sv->owner);
     free(sv->ckpt.files);
     sv->local = NULL;
-    sv->mr_f32 = sv->mr_bf16 = sv->mr_m = sv->mr_v = NULL;
+    sv->mr_f32 = sv->mr_half = sv->mr_m = sv->mr_v = NULL;
     sv->owner = NULL;
     sv->ckpt.files = NULL;
     sv->n_local = 0;
@@ -1754,9 +1764,9 @@ static zs_err setup_replica(server *sv, const float *full)
 
 /*
  * Creates the store of the local shards, saying so before allocating anything if they cannot
- * fit.  In RAM: fp32 weights, both moments, the accumulator and the bf16 copy (18 bytes a
+ * fit.  In RAM: fp32 weights, both moments, the accumulator and the 16-bit copy (18 bytes a
  * float), as much again for a replica (shards are balanced), and the --init vector while it is
- * read.  With offload_optimizer.device "nvme", the weights, accumulator and bf16 copy (10 bytes
+ * read.  With offload_optimizer.device "nvme", the weights, accumulator and 16-bit copy (10 bytes
  * a float) and the tier's slots must fit the memory budget (cluster.server_memory_bytes, else
  * what the limits leave); the moments of the first shards stay in RAM as far as the rest of the
  * budget goes, and the others' live on NVMe.
@@ -1798,17 +1808,18 @@ static zs_err create_store(server *sv, int count)
                         who, sv->cfg.zero.nvme_path,
                         access(sv->cfg.zero.nvme_path, F_OK) != 0 ? strerror(errno)
                                                                   : "not a directory");
-    /* Workers that fetch the bf16 copy never read the fp32 master weights, which then go to
+    /* Workers that fetch the 16-bit copy never read the fp32 master weights, which then go to
      * NVMe with the moments: 6 bytes a float stay in RAM instead of 10.  With offload_param the
      * copy workers fetch goes there too (the weights themselves in an fp32 job), and 4 bytes a
      * float stay: the gradients. */
     int published = sv->cfg.zero.param == ZS_OFFLOAD_NVME;
-    int master = sv->cfg.bf16 != 0 || published;
+    int half = fetched_copy(sv) == ZS_STORE_HALF;
+    int master = half || published;
     uint64_t slots = zs_store_tier_ram(
         sv->local, count, ZS_STORE_TIER_MASTER * master | ZS_STORE_TIER_PUBLISHED * published,
-        sv->cfg.bf16);
+        half);
     if (published) /* the window's slots */
-        slots += (uint64_t)sv->cfg.zero.param_buffers * (biggest + 1) * (sv->cfg.bf16 ? 2 : 4);
+        slots += (uint64_t)sv->cfg.zero.param_buffers * (biggest + 1) * (half ? 2 : 4);
     uint64_t fixed = 4 + (master ? 0 : 4) + (published ? 0 : 2); /* bytes a float, every shard */
     uint64_t per_resident = 8 + (master ? 4 : 0) + (published ? 2 : 0);
     uint64_t base = floats * fixed + slots + init;
@@ -1821,8 +1832,8 @@ static zs_err create_store(server *sv, int count)
                         "NVMe slots), but %s gives %s",
                         who, count, zs_mem_text(base, t1, sizeof t1), on_nvme,
                         published ? "gradients"
-                        : master  ? "gradients, the bf16 copy"
-                                  : "weights, gradients, the bf16 copy",
+                        : master  ? "gradients, the 16-bit copy"
+                                  : "weights, gradients, the 16-bit copy",
                         source, zs_mem_text(budget, t2, sizeof t2));
     uint64_t kept = 0;
     int resident = 0;
@@ -1876,12 +1887,12 @@ static zs_err setup_shards(server *sv)
     sv->n_local = count;
     sv->local = calloc((size_t)count, sizeof *sv->local);
     sv->mr_f32 = calloc((size_t)count, sizeof *sv->mr_f32);
-    sv->mr_bf16 = calloc((size_t)count, sizeof *sv->mr_bf16);
+    sv->mr_half = calloc((size_t)count, sizeof *sv->mr_half);
     sv->mr_m = calloc((size_t)count, sizeof *sv->mr_m);
     sv->mr_v = calloc((size_t)count, sizeof *sv->mr_v);
     sv->owner = calloc((size_t)sv->cfg.chunks, sizeof *sv->owner);
     sv->ckpt.files = calloc((size_t)count, sizeof *sv->ckpt.files);
-    if (!sv->local || !sv->mr_f32 || !sv->mr_bf16 || !sv->mr_m || !sv->mr_v || !sv->owner ||
+    if (!sv->local || !sv->mr_f32 || !sv->mr_half || !sv->mr_m || !sv->mr_v || !sv->owner ||
         !sv->ckpt.files)
         return zs_error(ZS_ERR_NOMEM, "server %u: out of memory", sv->id);
     for (int i = 0; i < count; i++) {
@@ -1922,13 +1933,13 @@ static zs_err setup_shards(server *sv)
         size_t len = sv->local[i].end - sv->local[i].begin;
         zs_shard_range r;
         float *param, *m, *v;
-        const void *bf16;
+        const void *half;
         zs_store_state(sv->store, i, &r, &param, &m, &v);
         if (param) /* weights on NVMe: fetches are served from the window, or refused */
             ZS_CHECK(sv->ops->reg_mr(sv->net, param, len * 4, ZS_MR_SEND, &sv->mr_f32[i]));
-        if (zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_BF16, &bf16) ==
+        if (zs_store_locate(sv->store, sv->local[i].begin, len, ZS_STORE_HALF, &half) ==
             ZS_STORE_OK)
-            ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)bf16, len * 2, ZS_MR_SEND, &sv->mr_bf16[i]));
+            ZS_CHECK(sv->ops->reg_mr(sv->net, (void *)half, len * 2, ZS_MR_SEND, &sv->mr_half[i]));
         if (m) { /* moments on NVMe are not served to peers (replicas need them in RAM) */
             ZS_CHECK(sv->ops->reg_mr(sv->net, m, len * 4, ZS_MR_SEND, &sv->mr_m[i]));
             ZS_CHECK(sv->ops->reg_mr(sv->net, v, len * 4, ZS_MR_SEND, &sv->mr_v[i]));
@@ -1944,9 +1955,9 @@ static zs_err setup_shards(server *sv)
         }
     }
     if (sv->cfg.zero.param == ZS_OFFLOAD_NVME) {
-        /* The window: slots of the largest shard in the fetched dtype (a bf16 copy is read in
+        /* The window: slots of the largest shard in the fetched dtype (a 16-bit copy is read in
          * whole pairs, so one element more). */
-        size_t bytes = (biggest + 1) * (sv->cfg.bf16 ? 2 : 4);
+        size_t bytes = (biggest + 1) * (fetched_copy(sv) == ZS_STORE_HALF ? 2 : 4);
         sv->win = calloc((size_t)sv->cfg.zero.param_buffers, sizeof *sv->win);
         if (!sv->win)
             return zs_error(ZS_ERR_NOMEM, "server %u: out of memory for the NVMe window", sv->id);
@@ -2220,7 +2231,7 @@ void zs_server_close(zs_server *sv)
         close(sv->wake_fd);
     free(sv->local);
     free(sv->mr_f32);
-    free(sv->mr_bf16);
+    free(sv->mr_half);
     free(sv->mr_m);
     free(sv->mr_v);
     free(sv->endpoints);

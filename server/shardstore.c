@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/ckpt.h"
+#include "common/fp16.h"
 #include "kernels/adamw.h"
 #include "kernels/reduce.h"
 #include "server/nvme.h"
@@ -31,7 +32,7 @@ typedef struct {
     size_t len;
     float *param, *m, *v, *acc; /* [len]; m and v NULL when the moments are on NVMe, param
                                    too when the master weights are */
-    uint16_t *bf16;             /* [len] */
+    uint16_t *half;             /* [len] the 16-bit copy, in the store's half_fmt */
     int unit;                   /* its unit in the store's NVMe tier, -1: moments in RAM */
     int next;                   /* the chunk whose pieces go straight into acc */
     int in_ckpt;                /* its arrays on NVMe are in ck_dir's shard file (version
@@ -51,13 +52,15 @@ struct zs_store {
     zs_nvme *nvme;     /* the moments of shards [resident, n); NULL when all are in RAM */
     int resident;      /* shards (from the first) whose moments are in RAM */
     int master;        /* the tier also holds those shards' fp32 master weights (array 2) */
-    int published;     /* and the copy workers fetch: the weights (fp32 jobs) or, in ptier, bf16 */
-    zs_nvme *ptier;    /* bf16 jobs with the published copy on NVMe: that copy, one array a
-                          shard of len / 2 floats (bf16 pairs) */
-    uint16_t *scratch; /* [largest shard] the bf16 copy of a shard on its way to ptier */
+    int published;     /* and the copy workers fetch: the weights (fp32 jobs) or, in ptier, the
+                          16-bit copy */
+    zs_nvme *ptier;    /* bf16 and fp16 jobs with the published copy on NVMe: that copy, one array a
+                          shard of len / 2 floats (16-bit pairs) */
+    uint16_t *scratch; /* [largest shard] the 16-bit copy of a shard on its way to ptier */
     char *ck_dir;      /* the checkpoint step directory zs_store_apply_into wrote to */
     long skipped;      /* fp16: updates skipped so far; AdamW's t is version + 1 - skipped */
-    long ck_version;   /* the version it holds */
+    zs_half_format half_fmt; /* of the 16-bit copy: fp16 in fp16 jobs, else bf16 */
+    long ck_version;         /* the version it holds */
 };
 
 static void *zalloc(size_t n)
@@ -89,10 +92,10 @@ static int alloc_arrays(shard *s, int master_tiered, int published_tiered)
     }
     s->acc = zalloc(s->len * sizeof(float));
     if (s->unit < 0 || !published_tiered)
-        s->bf16 = zalloc(s->len * sizeof(uint16_t));
+        s->half = zalloc(s->len * sizeof(uint16_t));
     int param_ok = s->param || (s->unit >= 0 && master_tiered);
-    int bf16_ok = s->bf16 || (s->unit >= 0 && published_tiered);
-    return param_ok && bf16_ok && (s->unit >= 0 || (s->m && s->v)) && s->acc ? 0 : -1;
+    int half_ok = s->half || (s->unit >= 0 && published_tiered);
+    return param_ok && half_ok && (s->unit >= 0 || (s->m && s->v)) && s->acc ? 0 : -1;
 }
 
 static void free_arrays(shard *s)
@@ -101,9 +104,9 @@ static void free_arrays(shard *s)
     free(s->m);
     free(s->v);
     free(s->acc);
-    free(s->bf16);
+    free(s->half);
     s->param = s->m = s->v = s->acc = NULL;
-    s->bf16 = NULL;
+    s->half = NULL;
 }
 
 /* A tier unit's own file is its shard file in a checkpoint (common/ckpt.h): the header, then
@@ -118,7 +121,7 @@ static void ckpt_layout(zs_nvme_opts *o, int master)
     o->file_pos[2] = ZS_CKPT_PARAM;
 }
 
-uint64_t zs_store_tier_ram(const zs_shard_range *shards, int n, int what, int bf16)
+uint64_t zs_store_tier_ram(const zs_shard_range *shards, int n, int what, int half)
 {
     int published = (what & ZS_STORE_TIER_PUBLISHED) != 0;
     int master = (what & ZS_STORE_TIER_MASTER) || published;
@@ -132,7 +135,7 @@ uint64_t zs_store_tier_ram(const zs_shard_range *shards, int n, int what, int bf
     zs_nvme_opts o = {0};
     ckpt_layout(&o, master);
     uint64_t bytes = zs_nvme_slot_bytes(&o, master ? 3 : 2, floats, n);
-    if (published && bf16) { /* the bf16 copy's own tier (bf16 pairs), and its scratch */
+    if (published && half) { /* the 16-bit copy's own tier (16-bit pairs), and its scratch */
         for (int i = 0; i < n; i++)
             floats[i] = (floats[i] + 1) / 2;
         zs_nvme_opts p = {0};
@@ -160,6 +163,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
         return zs_error(ZS_ERR_NOMEM, "shard store: out of memory");
     st->tt = tt;
     st->cfg = *cfg;
+    st->half_fmt = cfg->fp16.enabled ? ZS_HALF_F16 : ZS_HALF_BF16;
     st->C = cfg->chunks;
     st->threads = threads > 0 ? threads : 1;
     st->n = n;
@@ -195,11 +199,11 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
         o.labels = labels;
         ckpt_layout(&o, st->master);
         zs_err e = zs_nvme_open(&o, n - st->resident, st->master ? 3 : 2, floats, &st->nvme);
-        if (e == ZS_OK && st->published && cfg->bf16) {
-            /* The bf16 copy in a file of its own: fetches read it while a checkpoint reads the
+        if (e == ZS_OK && st->published && zs_store_fetched_copy(cfg) == ZS_STORE_HALF) {
+            /* The 16-bit copy in a file of its own: fetches read it while a checkpoint reads the
              * other, and each file has one reader at a time. */
             char owner[96];
-            snprintf(owner, sizeof owner, "%s (bf16 copy)", tier->owner ? tier->owner : "nvme");
+            snprintf(owner, sizeof owner, "%s (16-bit copy)", tier->owner ? tier->owner : "nvme");
             size_t largest = 0;
             for (int i = st->resident; i < n; i++) {
                 largest = st->shards[i].len > largest ? st->shards[i].len : largest;
@@ -209,7 +213,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
             o.file_header = 0; /* never in a checkpoint */
             o.file_lead = 0;
             memset(o.file_pos, 0, sizeof o.file_pos);
-            o.names[0] = "bf16 copy";
+            o.names[0] = "16-bit copy";
             o.elem_bytes[0] = 2;
             e = zs_nvme_open(&o, n - st->resident, 1, floats, &st->ptier);
             st->scratch = e == ZS_OK ? zalloc((largest + 1) * sizeof(uint16_t)) : NULL;
@@ -228,7 +232,7 @@ static zs_err create(const zs_tensor_table *tt, const zs_config *cfg, const zs_s
 nomem:
     zs_store_free(st);
     {
-        /* What the arrays needed: param, m, v, the accumulator (fp32) and the bf16 copy. */
+        /* What the arrays needed: param, m, v, the accumulator (fp32) and the 16-bit copy. */
         size_t floats = 0;
         for (int i = 0; i < n; i++)
             floats += ranges[i].end - ranges[i].begin;
@@ -293,9 +297,9 @@ zs_err zs_store_move(zs_store *dst, int i, zs_store *src, int j)
     d->m = s->m;
     d->v = s->v;
     d->acc = s->acc;
-    d->bf16 = s->bf16;
+    d->half = s->half;
     s->param = s->m = s->v = s->acc = NULL;
-    s->bf16 = NULL;
+    s->half = NULL;
     return ZS_OK;
 }
 
@@ -336,46 +340,46 @@ void zs_store_free(zs_store *st)
     free(st);
 }
 
-/* Where shard s's bf16 copy is made: in RAM, in the scratch on its way to ptier, or nowhere (an
+/* Where shard s's 16-bit copy is made: in RAM, in the scratch on its way to ptier, or nowhere (an
  * fp32 job whose published copy, the weights, is on NVMe). */
-static uint16_t *bf16_out(const zs_store *st, const shard *s)
+static uint16_t *half_out(const zs_store *st, const shard *s)
 {
-    return s->bf16 ? s->bf16 : st->ptier ? st->scratch : NULL;
+    return s->half ? s->half : st->ptier ? st->scratch : NULL;
 }
 
-/* After bf16_out(st, s) was written: a copy bound for ptier goes there. */
-static zs_err bf16_done(zs_store *st, const shard *s)
+/* After half_out(st, s) was written: a copy bound for ptier goes there. */
+static zs_err half_done(zs_store *st, const shard *s)
 {
-    if (s->bf16 || !st->ptier)
+    if (s->half || !st->ptier)
         return ZS_OK;
     return zs_nvme_store(st->ptier, s->unit, 0, (const float *)st->scratch);
 }
 
-static zs_err bf16_from(zs_store *st, shard *s, const float *p)
+static zs_err half_from(zs_store *st, shard *s, const float *p)
 {
-    uint16_t *out = bf16_out(st, s);
+    uint16_t *out = half_out(st, s);
     if (!out)
         return ZS_OK;
     for (size_t i = 0; i < s->len; i++)
-        out[i] = zs_f32_to_bf16(p[i]);
+        out[i] = st->half_fmt == ZS_HALF_F16 ? zs_f32_to_f16(p[i]) : zs_f32_to_bf16(p[i]);
     if (s->len % 2)
-        out[s->len] = 0; /* the pad of the last bf16 pair */
-    return bf16_done(st, s);
+        out[s->len] = 0; /* the pad of the last 16-bit pair */
+    return half_done(st, s);
 }
 
-static void refresh_bf16(zs_store *st, shard *s)
+static void refresh_half(zs_store *st, shard *s)
 {
-    if (s->param) /* weights on NVMe: their bf16 copy was made when they were written there */
-        bf16_from(st, s, s->param);
+    if (s->param) /* weights on NVMe: their 16-bit copy was made when they were written there */
+        half_from(st, s, s->param);
 }
 
-/* Shard i's master weights from p (len floats): into RAM, or into the NVMe tier; the bf16
+/* Shard i's master weights from p (len floats): into RAM, or into the NVMe tier; the 16-bit
  * copy follows. */
 static zs_err set_params(zs_store *st, int i, const float *p)
 {
     shard *s = &st->shards[i];
     s->in_ckpt = 0;
-    ZS_CHECK(bf16_from(st, s, p));
+    ZS_CHECK(half_from(st, s, p));
     if (s->param) {
         if (s->param != p)
             memcpy(s->param, p, s->len * sizeof(float));
@@ -389,7 +393,7 @@ zs_err zs_store_init_seed_shard(zs_store *st, int i, uint64_t seed)
     shard *s = &st->shards[i];
     if (s->param) {
         zs_tensors_init_gpt2(st->tt, seed, s->param, s->r.begin, s->r.end);
-        refresh_bf16(st, s);
+        refresh_half(st, s);
         return ZS_OK;
     }
     float *p = malloc(s->len * sizeof *p);
@@ -625,8 +629,8 @@ typedef struct {
 static void adamw_shard(const apply_ctx *c, shard *s, float *p, float *m, float *v)
 {
     const zs_adamw_config *a = &c->st->cfg.adamw;
-    zs_adamw_tensors(c->st->tt, s->r.begin, s->r.end, p, m, v, s->acc, bf16_out(c->st, s), c->lr,
-                     a->beta1, a->beta2, a->eps, a->weight_decay,
+    zs_adamw_tensors(c->st->tt, s->r.begin, s->r.end, p, m, v, s->acc, half_out(c->st, s),
+                     c->st->half_fmt, c->lr, a->beta1, a->beta2, a->eps, a->weight_decay,
                      c->st->version + 1 - c->st->skipped, c->scale, c->st->threads);
 }
 
@@ -635,13 +639,13 @@ static zs_err apply_unit(void *ctx, int unit, float *const *arrays)
     apply_ctx *c = ctx;
     shard *s = &c->st->shards[c->st->resident + unit];
     /* AdamW leaves the padding between tensors alone: in the scratch that holds the previous
-     * shard's copy, it must be zeros again, as it is in a shard's own bf16 array. */
-    if (!s->bf16 && c->st->ptier)
+     * shard's copy, it must be zeros again, as it is in a shard's own 16-bit array. */
+    if (!s->half && c->st->ptier)
         memset(c->st->scratch, 0, (s->len + 1) * sizeof *c->st->scratch);
     adamw_shard(c, s, s->param ? s->param : arrays[2], arrays[0], arrays[1]);
-    /* The bf16 copy of a shard whose published copy is on NVMe goes there now (its own file,
+    /* The 16-bit copy of a shard whose published copy is on NVMe goes there now (its own file,
      * not the one the pipeline is moving). */
-    return bf16_done(c->st, s);
+    return half_done(c->st, s);
 }
 
 /* The shard files of step_dir for the tier's units: to[u], or NULL when out of memory (then
@@ -729,16 +733,21 @@ zs_err zs_store_apply_into(zs_store *st, double lr, double clip, int skip, const
     return ZS_OK;
 }
 
+zs_store_copy zs_store_fetched_copy(const zs_config *cfg)
+{
+    return cfg->bf16 || cfg->fp16.enabled ? ZS_STORE_HALF : ZS_STORE_F32;
+}
+
 zs_store_result zs_store_locate(const zs_store *st, size_t offset, size_t count, zs_store_copy copy,
                                 const void **data)
 {
     shard *s = count ? find_shard(st, offset, count) : NULL;
-    if (!s || (copy != ZS_STORE_F32 && copy != ZS_STORE_BF16))
+    if (!s || (copy != ZS_STORE_F32 && copy != ZS_STORE_HALF))
         return ZS_STORE_BAD_RANGE;
     size_t o = offset - s->r.begin;
-    if ((copy == ZS_STORE_F32 && !s->param) || (copy == ZS_STORE_BF16 && !s->bf16))
+    if ((copy == ZS_STORE_F32 && !s->param) || (copy == ZS_STORE_HALF && !s->half))
         return ZS_STORE_ON_NVME;
-    *data = copy == ZS_STORE_F32 ? (const void *)(s->param + o) : (const void *)(s->bf16 + o);
+    *data = copy == ZS_STORE_F32 ? (const void *)(s->param + o) : (const void *)(s->half + o);
     return ZS_STORE_OK;
 }
 
@@ -802,16 +811,16 @@ zs_err zs_store_read_published(zs_store *st, int i, zs_store_copy copy, void *ds
     shard *s = &st->shards[i];
     if (copy == ZS_STORE_F32)
         return zs_store_read_params(st, i, dst);
-    if (s->bf16) {
-        memcpy(dst, s->bf16, s->len * sizeof(uint16_t));
+    if (s->half) {
+        memcpy(dst, s->half, s->len * sizeof(uint16_t));
         return ZS_OK;
     }
     if (!st->ptier)
         return zs_error(ZS_ERR_INVALID,
-                        "shard store: shard %d has no bf16 copy (its fp32 weights are what this "
+                        "shard store: shard %d has no 16-bit copy (its fp32 weights are what this "
                         "job's workers fetch)",
                         s->r.index);
-    /* Whole bf16 pairs: dst must hold len rounded up to even. */
+    /* Whole 16-bit pairs: dst must hold len rounded up to even. */
     return zs_nvme_load(st->ptier, s->unit, 0, 0, (s->len + 1) / 2, dst);
 }
 
@@ -840,7 +849,7 @@ zs_err zs_store_write_state(zs_store *st, int i, const float *p, const float *m,
         return set_params(st, i, p);
     }
     s->in_ckpt = 0;
-    ZS_CHECK(bf16_from(st, s, p));
+    ZS_CHECK(half_from(st, s, p));
     if (s->param && s->param != p)
         memcpy(s->param, p, s->len * sizeof(float));
     const float *arrays[ZS_NVME_MAX_ARRAYS] = {m, v, s->param ? NULL : p};
@@ -864,6 +873,6 @@ void zs_store_restored(zs_store *st, long version)
 {
     st->ck_version = -1;
     for (int i = 0; i < st->n; i++)
-        refresh_bf16(st, &st->shards[i]);
+        refresh_half(st, &st->shards[i]);
     st->version = version;
 }

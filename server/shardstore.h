@@ -2,7 +2,7 @@
  * shardstore: the training state of the shards one partition server holds, and the step
  * protocol on it, without any networking (the server's event loop drives it).
  *
- * Per shard: fp32 master weights, AdamW m and v, the gradient accumulator, and the bf16 copy
+ * Per shard: fp32 master weights, AdamW m and v, the gradient accumulator, and the 16-bit copy
  * of the weights.  The store is at version s while step s runs: fetches read version s,
  * pushes carry step s gradients.
  *
@@ -46,7 +46,11 @@ typedef enum {
 } zs_store_result;
 
 /* Which copy of the weights zs_store_locate finds. */
-typedef enum { ZS_STORE_F32 = 0, ZS_STORE_BF16 = 1 } zs_store_copy;
+typedef enum { ZS_STORE_F32 = 0, ZS_STORE_HALF = 1 } zs_store_copy;
+
+/* The copy a job's workers fetch: the 16-bit one in bf16 jobs (bf16) and fp16 jobs (IEEE fp16,
+ * docs/precision.md), the fp32 weights otherwise. */
+zs_store_copy zs_store_fetched_copy(const zs_config *cfg);
 
 typedef struct {
     int index;    /* position in the global shard list: the order partials are summed in */
@@ -65,7 +69,7 @@ void zs_store_free(zs_store *st);
 /* What an NVMe tier holds beside the moments (zs_store_create_tiered's `what`). */
 enum {
     ZS_STORE_TIER_MASTER = 1,    /* the fp32 master weights */
-    ZS_STORE_TIER_PUBLISHED = 2, /* and the copy workers fetch (the weights, or the bf16 copy in
+    ZS_STORE_TIER_PUBLISHED = 2, /* and the copy workers fetch (the weights, or the 16-bit copy in
                                     a file of its own); implies MASTER */
 };
 
@@ -77,9 +81,10 @@ zs_err zs_store_create_tiered(const zs_tensor_table *tt, const zs_config *cfg,
                               int what, const zs_nvme_opts *tier, zs_store **out);
 
 /* Bytes of RAM the NVMe tier of a store of shards[0..n) with `what` takes when any of them is
- * on NVMe (its slots; with the published copy of a bf16 job, that copy's slots and scratch), so
+ * on NVMe (its slots; with the published 16-bit copy of a bf16 or fp16 job (half), that copy's
+ * slots and scratch), so
  * that a budget can be checked before the store is made. */
-uint64_t zs_store_tier_ram(const zs_shard_range *shards, int n, int what, int bf16);
+uint64_t zs_store_tier_ram(const zs_shard_range *shards, int n, int what, int half);
 
 /* Initializes the weights from the seed exactly as zs_tensors_init_gpt2 does the whole vector.
  * Fails only when weights go to the NVMe tier (out of memory, a write that failed). */
@@ -147,7 +152,7 @@ int zs_store_in_ckpt(const zs_store *st, int i, const char *step_dir, uint64_t x
                      int *param_in_file);
 
 /*
- * Where elements [offset, offset + count) of the current version live, in the fp32 or the bf16
+ * Where elements [offset, offset + count) of the current version live, in the fp32 or the 16-bit
  * copy, inside one shard: *data points into the store (valid until the next apply).
  * ZS_STORE_BAD_RANGE if the range is not inside one of this store's shards; ZS_STORE_ON_NVME
  * for a copy that is on NVMe (zs_store_read_published).
@@ -174,7 +179,7 @@ void zs_store_state(zs_store *st, int i, zs_shard_range *range, float **param, f
 /*
  * Moving state between stores without copying (a failover rebuilds the stores from the shards
  * and replicas a server holds): zs_store_create_empty makes a store whose shards have no arrays
- * yet; zs_store_move gives shard i of dst the arrays (weights, moments, accumulator, bf16 copy)
+ * yet; zs_store_move gives shard i of dst the arrays (weights, moments, accumulator, 16-bit copy)
  * of shard j of src, which must have the same range, and leaves src's shard without any (src is
  * then only fit for zs_store_free); zs_store_alloc gives a shard without arrays zeroed ones.
  * The gradient bookkeeping does not move: the new store starts its step from chunk 0, which is
@@ -193,14 +198,14 @@ int zs_store_moments_in_ram(const zs_store *st, int i);
  * checkpoint writer and a restore, which must not run beside zs_store_apply. */
 zs_err zs_store_read_moments(zs_store *st, int i, float *m, float *v);
 zs_err zs_store_write_moments(zs_store *st, int i, const float *m, const float *v);
-/* The same for the fp32 master weights; writing them also makes the bf16 copy. */
+/* The same for the fp32 master weights; writing them also makes the 16-bit copy. */
 zs_err zs_store_read_params(zs_store *st, int i, float *p);
 zs_err zs_store_write_params(zs_store *st, int i, const float *p);
 /* Shard i's weights and moments at once (a restore): on NVMe, one write of the shard and no
- * read; the bf16 copy follows the weights. */
+ * read; the 16-bit copy follows the weights. */
 zs_err zs_store_write_state(zs_store *st, int i, const float *p, const float *m, const float *v);
 /* Shard i's copy of the current version in that dtype, read into dst (from NVMe, checked, or
- * RAM); a bf16 dst holds the length rounded up to even.  Fetches of copies on NVMe are served
+ * RAM); a 16-bit dst holds the length rounded up to even.  Fetches of copies on NVMe are served
  * from there. */
 zs_err zs_store_read_published(zs_store *st, int i, zs_store_copy copy, void *dst);
 /* The NVMe tier, or NULL (benchmarks read its stats). */
@@ -209,7 +214,7 @@ zs_nvme *zs_store_nvme(const zs_store *st);
 /* Sets the version without touching the state (a store assembled from ones at that version). */
 void zs_store_set_version(zs_store *st, long version);
 
-/* After the state was written through zs_store_state: refreshes the bf16 copies and sets the
+/* After the state was written through zs_store_state: refreshes the 16-bit copies and sets the
  * version (the step count AdamW's bias correction continues from). */
 void zs_store_restored(zs_store *st, long version);
 

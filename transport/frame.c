@@ -19,6 +19,7 @@ size_t zs_frame_dtype_size(zs_frame_dtype dt)
     case ZS_DTYPE_F32:
         return 4;
     case ZS_DTYPE_BF16:
+    case ZS_DTYPE_F16:
         return 2;
     case ZS_DTYPE_TEXT:
     case ZS_DTYPE_BYTES:
@@ -61,6 +62,8 @@ const char *zs_frame_dtype_name(unsigned dtype)
         return "f32";
     case ZS_DTYPE_BF16:
         return "bf16";
+    case ZS_DTYPE_F16:
+        return "f16";
     case ZS_DTYPE_TEXT:
         return "text";
     case ZS_DTYPE_BYTES:

@@ -81,7 +81,8 @@ typedef enum {
     ZS_DTYPE_F32 = 0,
     ZS_DTYPE_BF16 = 1,
     ZS_DTYPE_TEXT = 2,
-    ZS_DTYPE_BYTES = 3
+    ZS_DTYPE_BYTES = 3,
+    ZS_DTYPE_F16 = 4 /* IEEE binary16: the published copy of an fp16 job */
 } zs_frame_dtype;
 
 typedef enum {

@@ -190,8 +190,8 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
     } else {
         const zs_adamw_config *ac = &cfg->adamw;
         /* (clip / scale) / C: the servers' factor (zs_store_apply with clip / scale). */
-        zs_adamw_tensors(&tr->tt, 0, n, tr->params, tr->m, tr->v, tr->acc, tr->bf16, lr, ac->beta1,
-                         ac->beta2, ac->eps, ac->weight_decay, opt_step + 1,
+        zs_adamw_tensors(&tr->tt, 0, n, tr->params, tr->m, tr->v, tr->acc, tr->bf16, ZS_HALF_BF16,
+                         lr, ac->beta1, ac->beta2, ac->eps, ac->weight_decay, opt_step + 1,
                          (float)(clip / scale / C), tr->threads);
         if (cfg->bf16) {
 #pragma omp parallel for schedule(static) num_threads(tr->threads)

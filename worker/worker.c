@@ -102,24 +102,27 @@ typedef struct {
     uint64_t seq;
 
     zs_worker_stats st;
-    /* fp16.enabled (docs/precision.md): fetched weights are rounded to fp16 on arrival, and
-     * each layer's gradient is multiplied by the step's loss scale and rounded to fp16 before
-     * it is pushed (still F32 on the wire: values fp16 represents, inf on an overflow). */
+    /* fp16.enabled (docs/precision.md): the weights are fetched as the servers' fp16 copy and
+     * widened on arrival, and each layer's gradient is multiplied by the step's loss scale and
+     * rounded to fp16 before it is pushed (F32 on the wire: values fp16 represents, inf on an
+     * overflow). */
     int fp16;
     float loss_scale;
 } wk;
 
 /* ---- the communication thread ----------------------------------------------------------- */
 
-/* Widens n bf16 values at the front of buf to fp32 in place, from the back, so that no value
- * is overwritten before it is read (element i's float covers bf16 elements 2i and 2i+1). */
-static void widen_bf16(void *buf, size_t n)
+/* Widens n bf16 or fp16 (dtype) values at the front of buf to fp32 in place, from the back, so
+ * that no value is overwritten before it is read (element i's float covers 16-bit elements 2i
+ * and 2i+1).  Both widenings are exact. */
+static void widen_half(void *buf, size_t n, zs_frame_dtype dtype)
 {
     unsigned char *b = buf;
+    int f16 = dtype == ZS_DTYPE_F16;
     for (size_t i = n; i-- > 0;) {
         uint16_t h;
         memcpy(&h, b + 2 * i, sizeof h);
-        float f = zs_bf16_to_f32(h);
+        float f = f16 ? zs_f16_to_f32(h) : zs_bf16_to_f32(h);
         memcpy(b + 4 * i, &f, sizeof f);
     }
 }
@@ -217,10 +220,8 @@ static void *comm_main(void *arg)
         zs_err e = zs_client_wait(w->cl, oldest->op, 0, &done);
         if (!done && e == ZS_OK)
             comm_sleep(w);
-        if (done && e == ZS_OK && !oldest->is_push && oldest->dtype == ZS_DTYPE_BF16)
-            widen_bf16(oldest->buf, oldest->end - oldest->begin);
-        if (done && e == ZS_OK && !oldest->is_push && w->fp16) /* fp16: as zshard train */
-            zs_fp16_round_array(oldest->buf, oldest->buf, oldest->end - oldest->begin, 1);
+        if (done && e == ZS_OK && !oldest->is_push && oldest->dtype != ZS_DTYPE_F32)
+            widen_half(oldest->buf, oldest->end - oldest->begin, oldest->dtype);
         pthread_mutex_lock(&w->mu);
         if (done) {
             oldest->op = NULL;
@@ -602,7 +603,7 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     w.tt = zs_session_tensors(w.s);
     w.cl = zs_session_client(w.s);
     w.L = w.cfg->model.n_layer;
-    w.dtype = w.cfg->bf16 ? ZS_DTYPE_BF16 : ZS_DTYPE_F32;
+    w.dtype = w.cfg->bf16 ? ZS_DTYPE_BF16 : w.cfg->fp16.enabled ? ZS_DTYPE_F16 : ZS_DTYPE_F32;
     w.fp16 = w.cfg->fp16.enabled;
     int b = w.cfg->micro_batch, T = w.cfg->model.block_size;
     in = malloc((size_t)b * T * sizeof *in);
@@ -644,9 +645,9 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     zs_device_format(opts->device, dev_name, sizeof dev_name);
     ZS_INFO("worker %u: %s weights, compute on %s, %d threads, %.1f MB of layer buffers",
             zs_session_id(w.s),
-            w.dtype == ZS_DTYPE_BF16 ? "bf16"
-            : w.fp16                 ? "fp16 (fetched as fp32)"
-                                     : "fp32",
+            w.dtype == ZS_DTYPE_BF16  ? "bf16"
+            : w.dtype == ZS_DTYPE_F16 ? "fp16"
+                                      : "fp32",
             dev_name, opts->threads, w.st.buffer_bytes / 1e6);
 
     long last_step = -1;

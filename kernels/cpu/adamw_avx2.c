@@ -6,8 +6,8 @@
  * The update is bound by memory, not by its divisions and square root, so the loop is shaped
  * around the traffic as in adamw_avx512.c (which says what each part buys): software prefetch
  * ADAMW_AHEAD elements ahead in p, m, v and g, and streaming stores of whole cache lines of
- * the bf16 copy, 32 elements (4 vectors) per iteration.  The head, up to 31 elements, brings
- * bf16 to a line boundary.
+ * the 16-bit copy (bf16, or fp16 through F16C's vcvtps2ph in an fp16 job), 32 elements (4
+ * vectors) per iteration.  The head, up to 31 elements, brings the copy to a line boundary.
  */
 #include <immintrin.h>
 
@@ -71,7 +71,18 @@ static inline __m256 update8(float *param, float *m, float *v, const float *grad
     return p;
 }
 
-void zs_adamw_avx2(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
+/* 16 halves of hp->half's format from two vectors of 8.  fp16: vcvtps2ph with round to
+ * nearest even, which is zs_f32_to_f16 on every input (common/fp16.h). */
+static inline __m256i pack_half(__m256 a, __m256 b, int f16)
+{
+    if (!f16)
+        return pack_bf16(a, b);
+    __m128i lo = _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m128i hi = _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+void zs_adamw_avx2(float *param, float *m, float *v, const float *grad, uint16_t *half, size_t n,
                    const zs_adamw_hparams *hp)
 {
     const consts c = {
@@ -84,9 +95,10 @@ void zs_adamw_avx2(float *param, float *m, float *v, const float *grad, uint16_t
         .eps = _mm256_set1_ps(hp->eps),
         .step = _mm256_set1_ps(hp->step_size),
     };
-    size_t i = zs_adamw_bf16_head(bf16, n);
+    int f16 = hp->half == ZS_HALF_F16;
+    size_t i = zs_adamw_half_head(half, n);
     if (i > 0)
-        zs_adamw_ref(param, m, v, grad, bf16, i, hp);
+        zs_adamw_ref(param, m, v, grad, half, i, hp);
     for (; i + 32 <= n; i += 32) {
         /* Near the end, prefetch the current lines again (already cached) rather than
          * form pointers past the arrays. */
@@ -103,15 +115,15 @@ void zs_adamw_avx2(float *param, float *m, float *v, const float *grad, uint16_t
         __m256 p1 = update8(param, m, v, grad, i + 8, &c);
         __m256 p2 = update8(param, m, v, grad, i + 16, &c);
         __m256 p3 = update8(param, m, v, grad, i + 24, &c);
-        if (bf16) {
-            _mm256_stream_si256((__m256i *)(bf16 + i), pack_bf16(p0, p1));
-            _mm256_stream_si256((__m256i *)(bf16 + i + 16), pack_bf16(p2, p3));
+        if (half) {
+            _mm256_stream_si256((__m256i *)(half + i), pack_half(p0, p1, f16));
+            _mm256_stream_si256((__m256i *)(half + i + 16), pack_half(p2, p3, f16));
         }
     }
     if (i < n)
-        zs_adamw_ref(param + i, m + i, v + i, grad + i, bf16 ? bf16 + i : NULL, n - i, hp);
-    /* Streaming stores are weakly ordered: make them visible before the caller hands bf16
+        zs_adamw_ref(param + i, m + i, v + i, grad + i, half ? half + i : NULL, n - i, hp);
+    /* Streaming stores are weakly ordered: make them visible before the caller hands the copy
      * to another thread. */
-    if (bf16)
+    if (half)
         _mm_sfence();
 }

@@ -8,10 +8,11 @@
  *     the hardware prefetchers do not keep enough misses in flight; the explicit prefetches
  *     cut the time per element by ~20% on two threads and ~30% on one (Sapphire Rapids class,
  *     bench_adamw);
- *   - the bf16 copy, which is written and never read, goes out with streaming stores of whole
- *     cache lines (32 elements), which skip the read for ownership of each line; ~5%.
+ *   - the 16-bit copy (bf16, or fp16 in an fp16 job), which is written and never read, goes
+ *     out with streaming stores of whole cache lines (32 elements), which skip the read for
+ *     ownership of each line; ~5%.
  *     p, m and v are not streamed: their lines were just read, and streaming them was slower.
- * A head of up to 31 elements brings bf16 to a line boundary, the tail (what is left of 32)
+ * A head of up to 31 elements brings the copy to a line boundary, the tail (what is left of 32)
  * runs with masked loads and stores; masked-off lanes compute on zeros, which raises nothing
  * and is never stored.
  */
@@ -40,6 +41,13 @@ static inline __m256i to_bf16(__m512 p)
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
+/* The copy of 16 lanes in hp->half's format.  fp16: vcvtps2ph with round to nearest even,
+ * which is zs_f32_to_f16 on every input (common/fp16.h says why; test_adamw checks it). */
+static inline __m256i to_half(__m512 p, int f16)
+{
+    return f16 ? _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) : to_bf16(p);
+}
+
 /* x with every NaN lane replaced by ZS_ADAMW_NAN_BITS. */
 static inline __m512 canonical_nan(__m512 x)
 {
@@ -49,6 +57,7 @@ static inline __m512 canonical_nan(__m512 x)
 
 typedef struct {
     __m512 gs, df, omb1, b2, omb2, bc2, eps, step;
+    int f16; /* the copy is fp16 (else bf16) */
 } consts;
 
 /* p, m and v of elements [i, i+16), lanes selected by k; returns the new p. */
@@ -69,17 +78,17 @@ static inline __m512 update16(float *param, float *m, float *v, const float *gra
     return p;
 }
 
-/* Elements [i, i+len), len <= 16, with ordinary (masked) stores of bf16. */
-static inline void update_part(float *param, float *m, float *v, const float *grad, uint16_t *bf16,
+/* Elements [i, i+len), len <= 16, with ordinary (masked) stores of the copy. */
+static inline void update_part(float *param, float *m, float *v, const float *grad, uint16_t *half,
                                size_t i, size_t len, const consts *c)
 {
     __mmask16 k = (__mmask16)((1u << len) - 1);
     __m512 p = update16(param, m, v, grad, i, k, c);
-    if (bf16)
-        _mm256_mask_storeu_epi16(bf16 + i, k, to_bf16(p));
+    if (half)
+        _mm256_mask_storeu_epi16(half + i, k, to_half(p, c->f16));
 }
 
-void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16_t *bf16, size_t n,
+void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16_t *half, size_t n,
                      const zs_adamw_hparams *hp)
 {
     const consts c = {
@@ -91,11 +100,12 @@ void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16
         .bc2 = _mm512_set1_ps(hp->bc2_sqrt),
         .eps = _mm512_set1_ps(hp->eps),
         .step = _mm512_set1_ps(hp->step_size),
+        .f16 = hp->half == ZS_HALF_F16,
     };
-    size_t head = zs_adamw_bf16_head(bf16, n), i = 0;
+    size_t head = zs_adamw_half_head(half, n), i = 0;
     while (i < head) {
         size_t len = head - i < 16 ? head - i : 16;
-        update_part(param, m, v, grad, bf16, i, len, &c);
+        update_part(param, m, v, grad, half, i, len, &c);
         i += len;
     }
     for (; i + 32 <= n; i += 32) {
@@ -112,18 +122,18 @@ void zs_adamw_avx512(float *param, float *m, float *v, const float *grad, uint16
         _mm_prefetch((const char *)(v + a + 16), _MM_HINT_T0);
         __m512 p0 = update16(param, m, v, grad, i, (__mmask16)0xffff, &c);
         __m512 p1 = update16(param, m, v, grad, i + 16, (__mmask16)0xffff, &c);
-        if (bf16)
-            _mm512_stream_si512(
-                (void *)(bf16 + i),
-                _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(p0)), to_bf16(p1), 1));
+        if (half)
+            _mm512_stream_si512((void *)(half + i),
+                                _mm512_inserti64x4(_mm512_castsi256_si512(to_half(p0, c.f16)),
+                                                   to_half(p1, c.f16), 1));
     }
     while (i < n) {
         size_t len = n - i < 16 ? n - i : 16;
-        update_part(param, m, v, grad, bf16, i, len, &c);
+        update_part(param, m, v, grad, half, i, len, &c);
         i += len;
     }
-    /* Streaming stores are weakly ordered: make them visible before the caller hands bf16
+    /* Streaming stores are weakly ordered: make them visible before the caller hands the copy
      * to another thread. */
-    if (bf16)
+    if (half)
         _mm_sfence();
 }

@@ -147,7 +147,7 @@ run_launch small small 1 1
 checks=$((checks + 1))
 [ "$RC" -ne 0 ] || fail "small: a budget below the weights and gradients was accepted"
 expect_log small "$WORK/small/logs/server-1.log" \
-  'server [0-9]+: 9 shards need [0-9.]+ KiB of RAM even with their moments on NVMe \(weights, gradients, the bf16 copy and the NVMe slots\), but cluster.server_memory_bytes gives 293.0 KiB'
+  'server [0-9]+: 9 shards need [0-9.]+ KiB of RAM even with their moments on NVMe \(weights, gradients, the 16-bit copy and the NVMe slots\), but cluster.server_memory_bytes gives 293.0 KiB'
 : >"$WORK/plainfile"
 NVME_PATH=$WORK/plainfile config notdir 500000
 run_launch notdir notdir 1 1

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "common/fp16.h"
 #include "kernels/adamw.h"
 #include "kernels/cpu/adamw_simd.h"
 #include "tests/unit/test.h"
@@ -45,7 +46,7 @@ static float value(float scale, int nan)
 {
     static const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffa5a5a5u,
                                     0x7fc12345u};
-    switch (next_u64() % 24) {
+    switch (next_u64() % 26) {
     case 0:
         return 0.0f;
     case 1:
@@ -58,6 +59,10 @@ static float value(float scale, int nan)
         return (next_u64() & 1) ? 3e38f : -3e38f;
     case 5:
         return (next_u64() & 1) ? INFINITY : -INFINITY;
+    case 24: /* fp16's subnormals (an fp16 job's copy) */
+        return uniform(-1e-5f, 1e-5f);
+    case 25: /* around fp16's largest finite value, 65504 */
+        return uniform(-7e4f, 7e4f);
     case 6:
     case 7:
         if (nan)
@@ -153,8 +158,9 @@ static void compare(const char *what, const state *ref, const state *got, size_t
 
 /* Every NaN the reference stored in p, m, v is the canonical one (and its bf16 0x7fc0); and
  * there are NaNs, so that the bitwise comparison covered them. */
-static void check_nans(const state *s, size_t n)
+static void check_nans(const state *s, size_t n, zs_half_format fmt)
 {
+    uint16_t nan16 = fmt == ZS_HALF_F16 ? 0x7e00 : 0x7fc0;
     size_t count = 0, bad = 0;
     const float *arr[3] = {s->p, s->m, s->v};
     for (int k = 0; k < 3; k++)
@@ -163,7 +169,7 @@ static void check_nans(const state *s, size_t n)
             memcpy(&u, &arr[k][i], 4);
             if (isnan(arr[k][i])) {
                 count++;
-                bad += u != ZS_ADAMW_NAN_BITS || (k == 0 && s->b[i] != 0x7fc0);
+                bad += u != ZS_ADAMW_NAN_BITS || (k == 0 && s->b[i] != nan16);
             }
         }
     CHECK_EQ_INT(bad, 0);
@@ -224,8 +230,10 @@ static void test_bitwise(void)
     printf("test_adamw: CPU has avx2 %d, avx512 %d; zs_adamw uses %s\n", have[IMPL_AVX2],
            have[IMPL_AVX512], zs_adamw_isa());
     fflush(stdout);
-    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
-        size_t n = sizes[si];
+    for (size_t si = 0; si < 2 * sizeof sizes / sizeof *sizes; si++) {
+        /* Each size twice: the copy in bf16, then in fp16. */
+        size_t n = sizes[si / 2];
+        zs_half_format fmt = si % 2 ? ZS_HALF_F16 : ZS_HALF_BF16;
         state base, ref, buf[IMPL_COUNT];
         int ok = alloc_state(&base, n) & alloc_state(&ref, n);
         for (int k = 0; k < IMPL_COUNT; k++)
@@ -244,18 +252,19 @@ static void test_bitwise(void)
             for (size_t ti = 0; ti < sizeof steps / sizeof *steps; ti++) {
                 zs_adamw_hparams hp = zs_adamw_hparams_make(1e-3, 0.9, 0.999, 1e-8, configs[ci].wd,
                                                             steps[ti], configs[ci].grad_scale);
+                hp.half = fmt;
                 zs_adamw_ref(ref.p, ref.m, ref.v, ref.g, ref.b, n, &hp);
                 for (int k = 0; k < IMPL_COUNT; k++) {
                     if (!have[k])
                         continue;
                     run_impl(k, &got[k], n, &hp);
                     char what[128];
-                    snprintf(what, sizeof what, "%s, config %zu, t=%ld", impl_names[k], ci,
-                             steps[ti]);
+                    snprintf(what, sizeof what, "%s, %s copy, config %zu, t=%ld", impl_names[k],
+                             fmt == ZS_HALF_F16 ? "fp16" : "bf16", ci, steps[ti]);
                     compare(what, &ref, &got[k], n, k != IMPL_NOBF16);
                 }
             }
-            check_nans(&ref, n);
+            check_nans(&ref, n, fmt);
         }
         free_state(&base);
         free_state(&ref);
@@ -264,10 +273,10 @@ static void test_bitwise(void)
     }
 }
 
-/* The SIMD variants run a head up to the next cache line of bf16, whole lines with streaming
- * bf16 stores and software prefetch (clamped near the end), and a tail: every start offset
- * within a line (the float arrays move with it), with sizes that end in the head, just past
- * it, and past the prefetch distance. */
+/* The SIMD variants run a head up to the next cache line of the 16-bit copy, whole lines with
+ * streaming stores of the copy and software prefetch (clamped near the end), and a tail: every
+ * start offset within a line (the float arrays move with it), in both formats of the copy, with
+ * sizes that end in the head, just past it, and past the prefetch distance. */
 static void test_offsets(void)
 {
     const size_t sizes[] = {5, 40, 100, 2000};
@@ -280,25 +289,29 @@ static void test_offsets(void)
     CHECK(ok);
     for (size_t si = 0; ok && si < sizeof sizes / sizeof *sizes; si++) {
         size_t n = sizes[si];
-        for (size_t k = 0; k < 64; k++) {
-            fill(&base, n + k, 1);
-            zs_adamw_hparams hp = zs_adamw_hparams_make(1e-3, 0.9, 0.999, 1e-8, 0.1, 3, 0.5f);
-            state r = offset_state(&ref, k), o = offset_state(&got, k), b = offset_state(&base, k);
-            copy_state(&r, &b, n);
-            zs_adamw_ref(r.p, r.m, r.v, r.g, r.b, n, &hp);
-            for (int isa = 0; isa < 2; isa++) {
-                if (!(isa ? have_avx512 : have_avx2))
-                    continue;
-                copy_state(&o, &b, n);
-                if (isa)
-                    zs_adamw_avx512(o.p, o.m, o.v, o.g, o.b, n, &hp);
-                else
-                    zs_adamw_avx2(o.p, o.m, o.v, o.g, o.b, n, &hp);
-                char what[96];
-                snprintf(what, sizeof what, "%s, offset %zu", isa ? "avx512" : "avx2", k);
-                compare(what, &r, &o, n, 1);
+        for (int f16 = 0; f16 < 2; f16++) /* the copy in bf16, then in fp16 */
+            for (size_t k = 0; k < 64; k++) {
+                fill(&base, n + k, 1);
+                zs_adamw_hparams hp = zs_adamw_hparams_make(1e-3, 0.9, 0.999, 1e-8, 0.1, 3, 0.5f);
+                hp.half = f16 ? ZS_HALF_F16 : ZS_HALF_BF16;
+                state r = offset_state(&ref, k), o = offset_state(&got, k),
+                      b = offset_state(&base, k);
+                copy_state(&r, &b, n);
+                zs_adamw_ref(r.p, r.m, r.v, r.g, r.b, n, &hp);
+                for (int isa = 0; isa < 2; isa++) {
+                    if (!(isa ? have_avx512 : have_avx2))
+                        continue;
+                    copy_state(&o, &b, n);
+                    if (isa)
+                        zs_adamw_avx512(o.p, o.m, o.v, o.g, o.b, n, &hp);
+                    else
+                        zs_adamw_avx2(o.p, o.m, o.v, o.g, o.b, n, &hp);
+                    char what[96];
+                    snprintf(what, sizeof what, "%s, %s copy, offset %zu", isa ? "avx512" : "avx2",
+                             f16 ? "fp16" : "bf16", k);
+                    compare(what, &r, &o, n, 1);
+                }
             }
-        }
     }
     free_state(&base);
     free_state(&ref);
@@ -349,6 +362,63 @@ static void test_formula(void)
     CHECK_NEAR(worst_v, 0, 1e-5);
 }
 
+/* The fp16 copy is zs_f32_to_f16 of the new weight in every variant, on a sweep of the float
+ * bit patterns (every 4093rd, both signs: fp16's normals, subnormals, the rounding to inf at
+ * 65520 and the ties) and on the patterns next to fp16's boundaries.  With lr 0 and no decay
+ * the step leaves each weight as it is (a NaN canonical), so the copy is that of the input. */
+static void test_f16_copy(void)
+{
+    enum { N = 1 << 20 };
+    static const uint32_t edges[] = {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477ff001u,
+                                     0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u,
+                                     0x32ffffffu, 0x33800000u, 0x387fe000u, 0x387ff000u};
+    state s, o;
+    int ok = alloc_state(&s, N) & alloc_state(&o, N);
+    CHECK(ok);
+    size_t n = 0;
+    for (uint64_t u = 0; ok && u < 0x100000000ull && n + 2 * 12 < N; u += 4093)
+        s.p[n++] = from_bits((uint32_t)u);
+    for (size_t i = 0; ok && i < sizeof edges / sizeof *edges; i++) {
+        s.p[n++] = from_bits(edges[i]);
+        s.p[n++] = from_bits(edges[i] | 0x80000000u);
+    }
+    for (size_t i = 0; ok && i < n; i++)
+        s.m[i] = s.v[i] = s.g[i] = 0.0f;
+    zs_adamw_hparams hp = zs_adamw_hparams_make(0.0, 0.9, 0.999, 1e-8, 0.0, 1, 1.0f);
+    hp.half = ZS_HALF_F16;
+    int have[3] = {1, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+                   __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")};
+    const char *names[3] = {"scalar", "avx2", "avx512"};
+    for (int k = 0; ok && k < 3; k++) {
+        if (!have[k])
+            continue;
+        copy_state(&o, &s, n);
+        if (k == 0)
+            zs_adamw_ref(o.p, o.m, o.v, o.g, o.b, n, &hp);
+        else if (k == 1)
+            zs_adamw_avx2(o.p, o.m, o.v, o.g, o.b, n, &hp);
+        else
+            zs_adamw_avx512(o.p, o.m, o.v, o.g, o.b, n, &hp);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            float want_p = isnan(s.p[i]) ? from_bits(ZS_ADAMW_NAN_BITS) : s.p[i];
+            uint16_t want = zs_f32_to_f16(want_p);
+            if (o.b[i] != want || memcmp(&o.p[i], &want_p, 4) != 0) {
+                if (bad++ == 0) {
+                    uint32_t in;
+                    memcpy(&in, &s.p[i], 4);
+                    fprintf(stderr, "test_f16_copy %s: weight 0x%08x: copy 0x%04x, want 0x%04x\n",
+                            names[k], in, o.b[i], want);
+                }
+            }
+        }
+        CHECK_EQ_INT(bad, 0);
+    }
+    free_state(&s);
+    free_state(&o);
+}
+
 static void test_bf16(void)
 {
     CHECK_EQ_INT(zs_f32_to_bf16(from_bits(0x3f808000u)), 0x3f80); /* tie, even below: down */
@@ -372,6 +442,7 @@ int main(void)
     test_bitwise();
     test_formula();
     test_offsets();
+    test_f16_copy();
     test_bf16();
     return zs_test_result("test_adamw");
 }

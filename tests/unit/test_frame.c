@@ -173,12 +173,14 @@ static void test_sizes_and_names(void)
     CHECK_EQ_INT(zs_frame_dtype_size(ZS_DTYPE_BF16), 2);
     CHECK_EQ_INT(zs_frame_dtype_size(ZS_DTYPE_TEXT), 1);
     CHECK_EQ_INT(zs_frame_dtype_size(ZS_DTYPE_BYTES), 1);
-    CHECK_EQ_INT(zs_frame_dtype_size((zs_frame_dtype)4), 0);
+    CHECK_EQ_INT(zs_frame_dtype_size(ZS_DTYPE_F16), 2);
+    CHECK_EQ_INT(zs_frame_dtype_size((zs_frame_dtype)5), 0);
     CHECK(!strcmp(zs_frame_op_name(ZS_OP_RMA_WRITE), "rma_write"));
     CHECK(!strcmp(zs_frame_status_name(ZS_FS_BAD_KEY), "bad_key"));
     CHECK(!strcmp(zs_frame_op_name(ZS_OP_PUSH), "push"));
     CHECK(!strcmp(zs_frame_op_name(0), "?"));
     CHECK(!strcmp(zs_frame_dtype_name(ZS_DTYPE_BF16), "bf16"));
+    CHECK(!strcmp(zs_frame_dtype_name(ZS_DTYPE_F16), "f16"));
     CHECK(!strcmp(zs_frame_status_name(ZS_FS_NOT_ASSIGNED), "not_assigned"));
     CHECK(!strcmp(zs_frame_status_name(99), "?"));
 }
@@ -209,7 +211,7 @@ static void test_invalid_fields(void)
     CHECK_FAILS_WITH(decode_patched(push, 6, 2, 11), "frame: op 11 is not a known op");
     CHECK_FAILS_WITH(decode_patched(push, 6, 2, 0), "op 0 is not a known op");
     CHECK_FAILS_WITH(decode_patched(push, 6, 2, 0xffff), "op 65535");
-    CHECK_FAILS_WITH(decode_patched(push, 8, 1, 4), "dtype 4 is not a known dtype");
+    CHECK_FAILS_WITH(decode_patched(push, 8, 1, 5), "dtype 5 is not a known dtype");
     CHECK_FAILS_WITH(decode_patched(push, 8, 1, 0xff), "dtype 255");
     CHECK_FAILS_WITH(decode_patched(push, 9, 1, 4), "flags 0x04 must be 0, 0x01 or 0x02");
     CHECK_FAILS_WITH(decode_patched(push, 9, 1, 2),

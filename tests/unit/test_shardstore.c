@@ -5,7 +5,7 @@
  * by the trainer and the stores (weights, moments, and the bias correction of the steps after).
  * The same with the moments of every shard but each store's first on NVMe (server/nvme.h, a
  * directory under /tmp), for S = 1 (the fp32 master weights on NVMe too) and 2, and with the
- * published copy on NVMe too (S = 2 fp32, S = 1 bf16, whose bf16 copy has a file of its own):
+ * published copy on NVMe too (S = 2 fp32, S = 1 bf16, whose 16-bit copy has a file of its own):
  * the same bits, moments included; and a byte flipped in the state file makes the next apply
  * fail, naming the offset, with the version unchanged.
  */
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/data.h"
+#include "common/fp16.h"
 #include "common/rng.h"
 #include "kernels/adamw.h"
 #include "kernels/gpt2.h"
@@ -252,15 +253,15 @@ static void check_tier_corruption(cluster *cl, long step, int C, int bf16)
         }
     free(g);
     if (bf16 && (tier_what & ZS_STORE_TIER_PUBLISHED) && zs_store_shard_count(st) > 3) {
-        /* The bf16 copy's own file (2688 bytes a shard, 4096 with their padding): byte 10800
+        /* The 16-bit copy's own file (2688 bytes a shard, 4096 with their padding): byte 10800
          * is in the 3rd tiered shard's, and a fetch's read of it fails, naming it. */
         zs_shard_range r;
         zs_store_params(st, 3, &r);
         uint16_t *copy = malloc((r.end - r.begin + 1) * sizeof *copy);
         char want[96];
-        snprintf(want, sizeof want, "at offset 8192 (shard %d bf16 copy, elements 0..1344)",
+        snprintf(want, sizeof want, "at offset 8192 (shard %d 16-bit copy, elements 0..1344)",
                  r.index);
-        CHECK_FAILS_WITH(zs_store_read_published(st, 3, ZS_STORE_BF16, copy), want);
+        CHECK_FAILS_WITH(zs_store_read_published(st, 3, ZS_STORE_HALF, copy), want);
         free(copy);
     }
     CHECK(zs_store_complete(st));
@@ -424,17 +425,17 @@ static void run(int S, int bf16)
     const void *p = NULL;
     zs_shard_range r0 = cl.all[cl.nshards - 1];
     zs_store *last = cl.stores[cl.owner[cl.nshards - 1]];
-    int where = zs_store_locate(last, r0.begin, r0.end - r0.begin, ZS_STORE_BF16, &p);
+    int where = zs_store_locate(last, r0.begin, r0.end - r0.begin, ZS_STORE_HALF, &p);
     uint16_t *copy = malloc((r0.end - r0.begin + 1) * sizeof *copy);
     if (where == ZS_STORE_ON_NVME) {
         CHECK(tier_what & ZS_STORE_TIER_PUBLISHED);
         zs_err e =
-            zs_store_read_published(last, zs_store_find(last, r0.index), ZS_STORE_BF16, copy);
+            zs_store_read_published(last, zs_store_find(last, r0.index), ZS_STORE_HALF, copy);
         if (bf16) {
             CHECK_OK(e);
             p = copy;
-        } else { /* an fp32 job on NVMe keeps no bf16 copy */
-            CHECK(e != ZS_OK && strstr(zs_last_error(), "has no bf16 copy"));
+        } else { /* an fp32 job on NVMe keeps no 16-bit copy */
+            CHECK(e != ZS_OK && strstr(zs_last_error(), "has no 16-bit copy"));
             p = NULL;
         }
     } else {
@@ -461,6 +462,75 @@ static void run(int S, int bf16)
     free(ds.tokens);
 }
 
+/* An fp16 job's 16-bit copy is IEEE fp16 (zs_f32_to_f16 of the weights) after the seed, after
+ * an update, and on NVMe when the published copy is there; F16 is what its fetches serve. */
+static void test_fp16_copy(const char *dir)
+{
+    zs_config cfg;
+    zs_config_defaults(&cfg);
+    cfg.model = (zs_model_config){
+        .n_layer = 1, .n_head = 2, .n_embd = 32, .vocab_size = 64, .block_size = 16};
+    cfg.chunks = 1;
+    cfg.fp16.enabled = 1;
+    cfg.seed = 7;
+    CHECK_EQ_INT(zs_store_fetched_copy(&cfg), ZS_STORE_HALF);
+    zs_tensor_table tt;
+    CHECK_OK(zs_tensors_gpt2(&cfg.model, &tt));
+    size_t N = tt.total, half = N / 2;
+    zs_shard_range r[2] = {{0, 0, half}, {1, half, N}};
+    for (int tiered = 0; tiered < 2; tiered++) {
+        zs_store *st = NULL;
+        zs_nvme_opts o = {.dir = dir, .block_bytes = 8192, .queue_depth = 3, .owner = "fp16"};
+        if (tiered) /* shard 1's moments, weights and published copy on NVMe */
+            CHECK_OK(
+                zs_store_create_tiered(&tt, &cfg, r, 2, 1, 1, ZS_STORE_TIER_PUBLISHED, &o, &st));
+        else
+            CHECK_OK(zs_store_create(&tt, &cfg, r, 2, 1, &st));
+        if (!st)
+            return;
+        CHECK_OK(zs_store_init_seed(st, cfg.seed));
+        float *p = malloc(N * sizeof *p), *g = malloc(N * sizeof *g);
+        uint16_t *copy = malloc((N + 2) * sizeof *copy);
+        for (int round = 0; p && g && copy && round < 2; round++) {
+            if (round == 1) { /* an update: large gradients move weights by about lr */
+                for (size_t i = 0; i < N; i++)
+                    g[i] = (float)((int)(zs_rng_u64(3, 1, i) % 2001) - 1000);
+                for (int k = 0; k < 2; k++)
+                    CHECK_EQ_INT(zs_store_push(st, 0, 0, r[k].begin, r[k].end - r[k].begin,
+                                               g + r[k].begin, NULL),
+                                 ZS_STORE_OK);
+                CHECK(zs_store_complete(st));
+                CHECK_OK(zs_store_apply(st, 1e-2, 1.0, 0));
+            }
+            size_t bad = 0;
+            for (int k = 0; k < 2; k++) {
+                size_t len = r[k].end - r[k].begin;
+                CHECK_OK(zs_store_read_params(st, k, p));
+                const void *at = NULL;
+                zs_store_result w = zs_store_locate(st, r[k].begin, len, ZS_STORE_HALF, &at);
+                if (w == ZS_STORE_ON_NVME) {
+                    CHECK(tiered && k == 1);
+                    CHECK_OK(zs_store_read_published(st, k, ZS_STORE_HALF, copy));
+                    at = copy;
+                } else {
+                    CHECK_EQ_INT(w, ZS_STORE_OK);
+                }
+                for (size_t i = 0; at && i < len; i++)
+                    bad += ((const uint16_t *)at)[i] != zs_f32_to_f16(p[i]);
+            }
+            if (bad)
+                fprintf(stderr, "fp16 copy (%s, round %d): %zu elements are not fp16(weight)\n",
+                        tiered ? "tiered" : "RAM", round, bad);
+            CHECK_EQ_INT(bad, 0);
+        }
+        free(p);
+        free(g);
+        free(copy);
+        zs_store_free(st);
+    }
+    zs_tensors_free(&tt);
+}
+
 int main(void)
 {
     for (int S = 1; S <= 3; S++)
@@ -475,7 +545,8 @@ int main(void)
     run(2, 0);
     tier_what = ZS_STORE_TIER_PUBLISHED; /* fp32: the weights are the published copy */
     run(2, 0);
-    run(1, 1); /* bf16: the bf16 copy in a file of its own */
+    run(1, 1); /* bf16: the 16-bit copy in a file of its own */
+    test_fp16_copy(dir);
     rmdir(dir);
     return zs_test_result("test_shardstore");
 }
