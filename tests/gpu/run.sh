@@ -29,7 +29,7 @@ for t in test_cuda_kernels test_gpu_step test_model; do
 done
 echo "== jobs.sh"
 bash "$root/tests/gpu/jobs.sh" "$build/zshard" "$build/tests/gpu-jobs.work" || status=1
-# The GPU benchmark: its figures go in the note; it fails only if it cannot run.
+# The GPU benchmarks: their figures go in the note; each fails only if it cannot run.
 echo "== bench_gpu_step"
 "$build/bench/bench_gpu_step" 0 5 || status=1
 echo "== bench_attention"
