@@ -19,8 +19,8 @@
  * exp(s - lse).  Its tiles: a block of 4 warps owns 32 query rows (8 per warp) of one (b, h) and
  * walks the key tiles of 32 rows from key 0 up to its diagonal; each key tile (and the block's q)
  * is staged in shared memory, a lane owns one key of the tile for the scores and hs/32 channels
- * of each output row for the product with v, the probabilities going from lane to lane by
- * shuffles.
+ * of each output row for the product with v, the probabilities going from lane to lane through
+ * a small buffer per warp in shared memory.
  *
  * Backward, as on the CPU: dP = dy v^T, dS = P (dP - rowsum(P dP)), dq = dS k / sqrt(hs),
  * dk = dS^T q / sqrt(hs), dv = P^T dy; the fused one uses rowsum(P dP) = rowsum(dy * out) =: D
@@ -213,6 +213,34 @@ template <int HS> struct fa_shape {
     static constexpr size_t tile_floats = (size_t)FA_TILE * stride;
 };
 
+/* A warp's values of its FA_ROWS rows for each of the tile's 32 rows (one per lane), [32][FA_ROWS]:
+ * how a probability or a dS goes from the lane that computed it to all lanes (two broadcast
+ * float4 reads for the warp's 8 rows, where shuffles would take 8 instructions), a buffer per
+ * warp, FA_WARPS in all. */
+#define FA_ROWBUF (FA_TILE * FA_ROWS)
+static_assert(FA_ROWS % 4 == 0, "rows are moved as float4s");
+
+/* Row `lane` of buf (a warp's [32][FA_ROWS]) = v[0 .. FA_ROWS).  The caller __syncwarp()s before
+ * the warp reads it. */
+__device__ static inline void fa_put_rows(float *buf, int lane, const float *v)
+{
+    float4 *d = (float4 *)(buf + lane * FA_ROWS);
+#pragma unroll
+    for (int r4 = 0; r4 < FA_ROWS / 4; r4++)
+        d[r4] = make_float4(v[4 * r4], v[4 * r4 + 1], v[4 * r4 + 2], v[4 * r4 + 3]);
+}
+
+/* v[0 .. FA_ROWS) = row j of buf (every lane the same: a broadcast). */
+__device__ static inline void fa_get_rows(float *v, const float *buf, int j)
+{
+    const float4 *src = (const float4 *)(buf + j * FA_ROWS);
+#pragma unroll
+    for (int r4 = 0; r4 < FA_ROWS / 4; r4++) {
+        float4 x = src[r4];
+        v[4 * r4] = x.x, v[4 * r4 + 1] = x.y, v[4 * r4 + 2] = x.z, v[4 * r4 + 3] = x.w;
+    }
+}
+
 /* dst row r (stride HS + 4) = src row row0 + r, channels [0, HS) (src rows `stride` apart); rows
  * at or past T are zeros.  The whole block takes part; consecutive threads read consecutive
  * channels. */
@@ -254,10 +282,11 @@ __device__ static inline void fa_block(int BH, int T, int reverse, int *tile, in
 }
 
 /*
- * Forward: the block of (query tile, bh).  Shared: q (its own rows), k and v (the key tile).
- * Lane j of a warp scores key k0 + j against the warp's FA_ROWS rows; the row's max and the sum
- * of its exponentials go through fixed butterflies; then each lane adds p_ij v_j into the
- * channels it owns, j in order, p_ij shuffled from lane j.
+ * Forward: the block of (query tile, bh).  Shared: q (its own rows), k and v (the key tile), the
+ * warps' row buffers.  Lane j of a warp scores key k0 + j against the warp's FA_ROWS rows; the
+ * row's max goes through a fixed butterfly; each lane keeps its own part of the row's sum of
+ * exponentials (rescaled with the row), summed by a butterfly at the end; then each lane adds
+ * p_ij v_j into the channels it owns, j in order, p_ij from the row buffer.
  */
 template <int HS>
 __global__ static void __launch_bounds__(FA_THREADS)
@@ -269,6 +298,7 @@ __global__ static void __launch_bounds__(FA_THREADS)
     float *qs = (float *)fa_smem, *ks = qs + S::tile_floats, *vs = ks + S::tile_floats;
     int tile, bh;
     fa_block(BH, T, 1, &tile, &bh);
+    float *pbuf = vs + S::tile_floats + (threadIdx.x / ZS_WARP) * FA_ROWBUF;
     const int b = bh / NH, h = bh % NH, warp = threadIdx.x / ZS_WARP, lane = threadIdx.x % ZS_WARP;
     const int q0 = tile * FA_TILE, row0 = warp * FA_ROWS;
     const size_t C3 = 3 * (size_t)C;
@@ -314,30 +344,32 @@ __global__ static void __launch_bounds__(FA_THREADS)
             float mnew = fmaxf(m[r], fa_warp_max(sc));
             float corr = expf(m[r] - mnew);
             p[r] = expf(sc - mnew);
-            l[r] = l[r] * corr + zs_warp_sum(p[r]);
+            l[r] = l[r] * corr + p[r];
             m[r] = mnew;
 #pragma unroll
             for (int e = 0; e < S::per_lane; e++)
                 o[r][e] *= corr;
         }
+        fa_put_rows(pbuf, lane, p);
+        __syncwarp();
 #pragma unroll 4
         for (int jj = 0; jj < FA_TILE; jj++) {
-            float vv[S::per_lane];
+            float vv[S::per_lane], pj[FA_ROWS];
 #pragma unroll
             for (int e = 0; e < S::per_lane; e++)
                 vv[e] = vs[jj * S::stride + e * ZS_WARP + lane];
+            fa_get_rows(pj, pbuf, jj);
 #pragma unroll
-            for (int r = 0; r < FA_ROWS; r++) {
-                float pj = __shfl_sync(0xffffffffu, p[r], jj);
+            for (int r = 0; r < FA_ROWS; r++)
 #pragma unroll
                 for (int e = 0; e < S::per_lane; e++)
-                    o[r][e] += pj * vv[e];
-            }
+                    o[r][e] += pj[r] * vv[e];
         }
     }
 #pragma unroll
     for (int r = 0; r < FA_ROWS; r++) {
         const int i = q0 + row0 + r;
+        l[r] = zs_warp_sum(l[r]); /* every lane, before any leaves */
         if (i >= T)
             continue;
         float *y = out + ((size_t)b * T + i) * C + (size_t)h * HS;
@@ -370,9 +402,9 @@ __global__ static void fused_delta_kernel(float *delta, const float *dout, const
 
 /*
  * dq: the block of (query tile, bh) walks the key tiles 0 .. its diagonal in order.  Shared: q
- * and dy (its own rows), k and v (the key tile).  Lane j recomputes P and dS of key k0 + j
- * against the warp's rows; then each lane adds dS_ij k_j into the channels of dq it owns, j in
- * order.
+ * and dy (its own rows), k and v (the key tile), the warps' row buffers.  Lane j recomputes P
+ * and dS of key k0 + j against the warp's rows; then each lane adds dS_ij k_j into the channels
+ * of dq it owns, j in order, dS_ij from the row buffer.
  */
 template <int HS>
 __global__ static void __launch_bounds__(FA_THREADS)
@@ -383,6 +415,7 @@ __global__ static void __launch_bounds__(FA_THREADS)
     extern __shared__ float4 fa_smem[];
     float *qs = (float *)fa_smem, *dys = qs + S::tile_floats, *ks = dys + S::tile_floats;
     float *vs = ks + S::tile_floats;
+    float *dsbuf = vs + S::tile_floats + (threadIdx.x / ZS_WARP) * FA_ROWBUF;
     int tile, bh;
     fa_block(BH, T, 1, &tile, &bh);
     const int b = bh / NH, h = bh % NH, warp = threadIdx.x / ZS_WARP, lane = threadIdx.x % ZS_WARP;
@@ -432,19 +465,20 @@ __global__ static void __launch_bounds__(FA_THREADS)
             float p = live ? expf(s[r] * scale - li[r]) : 0.0f;
             ds[r] = live ? p * (dp[r] - di[r]) : 0.0f;
         }
-#pragma unroll 4
+        fa_put_rows(dsbuf, lane, ds);
+        __syncwarp();
+#pragma unroll 2
         for (int jj = 0; jj < FA_TILE; jj++) {
-            float kk[S::per_lane];
+            float kk[S::per_lane], dsj[FA_ROWS];
 #pragma unroll
             for (int e = 0; e < S::per_lane; e++)
                 kk[e] = ks[jj * S::stride + e * ZS_WARP + lane];
+            fa_get_rows(dsj, dsbuf, jj);
 #pragma unroll
-            for (int r = 0; r < FA_ROWS; r++) {
-                float dsj = __shfl_sync(0xffffffffu, ds[r], jj);
+            for (int r = 0; r < FA_ROWS; r++)
 #pragma unroll
                 for (int e = 0; e < S::per_lane; e++)
-                    dq[r][e] += dsj * kk[e];
-            }
+                    dq[r][e] += dsj[r] * kk[e];
         }
     }
 #pragma unroll
@@ -461,9 +495,10 @@ __global__ static void __launch_bounds__(FA_THREADS)
 
 /*
  * dk, dv: the block of (key tile, bh) walks the query tiles from its own (the first that sees
- * its keys) to T in order.  Shared: k and v (its own rows), q, dy, lse and D (the query tile).
- * Lane i recomputes P and dS of query i0 + i against the warp's keys; then each lane adds
- * P_ij dy_i into dv and dS_ij q_i into dk in the channels it owns, i in order.
+ * its keys) to T in order.  Shared: k and v (its own rows), q, dy (the query tile), the warps'
+ * row buffers for P and dS, lse and D (the query tile).  Lane i recomputes P and dS of query
+ * i0 + i against the warp's keys; then each lane adds P_ij dy_i into dv and dS_ij q_i into dk in
+ * the channels it owns, i in order.
  */
 template <int HS>
 __global__ static void __launch_bounds__(FA_THREADS)
@@ -473,7 +508,10 @@ __global__ static void __launch_bounds__(FA_THREADS)
     typedef fa_shape<HS> S;
     extern __shared__ float4 fa_smem[];
     float *ks = (float *)fa_smem, *vs = ks + S::tile_floats, *qs = vs + S::tile_floats;
-    float *dys = qs + S::tile_floats, *ls = dys + S::tile_floats, *dls = ls + FA_TILE;
+    float *dys = qs + S::tile_floats, *bufs = dys + S::tile_floats;
+    float *pbuf = bufs + (threadIdx.x / ZS_WARP) * FA_ROWBUF;
+    float *dsbuf = bufs + (FA_WARPS + threadIdx.x / ZS_WARP) * FA_ROWBUF;
+    float *ls = bufs + 2 * FA_WARPS * FA_ROWBUF, *dls = ls + FA_TILE;
     int tile, bh;
     fa_block(BH, T, 0, &tile, &bh);
     const int b = bh / NH, h = bh % NH, warp = threadIdx.x / ZS_WARP, lane = threadIdx.x % ZS_WARP;
@@ -527,24 +565,26 @@ __global__ static void __launch_bounds__(FA_THREADS)
             p[r] = live ? expf(s[r] * scale - li) : 0.0f;
             ds[r] = live ? p[r] * (dp[r] - di) : 0.0f;
         }
+        fa_put_rows(pbuf, lane, p);
+        fa_put_rows(dsbuf, lane, ds);
+        __syncwarp();
 #pragma unroll 2
         for (int ii = 0; ii < FA_TILE; ii++) {
-            float qq[S::per_lane], gg[S::per_lane];
+            float qq[S::per_lane], gg[S::per_lane], pi[FA_ROWS], dsi[FA_ROWS];
 #pragma unroll
             for (int e = 0; e < S::per_lane; e++) {
                 qq[e] = qs[ii * S::stride + e * ZS_WARP + lane];
                 gg[e] = dys[ii * S::stride + e * ZS_WARP + lane];
             }
+            fa_get_rows(pi, pbuf, ii);
+            fa_get_rows(dsi, dsbuf, ii);
 #pragma unroll
-            for (int r = 0; r < FA_ROWS; r++) {
-                float pi = __shfl_sync(0xffffffffu, p[r], ii);
-                float dsi = __shfl_sync(0xffffffffu, ds[r], ii);
+            for (int r = 0; r < FA_ROWS; r++)
 #pragma unroll
                 for (int e = 0; e < S::per_lane; e++) {
-                    dv[r][e] += pi * gg[e];
-                    dk[r][e] += dsi * qq[e];
+                    dv[r][e] += pi[r] * gg[e];
+                    dk[r][e] += dsi[r] * qq[e];
                 }
-            }
         }
     }
 #pragma unroll
@@ -564,7 +604,7 @@ __global__ static void __launch_bounds__(FA_THREADS)
 /* Shared memory above 48 KiB must be asked for, per kernel (hs 96 and 128 need it: the
  * backward's four tiles of 32 x 132 floats are 66 KiB).  sm_80 and sm_90 give up to 163 and 227
  * KiB. */
-template <typename K> static zs_err fa_smem(K kernel, const char *name, size_t bytes)
+template <typename K> static zs_err fa_allow_smem(K kernel, const char *name, size_t bytes)
 {
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
@@ -603,8 +643,8 @@ template <int HS>
 static zs_err fa_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH,
                          unsigned blocks, cudaStream_t stream)
 {
-    size_t smem = 3 * fa_shape<HS>::tile_floats * sizeof(float);
-    ZS_CHECK(fa_smem(fused_forward_kernel<HS>, "attention_fused_forward", smem));
+    size_t smem = (3 * fa_shape<HS>::tile_floats + FA_WARPS * FA_ROWBUF) * sizeof(float);
+    ZS_CHECK(fa_allow_smem(fused_forward_kernel<HS>, "attention_fused_forward", smem));
     fused_forward_kernel<HS><<<blocks, FA_THREADS, smem, stream>>>(out, lse, qkv, B * NH, T, C, NH,
                                                                    1.0f / sqrtf((float)HS));
     return zs_cuda_launched("attention_fused_forward", B * T, C);
@@ -615,14 +655,14 @@ static zs_err fa_backward(float *dqkv, const float *delta, const float *dout, co
                           const float *lse, int B, int T, int C, int NH, unsigned blocks,
                           cudaStream_t stream)
 {
-    size_t smem = 4 * fa_shape<HS>::tile_floats * sizeof(float);
+    size_t smem = (4 * fa_shape<HS>::tile_floats + FA_WARPS * FA_ROWBUF) * sizeof(float);
     float scale = 1.0f / sqrtf((float)HS);
-    ZS_CHECK(fa_smem(fused_dq_kernel<HS>, "attention_fused_backward (dq)", smem));
+    ZS_CHECK(fa_allow_smem(fused_dq_kernel<HS>, "attention_fused_backward (dq)", smem));
     fused_dq_kernel<HS><<<blocks, FA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, delta, B * NH,
                                                               T, C, NH, scale);
     ZS_CHECK(zs_cuda_launched("attention_fused_backward (dq)", B * T, C));
-    smem += 2 * FA_TILE * sizeof(float);
-    ZS_CHECK(fa_smem(fused_dkv_kernel<HS>, "attention_fused_backward (dk, dv)", smem));
+    smem += (FA_WARPS * FA_ROWBUF + 2 * FA_TILE) * sizeof(float);
+    ZS_CHECK(fa_allow_smem(fused_dkv_kernel<HS>, "attention_fused_backward (dk, dv)", smem));
     fused_dkv_kernel<HS><<<blocks, FA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, delta, B * NH,
                                                                T, C, NH, scale);
     return zs_cuda_launched("attention_fused_backward (dk, dv)", B * T, C);
