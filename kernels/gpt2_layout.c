@@ -83,12 +83,16 @@ zs_err zs_gpt2_gaps(const zs_gpt2_offsets *o, int layer,
     return ZS_OK;
 }
 
-size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_model_config *cfg,
-                           int max_b, int max_t)
+size_t zs_gpt2_acts_layout_saving(zs_gpt2_acts *a, char *base, size_t align,
+                                  const zs_model_config *cfg, int max_b, int max_t,
+                                  zs_gpt2_att_saved saved)
 {
     size_t L = (size_t)cfg->n_layer, C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size;
     size_t NH = (size_t)cfg->n_head, N = (size_t)max_b * (size_t)max_t, T = (size_t)max_t;
-    size_t att = (size_t)max_b * NH * T * T;
+    /* Exactly one of the two is non-zero.  An array of 0 floats takes 0 bytes, so the PROBS
+     * layout is the one the CPU model has always had. */
+    size_t att = saved == ZS_GPT2_ATT_PROBS ? (size_t)max_b * NH * T * T : 0;
+    size_t rows = saved == ZS_GPT2_ATT_LSE ? (size_t)max_b * NH * T : 0;
     struct {
         float **p;
         size_t n;
@@ -99,6 +103,7 @@ size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_m
         {&a->ln1_rstd, L * N},
         {&a->qkv, L * N * 3 * C},
         {&a->att, L * att},
+        {&a->lse, L * rows},
         {&a->atty, L * N * C},
         {&a->res2, L * N * C},
         {&a->ln2, L * N * C},
@@ -116,27 +121,39 @@ size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_m
         {&a->dln, N * C},
         {&a->dbig, N * 4 * C},
         {&a->datt, att},
+        {&a->delta, rows},
     };
     size_t at = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (base)
-            *parts[i].p = (float *)(void *)(base + at);
+            *parts[i].p = parts[i].n ? (float *)(void *)(base + at) : NULL;
         at += (parts[i].n * sizeof(float) + align - 1) & ~(align - 1);
     }
+    if (base)
+        a->saved = saved;
     return at;
+}
+
+size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_model_config *cfg,
+                           int max_b, int max_t)
+{
+    return zs_gpt2_acts_layout_saving(a, base, align, cfg, max_b, max_t, ZS_GPT2_ATT_PROBS);
 }
 
 zs_gpt2_block_acts zs_gpt2_block_slices(const zs_gpt2_acts *a, const zs_model_config *cfg,
                                         int max_b, int max_t, int l)
 {
     const size_t Nn = (size_t)max_b * (size_t)max_t, NC = Nn * (size_t)cfg->n_embd;
-    const size_t att = (size_t)max_b * (size_t)cfg->n_head * (size_t)max_t * (size_t)max_t;
+    const size_t rows = (size_t)max_b * (size_t)cfg->n_head * (size_t)max_t;
+    const size_t att = rows * (size_t)max_t;
+    const int probs = a->saved == ZS_GPT2_ATT_PROBS;
     return (zs_gpt2_block_acts){.resid = a->resid + l * NC,
                                 .ln1 = a->ln1 + l * NC,
                                 .ln1_mean = a->ln1_mean + l * Nn,
                                 .ln1_rstd = a->ln1_rstd + l * Nn,
                                 .qkv = a->qkv + l * 3 * NC,
-                                .att = a->att + l * att,
+                                .att = probs ? a->att + l * att : NULL,
+                                .lse = probs ? NULL : a->lse + l * rows,
                                 .atty = a->atty + l * NC,
                                 .res2 = a->res2 + l * NC,
                                 .ln2 = a->ln2 + l * NC,

@@ -38,15 +38,26 @@ void zs_gpt2_offsets_free(zs_gpt2_offsets *o);
 zs_err zs_gpt2_gaps(const zs_gpt2_offsets *o, int layer,
                     zs_err (*gap)(void *ctx, size_t begin, size_t floats), void *ctx);
 
+/* What the attention keeps for its backward.  The CPU kernel and the CUDA reference kernel keep
+ * the softmax, (B, NH, T, T) a layer, and need a scratch of that size; the CUDA fused kernel
+ * keeps one log-sum-exp per row, (B, NH, T) a layer, and a scratch of that size.  The layout
+ * holds the arrays of one kind only: the other's pointers are NULL. */
+typedef enum {
+    ZS_GPT2_ATT_PROBS, /* att, datt */
+    ZS_GPT2_ATT_LSE,   /* lse, delta */
+} zs_gpt2_att_saved;
+
 /* Activations of one forward, sized for max_b x max_t positions; a forward over b x t uses the
  * first N = b*t rows of each (L, ...) slice.  T below is the forward's t. */
 typedef struct {
+    zs_gpt2_att_saved saved; /* which of att/datt or lse/delta are laid out */
     float *resid;    /* (L+1, N, C) residual stream: [0] embeddings, [l+1] output of block l */
     float *ln1;      /* (L, N, C) */
     float *ln1_mean; /* (L, N) */
     float *ln1_rstd; /* (L, N) */
     float *qkv;      /* (L, N, 3C) c_attn output: q, k, v */
-    float *att;      /* (L, B, NH, T, T) attention probabilities, 0 above the diagonal */
+    float *att;      /* (L, B, NH, T, T) attention probabilities, 0 above the diagonal (PROBS) */
+    float *lse;      /* (L, B, NH, T) each score row's log-sum-exp (LSE) */
     float *atty;     /* (L, N, C) attention output, heads merged */
     float *res2;     /* (L, N, C) residual stream after the attention branch */
     float *ln2;      /* (L, N, C) */
@@ -61,20 +72,29 @@ typedef struct {
     float *logits;   /* (N, V) logits; dlogits once the forward has run */
     float *losses;   /* (N) cross-entropy per position */
     /* Backward scratch, shared by all layers. */
-    float *dres; /* (N, C) gradient of the residual stream */
-    float *dln;  /* (N, C) gradient of a LayerNorm output, or of atty */
-    float *dbig; /* (N, 4C) gradient of fch_gelu / fch, or (N, 3C) of qkv */
-    float *datt; /* (B, NH, T, T) gradient of the attention scores */
+    float *dres;  /* (N, C) gradient of the residual stream */
+    float *dln;   /* (N, C) gradient of a LayerNorm output, or of atty */
+    float *dbig;  /* (N, 4C) gradient of fch_gelu / fch, or (N, 3C) of qkv */
+    float *datt;  /* (B, NH, T, T) gradient of the attention scores (PROBS) */
+    float *delta; /* (B, NH, T) rowsum(d atty * atty) of a head (LSE) */
 } zs_gpt2_acts;
 
 /* Block l's slices of the (L, ...) activations. */
 typedef struct {
     float *resid, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd;
     float *fch, *gelu;
+    float *lse; /* NULL with PROBS, as att is with LSE */
 } zs_gpt2_block_acts;
 
 /* Points a's arrays into base, each starting on a multiple of align bytes (a power of two, at
- * least 4), in the order of zs_gpt2_acts; with base NULL only counts.  Returns the bytes. */
+ * least 4), in the order of zs_gpt2_acts, with what the attention saves given by `saved` (the
+ * arrays of the other kind take no bytes and are NULL); with base NULL only counts.  Returns the
+ * bytes. */
+size_t zs_gpt2_acts_layout_saving(zs_gpt2_acts *a, char *base, size_t align,
+                                  const zs_model_config *cfg, int max_b, int max_t,
+                                  zs_gpt2_att_saved saved);
+
+/* zs_gpt2_acts_layout_saving with ZS_GPT2_ATT_PROBS: the CPU model's layout. */
 size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_model_config *cfg,
                            int max_b, int max_t);
 

@@ -5,8 +5,10 @@
  * enqueued on a stream.
  *
  * So far: bias + GELU, LayerNorm (with the residual add), the encoder and the fused
- * cross-entropy, the linear layers through cuBLASLt, and a reference causal attention
- * (correct and deterministic, not fast; the fused one comes after it).
+ * cross-entropy, the linear layers through cuBLASLt, and causal attention two ways: a reference
+ * kernel (correct and deterministic, not fast: it stores the T x T softmax) and a fused,
+ * flash-style one (per-row log-sum-exp instead, tiles in shared memory), which the model uses
+ * (ZS_CUDA_ATTENTION, docs/gpu.md).  None of it has run on a GPU yet.
  *
  * This is the fp32 mode, the one checked against the CPU kernels element by element
  * (tests/gpu/test_cuda_kernels.c holds the tolerance of each and why).  bf16 storage with fp32
@@ -72,8 +74,9 @@ zs_err zs_cuda_encoder_forward(float *out, const int32_t *inp, const float *wte,
 zs_err zs_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
                                 int B, int T, int C, zs_cuda_stream stream);
 
-/* Causal self-attention: qkv (B, T, 3C) -> out (B, T, C), att (B, NH, T, T) the softmax (zeros
- * above the diagonal) saved for the backward.  zs_attention_forward; C % NH == 0. */
+/* Causal self-attention, the reference kernel (correct and deterministic, O(T^2) memory): qkv
+ * (B, T, 3C) -> out (B, T, C), att (B, NH, T, T) the softmax (zeros above the diagonal) saved for
+ * the backward.  zs_attention_forward; C % NH == 0. */
 zs_err zs_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                  int NH, zs_cuda_stream stream);
 
@@ -82,6 +85,27 @@ zs_err zs_cuda_attention_forward(float *out, float *att, const float *qkv, int B
 zs_err zs_cuda_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                                   const float *att, int B, int T, int C, int NH,
                                   zs_cuda_stream stream);
+
+/* Which head sizes hs = C / NH the fused attention below takes: 32, 64, 96 and 128 (GPT-2's
+ * is 64).  A lane owns hs / 32 channels of each output row and reads rows as float4s, and up to
+ * 128 the backward's accumulators (2 x 8 x hs / 32 floats a thread) stay in registers; other
+ * head sizes take the reference attention above. */
+int zs_cuda_attention_fused_supports(int hs);
+
+/* Causal self-attention without the T x T matrix (flash attention's scheme, fp32): qkv (B, T, 3C)
+ * -> out (B, T, C), lse (B, NH, T) each row's log-sum-exp of its scaled scores, saved for the
+ * backward.  zs_attention_forward's formula up to summation order; ZS_ERR_INVALID for a head size
+ * zs_cuda_attention_fused_supports refuses. */
+zs_err zs_cuda_attention_fused_forward(float *out, float *lse, const float *qkv, int B, int T,
+                                       int C, int NH, zs_cuda_stream stream);
+
+/* dqkv (B, T, 3C) = d loss / d qkv (activation grads =), from dout (B, T, C) and the forward's
+ * qkv, out and lse; delta (B, NH, T) scratch (rowsum(dout * out)).  Deterministic without
+ * atomics: dk and dv of a key tile are summed by the one block that owns it, dq of a query tile
+ * by another, each over the other tiles in index order.  zs_attention_backward. */
+zs_err zs_cuda_attention_fused_backward(float *dqkv, float *delta, const float *dout,
+                                        const float *qkv, const float *out, const float *lse, int B,
+                                        int T, int C, int NH, zs_cuda_stream stream);
 
 /* The linear layers' GEMMs go through cuBLASLt: a handle and its workspace, for one stream. */
 typedef struct zs_cuda_blas zs_cuda_blas;

@@ -16,6 +16,13 @@
  * The loss is the mean of the per-position losses, summed on the host in double in position
  * order, as the CPU model does.  Tokens are checked on the host before anything is enqueued.
  *
+ * Attention: the fused kernel (zs_cuda_attention_fused_*), which saves a log-sum-exp per score
+ * row instead of the T x T softmax, so the activations hold lse/delta (B, NH, T) a layer where
+ * the CPU model holds att/datt (gpt2_layout.h, ZS_GPT2_ATT_LSE).  ZS_CUDA_ATTENTION=reference,
+ * read once at creation, selects the reference kernel and the CPU's layout instead: the check of
+ * the fused one on whole steps (tests/gpu/test_gpu_step.c).  Head sizes the fused kernel does
+ * not take (zs_cuda_attention_fused_supports) get the reference one.
+ *
  * Determinism: the kernels use no atomics and fixed reduction orders, cuBLASLt is asked for
  * no split-K reduction: one GPU model gives the same bits run to run.
  */
@@ -50,7 +57,8 @@ typedef struct {
     int n_events;
     uint64_t next_ticket;
     zs_cuda_blas *blas;
-    void *mem; /* device: the activations (gpt2_layout.h) and the tokens */
+    int fused_attention; /* 1: zs_cuda_attention_fused_* (lse saved); 0: the reference (att) */
+    void *mem;           /* device: the activations (gpt2_layout.h) and the tokens */
     zs_gpt2_acts a;
     int32_t *inputs, *targets; /* device (max_b, max_t) */
     float *losses_host;        /* (max_b * max_t) */
@@ -64,7 +72,9 @@ typedef struct {
 /* Carves the activations and the token buffers out of base (NULL: only counts); the bytes. */
 static size_t layout(cuda_model *m, char *base)
 {
-    size_t at = zs_gpt2_acts_layout(&m->a, base, ACTS_ALIGN, &m->cfg, m->max_b, m->max_t);
+    size_t at =
+        zs_gpt2_acts_layout_saving(&m->a, base, ACTS_ALIGN, &m->cfg, m->max_b, m->max_t,
+                                   m->fused_attention ? ZS_GPT2_ATT_LSE : ZS_GPT2_ATT_PROBS);
     size_t tokens = ((size_t)m->max_b * m->max_t * sizeof(int32_t) + ACTS_ALIGN - 1) &
                     ~(size_t)(ACTS_ALIGN - 1);
     if (base) {
@@ -122,6 +132,33 @@ static zs_err setup(cuda_model *m, const zs_model_config *cfg, const zs_tensor_t
     return ZS_OK;
 }
 
+/*
+ * ZS_CUDA_ATTENTION: which attention kernel the model uses, read once here.  Unset, empty or
+ * "fused": the fused one where the head size allows, else the reference; "reference": the
+ * reference one.  "fused" with a head size the fused kernel does not take, or any other value,
+ * is an error (a check that asked for one kernel must not silently get the other).
+ */
+static zs_err choose_attention(int hs, int *fused)
+{
+    const char *v = getenv("ZS_CUDA_ATTENTION");
+    int asked = v && *v;
+    if (asked && strcmp(v, "reference") == 0) {
+        *fused = 0;
+        return ZS_OK;
+    }
+    if (asked && strcmp(v, "fused") != 0)
+        return zs_error(ZS_ERR_INVALID,
+                        "model cuda: ZS_CUDA_ATTENTION is '%s', expected 'fused' or 'reference'",
+                        v);
+    *fused = zs_cuda_attention_fused_supports(hs);
+    if (asked && !*fused)
+        return zs_error(ZS_ERR_INVALID,
+                        "model cuda: ZS_CUDA_ATTENTION=fused, but the fused attention does not "
+                        "take head size %d (32, 64, 96 or 128)",
+                        hs);
+    return ZS_OK;
+}
+
 static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt, int max_b,
                           int max_t, int threads, int index, void **impl)
 {
@@ -135,6 +172,8 @@ static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt,
                         "block_size %d, %d x %d tokens)",
                         cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size,
                         max_b, max_t);
+    int fused;
+    ZS_CHECK(choose_attention(cfg->n_embd / cfg->n_head, &fused));
     int count = 0;
     cudaError_t ce = cudaGetDeviceCount(&count);
     if (ce != cudaSuccess || index >= count)
@@ -146,6 +185,7 @@ static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt,
     if (!m)
         return zs_error(ZS_ERR_NOMEM, "model cuda: out of memory");
     m->device = index;
+    m->fused_attention = fused;
     m->cfg = *cfg;
     m->L = cfg->n_layer;
     m->C = cfg->n_embd;
@@ -212,7 +252,10 @@ static zs_err block_forward(cuda_model *m, int l, const float *p)
                                                     PARAM(ZS_T_LN1_W), PARAM(ZS_T_LN1_B), N, C, s));
     ZS_CHECK(zs_cuda_linear_forward(m->blas, v.qkv, v.ln1, PARAM(ZS_T_QKV_W), PARAM(ZS_T_QKV_B), N,
                                     C, 3 * C));
-    ZS_CHECK(zs_cuda_attention_forward(v.atty, v.att, v.qkv, B, T, C, m->NH, s));
+    if (m->fused_attention)
+        ZS_CHECK(zs_cuda_attention_fused_forward(v.atty, v.lse, v.qkv, B, T, C, m->NH, s));
+    else
+        ZS_CHECK(zs_cuda_attention_forward(v.atty, v.att, v.qkv, B, T, C, m->NH, s));
     ZS_CHECK(zs_cuda_linear_forward(m->blas, a->proj, v.atty, PARAM(ZS_T_ATTPROJ_W),
                                     PARAM(ZS_T_ATTPROJ_B), N, C, C));
     ZS_CHECK(zs_cuda_residual_layernorm_forward(v.res2, v.ln2, v.ln2_mean, v.ln2_rstd, v.resid,
@@ -326,7 +369,12 @@ static zs_err block_backward(cuda_model *m, int l, const float *p, float *g)
                                         PARAM(ZS_T_LN2_W), v.ln2_mean, v.ln2_rstd, N, C, s));
     ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_ATTPROJ_W), GRAD(ZS_T_ATTPROJ_B),
                                      a->dres, v.atty, PARAM(ZS_T_ATTPROJ_W), N, C, C));
-    ZS_CHECK(zs_cuda_attention_backward(a->dbig, a->datt, a->dln, v.qkv, v.att, B, T, C, m->NH, s));
+    if (m->fused_attention)
+        ZS_CHECK(zs_cuda_attention_fused_backward(a->dbig, a->delta, a->dln, v.qkv, v.atty, v.lse,
+                                                  B, T, C, m->NH, s));
+    else
+        ZS_CHECK(
+            zs_cuda_attention_backward(a->dbig, a->datt, a->dln, v.qkv, v.att, B, T, C, m->NH, s));
     ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_QKV_W), GRAD(ZS_T_QKV_B), a->dbig,
                                      v.ln1, PARAM(ZS_T_QKV_W), N, C, 3 * C));
     ZS_CHECK(zs_cuda_layernorm_backward(a->dres, GRAD(ZS_T_LN1_W), GRAD(ZS_T_LN1_B), a->dln,

@@ -6,12 +6,15 @@
 #     within 2% of the CPU's over 30 steps of the tiny model (the gradients differ in the last
 #     bits from the first step on, and the runs drift apart slowly);
 #   - the small model for 200 steps: the GPU run's loss curve within 3% of the CPU run's, per
-#     window of 20 steps;
+#     window of 20 steps, and so the GPU run's with ZS_CUDA_ATTENTION=reference;
 #   - fp16 with a loss scale that overflows at first: skipped steps, a falling scale, then
 #     training, and a launch with GPU workers in the same bits;
 #   - `zshard launch --device cuda` with 2 servers and 2 workers gives bitwise the weights and
 #     the metrics of `zshard train --device cuda` (the worker copies each layer to the GPU and
 #     each gradient back; the optimizer runs on the servers, as it runs on the host in train).
+#   - the same two bitwise promises with the fused attention: the tiny model's heads (hs 16) take
+#     the reference attention (kernels/cuda/model_cuda.c), so a one-head variant (hs 32) runs
+#     with ZS_CUDA_ATTENTION=fused, which fails rather than fall back.
 source "$(dirname "$0")/../integration/lib.sh"
 STEPS=30
 run_train() { # DEVICE OUT
@@ -53,20 +56,26 @@ awk -v c="$cpu_eval" -v g="$gpu_eval" 'BEGIN { d = (c - g) / c; if (d < 0) d = -
 ZS_CORPUS_BYTES=2000000 bash "$(dirname "$0")/../../deploy/corpus.sh" "$WORK/corpus.txt"
 sed 's/"total_num_steps": 60/"total_num_steps": 200/' \
   "$(dirname "$0")/../../deploy/configs/small-gpt.json" >"$WORK/small.json"
+# Its heads (hs 64) take the fused attention; a third run takes the reference one.
 for dev in cpu cuda; do
   expect_ok "$ZSHARD" train --config "$WORK/small.json" --data "$WORK/corpus.txt" --steps 200 \
     --device $dev --out "$WORK/small-$dev"
 done
-checks=$((checks + 1))
-paste <(grep -o '"loss": [0-9.e+-]*' "$WORK/small-cpu/metrics.jsonl" | cut -d' ' -f2) \
-  <(grep -o '"loss": [0-9.e+-]*' "$WORK/small-cuda/metrics.jsonl" | cut -d' ' -f2) |
-  awk '{ c += $1; g += $2; n++
-         if (n % 20 == 0) { d = (c - g) / c; if (d < 0) d = -d; if (d > worst) worst = d
-                            printf "steps %d-%d: cpu %.4f gpu %.4f (%.2e)\n", n - 19, n, c / 20, g / 20, d
-                            c = 0; g = 0 } }
-       END { if (n != 200 || worst > 0.03) { print "worst " worst " over " n " steps"; exit 1 } }' \
-  >"$WORK/small-losses.txt" || fail "small model: GPU loss curve outside 3% of the CPU's: $(cat "$WORK/small-losses.txt")"
-cat "$WORK/small-losses.txt"
+expect_ok env ZS_CUDA_ATTENTION=reference "$ZSHARD" train --config "$WORK/small.json" \
+  --data "$WORK/corpus.txt" --steps 200 --device cuda --out "$WORK/small-cuda-reference"
+for gpu in cuda cuda-reference; do
+  checks=$((checks + 1))
+  paste <(grep -o '"loss": [0-9.e+-]*' "$WORK/small-cpu/metrics.jsonl" | cut -d' ' -f2) \
+    <(grep -o '"loss": [0-9.e+-]*' "$WORK/small-$gpu/metrics.jsonl" | cut -d' ' -f2) |
+    awk '{ c += $1; g += $2; n++
+           if (n % 20 == 0) { d = (c - g) / c; if (d < 0) d = -d; if (d > worst) worst = d
+                              printf "steps %d-%d: cpu %.4f gpu %.4f (%.2e)\n", n - 19, n, c / 20, g / 20, d
+                              c = 0; g = 0 } }
+         END { if (n != 200 || worst > 0.03) { print "worst " worst " over " n " steps"; exit 1 } }' \
+    >"$WORK/small-losses-$gpu.txt" || fail "small model: $gpu loss curve outside 3% of the CPU's: $(cat "$WORK/small-losses-$gpu.txt")"
+  echo "small model, $gpu:"
+  cat "$WORK/small-losses-$gpu.txt"
+done
 
 # fp16 on the GPU (docs/precision.md: the same emulation as on the CPU, the weights rounded to
 # fp16 and each chunk's gradient scaled and rounded before it is pushed): initial_scale_power 20
@@ -106,4 +115,24 @@ diff <(metrics_compared "$WORK/gpu-a/metrics.jsonl") <(metrics_compared "$WORK/l
   fail "zshard launch --device cuda: metrics.jsonl differs from zshard train --device cuda's"
 grep -q "compute on cuda:0" "$WORK/launch/logs/worker-1.log" ||
   fail "worker 1 does not say it computes on cuda:0"
+
+# The fused attention in train and launch: tiny with one head of 32.
+python3 - "$DATA/tiny.json" "$WORK/tiny-hs32.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["model"]["n_head"] = 1
+json.dump(c, open(sys.argv[2], "w"))
+PY
+for run in a b; do
+  expect_ok env ZS_CUDA_ATTENTION=fused "$ZSHARD" train --config "$WORK/tiny-hs32.json" \
+    --data "$DATA/tiny.txt" --steps $STEPS --threads 2 --device cuda --out "$WORK/fused-$run"
+done
+expect_ok env ZS_CUDA_ATTENTION=fused "$ZSHARD" launch --config "$WORK/tiny-hs32.json" \
+  --data "$DATA/tiny.txt" --steps $STEPS --servers 2 --workers 2 --device cuda \
+  --out "$WORK/fused-launch"
+checks=$((checks + 2))
+cmp "$WORK/fused-a/model.safetensors" "$WORK/fused-b/model.safetensors" ||
+  fail "fused attention: two runs of zshard train --device cuda differ"
+cmp "$WORK/fused-a/model.safetensors" "$WORK/fused-launch/model.safetensors" ||
+  fail "fused attention: zshard launch --device cuda differs from zshard train --device cuda"
 finish

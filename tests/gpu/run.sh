@@ -4,16 +4,17 @@
 # (-DZS_CUDA=ON, sm_80 and sm_90) and runs the GPU tests, where a skip (exit 77: no device) is
 # a failure.  What it runs today: test_cuda_kernels (each CUDA kernel against its CPU kernel,
 # with the tolerance table in tests/gpu/test_cuda_kernels.c, and twice for the same bits),
-# test_gpu_step (a whole GPT-2 124M step against the CPU's), test_model (the compute seam's CUDA
-# model), tests/gpu/jobs.sh (zshard train --device cuda against itself and against the CPU,
-# zshard launch --device cuda against it), then bench_gpu_step.
+# test_gpu_step (a whole GPT-2 124M step against the CPU's, with the fused and with the reference
+# attention), test_model (the compute seam's CUDA model), tests/gpu/jobs.sh (zshard train
+# --device cuda against itself and against the CPU, zshard launch --device cuda against it), then
+# bench_gpu_step and bench_attention.
 # Exit status 0 only if all passed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)
 command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "tests/gpu/run.sh: no nvidia-smi" >&2
 build=$("$root/deploy/build.sh")
 cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2
-cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_gpu_step test_model zshard bench_gpu_step >&2
+cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_gpu_step test_model zshard bench_gpu_step bench_attention >&2
 status=0
 for t in test_cuda_kernels test_gpu_step test_model; do
   echo "== $t"
@@ -28,7 +29,9 @@ for t in test_cuda_kernels test_gpu_step test_model; do
 done
 echo "== jobs.sh"
 bash "$root/tests/gpu/jobs.sh" "$build/zshard" "$build/tests/gpu-jobs.work" || status=1
-# The GPU benchmark: its figures go in the note; it fails only if it cannot run.
+# The GPU benchmarks: their figures go in the note; each fails only if it cannot run.
 echo "== bench_gpu_step"
 "$build/bench/bench_gpu_step" 0 5 || status=1
+echo "== bench_attention"
+"$build/bench/bench_attention" 0 3 || status=1
 exit $status

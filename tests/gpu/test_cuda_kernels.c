@@ -35,6 +35,16 @@
  *   then the softmax (CUDA's expf, a float sum against the CPU's double): a few ulp of each
  *   probability plus an absolute term for the tiny ones.  out, dqkv: sums over up to T
  *   positions of such terms, in index order on the GPU and BLIS's on the CPU.
+ * - fused attention out, dqkv, against the CPU kernel and against the CUDA reference kernel:
+ *   the same sums as "attention out, dqkv" in other orders (key tiles of 32, a lane's channels,
+ *   fixed butterflies), plus the online softmax's rescaling by exp(m_old - m_new) (one rounding
+ *   per key tile a row crosses) and the division by the row sum at the end instead of
+ *   normalizing P first (one rounding): a few ulp more, well inside the same bound.  The
+ *   backward recomputes P as exp(s - lse); lse carries an absolute error of a few ulp of
+ *   |lse| (below), which is a relative error of P of the same size.
+ * - fused attention lse: against log(sum_j exp(s_j)) computed in double from the same inputs:
+ *   the score's dot product over hs terms in fp32 (|s| up to a few for inputs in [-1, 1]) and
+ *   CUDA's expf and logf: a few ulp of values up to log(T) + max s, i.e. about 1e-6 absolute.
  * - encoder forward, dwte, dwpe: the same additions in the same order on both: 0, bitwise.
  * - cross-entropy loss: the row's sum of exponentials in double on both, in another order,
  *   and CUDA's expf: a few ulp of the loss.
@@ -57,6 +67,8 @@ static const tolerance TOL_LINEAR = {"linear and lm_head products", 2e-4, 1e-4};
 static const tolerance TOL_LINEAR_DBIAS = {"linear dbias", 1e-5, 1e-5};
 static const tolerance TOL_ATT = {"attention att", 1e-7, 1e-5};
 static const tolerance TOL_ATT_OUT = {"attention out, dqkv", 1e-5, 1e-4};
+static const tolerance TOL_FUSED = {"fused attention out, dqkv", 1e-5, 1e-4};
+static const tolerance TOL_FUSED_LSE = {"fused attention lse", 1e-5, 1e-6};
 static const tolerance TOL_ENCODER = {"encoder out, dwte, dwpe", 0, 0};
 static const tolerance TOL_CE_LOSS = {"cross-entropy loss", 1e-6, 1e-6};
 static const tolerance TOL_CE_DLOGITS = {"cross-entropy dlogits", 1e-10, 1e-5};
@@ -429,6 +441,115 @@ static void test_attention(int B, int T, int C, int NH)
     free(qkv), free(dout), free(out), free(att), free(datt), free(dqkv);
 }
 
+/* lse (B, NH, T) of the causal scaled scores of qkv, in double. */
+static void lse_double(float *lse, const float *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    double *s = malloc((size_t)T * sizeof *s);
+    for (int b = 0; s && b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const float *q = qkv + ((size_t)b * T + i) * 3 * C + (size_t)h * hs;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *k = qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
+                    double d = 0;
+                    for (int c = 0; c < hs; c++)
+                        d += (double)q[c] * k[c];
+                    s[j] = d * scale;
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                for (int j = 0; j <= i; j++)
+                    sum += exp(s[j] - mx);
+                lse[((size_t)b * NH + h) * T + i] = (float)(mx + log(sum));
+            }
+    free(s);
+}
+
+/*
+ * The fused attention against the CPU kernel, against the CUDA reference kernel (on the same
+ * device), lse against a double evaluation, and run twice for the same bits.
+ */
+static void test_attention_fused(int B, int T, int C, int NH)
+{
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    size_t nr = (size_t)B * NH * T;
+    uint64_t st = 0x6a09e667f3bcc909ull ^ (uint64_t)(T * 131 + C);
+    float *qkv = malloc(nq * 4), *dout = malloc(no * 4), *out = malloc(no * 4);
+    float *att = malloc(na * 4), *datt = malloc(na * 4), *dqkv = malloc(nq * 4);
+    float *lse = malloc(nr * 4);
+    CHECK(qkv && dout && out && att && datt && dqkv && lse);
+    fill(qkv, nq, 1.0f, &st);
+    fill(dout, no, 1.0f, &st);
+    zs_attention_forward(out, att, qkv, B, T, C, NH, 1);
+    zs_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH, 1);
+    lse_double(lse, qkv, B, T, C, NH);
+
+    float *g_qkv = dev(qkv, nq), *g_dout = dev(dout, no);
+    float *g_att = dev(NULL, na), *g_datt = dev(NULL, na);
+    float *ref_out = NULL, *ref_dqkv = NULL, *r[2][3] = {{0}};
+    CHECK(g_qkv && g_dout && g_att && g_datt);
+    {
+        float *g_out = dev(NULL, no), *g_dqkv = dev(NULL, nq);
+        CHECK(g_out && g_dqkv);
+        CHECK_OK(zs_cuda_attention_forward(g_out, g_att, g_qkv, B, T, C, NH, NULL));
+        CHECK_OK(
+            zs_cuda_attention_backward(g_dqkv, g_datt, g_dout, g_qkv, g_att, B, T, C, NH, NULL));
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        ref_out = host_of(g_out, no);
+        ref_dqkv = host_of(g_dqkv, nq);
+        cudaFree(g_out), cudaFree(g_dqkv);
+    }
+    for (int run = 0; run < 2; run++) {
+        /* Fresh buffers each run, so that a value the kernels fail to write shows as a
+         * difference between the runs (or as garbage against the CPU). */
+        float *g_out = dev(NULL, no), *g_lse = dev(NULL, nr), *g_delta = dev(NULL, nr);
+        float *g_dqkv = dev(NULL, nq);
+        CHECK(g_out && g_lse && g_delta && g_dqkv);
+        cudaMemset(g_out, run ? 0x7f : 0xff, no * 4);
+        cudaMemset(g_dqkv, run ? 0x7f : 0xff, nq * 4);
+        CHECK_OK(zs_cuda_attention_fused_forward(g_out, g_lse, g_qkv, B, T, C, NH, NULL));
+        CHECK_OK(zs_cuda_attention_fused_backward(g_dqkv, g_delta, g_dout, g_qkv, g_out, g_lse, B,
+                                                  T, C, NH, NULL));
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        r[run][0] = host_of(g_out, no);
+        r[run][1] = host_of(g_lse, nr);
+        r[run][2] = host_of(g_dqkv, nq);
+        cudaFree(g_out), cudaFree(g_lse), cudaFree(g_delta), cudaFree(g_dqkv);
+    }
+    printf("test_cuda_kernels: fused attention B %d, T %d, C %d, NH %d (hs %d)\n", B, T, C, NH,
+           C / NH);
+    compare(&TOL_FUSED, r[0][0], out, no);
+    compare(&TOL_FUSED, r[0][2], dqkv, nq);
+    compare(&TOL_FUSED, r[0][0], ref_out, no);
+    compare(&TOL_FUSED, r[0][2], ref_dqkv, nq);
+    compare(&TOL_FUSED_LSE, r[0][1], lse, nr);
+    static const char *names[3] = {"fused attention out", "fused attention lse",
+                                   "fused attention dqkv"};
+    size_t sizes[3] = {no, nr, nq};
+    for (int k = 0; k < 3; k++) {
+        same_bits(names[k], r[0][k], r[1][k], sizes[k]);
+        free(r[0][k]), free(r[1][k]);
+    }
+    cudaFree(g_qkv), cudaFree(g_dout), cudaFree(g_att), cudaFree(g_datt);
+    free(ref_out), free(ref_dqkv);
+    free(qkv), free(dout), free(out), free(att), free(datt), free(dqkv), free(lse);
+}
+
+/* Head sizes the fused attention does not take are refused by name, before any launch. */
+static void test_attention_fused_refuses(void)
+{
+    CHECK(zs_cuda_attention_fused_supports(64));
+    CHECK(!zs_cuda_attention_fused_supports(16));
+    CHECK(!zs_cuda_attention_fused_supports(80));
+    CHECK_FAILS_WITH(zs_cuda_attention_fused_forward(NULL, NULL, NULL, 1, 8, 48, 3, NULL),
+                     "head size 16");
+    CHECK_FAILS_WITH(
+        zs_cuda_attention_fused_backward(NULL, NULL, NULL, NULL, NULL, NULL, 1, 8, 160, 2, NULL),
+        "head size 80");
+}
+
 int main(void)
 {
     int devices = 0;
@@ -452,6 +573,15 @@ int main(void)
     test_lm_head(3, 17, 11);
     test_attention(4, 64, 768, 12); /* GPT-2 124M's heads at T = 64 */
     test_attention(2, 37, 96, 3);
+    /* The fused attention: GPT-2's hs = 64 at T = 64 (two tiles) and T = 300 (not a multiple of
+     * the tile of 32), T = 1, and hs 32, 96, 128 with partial tiles. */
+    test_attention_fused(4, 64, 768, 12);
+    test_attention_fused(1, 300, 128, 2);
+    test_attention_fused(2, 1, 768, 12);
+    test_attention_fused(2, 37, 96, 3);
+    test_attention_fused(1, 75, 288, 3);
+    test_attention_fused(2, 100, 256, 2);
+    test_attention_fused_refuses();
     test_encoder(4, 64, 768, 50257);
     test_encoder(3, 5, 33, 7);
     test_crossentropy(64, 50257);

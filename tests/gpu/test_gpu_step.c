@@ -2,7 +2,11 @@
  * test_gpu_step: one whole GPT-2 124M step (B=4, T=64: forward, backward) on the GPU through the
  * compute seam (kernels/model.h, "cuda:0") against the same step on the CPU ("cpu"), from the
  * same weights (the seed's initialization plus noise, so that biases and LayerNorm weights carry
- * signal) and tokens; and the GPU step twice for the same bits.
+ * signal) and tokens; and the GPU step twice for the same bits.  The GPU model uses the fused
+ * attention (kernels/cuda/attention.cu); a third GPU step with ZS_CUDA_ATTENTION=reference (the
+ * reference attention kernel, the T x T softmax stored) is held to the same bounds against the
+ * CPU and against the fused step: the two GPU steps differ only in the attention's summation
+ * orders, so their distance is at most about that of either from the CPU.
  *
  * Bounds, and why.  Both compute in fp32; only the summation orders differ (cuBLASLt's and the
  * CUDA kernels' reductions against BLIS's and the CPU kernels'), and the inputs are the same
@@ -31,13 +35,19 @@
 
 enum { B = 4, T = 64 };
 
-/* One forward + backward on dev: *loss and grads (host) from params (host). */
-static void step(zs_device dev, const zs_model_config *cfg, const zs_tensor_table *tt,
-                 const float *params, const int32_t *in, const int32_t *tg, float *loss,
-                 float *grads)
+/* One forward + backward on dev: *loss and grads (host) from params (host).  attention: the
+ * value of ZS_CUDA_ATTENTION while the model is created (read once there), or NULL: unset. */
+static void step(zs_device dev, const char *attention, const zs_model_config *cfg,
+                 const zs_tensor_table *tt, const float *params, const int32_t *in,
+                 const int32_t *tg, float *loss, float *grads)
 {
     zs_model *m;
+    if (attention)
+        setenv("ZS_CUDA_ATTENTION", attention, 1);
+    else
+        unsetenv("ZS_CUDA_ATTENTION");
     CHECK_OK(zs_model_create(dev, cfg, tt, B, T, 2, &m));
+    unsetenv("ZS_CUDA_ATTENTION");
     size_t bytes = tt->total * sizeof(float);
     float *dp = (float *)params, *dg = grads;
     if (!zs_model_on_host(m)) {
@@ -57,6 +67,33 @@ static void step(zs_device dev, const zs_model_config *cfg, const zs_tensor_tabl
     zs_model_free(m);
 }
 
+/* Checks, for every tensor, max |got - want| <= 1e-4 * max |want| over the tensor; prints the
+ * worst ratio and every tensor beyond the bound. */
+static void worst_gradient(const char *got_name, const float *got, const char *want_name,
+                           const float *want, const zs_tensor_table *tt)
+{
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < tt->count; i++) {
+        const zs_tensor *t = &tt->tensors[i];
+        double big = 0, diff = 0;
+        for (size_t j = 0; j < t->numel; j++) {
+            double c = want[t->offset + j], g = got[t->offset + j];
+            big = fabs(c) > big ? fabs(c) : big;
+            diff = fabs(g - c) > diff || isnan(g) ? (isnan(g) ? INFINITY : fabs(g - c)) : diff;
+        }
+        double ratio = big > 0 ? diff / big : diff;
+        if (ratio > worst)
+            worst = ratio, worst_name = t->name;
+        if (!(ratio <= 1e-4))
+            fprintf(stderr, "test_gpu_step: %s: max |%s - %s| %.3e, max |%s| %.3e (%.2e)\n",
+                    t->name, got_name, want_name, diff, want_name, big, ratio);
+        CHECK(ratio <= 1e-4);
+    }
+    printf("test_gpu_step: %s against %s: worst gradient ratio %.2e (%s)\n", got_name, want_name,
+           worst, worst_name);
+}
+
 int main(void)
 {
     int devices = 0;
@@ -71,6 +108,7 @@ int main(void)
     size_t n = tt.total;
     float *params = calloc(n, sizeof *params), *gcpu = calloc(n, sizeof *gcpu);
     float *ggpu = calloc(n, sizeof *ggpu), *ggpu2 = calloc(n, sizeof *ggpu2);
+    float *gref = calloc(n, sizeof *gref);
     zs_tensors_init_gpt2(&tt, 11, params, 0, n);
     for (int i = 0; i < tt.count; i++)
         for (size_t j = 0; j < tt.tensors[i].numel; j++)
@@ -80,35 +118,23 @@ int main(void)
         in[i] = (int32_t)(zs_rng_u64(11, 1, (uint64_t)i) % 50257);
         tg[i] = (int32_t)(zs_rng_u64(11, 2, (uint64_t)i) % 50257);
     }
-    float lcpu, lgpu, lgpu2;
-    step((zs_device){ZS_DEVICE_CPU, 0}, &cfg, &tt, params, in, tg, &lcpu, gcpu);
-    step((zs_device){ZS_DEVICE_CUDA, 0}, &cfg, &tt, params, in, tg, &lgpu, ggpu);
-    step((zs_device){ZS_DEVICE_CUDA, 0}, &cfg, &tt, params, in, tg, &lgpu2, ggpu2);
-    printf("test_gpu_step: loss cpu %.7f gpu %.7f (relative %.2e)\n", lcpu, lgpu,
-           fabs((double)lgpu - lcpu) / lcpu);
+    float lcpu, lgpu, lgpu2, lref;
+    step((zs_device){ZS_DEVICE_CPU, 0}, NULL, &cfg, &tt, params, in, tg, &lcpu, gcpu);
+    step((zs_device){ZS_DEVICE_CUDA, 0}, NULL, &cfg, &tt, params, in, tg, &lgpu, ggpu);
+    step((zs_device){ZS_DEVICE_CUDA, 0}, NULL, &cfg, &tt, params, in, tg, &lgpu2, ggpu2);
+    step((zs_device){ZS_DEVICE_CUDA, 0}, "reference", &cfg, &tt, params, in, tg, &lref, gref);
+    printf("test_gpu_step: loss cpu %.7f gpu %.7f (relative %.2e), gpu with the reference "
+           "attention %.7f (relative %.2e)\n",
+           lcpu, lgpu, fabs((double)lgpu - lcpu) / lcpu, lref, fabs((double)lref - lcpu) / lcpu);
     CHECK(fabs((double)lgpu - lcpu) <= 1e-5 * lcpu);
+    CHECK(fabs((double)lref - lcpu) <= 1e-5 * lcpu);
+    CHECK(fabs((double)lgpu - lref) <= 1e-5 * lcpu);
     CHECK(memcmp(&lgpu, &lgpu2, sizeof lgpu) == 0);
     CHECK(memcmp(ggpu, ggpu2, n * sizeof *ggpu) == 0); /* run to run: the same bits */
-    double worst = 0;
-    const char *worst_name = "";
-    for (int i = 0; i < tt.count; i++) {
-        const zs_tensor *t = &tt.tensors[i];
-        double big = 0, diff = 0;
-        for (size_t j = 0; j < t->numel; j++) {
-            double c = gcpu[t->offset + j], g = ggpu[t->offset + j];
-            big = fabs(c) > big ? fabs(c) : big;
-            diff = fabs(g - c) > diff || isnan(g) ? (isnan(g) ? INFINITY : fabs(g - c)) : diff;
-        }
-        double ratio = big > 0 ? diff / big : diff;
-        if (ratio > worst)
-            worst = ratio, worst_name = t->name;
-        if (!(ratio <= 1e-4))
-            fprintf(stderr, "test_gpu_step: %s: max |gpu - cpu| %.3e, max |cpu| %.3e (%.2e)\n",
-                    t->name, diff, big, ratio);
-        CHECK(ratio <= 1e-4);
-    }
-    printf("test_gpu_step: worst gradient ratio %.2e (%s)\n", worst, worst_name);
-    free(params), free(gcpu), free(ggpu), free(ggpu2);
+    worst_gradient("gpu", ggpu, "cpu", gcpu, &tt);
+    worst_gradient("gpu-reference-attention", gref, "cpu", gcpu, &tt);
+    worst_gradient("gpu", ggpu, "gpu-reference-attention", gref, &tt);
+    free(params), free(gcpu), free(ggpu), free(ggpu2), free(gref);
     zs_tensors_free(&tt);
     return zs_test_result("test_gpu_step");
 }
