@@ -188,3 +188,8 @@ zs_err zs_model_copy_now(zs_model *m, void *dst, const void *src, size_t bytes, 
     memcpy(dst, src, bytes); /* the host's memory */
     return ZS_OK;
 }
+
+zs_err zs_model_nic_wrote(zs_model *m)
+{
+    return m->ops->nic_wrote ? m->ops->nic_wrote(m->impl) : ZS_OK;
+}

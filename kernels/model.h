@@ -74,6 +74,7 @@ typedef struct {
                            uint64_t *offset);
     void (*dmabuf_free)(void *impl, void *p);
     zs_err (*copy_now)(void *impl, void *dst, const void *src, size_t bytes, int to_model);
+    zs_err (*nic_wrote)(void *impl);
 } zs_model_ops;
 
 /* The backends: kernels/model_cpu.c; kernels/cuda/model_cuda.c where the CUDA toolkit was
@@ -150,6 +151,10 @@ zs_err zs_model_sync(zs_model *m, uint64_t ticket);
  *     complete on return, ordered with nothing the model enqueued (the caller knows dst is not in
  *     use): for the few bytes a transport places by CPU in device memory.  Any thread may call
  *     it.
+ *   zs_model_nic_wrote: what a NIC wrote into the model's memory, and the host saw completed,
+ *     becomes visible to the model's work enqueued from now on (CUDA:
+ *     cudaDeviceFlushGPUDirectRDMAWrites, which costs nothing where the GPU orders such writes
+ *     itself); nothing to do on the CPU.
  */
 typedef struct {
     void *ptr;       /* the memory, in the model's address space */
@@ -161,6 +166,7 @@ typedef struct {
 zs_err zs_model_dmabuf_alloc(zs_model *m, size_t bytes, zs_model_dmabuf *out);
 void zs_model_dmabuf_free(zs_model *m, void *ptr);
 zs_err zs_model_copy_now(zs_model *m, void *dst, const void *src, size_t bytes, int to_model);
+zs_err zs_model_nic_wrote(zs_model *m);
 
 #ifdef __cplusplus
 }

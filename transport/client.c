@@ -154,6 +154,10 @@ zs_err zs_client_register_pinned(zs_client *cl, void *base, size_t bytes)
 
 zs_err zs_client_register_dmabuf(zs_client *cl, const zs_dmabuf *buf)
 {
+    if (cl->ops->version < 6 || !cl->ops->reg_dmabuf_mr) /* a table from before dma-bufs */
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "%s (transport ops version %d) cannot register a dma-buf", cl->ops->name,
+                        cl->ops->version);
     ZS_CHECK(grow_regions(cl));
     region *r = &cl->regions[cl->n_regions];
     *r = (region){.base = buf->addr, .bytes = buf->len, .copy = buf->copy, .copy_ctx = buf->ctx};

@@ -369,7 +369,9 @@ static zs_err io_acquire(void *ctx, int layer, const float **base)
     slot *p = &w->param[slot_of(w, layer)];
     const size_t *lb = w->tt->layer_begin;
     if (w->gpudirect) {
-        /* The fetch landed in the model's memory: nothing to copy. */
+        /* The fetch landed in the model's memory: nothing to copy, but the NIC's writes must
+         * be visible to the kernels about to read them. */
+        ZS_CHECK(zs_model_nic_wrote(w->model));
     } else if (!w->on_host) {
         /* To the model on its copy stream, once the work that read the twin last is done;
          * the model's next work waits for the copy, the host does not. */

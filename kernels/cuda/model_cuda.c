@@ -585,6 +585,17 @@ static zs_err cuda_copy_now(void *impl, void *dst, const void *src, size_t bytes
     return ZS_OK;
 }
 
+/* RDMA writes into device memory that completed on the NIC are not yet promised to be visible
+ * to kernels on every platform: this makes them so for kernels launched after it. */
+static zs_err cuda_nic_wrote(void *impl)
+{
+    cuda_model *m = impl;
+    CU(cudaSetDevice(m->device));
+    CU(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                          cudaFlushGPUDirectRDMAWritesToOwner));
+    return ZS_OK;
+}
+
 /* A copy in the stream's order (after every kernel enqueued so far), waited for. */
 static zs_err copy(cuda_model *m, void *dst, const void *src, size_t bytes, int up)
 {
@@ -696,4 +707,5 @@ const zs_model_ops zs_model_cuda_ops = {
     .dmabuf_alloc = cuda_dmabuf_alloc,
     .dmabuf_free = cuda_dmabuf_free,
     .copy_now = cuda_copy_now,
+    .nic_wrote = cuda_nic_wrote,
 };
