@@ -522,6 +522,18 @@ static zs_err cuda_dmabuf_alloc(void *impl, size_t bytes, void **out, size_t *le
                         "dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0; it needs Linux 5.12 "
                         "or later and the open kernel modules)",
                         m->device);
+    /* The NIC's writes must become visible to the kernels that read a fetched layer: the GPU
+     * orders them itself, or it offers the flush zs_model_nic_wrote calls. */
+    int ordering = 0, flush = 0;
+    CU(cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, m->device));
+    CU(cudaDeviceGetAttribute(&flush, cudaDevAttrGPUDirectRDMAFlushWritesOptions, m->device));
+    if (ordering < (int)cudaGPUDirectRDMAWritesOrderingOwner &&
+        !(flush & cudaFlushGPUDirectRDMAWritesOptionHost))
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "model cuda:%d: the GPU neither orders a NIC's writes to its memory "
+                        "(cudaDevAttrGPUDirectRDMAWritesOrdering %d) nor offers their flush "
+                        "(cudaDevAttrGPUDirectRDMAFlushWritesOptions %d)",
+                        m->device, ordering, flush);
     /* cudaMalloc promises 256-byte alignment only: DMABUF_ALIGN more than the rounded size
      * leaves room for an aligned start inside the allocation. */
     size_t n = (bytes + DMABUF_ALIGN - 1) / DMABUF_ALIGN * DMABUF_ALIGN;
@@ -591,6 +603,8 @@ static zs_err cuda_nic_wrote(void *impl)
 {
     cuda_model *m = impl;
     CU(cudaSetDevice(m->device));
+    /* (A no-op where the GPU orders the writes itself; cuda_dmabuf_alloc refused GPUs that
+     * neither order them nor offer this.) */
     CU(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
                                           cudaFlushGPUDirectRDMAWritesToOwner));
     return ZS_OK;
