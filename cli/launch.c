@@ -64,6 +64,7 @@
 #include "common/config.h"
 #include "common/secret.h"
 #include "kernels/model.h"
+#include "worker/worker.h"
 
 /* From SIGTERM to SIGKILL when stopping the children. */
 #define STOP_GRACE_S 5.0
@@ -79,8 +80,8 @@
 
 static const char launch_usage[] =
     "usage: zshard launch --config CFG.json --data PATH --steps N --servers S --workers W\n"
-    "                     --out DIR [--threads T] [--device DEV] [--bind HOST] [--log-level "
-    "LEVEL]\n"
+    "                     --out DIR [--threads T] [--device DEV] [--gpudirect MODE]\n"
+    "                     [--bind HOST] [--log-level LEVEL]\n"
     "                     [--elastic-script FILE] [--resume CKPT | --resume-if-any DIR]\n"
     "                     [--replacements N] [--secret FILE | --insecure] [--metrics HOST:PORT]\n"
     "\n"
@@ -98,6 +99,8 @@ static const char launch_usage[] =
     "  --out DIR          where metrics.jsonl, model.safetensors, config.json and logs/ go\n"
     "  --threads T        kernel threads per worker (default: the CPUs available divided by W)\n"
     "  --device DEV       where every worker computes: cpu (default), cuda or cuda:N\n"
+    "  --gpudirect MODE   every worker's GPUDirect RDMA: auto (default), on or off (zshard\n"
+    "                     worker --help)\n"
     "  --bind HOST        address to listen on and advertise (default 127.0.0.1); give this\n"
     "                     host's address to let workers on other hosts attach\n"
     "  --log-level LEVEL  error, warn, info (default) or debug, for every process; without\n"
@@ -164,6 +167,7 @@ typedef struct {
 typedef struct {
     const char *config, *data, *out, *bind, *log_level, *script_path, *resume;
     const char *device;       /* --device for the workers, or NULL (the CPU) */
+    const char *gpudirect;    /* --gpudirect for the workers, or NULL (auto) */
     const char *metrics_host; /* --metrics HOST:PORT, or NULL */
     long metrics_port;
     char (*metrics_at)[300]; /* [n_procs]: "HOST:PORT" each child said it serves metrics at */
@@ -490,6 +494,10 @@ static int start_next(launch *L)
         if (L->device) {
             arg(&a, "--device");
             arg(&a, "%s", L->device);
+        }
+        if (L->gpudirect) {
+            arg(&a, "--gpudirect");
+            arg(&a, "%s", L->gpudirect);
         }
     }
     role_args(L, &a);
@@ -1177,6 +1185,7 @@ int zs_cmd_launch(int argc, char **argv)
                                          {"out", required_argument, NULL, 'o'},
                                          {"threads", required_argument, NULL, 't'},
                                          {"device", required_argument, NULL, 'D'},
+                                         {"gpudirect", required_argument, NULL, 'G'},
                                          {"bind", required_argument, NULL, 'b'},
                                          {"log-level", required_argument, NULL, 'L'},
                                          {"help", no_argument, NULL, 'h'},
@@ -1256,6 +1265,13 @@ int zs_cmd_launch(int argc, char **argv)
             if ((L.threads = zs_cli_int("launch", "--threads", optarg, 1, 1024)) < 0)
                 return 2;
             break;
+        case 'G': {
+            zs_gpudirect g;
+            if (zs_gpudirect_parse(optarg, &g) != ZS_OK)
+                return zs_cli_usage_error("launch", "--gpudirect: %s", zs_last_error());
+            L.gpudirect = optarg;
+            break;
+        }
         case 'D': {
             zs_device dev;
             if (zs_device_parse(optarg, &dev) != ZS_OK)

@@ -11,7 +11,8 @@
 
 static const char worker_usage[] =
     "usage: zshard worker --coord tcp://HOST:PORT [--data PATH] [--threads T] [--device DEV]\n"
-    "                     [--stats FILE] [--secret FILE | --insecure] [--log-level LEVEL]\n"
+    "                     [--gpudirect auto|on|off] [--stats FILE] [--secret FILE | --insecure]\n"
+    "                     [--log-level LEVEL]\n"
     "\n"
     "Runs a worker: joins the coordinator's job, computes the chunks it is assigned with\n"
     "parameters fetched layer by layer from the partition servers, and pushes the gradients\n"
@@ -23,6 +24,10 @@ static const char worker_usage[] =
     "  --threads T              kernel threads (default: all CPUs available)\n"
     "  --device DEV             where forward and backward run: cpu (default), cuda or\n"
     "                           cuda:N\n"
+    "  --gpudirect MODE         on a GPU with the rdma transport, fetch into and push from\n"
+    "                           device memory the NIC reaches (GPUDirect RDMA, docs/gpu.md):\n"
+    "                           auto (default: where it can, else page-locked host memory,\n"
+    "                           logging why), on (or fail, saying why) or off\n"
     "  --stats FILE             at the end, write where the time went as one JSON "
     "object\n" ZS_CLI_SECRET_USAGE
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
@@ -55,6 +60,7 @@ int zs_cmd_worker(int argc, char **argv)
                                          {"data", required_argument, NULL, 'd'},
                                          {"threads", required_argument, NULL, 't'},
                                          {"device", required_argument, NULL, 'D'},
+                                         {"gpudirect", required_argument, NULL, 'G'},
                                          {"stats", required_argument, NULL, 's'},
                                          {"log-level", required_argument, NULL, 'L'},
                                          {"help", no_argument, NULL, 'h'},
@@ -82,6 +88,10 @@ int zs_cmd_worker(int argc, char **argv)
         case 'D':
             if (zs_device_parse(optarg, &o.device) != ZS_OK)
                 return zs_cli_usage_error("worker", "--device: %s", zs_last_error());
+            break;
+        case 'G':
+            if (zs_gpudirect_parse(optarg, &o.gpudirect) != ZS_OK)
+                return zs_cli_usage_error("worker", "--gpudirect: %s", zs_last_error());
             break;
         case 't': {
             long t = zs_cli_int("worker", "--threads", optarg, 1, 1024);

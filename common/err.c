@@ -59,6 +59,8 @@ const char *zs_err_name(zs_err code)
         return "notfound";
     case ZS_ERR_INTERNAL:
         return "internal";
+    case ZS_ERR_UNSUPPORTED:
+        return "unsupported";
     }
     return "unknown";
 }

@@ -17,12 +17,13 @@ extern "C" {
 
 typedef enum {
     ZS_OK = 0,
-    ZS_ERR_INVALID = -1,  /* a bad argument or value (config, CLI, API misuse) */
-    ZS_ERR_IO = -2,       /* the operating system refused: open, read, write, socket */
-    ZS_ERR_NOMEM = -3,    /* an allocation failed */
-    ZS_ERR_FORMAT = -4,   /* a file or message is malformed or corrupt */
-    ZS_ERR_NOTFOUND = -5, /* a named thing (file, tensor, key) does not exist */
-    ZS_ERR_INTERNAL = -6, /* a broken invariant: a bug in zshard */
+    ZS_ERR_INVALID = -1,     /* a bad argument or value (config, CLI, API misuse) */
+    ZS_ERR_IO = -2,          /* the operating system refused: open, read, write, socket */
+    ZS_ERR_NOMEM = -3,       /* an allocation failed */
+    ZS_ERR_FORMAT = -4,      /* a file or message is malformed or corrupt */
+    ZS_ERR_NOTFOUND = -5,    /* a named thing (file, tensor, key) does not exist */
+    ZS_ERR_INTERNAL = -6,    /* a broken invariant: a bug in zshard */
+    ZS_ERR_UNSUPPORTED = -7, /* this backend, device or driver cannot do what was asked */
 } zs_err;
 
 /* Records the message (printf format) for this thread and returns code. */

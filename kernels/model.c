@@ -160,3 +160,36 @@ zs_err zs_model_sync(zs_model *m, uint64_t ticket)
 {
     return m->ops->sync(m->impl, ticket);
 }
+
+zs_err zs_model_dmabuf_alloc(zs_model *m, size_t bytes, zs_model_dmabuf *out)
+{
+    *out = (zs_model_dmabuf){.fd = -1};
+    if (!m->ops->dmabuf_alloc) {
+        char name[16];
+        zs_device_format(m->dev, name, sizeof name);
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "model %s: not a device: its memory is this process's host memory, "
+                        "there is no device memory to export as a dma-buf",
+                        name);
+    }
+    return m->ops->dmabuf_alloc(m->impl, bytes, &out->ptr, &out->len, &out->fd, &out->offset);
+}
+
+void zs_model_dmabuf_free(zs_model *m, void *ptr)
+{
+    if (ptr && m->ops->dmabuf_free)
+        m->ops->dmabuf_free(m->impl, ptr);
+}
+
+zs_err zs_model_copy_now(zs_model *m, void *dst, const void *src, size_t bytes, int to_model)
+{
+    if (m->ops->copy_now)
+        return m->ops->copy_now(m->impl, dst, src, bytes, to_model);
+    memcpy(dst, src, bytes); /* the host's memory */
+    return ZS_OK;
+}
+
+zs_err zs_model_nic_wrote(zs_model *m)
+{
+    return m->ops->nic_wrote ? m->ops->nic_wrote(m->impl) : ZS_OK;
+}

@@ -68,6 +68,13 @@ typedef struct {
                              uint64_t *done);
     zs_err (*after)(void *impl, uint64_t ticket);
     zs_err (*sync)(void *impl, uint64_t ticket);
+    /* Optional (NULL: the backend's memory is the host's, nothing to export); see
+     * zs_model_dmabuf_alloc and zs_model_copy_now. */
+    zs_err (*dmabuf_alloc)(void *impl, size_t bytes, void **out, size_t *len, int *fd,
+                           uint64_t *offset);
+    void (*dmabuf_free)(void *impl, void *p);
+    zs_err (*copy_now)(void *impl, void *dst, const void *src, size_t bytes, int to_model);
+    zs_err (*nic_wrote)(void *impl);
 } zs_model_ops;
 
 /* The backends: kernels/model_cpu.c; kernels/cuda/model_cuda.c where the CUDA toolkit was
@@ -130,6 +137,36 @@ zs_err zs_model_download_async(zs_model *m, void *dst, const void *src, size_t b
                                uint64_t after, uint64_t *done);
 zs_err zs_model_after(zs_model *m, uint64_t ticket);
 zs_err zs_model_sync(zs_model *m, uint64_t ticket);
+
+/*
+ * Device memory a NIC can read and write (GPUDirect RDMA through dma-buf).
+ *   zs_model_dmabuf_alloc: at least `bytes` of the model's memory (zeroed), placed and sized so
+ *     that the driver exports it (CUDA: 2 MiB aligned, a whole number of 2 MiB), and exported as
+ *     a dma-buf: ptr is used as zs_model_alloc's memory is, len bytes from ptr are exported, fd
+ *     is the dma-buf (the caller closes it once it registered it), offset is ptr's in it.
+ *     ZS_ERR_UNSUPPORTED, with the reason, where the model is not on a device ("cpu") or the
+ *     GPU or its driver cannot export (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 0, or the export
+ *     failed); then nothing is allocated.  Freed by zs_model_dmabuf_free, before the model.
+ *   zs_model_copy_now: bytes from host src to model memory dst (to_model 1) or back (0),
+ *     complete on return, ordered with nothing the model enqueued (the caller knows dst is not in
+ *     use): for the few bytes a transport places by CPU in device memory.  Any thread may call
+ *     it.
+ *   zs_model_nic_wrote: what a NIC wrote into the model's memory, and the host saw completed,
+ *     becomes visible to the model's work enqueued from now on (CUDA:
+ *     cudaDeviceFlushGPUDirectRDMAWrites, which costs nothing where the GPU orders such writes
+ *     itself); nothing to do on the CPU.
+ */
+typedef struct {
+    void *ptr;       /* the memory, in the model's address space */
+    size_t len;      /* bytes exported: bytes rounded up to the export's granularity */
+    int fd;          /* the dma-buf */
+    uint64_t offset; /* of ptr in the dma-buf */
+} zs_model_dmabuf;
+
+zs_err zs_model_dmabuf_alloc(zs_model *m, size_t bytes, zs_model_dmabuf *out);
+void zs_model_dmabuf_free(zs_model *m, void *ptr);
+zs_err zs_model_copy_now(zs_model *m, void *dst, const void *src, size_t bytes, int to_model);
+zs_err zs_model_nic_wrote(zs_model *m);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,9 @@ typedef struct {
     void *base;
     size_t bytes;
     zs_mr *mr;
+    /* device memory (a dma-buf): the CPU reads it only through copy */
+    int (*copy)(void *ctx, void *dst, const void *src, size_t n, int to_region);
+    void *copy_ctx;
 } region;
 
 /* Room for the replies of a push's sends, registered once and reused: an operation takes an
@@ -115,7 +118,8 @@ void zs_client_close(zs_client *cl)
     free(cl);
 }
 
-static zs_err register_region(zs_client *cl, void *base, size_t bytes, int access)
+/* Room for one more region in cl->regions. */
+static zs_err grow_regions(zs_client *cl)
 {
     if (cl->n_regions == cl->cap_regions) {
         int cap = cl->cap_regions ? 2 * cl->cap_regions : 8;
@@ -125,9 +129,14 @@ static zs_err register_region(zs_client *cl, void *base, size_t bytes, int acces
         cl->regions = r;
         cl->cap_regions = cap;
     }
+    return ZS_OK;
+}
+
+static zs_err register_region(zs_client *cl, void *base, size_t bytes, int access)
+{
+    ZS_CHECK(grow_regions(cl));
     region *r = &cl->regions[cl->n_regions];
-    r->base = base;
-    r->bytes = bytes;
+    *r = (region){.base = base, .bytes = bytes};
     ZS_CHECK(cl->ops->reg_mr(cl->net, base, bytes, access, &r->mr));
     cl->n_regions++;
     return ZS_OK;
@@ -143,17 +152,45 @@ zs_err zs_client_register_pinned(zs_client *cl, void *base, size_t bytes)
     return register_region(cl, base, bytes, ZS_MR_SEND | ZS_MR_RECV | ZS_MR_PINNED);
 }
 
-/* The registered region holding [p, p + bytes), and p's offset in it. */
-static zs_err find_region(const zs_client *cl, const void *p, size_t bytes, zs_mr **mr, size_t *off)
+zs_err zs_client_register_dmabuf(zs_client *cl, const zs_dmabuf *buf)
+{
+    if (cl->ops->version < 6 || !cl->ops->reg_dmabuf_mr) /* a table from before dma-bufs */
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "%s (transport ops version %d) cannot register a dma-buf", cl->ops->name,
+                        cl->ops->version);
+    ZS_CHECK(grow_regions(cl));
+    region *r = &cl->regions[cl->n_regions];
+    *r = (region){.base = buf->addr, .bytes = buf->len, .copy = buf->copy, .copy_ctx = buf->ctx};
+    ZS_CHECK(cl->ops->reg_dmabuf_mr(cl->net, buf, ZS_MR_SEND | ZS_MR_RECV, &r->mr));
+    cl->n_regions++;
+    return ZS_OK;
+}
+
+const char *zs_client_transport(const zs_client *cl)
+{
+    return cl->ops->name;
+}
+
+/* The registered region holding [p, p + bytes), or NULL. */
+static const region *region_of(const zs_client *cl, const void *p, size_t bytes)
 {
     const char *c = p;
     for (int i = 0; i < cl->n_regions; i++) {
         const char *b = cl->regions[i].base;
-        if (c >= b && c + bytes <= b + cl->regions[i].bytes) {
-            *mr = cl->regions[i].mr;
-            *off = (size_t)(c - b);
-            return ZS_OK;
-        }
+        if (c >= b && c + bytes <= b + cl->regions[i].bytes)
+            return &cl->regions[i];
+    }
+    return NULL;
+}
+
+/* The registered region holding [p, p + bytes), and p's offset in it. */
+static zs_err find_region(const zs_client *cl, const void *p, size_t bytes, zs_mr **mr, size_t *off)
+{
+    const region *r = region_of(cl, p, bytes);
+    if (r) {
+        *mr = r->mr;
+        *off = (size_t)((const char *)p - (const char *)r->base);
+        return ZS_OK;
     }
     return zs_error(ZS_ERR_INVALID, "client: buffer %p of %zu bytes is not in registered memory", p,
                     bytes);
@@ -386,13 +423,22 @@ zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done
                 res = zs_error_context(e, "%s shard %d from %s", op->is_push ? "push" : "fetch",
                                        p->piece.shard, server);
             } else if (f.op == ZS_OP_ERROR) {
-                /* The error text is in the reply buffer (fetch: the destination). */
+                /* The error text is in the reply buffer (fetch: the destination, which may be
+                 * device memory: then it is copied out). */
                 int len = f.length < 300 ? (int)f.length : 300;
+                char text[300];
+                const region *r = region_of(cl, p->reply_at, (size_t)len);
+                if (r && r->copy) {
+                    if (r->copy(r->copy_ctx, text, p->reply_at, (size_t)len, 0) != 0)
+                        len = snprintf(text, sizeof text, "(its text is in device memory)");
+                } else {
+                    memcpy(text, p->reply_at, (size_t)len);
+                }
                 res = zs_error(ZS_ERR_INVALID,
                                "%s of [%zu, %zu) (shard %d) refused by %s "
                                "(status %u): %.*s",
                                op->is_push ? "push" : "fetch", p->piece.begin, p->piece.end,
-                               p->piece.shard, server, f.status, len, p->reply_at);
+                               p->piece.shard, server, f.status, len, text);
             }
         }
     }

@@ -38,6 +38,14 @@ zs_err zs_client_register(zs_client *cl, void *base, size_t bytes);
 /* The same for memory whose pages someone else holds in place (a GPU's page-locked buffer):
  * no backend moves them (ZS_MR_PINNED). */
 zs_err zs_client_register_pinned(zs_client *cl, void *base, size_t bytes);
+/* The same for device memory given as a dma-buf (transport.h, zs_dmabuf): fetches land in it
+ * and pushes leave from it through the NIC, [buf->addr, buf->addr + buf->len) naming it; the
+ * client reads an error reply's text out of it with buf->copy.  Only backends that reach device
+ * memory take it (rdma, where the device and driver allow: GPUDirect RDMA); the others refuse
+ * with ZS_ERR_UNSUPPORTED and the reason, and nothing is registered. */
+zs_err zs_client_register_dmabuf(zs_client *cl, const zs_dmabuf *buf);
+/* The backend's name ("tcp", "rdma", "shm"). */
+const char *zs_client_transport(const zs_client *cl);
 
 /* Starts fetching elements [begin, end) at `version` in dtype into dst (registered), which
  * receives (end - begin) elements.  The servers hold a fetch of a version not yet published

@@ -83,10 +83,15 @@ typedef zs_rq rd_req;
 typedef struct rd_mr rd_mr;
 typedef struct rd_listener rd_listener;
 
-/* A region: core's table entry, and its registration with the device. */
+/* A region: core's table entry, and its registration with the device.  A dma-buf region
+ * (reg_dmabuf_mr: device memory) is never touched by the CPU: its payloads go by rendezvous
+ * however small, and an inline payload that arrives for it is placed by the caller's copy. */
 struct rd_mr {
     zs_region reg; /* first: the table links these */
     struct ibv_mr *mr;
+    int device; /* registered from a dma-buf */
+    int (*copy)(void *ctx, void *dst, const void *src, size_t n, int to_region);
+    void *copy_ctx;
 };
 
 typedef struct {
@@ -520,7 +525,8 @@ static void send_frames(rd_conn *c)
         c->credits--;
         uint8_t *p = send_slot(c, s);
         const uint8_t *src = r->inline_buf ? r->inline_buf : r->buf;
-        int eager = r->frame.length <= RD_EAGER_MAX;
+        /* Device memory is the NIC's to read, not the CPU's: no copy into the slot. */
+        int eager = r->frame.length <= RD_EAGER_MAX && !(r->mr && ((rd_mr *)r->mr)->device);
         size_t len = RD_HDR + ZS_FRAME_HEADER_BYTES;
         if (eager) {
             msg_header(c, p, MSG_EAGER, 0, 0, 0, 0);
@@ -973,8 +979,24 @@ static void start_payload(rd_conn *c, int slot, rd_req *r)
     const uint8_t *p = recv_slot(c, slot);
     r->len = r->frame.length;
     if (p[4] == MSG_EAGER || r->len == 0) {
-        if (r->len)
-            memcpy(r->buf, p + RD_HDR + ZS_FRAME_HEADER_BYTES, r->len);
+        const rd_mr *m = (const rd_mr *)r->mr;
+        const uint8_t *src = p + RD_HDR + ZS_FRAME_HEADER_BYTES;
+        if (r->len && m && m->device) {
+            /* A short payload (or an error's text) for device memory: the caller places it. */
+            int rc = m->copy ? m->copy(m->copy_ctx, r->buf, src, r->len, 1) : -ENOSYS;
+            if (rc != 0) {
+                char msg[ZS_NET_REASON_MAX];
+                snprintf(msg, sizeof msg,
+                         "rdma %s: placing an inline payload of %llu bytes in device memory at "
+                         "%p: %s",
+                         c->s.peer, (unsigned long long)r->len, (void *)r->buf,
+                         m->copy ? strerror(-rc) : "the dma-buf region has no copy function");
+                zs_rq_finish(r, ZS_ERR_IO, msg);
+                return;
+            }
+        } else if (r->len) {
+            memcpy(r->buf, src, r->len);
+        }
         zs_rq_finish(r, ZS_OK, NULL);
         return;
     }
@@ -1501,19 +1523,9 @@ fail:
     return res;
 }
 
-static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out)
+/* The verbs access flags of zshard's access bits. */
+static int verbs_access(int access)
 {
-    rd_net *n = (rd_net *)nn;
-    *out = NULL;
-    if (!n->ctx) {
-        rd_opts t;
-        resolve_opts(NULL, &t);
-        ZS_CHECK(open_device(n, &t, 0));
-    }
-    rd_mr *m = calloc(1, sizeof *m);
-    if (!m)
-        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
-    ZS_CHECK(zs_region_check_access("rdma", access));
     int flags = 0;
     if (access & (ZS_MR_RECV | ZS_MR_REMOTE_WRITE))
         flags |= IBV_ACCESS_LOCAL_WRITE; /* verbs wants it beside remote write */
@@ -1521,7 +1533,38 @@ static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
         flags |= IBV_ACCESS_REMOTE_READ;
     if (access & ZS_MR_REMOTE_WRITE)
         flags |= IBV_ACCESS_REMOTE_WRITE;
-    m->mr = ibv_reg_mr(n->pd, base, len, flags);
+    return flags;
+}
+
+/* Opens the default device for a net that registers memory before it connects. */
+static zs_err ensure_device(rd_net *n)
+{
+    if (n->ctx)
+        return ZS_OK;
+    rd_opts t;
+    resolve_opts(NULL, &t);
+    return open_device(n, &t, 0);
+}
+
+/* Puts the registration m->mr of [base, base + len) in the net's table. */
+static void add_region(rd_net *n, rd_mr *m, void *base, size_t len, int access, zs_mr **out)
+{
+    zs_region_add(&n->s.mrs, &m->reg, n, base, len, access);
+    if (access & (ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE))
+        m->reg.key = m->mr->rkey; /* what peers' NICs name it by */
+    *out = (zs_mr *)m;
+}
+
+static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out)
+{
+    rd_net *n = (rd_net *)nn;
+    *out = NULL;
+    ZS_CHECK(ensure_device(n));
+    ZS_CHECK(zs_region_check_access("rdma", access));
+    rd_mr *m = calloc(1, sizeof *m);
+    if (!m)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    m->mr = ibv_reg_mr(n->pd, base, len, verbs_access(access));
     if (!m->mr) {
         int err = errno;
         free(m);
@@ -1529,11 +1572,71 @@ static zs_err rd_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
                         "rdma: %s: ibv_reg_mr of %zu bytes: %s%s", n->dev_name, len, strerror(err),
                         err == ENOMEM ? " (raise the locked-memory limit: ulimit -l)" : "");
     }
-    zs_region_add(&n->s.mrs, &m->reg, n, base, len, access);
-    if (access & (ZS_MR_REMOTE_READ | ZS_MR_REMOTE_WRITE))
-        m->reg.key = m->mr->rkey; /* what peers' NICs name it by */
-    *out = (zs_mr *)m;
+    add_region(n, m, base, len, access, out);
     return ZS_OK;
+}
+
+/* ibv_reg_dmabuf_mr, or NULL with errno ENOSYS where rdma-core is older than v34 (the build
+ * looked for it: ZS_HAVE_IBV_REG_DMABUF_MR). */
+static struct ibv_mr *reg_dmabuf(struct ibv_pd *pd, const zs_dmabuf *b, int flags)
+{
+#ifdef ZS_HAVE_IBV_REG_DMABUF_MR
+    return ibv_reg_dmabuf_mr(pd, b->offset, b->len, (uint64_t)(uintptr_t)b->addr, b->fd, flags);
+#else
+    (void)pd, (void)b, (void)flags;
+    errno = ENOSYS;
+    return NULL;
+#endif
+}
+
+static zs_err rd_reg_dmabuf_mr(zs_net *nn, const zs_dmabuf *buf, int access, zs_mr **out)
+{
+    rd_net *n = (rd_net *)nn;
+    *out = NULL;
+    if (!buf || buf->fd < 0 || !buf->addr || buf->len == 0)
+        return zs_error(ZS_ERR_INVALID, "rdma reg_dmabuf_mr: no dma-buf (fd %d, %zu bytes at %p)",
+                        buf ? buf->fd : -1, buf ? buf->len : 0, buf ? buf->addr : NULL);
+    ZS_CHECK(ensure_device(n));
+    ZS_CHECK(zs_region_check_access("rdma", access));
+    rd_mr *m = calloc(1, sizeof *m);
+    if (!m)
+        return zs_error(ZS_ERR_NOMEM, "rdma: out of memory");
+    /* The iova is the caller's address, so that work requests name the region's bytes by the
+     * addresses the caller uses, as for host memory.  The kernel holds the dma-buf from here
+     * until the region is deregistered. */
+    m->mr = reg_dmabuf(n->pd, buf, verbs_access(access));
+    if (!m->mr) {
+        int err = errno;
+        free(m);
+        int unsupported =
+            err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS || err == EPROTONOSUPPORT;
+        return zs_error(unsupported     ? ZS_ERR_UNSUPPORTED
+                        : err == ENOMEM ? ZS_ERR_NOMEM
+                                        : ZS_ERR_IO,
+                        "rdma: %s: ibv_reg_dmabuf_mr of %zu bytes (dma-buf fd %d, offset %llu) "
+                        "failed with errno %d: %s%s",
+                        n->dev_name, buf->len, buf->fd, (unsigned long long)buf->offset, err,
+                        strerror(err),
+                        err == ENOSYS ? " (this build's rdma-core has no ibv_reg_dmabuf_mr)"
+                        : unsupported ? " (the device or its driver cannot register a dma-buf)"
+                                      : "");
+    }
+    m->device = 1;
+    m->copy = buf->copy;
+    m->copy_ctx = buf->ctx;
+    add_region(n, m, buf->addr, buf->len, access | ZS_MR_PINNED, out);
+    return ZS_OK;
+}
+
+void zs_rdma_test_as_device(zs_mr *mm,
+                            int (*copy)(void *ctx, void *dst, const void *src, size_t n,
+                                        int to_region),
+                            void *ctx)
+{
+    rd_mr *m = (rd_mr *)mm;
+    m->device = 1;
+    m->copy = copy;
+    m->copy_ctx = ctx;
 }
 
 static zs_err rd_dereg_mr(zs_mr *mm)
@@ -1871,4 +1974,5 @@ const zs_transport_ops zs_rdma_ops = {
     .flush = zs_setup_flush,
     .poll = zs_setup_poll,
     .wait_fd = zs_setup_wait_fd,
+    .reg_dmabuf_mr = rd_reg_dmabuf_mr,
 };

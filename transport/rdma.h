@@ -79,5 +79,12 @@ int zs_rdma_available(char *why, size_t cap);
 zs_err zs_rdma_test_break_qp(zs_conn *c);
 /* For the backend's tests: the next RNDV frame c sends names rkey + 1 (a bad key). */
 void zs_rdma_test_bad_key(zs_conn *c);
+/* For the backend's tests: treats mr, registered from host memory, as a dma-buf region (device
+ * memory the CPU must not touch): its payloads go by rendezvous however small, and inline
+ * payloads arriving for it are placed with copy(ctx, ...), as zs_dmabuf's. */
+void zs_rdma_test_as_device(zs_mr *mr,
+                            int (*copy)(void *ctx, void *dst, const void *src, size_t n,
+                                        int to_region),
+                            void *ctx);
 
 #endif

@@ -1477,6 +1477,18 @@ static zs_err sh_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **
     return ZS_OK;
 }
 
+static zs_err sh_reg_dmabuf_mr(zs_net *nn, const zs_dmabuf *buf, int access, zs_mr **out)
+{
+    (void)nn, (void)access;
+    *out = NULL;
+    /* shm's peers read and write regions with the CPU (mapped pages, process_vm_readv): device
+     * memory is neither. */
+    return zs_error(ZS_ERR_UNSUPPORTED,
+                    "shm cannot read or write device memory (dma-buf fd %d, %zu bytes at %p); "
+                    "GPUDirect needs the rdma transport",
+                    buf ? buf->fd : -1, buf ? buf->len : 0, buf ? buf->addr : NULL);
+}
+
 static zs_err sh_dereg_mr(zs_mr *mm)
 {
     sh_mr *m = (sh_mr *)mm;
@@ -1855,4 +1867,5 @@ const zs_transport_ops zs_shm_ops = {
     .flush = zs_setup_flush,
     .poll = zs_setup_poll,
     .wait_fd = zs_setup_wait_fd,
+    .reg_dmabuf_mr = sh_reg_dmabuf_mr,
 };

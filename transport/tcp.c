@@ -2056,6 +2056,18 @@ zs_err zs_tcp_reg_mr(zs_net *nn, void *base, size_t len, int access, zs_mr **out
     return ZS_OK;
 }
 
+zs_err zs_tcp_reg_dmabuf_mr(zs_net *nn, const zs_dmabuf *buf, int access, zs_mr **out)
+{
+    (void)nn, (void)access;
+    *out = NULL;
+    /* The bytes move through a socket, so the CPU would have to read and write them: device
+     * memory is not this process's memory. */
+    return zs_error(ZS_ERR_UNSUPPORTED,
+                    "tcp cannot read or write device memory (dma-buf fd %d, %zu bytes at %p); "
+                    "GPUDirect needs the rdma transport",
+                    buf ? buf->fd : -1, buf ? buf->len : 0, buf ? buf->addr : NULL);
+}
+
 zs_err zs_tcp_dereg_mr(zs_mr *mm)
 {
     tcp_mr *m = (tcp_mr *)mm;
@@ -2384,4 +2396,5 @@ const zs_transport_ops zs_tcp_ops = {
     .flush = zs_tcp_flush,
     .poll = zs_tcp_poll,
     .wait_fd = zs_tcp_wait_fd,
+    .reg_dmabuf_mr = zs_tcp_reg_dmabuf_mr,
 };

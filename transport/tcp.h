@@ -76,6 +76,7 @@ int zs_tcp_conn_closed(const zs_conn *c);
 void zs_tcp_conn_close(zs_conn *c);
 zs_err zs_tcp_reg_mr(zs_net *net, void *base, size_t len, int access, zs_mr **out);
 zs_err zs_tcp_dereg_mr(zs_mr *mr);
+zs_err zs_tcp_reg_dmabuf_mr(zs_net *net, const zs_dmabuf *buf, int access, zs_mr **out);
 zs_err zs_tcp_isend(zs_conn *c, const zs_frame *f, zs_mr *mr, size_t off, void *user, zs_req **req);
 zs_err zs_tcp_isend_inline(zs_conn *c, const zs_frame *f, const void *data, void *user,
                            zs_req **req);

@@ -76,7 +76,7 @@
 #include "common/secret.h"
 #include "transport/frame.h"
 
-#define ZS_TRANSPORT_OPS_VERSION 5
+#define ZS_TRANSPORT_OPS_VERSION 6
 
 struct zs_transport_ops;
 
@@ -107,6 +107,25 @@ enum {
     ZS_MR_REMOTE_WRITE = 8,
     ZS_MR_PINNED = 16
 };
+
+/* Memory given as a dma-buf: device memory (a GPU's) that its driver exported as a file
+ * descriptor, for reg_dmabuf_mr().  The region is [addr, addr + len) as the caller names it:
+ * offsets of sends, receives and one-sided operations count from addr as for any region, and the
+ * NIC reaches the bytes through the dma-buf, never through the CPU.  So that the backend never
+ * touches the bytes with the CPU (they may not be mapped in this process at all), it sends a
+ * region's payloads by rendezvous however small; the few bytes it must place itself (a short
+ * payload the peer sent inline, an error's text) it hands to `copy`, which moves n bytes from
+ * host memory into the region (to_region 1) or back (0) and returns 0, or -errno.  copy is called
+ * from the net's progress functions, on the thread that drives the net. */
+typedef struct {
+    int fd;          /* the dma-buf; the backend takes its own reference (the caller may close
+                        fd once reg_dmabuf_mr returned) */
+    uint64_t offset; /* of the region's first byte in the dma-buf */
+    size_t len;      /* bytes */
+    void *addr;      /* the region's first byte as the caller names it (a device pointer) */
+    int (*copy)(void *ctx, void *dst, const void *src, size_t n, int to_region);
+    void *ctx;
+} zs_dmabuf;
 
 /* A registered region as a peer names it in one-sided reads and writes: exported by
  * mr_export() on the side that owns the memory, carried to the peer by the caller (in a frame's
@@ -248,7 +267,8 @@ typedef struct zs_transport_ops {
     /* Registers [base, base+len) for access (ZS_MR_SEND | ZS_MR_RECV).  May be slow (RDMA
      * pins pages); not on the hot path.  The memory must outlive the registration. */
     zs_err (*reg_mr)(zs_net *net, void *base, size_t len, int access, zs_mr **out);
-    /* Deregisters; fails (ZS_ERR_INVALID) while a request still uses the region. */
+    /* Deregisters; fails (ZS_ERR_INVALID) while a request still uses the region.  Also for a
+     * region of reg_dmabuf_mr(). */
     zs_err (*dereg_mr)(zs_mr *mr);
 
     /* Sends frame f: the header, then f->length bytes from mr at byte offset off (mr may be
@@ -347,6 +367,14 @@ typedef struct zs_transport_ops {
      * has none.  After the wait, drive the net (poll with timeout 0, test, wait).  So a loop
      * blocks until something happens instead of waking on a timer.  Does not block. */
     int (*wait_fd)(zs_net *net, int *timeout_ms);
+
+    /* Version 6.  Registers the dma-buf `buf` (see zs_dmabuf) for access as reg_mr() does
+     * (ZS_MR_PINNED is implied: the pages are the exporter's).  rdma registers it with the NIC
+     * (ibv_reg_dmabuf_mr: GPUDirect RDMA where the NIC and the exporter allow it); tcp and shm
+     * cannot reach device memory and refuse with ZS_ERR_UNSUPPORTED, naming themselves, as does
+     * rdma where the device, its driver or the build lacks dma-buf registration (the errno in
+     * the message).  May be slow; not on the hot path. */
+    zs_err (*reg_dmabuf_mr)(zs_net *net, const zs_dmabuf *buf, int access, zs_mr **out);
 } zs_transport_ops;
 
 /* The backends: TCP (transport/tcp.h), RDMA (transport/rdma.h), shared memory

@@ -53,8 +53,10 @@ typedef struct {
     int chunk;         /* push */
     zs_frame_dtype dtype;
     void *buf;
-    uint64_t gpu_ready; /* a push: the model's copy of the gradient into buf (0: none) that the
-                           communication thread waits for before it sends */
+    uint64_t gpu_ready; /* the model's work (0: none) that the communication thread waits for
+                           before it starts x: a push's copy of the gradient into buf, or with
+                           GPUDirect the layer's backward that wrote it (a push) or the last work
+                           that read the slot (a fetch) */
     zs_client_op *op;   /* communication thread only */
     zs_err err;
     char msg[512]; /* err's message (messages are per thread) */
@@ -74,6 +76,7 @@ typedef struct {
     long dev_version;
     uint64_t dev_ready; /* the upload that fills dev (model.h's tickets; 0: none) */
     uint64_t dev_free;  /* the model's work that last read dev, marked when it was released */
+    int dmabuf;         /* dev came from zs_model_dmabuf_alloc (GPUDirect, or its attempt) */
 } slot;
 
 typedef struct {
@@ -82,7 +85,9 @@ typedef struct {
     const zs_tensor_table *tt;
     zs_client *cl;
     zs_model *model;
-    int on_host; /* the model computes in host memory: it reads and writes the slots' bufs */
+    int on_host;   /* the model computes in host memory: it reads and writes the slots' bufs */
+    int gpudirect; /* GPUDirect RDMA: each slot's buf is its dev, device memory registered with the
+                      NIC as a dma-buf; fetches land in it and pushes leave from it, with no copy */
     int L;
     zs_frame_dtype dtype;
     slot param[SLOTS], grad[SLOTS];
@@ -194,7 +199,7 @@ static void *comm_main(void *arg)
                 uint64_t t = x->gpu_ready;
                 pthread_mutex_unlock(&w->mu);
                 zs_err e = zs_model_sync(w->model, t);
-                if (e == ZS_OK && w->fp16) /* fp16: io_grads_done left it to us */
+                if (e == ZS_OK && w->fp16 && x->is_push) /* fp16: io_grads_done left it to us */
                     zs_fp16_scale_grads(x->buf, x->end - x->begin, w->loss_scale);
                 pthread_mutex_lock(&w->mu);
                 x->gpu_ready = 0;
@@ -324,6 +329,9 @@ static void prefetch(wk *w, int layer)
     p->x.version = w->step;
     p->x.dtype = w->dtype;
     p->x.buf = p->buf;
+    /* GPUDirect: the NIC writes the device slot itself, once the model's work that read it
+     * last is done (the communication thread waits for that, the compute thread goes on). */
+    p->x.gpu_ready = w->gpudirect ? p->dev_free : 0;
     submit(w, &p->x);
 }
 
@@ -361,7 +369,11 @@ static zs_err io_acquire(void *ctx, int layer, const float **base)
     ZS_CHECK(ensure(w, layer));
     slot *p = &w->param[slot_of(w, layer)];
     const size_t *lb = w->tt->layer_begin;
-    if (!w->on_host) {
+    if (w->gpudirect) {
+        /* The fetch landed in the model's memory: nothing to copy, but the NIC's writes must
+         * be visible to the kernels about to read them. */
+        ZS_CHECK(zs_model_nic_wrote(w->model));
+    } else if (!w->on_host) {
         /* To the model on its copy stream, once the work that read the twin last is done;
          * the model's next work waits for the copy, the host does not. */
         if (p->dev_layer != layer || p->dev_version != w->step) {
@@ -402,6 +414,11 @@ static zs_err io_grads(void *ctx, int layer, float **base)
     wk *w = ctx;
     zs_session_heartbeat(w->s);
     slot *g = &w->grad[slot_of(w, layer)];
+    if (w->gpudirect) { /* the model writes the buffer the NIC sends from: its last push first */
+        ZS_CHECK(await(w, &g->x, &w->st.push_wait_s));
+        *base = g->dev - w->tt->layer_begin[layer];
+        return ZS_OK;
+    }
     if (!w->on_host) { /* the model writes the twin once its last copy out is done; the push
                           buffer is awaited when it is filled */
         ZS_CHECK(zs_model_after(w->model, g->dev_ready));
@@ -417,8 +434,13 @@ static zs_err io_grads_done(void *ctx, int layer)
 {
     wk *w = ctx;
     slot *g = &w->grad[slot_of(w, layer)];
-    /* (On the host, io_grads waited for the buffer's last push: the transfer is idle.) */
-    if (!w->on_host) {
+    /* (On the host, and with GPUDirect, io_grads waited for the buffer's last push: the
+     * transfer is idle.) */
+    if (w->gpudirect) {
+        /* Pushed from the device buffer once the layer's backward is done: the communication
+         * thread waits for that point of the compute stream, the compute thread goes on. */
+        ZS_CHECK(zs_model_mark(w->model, &g->x.gpu_ready));
+    } else if (!w->on_host) {
         /* Copied out on the copy stream once the layer's backward is done; the communication
          * thread waits for the copy before the push, and the compute thread goes on. */
         const size_t *lb = w->tt->layer_begin;
@@ -508,39 +530,118 @@ static zs_err run_chunk(wk *w, int32_t *in, int32_t *tg, long step, int chunk)
     return ZS_OK;
 }
 
+/* The transport's hook for the few bytes it places by CPU in a dma-buf slot (transport.h,
+ * zs_dmabuf: a short fetched piece, an error's text): the model copies them. */
+static int copy_to_slot(void *ctx, void *dst, const void *src, size_t n, int to_region)
+{
+    return zs_model_copy_now(ctx, dst, src, n, to_region) == ZS_OK ? 0 : -EIO;
+}
+
+/* GPUDirect's slots: each slot's device memory exported as a dma-buf and registered with the
+ * client.  On a failure, *why says it; the slots that got device memory keep it as their twin
+ * (a region registered already stays registered, unused). */
+static void gpudirect_slots(wk *w, const size_t *floats, char *why, size_t cap)
+{
+    for (int k = 0; k < 2; k++) {
+        slot *set = k ? w->grad : w->param;
+        for (int i = 0; i < SLOTS; i++) {
+            slot *s = &set[i];
+            if (floats[i] == 0)
+                continue;
+            zs_model_dmabuf d;
+            zs_err e = zs_model_dmabuf_alloc(w->model, floats[i] * sizeof(float), &d);
+            if (e != ZS_OK) {
+                snprintf(why, cap, "%s", zs_last_error());
+                return;
+            }
+            s->dev = d.ptr;
+            s->dmabuf = 1;
+            zs_dmabuf b = {.fd = d.fd,
+                           .offset = d.offset,
+                           .len = d.len,
+                           .addr = d.ptr,
+                           .copy = copy_to_slot,
+                           .ctx = w->model};
+            e = zs_client_register_dmabuf(w->cl, &b);
+            close(d.fd); /* the registration holds the dma-buf */
+            if (e != ZS_OK) {
+                snprintf(why, cap, "the registration failed: %s", zs_last_error());
+                return;
+            }
+        }
+    }
+}
+
+/* Whether GPUDirect can serve this worker: "" in why when it may be tried, else the reason. */
+static void gpudirect_reason(const wk *w, char *why, size_t cap)
+{
+    const char *transport = zs_client_transport(w->cl);
+    if (strcmp(transport, "rdma") != 0)
+        snprintf(why, cap, "the transport is %s, not rdma", transport);
+    else if (w->dtype == ZS_DTYPE_BF16)
+        snprintf(why, cap, "bf16 weights are widened to fp32 on the host as they arrive");
+    else if (w->fp16)
+        snprintf(why, cap, "fp16.enabled rounds fetched weights and scales gradients on the host");
+    else
+        why[0] = '\0';
+}
+
 /* Allocates and registers the slots: layer 0, layer L+1 and the largest block (the model must
- * exist: it provides the memory). */
-static zs_err setup_slots(wk *w)
+ * exist: it provides the memory).  With a GPU model, GPUDirect as `mode` says. */
+static zs_err setup_slots(wk *w, zs_gpudirect mode)
 {
     const size_t *lb = w->tt->layer_begin;
     size_t block = 0;
     for (int l = 1; l <= w->L; l++)
         block = lb[l + 1] - lb[l] > block ? lb[l + 1] - lb[l] : block;
     size_t floats[SLOTS] = {lb[1] - lb[0], lb[w->L + 2] - lb[w->L + 1], block, block};
+    if (w->on_host && mode == ZS_GPUDIRECT_ON)
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "worker %u: --gpudirect on: the model computes on the host (cpu), not "
+                        "on a device; GPUDirect needs --device cuda:N",
+                        zs_session_id(w->s));
+    if (!w->on_host && mode != ZS_GPUDIRECT_OFF) {
+        char why[768];
+        gpudirect_reason(w, why, sizeof why);
+        if (!why[0])
+            gpudirect_slots(w, floats, why, sizeof why);
+        if (why[0] && mode == ZS_GPUDIRECT_ON)
+            return zs_error(ZS_ERR_UNSUPPORTED, "worker %u: --gpudirect on: %s",
+                            zs_session_id(w->s), why);
+        if (why[0])
+            ZS_INFO("worker %u: GPUDirect off (%s); layers go through page-locked host memory",
+                    zs_session_id(w->s), why);
+        w->gpudirect = !why[0];
+    }
     for (int k = 0; k < 2; k++) {
         slot *set = k ? w->grad : w->param;
         for (int i = 0; i < SLOTS; i++) {
             slot *s = &set[i];
             s->layer = -1;
             s->version = -1;
+            s->dev_layer = -1;
+            s->dev_version = -1;
             if (floats[i] == 0)
                 continue;
             size_t bytes = floats[i] * sizeof(float);
+            w->st.buffer_bytes += bytes;
+            if (w->gpudirect) {
+                s->buf = s->dev; /* fetched into and pushed from by the NIC */
+                continue;
+            }
             void *p = NULL;
             /* Zeroed: a gradient buffer's padding is pushed too and must be 0 (the model
              * writes it as 0 as well).  Host memory the model copies from and to fastest
              * (page-locked for a GPU). */
             ZS_CHECK(zs_model_host_alloc(w->model, bytes, &p));
             s->buf = p;
-            w->st.buffer_bytes += bytes;
             /* A GPU's page-locked buffer stays where the driver pinned it (shm would move the
              * pages of a large send buffer into shared memory otherwise). */
             ZS_CHECK(w->on_host ? zs_client_register(w->cl, p, bytes)
                                 : zs_client_register_pinned(w->cl, p, bytes));
-            /* A model off the host gets a twin of the slot in its own memory. */
-            s->dev_layer = -1;
-            s->dev_version = -1;
-            if (!w->on_host)
+            /* A model off the host gets a twin of the slot in its own memory (GPUDirect's
+             * attempt may have left it one). */
+            if (!w->on_host && !s->dev)
                 ZS_CHECK(zs_model_alloc(w->model, bytes, (void **)&s->dev));
         }
     }
@@ -626,7 +727,7 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     ZS_CHECK_GOTO(zs_model_create(opts->device, &w.cfg->model, w.tt, b, T, opts->threads, &w.model),
                   res, out);
     w.on_host = zs_model_on_host(w.model);
-    ZS_CHECK_GOTO(setup_slots(&w), res, out);
+    ZS_CHECK_GOTO(setup_slots(&w, opts->gpudirect), res, out);
     w.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w.wake_fd < 0) {
         res = zs_error(ZS_ERR_IO, "worker: eventfd: %s", strerror(errno));
@@ -643,12 +744,13 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
     w.comm_started = 1;
     char dev_name[16];
     zs_device_format(opts->device, dev_name, sizeof dev_name);
-    ZS_INFO("worker %u: %s weights, compute on %s, %d threads, %.1f MB of layer buffers",
+    ZS_INFO("worker %u: %s weights, compute on %s, %d threads, %.1f MB of layer buffers%s",
             zs_session_id(w.s),
             w.dtype == ZS_DTYPE_BF16  ? "bf16"
             : w.dtype == ZS_DTYPE_F16 ? "fp16"
                                       : "fp32",
-            dev_name, opts->threads, w.st.buffer_bytes / 1e6);
+            dev_name, opts->threads, w.st.buffer_bytes / 1e6,
+            w.gpudirect ? " in device memory (GPUDirect RDMA)" : "");
 
     long last_step = -1;
     double idle_since = -1; /* when it last finished a chunk: waiting from then is step wait */
@@ -724,9 +826,10 @@ out:
         if (w.st.buffer_bytes > stats->buffer_bytes)
             stats->buffer_bytes = w.st.buffer_bytes;
     }
-    for (int i = 0; w.model && i < SLOTS; i++) {
-        zs_model_dealloc(w.model, w.param[i].dev);
-        zs_model_dealloc(w.model, w.grad[i].dev);
+    for (int i = 0; w.model && i < 2 * SLOTS; i++) {
+        slot *s = i < SLOTS ? &w.param[i] : &w.grad[i - SLOTS];
+        if (!s->dmabuf)
+            zs_model_dealloc(w.model, s->dev);
     }
     free(in);
     free(tg);
@@ -735,12 +838,28 @@ out:
     if (res != ZS_OK)
         zs_session_fail(w.s, zs_last_error());
     zs_session_close(w.s);
-    for (int i = 0; w.model && i < SLOTS; i++) {
-        zs_model_host_free(w.model, w.param[i].buf);
-        zs_model_host_free(w.model, w.grad[i].buf);
+    for (int i = 0; w.model && i < 2 * SLOTS; i++) {
+        slot *s = i < SLOTS ? &w.param[i] : &w.grad[i - SLOTS];
+        if (s->buf != s->dev) /* with GPUDirect the slot has no host buffer */
+            zs_model_host_free(w.model, s->buf);
+        /* Registered with the NIC as dma-bufs: freed once the client's regions are gone. */
+        if (s->dmabuf)
+            zs_model_dmabuf_free(w.model, s->dev);
     }
     zs_model_free(w.model);
     return res;
+}
+
+zs_err zs_gpudirect_parse(const char *text, zs_gpudirect *out)
+{
+    static const char *const names[] = {"auto", "on", "off"};
+    for (int i = 0; text && i < 3; i++)
+        if (!strcmp(text, names[i])) {
+            *out = (zs_gpudirect)i;
+            return ZS_OK;
+        }
+    return zs_error(ZS_ERR_INVALID, "gpudirect \"%s\": expected auto, on or off",
+                    text ? text : "(none)");
 }
 
 zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_worker_stats *stats)

@@ -33,6 +33,16 @@
 #include "common/secret.h"
 #include "kernels/model.h"
 
+/* Whether a GPU worker's slots are device memory that the NIC fills and reads (GPUDirect RDMA
+ * through dma-buf, docs/gpu.md): auto where the model is on a GPU, the transport is rdma, the
+ * job computes in fp32 and the GPU, its driver and the NIC allow it, else page-locked host slots
+ * with one log line saying why; on: the same, but a reason against it fails the worker; off:
+ * host slots. */
+typedef enum { ZS_GPUDIRECT_AUTO = 0, ZS_GPUDIRECT_ON = 1, ZS_GPUDIRECT_OFF = 2 } zs_gpudirect;
+
+/* "auto", "on" or "off"; anything else is an error naming the text. */
+zs_err zs_gpudirect_parse(const char *text, zs_gpudirect *out);
+
 typedef struct {
     const char *coord;       /* the coordinator's control endpoint, "tcp://HOST:PORT" */
     const zs_secret *secret; /* the job's secret, or insecure (common/secret.h) */
@@ -42,6 +52,7 @@ typedef struct {
                                 layer is copied in from its fetched slot when first used, and
                                 each layer's gradient out to its push buffer */
     int join_timeout_ms;     /* how long to wait for the job spec after registering */
+    zs_gpudirect gpudirect;  /* zeroed: auto */
 } zs_worker_opts;
 
 /* Where a worker's time went, and what it moved.  Seconds of wall-clock time. */

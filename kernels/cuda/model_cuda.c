@@ -28,7 +28,9 @@
  */
 #include "kernels/model.h"
 
+#include <cudaTypedefs.h> /* the driver API's types only: its calls come through the runtime */
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -502,6 +504,160 @@ static void cuda_host_free(void *impl, void *p)
     cudaFreeHost(p);
 }
 
+/* ---- GPUDirect RDMA: device memory exported as a dma-buf (model.h) ---------------------
+ * The driver API's calls are taken from the runtime (cudaGetDriverEntryPointByVersion), never
+ * linked: a zshard built with the toolkit must start on a host that has no driver. */
+
+/* What an export is aligned and sized to: the driver wants host pages; 2 MiB, the GPU's large
+ * page, also keeps the exported range from sharing a GPU page with another allocation. */
+#define DMABUF_ALIGN ((size_t)2 << 20)
+
+static struct {
+    PFN_cuDeviceGet_v2000 device_get;
+    PFN_cuDeviceGetAttribute_v2000 get_attribute;
+    PFN_cuMemGetHandleForAddressRange_v11070 get_handle;
+    PFN_cuMemGetAddressRange_v3020 address_range;
+    char why[192]; /* why one is missing; "" when all were found */
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+static void driver_entry(const char *name, unsigned version, void **fn)
+{
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t ce = cudaGetDriverEntryPointByVersion(name, fn, version, cudaEnableDefault, &q);
+    if (ce == cudaSuccess && *fn && q == cudaDriverEntryPointSuccess)
+        return;
+    *fn = NULL;
+    if (!drv.why[0])
+        snprintf(drv.why, sizeof drv.why, "the CUDA driver gives no %s (CUDA %u.%u): %s", name,
+                 version / 1000, version % 1000 / 10,
+                 ce != cudaSuccess                              ? cudaGetErrorString(ce)
+                 : q == cudaDriverEntryPointVersionNotSufficent ? "the driver is older"
+                                                                : "not found");
+}
+
+static void load_driver(void)
+{
+    driver_entry("cuDeviceGet", 2000, (void **)&drv.device_get);
+    driver_entry("cuDeviceGetAttribute", 2000, (void **)&drv.get_attribute);
+    driver_entry("cuMemGetHandleForAddressRange", 11070, (void **)&drv.get_handle);
+    driver_entry("cuMemGetAddressRange", 3020, (void **)&drv.address_range);
+}
+
+static zs_err cuda_dmabuf_alloc(void *impl, size_t bytes, void **out, size_t *len, int *fd,
+                                uint64_t *offset)
+{
+    cuda_model *m = impl;
+    *out = NULL;
+    *fd = -1;
+    CU(cudaSetDevice(m->device));
+    pthread_once(&drv_once, load_driver);
+    if (drv.why[0])
+        return zs_error(ZS_ERR_UNSUPPORTED, "model cuda:%d: no dma-buf export: %s", m->device,
+                        drv.why);
+    CUdevice dev;
+    int supported = 0;
+    CUresult cr = drv.device_get(&dev, m->device);
+    if (cr == CUDA_SUCCESS)
+        cr = drv.get_attribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev);
+    if (cr != CUDA_SUCCESS)
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "model cuda:%d: asking whether the GPU exports dma-bufs: CUresult %d",
+                        m->device, (int)cr);
+    if (!supported)
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "model cuda:%d: the GPU or its driver cannot export device memory as a "
+                        "dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0; it needs Linux 5.12 "
+                        "or later and the open kernel modules)",
+                        m->device);
+    /* The NIC's writes must become visible to the kernels that read a fetched layer: the GPU
+     * orders them itself, or it offers the flush zs_model_nic_wrote calls. */
+    int ordering = 0, flush = 0;
+    CU(cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, m->device));
+    CU(cudaDeviceGetAttribute(&flush, cudaDevAttrGPUDirectRDMAFlushWritesOptions, m->device));
+    if (ordering < (int)cudaGPUDirectRDMAWritesOrderingOwner &&
+        !(flush & cudaFlushGPUDirectRDMAWritesOptionHost))
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "model cuda:%d: the GPU neither orders a NIC's writes to its memory "
+                        "(cudaDevAttrGPUDirectRDMAWritesOrdering %d) nor offers their flush "
+                        "(cudaDevAttrGPUDirectRDMAFlushWritesOptions %d)",
+                        m->device, ordering, flush);
+    /* cudaMalloc promises 256-byte alignment only: DMABUF_ALIGN more than the rounded size
+     * leaves room for an aligned start inside the allocation. */
+    size_t n = (bytes + DMABUF_ALIGN - 1) / DMABUF_ALIGN * DMABUF_ALIGN;
+    if (n == 0)
+        n = DMABUF_ALIGN;
+    void *base = NULL;
+    cudaError_t ce = cudaMalloc(&base, n + DMABUF_ALIGN);
+    if (ce != cudaSuccess)
+        return zs_error(ZS_ERR_NOMEM, "model cuda:%d: %zu bytes of device memory: %s", m->device,
+                        n + DMABUF_ALIGN, cudaGetErrorString(ce));
+    uintptr_t start = ((uintptr_t)base + DMABUF_ALIGN - 1) / DMABUF_ALIGN * DMABUF_ALIGN;
+    ce = cudaMemsetAsync(base, 0, n + DMABUF_ALIGN, m->stream);
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(m->stream);
+    if (ce != cudaSuccess) {
+        cudaFree(base);
+        return zs_error(ZS_ERR_IO, "model cuda:%d: clearing %zu bytes: %s", m->device,
+                        n + DMABUF_ALIGN, cudaGetErrorString(ce));
+    }
+    int handle = -1;
+    cr = drv.get_handle(&handle, (CUdeviceptr)start, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (cr != CUDA_SUCCESS || handle < 0) {
+        cudaFree(base);
+        return zs_error(ZS_ERR_UNSUPPORTED,
+                        "model cuda:%d: cuMemGetHandleForAddressRange of %zu bytes as a dma-buf: "
+                        "CUresult %d",
+                        m->device, n, (int)cr);
+    }
+    *out = (void *)start;
+    *len = n;
+    *fd = handle;
+    *offset = 0; /* the dma-buf is exactly [start, start + n) */
+    return ZS_OK;
+}
+
+static void cuda_dmabuf_free(void *impl, void *p)
+{
+    cuda_model *m = impl;
+    cudaSetDevice(m->device);
+    cudaStreamSynchronize(m->stream); /* no kernel may still read it */
+    /* p lies inside the allocation (its aligned start): free the allocation. */
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (drv.address_range &&
+        drv.address_range(&base, &size, (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS)
+        cudaFree((void *)(uintptr_t)base);
+}
+
+/* A copy on the copy stream, waited for: ordered with no kernel (model.h, copy_now). */
+static zs_err cuda_copy_now(void *impl, void *dst, const void *src, size_t bytes, int to_model)
+{
+    cuda_model *m = impl;
+    CU(cudaSetDevice(m->device));
+    cudaError_t ce = cudaMemcpyAsync(
+        dst, src, bytes, to_model ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, m->copies);
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(m->copies);
+    if (ce != cudaSuccess)
+        return zs_error(ZS_ERR_IO, "model cuda:%d: copy of %zu bytes %s: %s", m->device, bytes,
+                        to_model ? "in" : "out", cudaGetErrorString(ce));
+    return ZS_OK;
+}
+
+/* RDMA writes into device memory that completed on the NIC are not yet promised to be visible
+ * to kernels on every platform: this makes them so for kernels launched after it. */
+static zs_err cuda_nic_wrote(void *impl)
+{
+    cuda_model *m = impl;
+    CU(cudaSetDevice(m->device));
+    /* (A no-op where the GPU orders the writes itself; cuda_dmabuf_alloc refused GPUs that
+     * neither order them nor offer this.) */
+    CU(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                          cudaFlushGPUDirectRDMAWritesToOwner));
+    return ZS_OK;
+}
+
 /* A copy in the stream's order (after every kernel enqueued so far), waited for. */
 static zs_err copy(cuda_model *m, void *dst, const void *src, size_t bytes, int up)
 {
@@ -610,4 +766,8 @@ const zs_model_ops zs_model_cuda_ops = {
     .download_async = cuda_download_async,
     .after = cuda_after,
     .sync = cuda_sync,
+    .dmabuf_alloc = cuda_dmabuf_alloc,
+    .dmabuf_free = cuda_dmabuf_free,
+    .copy_now = cuda_copy_now,
+    .nic_wrote = cuda_nic_wrote,
 };

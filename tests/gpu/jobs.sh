@@ -11,7 +11,11 @@
 #     training, and a launch with GPU workers in the same bits;
 #   - `zshard launch --device cuda` with 2 servers and 2 workers gives bitwise the weights and
 #     the metrics of `zshard train --device cuda` (the worker copies each layer to the GPU and
-#     each gradient back; the optimizer runs on the servers, as it runs on the host in train).
+#     each gradient back; the optimizer runs on the servers, as it runs on the host in train);
+#     its workers say GPUDirect is off because the transport is tcp, and `--gpudirect on` over
+#     tcp fails at start with that reason.  GPUDirect RDMA itself (slots in device memory the
+#     NIC fills and reads, docs/gpu.md) needs an RDMA-capable GPU host: the GPU machine has no
+#     RDMA NIC, so its end-to-end check is not here.
 #   - the same two bitwise promises with the fused attention: the tiny model's heads (hs 16) take
 #     the reference attention (kernels/cuda/model_cuda.c), so a one-head variant (hs 32) runs
 #     with ZS_CUDA_ATTENTION=fused, which fails rather than fall back.
@@ -115,6 +119,12 @@ diff <(metrics_compared "$WORK/gpu-a/metrics.jsonl") <(metrics_compared "$WORK/l
   fail "zshard launch --device cuda: metrics.jsonl differs from zshard train --device cuda's"
 grep -q "compute on cuda:0" "$WORK/launch/logs/worker-1.log" ||
   fail "worker 1 does not say it computes on cuda:0"
+checks=$((checks + 1))
+grep -q "GPUDirect off (the transport is tcp, not rdma)" "$WORK/launch/logs/worker-1.log" ||
+  fail "worker 1 does not say why GPUDirect is off: $(grep -i gpudirect "$WORK/launch/logs/worker-1.log")"
+expect_fail "--gpudirect on: the transport is tcp, not rdma" "$ZSHARD" launch \
+  --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps 1 --servers 1 --workers 1 \
+  --device cuda --gpudirect on --out "$WORK/gpudirect-on"
 
 # The fused attention in train and launch: tiny with one head of 32.
 python3 - "$DATA/tiny.json" "$WORK/tiny-hs32.json" <<'PY'

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -99,6 +100,59 @@ static void test_broken_qp(server *s)
     client_close(&cl);
 }
 
+/* Device memory.  A dma-buf registration is refused with the reason: here with the provider's
+ * errno (rxe has no dma-buf registration), and a memfd is no dma-buf for a device that has one.
+ * Then what a dma-buf region does differently runs on host memory the backend is told is device
+ * memory: a short fetch reply (sent inline) arrives through the region's copy function, a short
+ * push goes by rendezvous (the server cannot read it in place), a long fetch by READ, all
+ * byte-exact. */
+static int dev_copies;
+static int count_copy(void *ctx, void *dst, const void *src, size_t n, int to_region)
+{
+    (void)ctx, (void)to_region;
+    dev_copies++;
+    memcpy(dst, src, n);
+    return 0;
+}
+
+static void test_dmabuf(server *s)
+{
+    client cl;
+    CHECK_OK(client_open(&cl, s->port, NULL));
+    int fd = memfd_create("zs-not-a-dmabuf", MFD_CLOEXEC);
+    CHECK(fd >= 0 && ftruncate(fd, (off_t)(2 * MIB)) == 0);
+    zs_dmabuf b = {
+        .fd = fd, .len = 2 * MIB, .addr = (void *)(uintptr_t)0x7e0000000000ull, .copy = count_copy};
+    zs_mr *mr = NULL;
+    zs_err e = T->reg_dmabuf_mr(cl.net, &b, ZS_MR_SEND | ZS_MR_RECV, &mr);
+    fprintf(stderr, "dma-buf registration on %s: %s (%s)\n", dev1,
+            e == ZS_OK ? "accepted" : zs_last_error(), zs_err_name(e));
+    CHECK(e != ZS_OK);
+    CHECK(e != ZS_OK && strstr(zs_last_error(), "ibv_reg_dmabuf_mr") != NULL);
+    if (e == ZS_OK)
+        T->dereg_mr(mr);
+    close(fd);
+
+    zs_rdma_test_as_device(cl.mr, count_copy, NULL);
+    zs_frame got;
+    dev_copies = 0;
+    CHECK_OK(fetch(&cl, 4096, 256, 512, &got));
+    CHECK_EQ_INT(dev_copies, 1);
+    CHECK(same_as_pattern(cl.buf + 512, 4096, 256, s->version));
+    dev_copies = 0;
+    CHECK_OK(fetch(&cl, MIB, MIB, 2 * MIB, &got));
+    CHECK_EQ_INT(dev_copies, 0);
+    CHECK(same_as_pattern(cl.buf + 2 * MIB, MIB, MIB, s->version));
+    for (size_t i = 0; i < 256; i++)
+        cl.buf[8 * MIB + i] = (uint8_t)(i * 7 + 3);
+    uint64_t h = 0;
+    last_push_viewed = -1;
+    CHECK_OK(push(&cl, 0, 256, 8 * MIB, &h));
+    CHECK_EQ_INT(last_push_viewed, 0);
+    CHECK(h == fnv(cl.buf + 8 * MIB, 256));
+    client_close(&cl);
+}
+
 static void test_no_device(void)
 {
     zs_net *n;
@@ -146,6 +200,7 @@ int main(void)
     test_wait_fd(&s);
     test_bad_key(&s);
     test_broken_qp(&s);
+    test_dmabuf(&s);
     test_garbage_setup(&s);
     server_close(&s);
     test_auth();

@@ -210,6 +210,20 @@ static void test_rma_other_process(void)
     close(pipefd[0]);
 }
 
+/* Device memory (a dma-buf): shm's peers read regions with the CPU, so it refuses one. */
+static void test_dmabuf_refused(void)
+{
+    zs_net *net;
+    CHECK_OK(T->open(&net));
+    zs_dmabuf b = {.fd = 0, .len = 4096, .addr = (void *)(uintptr_t)0x10000};
+    zs_mr *mr = NULL;
+    CHECK_EQ_INT(T->reg_dmabuf_mr(net, &b, ZS_MR_SEND | ZS_MR_RECV, &mr), ZS_ERR_UNSUPPORTED);
+    CHECK_FAILS_WITH(T->reg_dmabuf_mr(net, &b, ZS_MR_SEND | ZS_MR_RECV, &mr),
+                     "shm cannot read or write device memory");
+    CHECK(mr == NULL);
+    T->close(net);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -233,6 +247,7 @@ int main(void)
     test_accept();
     test_other_process();
     test_peer_killed();
+    test_dmabuf_refused();
     rma_suite();
     return zs_test_result("test_transport_shm");
 }

@@ -1130,6 +1130,13 @@ static void test_connect_errors(void)
     CHECK(zs_transport_find("shm") == &zs_shm_ops);
     CHECK(zs_transport_find("udp") == NULL);
     CHECK_EQ_INT(zs_tcp_ops.version, ZS_TRANSPORT_OPS_VERSION);
+    /* Device memory (a dma-buf): a socket's bytes pass through the CPU, so tcp refuses it. */
+    zs_dmabuf dbuf = {.fd = 0, .len = 4096, .addr = (void *)(uintptr_t)0x10000};
+    zs_mr *dmr = NULL;
+    CHECK_EQ_INT(T->reg_dmabuf_mr(net, &dbuf, ZS_MR_SEND | ZS_MR_RECV, &dmr), ZS_ERR_UNSUPPORTED);
+    CHECK_FAILS_WITH(T->reg_dmabuf_mr(net, &dbuf, ZS_MR_SEND | ZS_MR_RECV, &dmr),
+                     "tcp cannot read or write device memory");
+    CHECK(dmr == NULL);
     T->close(net);
 }
 
