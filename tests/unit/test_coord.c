@@ -129,13 +129,21 @@ static void worker_free(worker *w)
     free(w->tg);
 }
 
-/* A Register of the given role and protocol version, packed into buf; its length. */
-static size_t pack_register(Zshard__Role role, uint32_t version, uint8_t *buf)
+/* A Register of the given role, protocol version and capabilities (0: none given), packed into
+ * buf; its length. */
+static size_t pack_register_caps(Zshard__Role role, uint32_t version, uint32_t caps, uint8_t *buf)
 {
     Zshard__Register r = ZSHARD__REGISTER__INIT;
     r.has_role = r.has_protocol_version = 1;
     r.role = role;
     r.protocol_version = version;
+    if (caps) { /* a whole Register of a member, as an older build sends it */
+        r.has_capabilities = r.has_pid = 1;
+        r.capabilities = caps;
+        r.hostname = "localhost";
+        r.pid = 1;
+        r.build = "0.0-old";
+    }
     char *endpoints[1] = {"127.0.0.1:1"};
     if (role == ZSHARD__ROLE__ROLE_SERVER) {
         r.n_endpoints = 1;
@@ -148,6 +156,11 @@ static size_t pack_register(Zshard__Role role, uint32_t version, uint8_t *buf)
     env.body_case = ZSHARD__ENVELOPE__BODY_REGISTRATION;
     env.registration = &r;
     return zshard__envelope__pack(&env, buf);
+}
+
+static size_t pack_register(Zshard__Role role, uint32_t version, uint8_t *buf)
+{
+    return pack_register_caps(role, version, 0, buf);
 }
 
 /* A member of another protocol version registers: refused with an Error that says so.  It
@@ -523,6 +536,69 @@ static void run(const char *zshard, const char *work, int S, int W, int bad_work
     CHECK(system(bash) == 0);
 }
 
+/* An fp16 job's workers fetch fp16 copies: a server or worker that does not offer
+ * CAP_FETCH_FP16 (a build from before them) is refused, naming the reason; one that does is let
+ * in (a worker here: it gets its id). */
+static void check_fp16_capability(const char *zshard, const char *work)
+{
+    char ep[64], config[600], out[600], cmd[1400];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", zs_test_free_port());
+    snprintf(config, sizeof config, "%s/fp16.json", work);
+    snprintf(out, sizeof out, "%s/fp16-coord", work);
+    snprintf(cmd, sizeof cmd,
+             "sed 's/\"cluster\": {/\"fp16\": {\"enabled\": true}, \"cluster\": {/' "
+             "data/tiny.json > %s",
+             config);
+    CHECK(system(cmd) == 0);
+    char *cargv[] = {(char *)zshard, "coord",     "--listen", ep,       "--config",
+                     config,         "--servers", "1",        "--data", "data/tiny.txt",
+                     "--steps",      "1",         "--out",    out,      "--log-level",
+                     "error",        NULL};
+    pid_t coord = spawn(cargv);
+    CHECK(zs_test_wait_listening(zs_test_port_of(ep), 15000));
+    const uint32_t old = ZSHARD__CAPABILITY__CAP_FETCH_FP32 | ZSHARD__CAPABILITY__CAP_FETCH_BF16 |
+                         ZSHARD__CAPABILITY__CAP_TRANSPORT_TCP;
+    const Zshard__Role roles[2] = {ZSHARD__ROLE__ROLE_WORKER, ZSHARD__ROLE__ROLE_SERVER};
+    for (int k = 0; k < 2; k++) {
+        zs_ctrl *c = NULL;
+        CHECK_OK(zs_ctrl_connect(ep, &job_secret, &c));
+        uint8_t buf[256];
+        size_t n = pack_register_caps(roles[k], ZS_PROTOCOL_VERSION, old, buf);
+        CHECK_OK(zs_ctrl_send_raw(c, buf, n));
+        zs_msg_ctx ctx = {.self = ZS_MSG_WORKER};
+        Zshard__Envelope *e = NULL;
+        uint64_t until = zs_now_ms() + 10000;
+        while (!e && zs_now_ms() < until)
+            zs_ctrl_recv(c, 100, &ctx, NULL, &e);
+        const char *want = k ? "this server (build 0.0-old) does not serve them"
+                             : "this worker (build 0.0-old) does not fetch them";
+        int ok = e && e->body_case == ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY &&
+                 e->registration_reply->outcome_case == ZSHARD__REGISTER_REPLY__OUTCOME_REFUSAL &&
+                 strstr(e->registration_reply->refusal, "this is an fp16 job") &&
+                 strstr(e->registration_reply->refusal, want);
+        if (!ok && e && e->body_case == ZSHARD__ENVELOPE__BODY_ERROR)
+            fprintf(stderr, "test_coord: fp16 job: error %s\n", e->error->text);
+        if (!ok)
+            fprintf(stderr, "test_coord: fp16 job, %s without CAP_FETCH_FP16: %s\n",
+                    k ? "server" : "worker",
+                    e && e->body_case == ZSHARD__ENVELOPE__BODY_REGISTRATION_REPLY
+                        ? e->registration_reply->refusal
+                    : e ? "another message"
+                        : "nothing");
+        CHECK(ok);
+        zs_msg_free(e);
+        zs_ctrl_close(c);
+    }
+    /* This build's worker offers it: let in. */
+    zs_ctrl *c = NULL;
+    CHECK_OK(zs_ctrl_connect(ep, &job_secret, &c));
+    char why[400] = "";
+    CHECK_EQ_INT(register_once(c, why, sizeof why), 1);
+    zs_ctrl_close(c);
+    kill(coord, SIGTERM);
+    wait_exit(coord, 30);
+}
+
 int main(void)
 {
     const char *zshard = getenv("ZSHARD");
@@ -562,6 +638,8 @@ int main(void)
     }
     if (!only || strcmp(only, "hung") == 0)
         run(zshard, work, 2, 2, 0, 1);
+    if (!only || strcmp(only, "fp16") == 0)
+        check_fp16_capability(zshard, work);
     snprintf(cmd, sizeof cmd, "rm -rf %s", work);
     CHECK(system(cmd) == 0);
     return zs_test_result("test_coord");
