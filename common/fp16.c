@@ -5,6 +5,7 @@
 #include "common/fp16.h"
 
 #include <math.h>
+#include <string.h>
 
 void zs_fp16_round_array(float *dst, const float *src, size_t n, int threads)
 {
@@ -20,6 +21,18 @@ size_t zs_fp16_scale_grads(float *g, size_t n, float scale)
         float x = zs_fp16_round(g[i] * scale);
         bad += !isfinite(x);
         g[i] = x;
+    }
+    return bad;
+}
+
+size_t zs_fp16_scale_narrow(float *g, size_t n, float scale)
+{
+    size_t bad = 0;
+    unsigned char *out = (unsigned char *)g;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = zs_f32_to_f16(g[i] * scale);
+        bad += (h & 0x7c00u) == 0x7c00u; /* inf or NaN */
+        memcpy(out + 2 * i, &h, sizeof h);
     }
     return bad;
 }

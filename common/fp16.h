@@ -101,4 +101,9 @@ void zs_fp16_round_array(float *dst, const float *src, size_t n, int threads);
  */
 size_t zs_fp16_scale_grads(float *g, size_t n, float scale);
 
+/* The same, with the result as fp16 bits: element i's goes to bytes [2i, 2i + 2) of g, the front
+ * half of the buffer (an F16 push's payload); element i's float is read before any byte of it is
+ * written.  Widening element i gives zs_fp16_scale_grads's g[i], bit for bit. */
+size_t zs_fp16_scale_narrow(float *g, size_t n, float scale);
+
 #endif

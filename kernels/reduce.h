@@ -11,6 +11,7 @@
 #define ZS_REDUCE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define ZS_REDUCE_BLOCK 4096
 
@@ -27,6 +28,12 @@ double zs_sumsq_sharded(const float *x, size_t n, size_t shard_floats, int threa
  * (0: the default), since one thread adds at well under the memory's speed. */
 #define ZS_ACCUMULATE_SPLIT ((size_t)1 << 18)
 void zs_accumulate(float *restrict acc, const float *restrict g, size_t n, int threads);
+
+/* The same for an fp16 gradient (an fp16 job's F16 push), widened exactly: acc[i] += g[i], or
+ * acc[i] = g[i] with copy (the step's first chunk).  The result is zs_accumulate's on the
+ * widened values, bit for bit. */
+void zs_accumulate_f16(float *restrict acc, const uint16_t *restrict g, size_t n, int copy,
+                       int threads);
 
 /*
  * The step's clip factor from the global sum of squares of the accumulated gradient (the sum

@@ -757,8 +757,10 @@ static int push_check(server *sv, const waiting_push *w)
     const char *why = NULL;
     zs_frame_status st = ZS_FS_OK;
     zs_store *target = push_target(sv, f);
-    if (f->dtype != ZS_DTYPE_F32)
-        st = ZS_FS_BAD_RANGE, why = "push payload must be F32";
+    if (f->dtype != ZS_DTYPE_F32 && !(f->dtype == ZS_DTYPE_F16 && sv->cfg.fp16.enabled))
+        st = ZS_FS_BAD_RANGE, why = sv->cfg.fp16.enabled ? "push payload must be F32 or F16"
+                                                         : "push payload must be F32 (F16 only "
+                                                           "in fp16 jobs)";
     else if ((long)f->step != zs_store_version(sv->store) || sv->verdict_pending)
         st = ZS_FS_STALE, why = "push for a step that is not current";
     else if (f->chunk >= (uint32_t)sv->cfg.chunks || sender == 0)
@@ -795,7 +797,7 @@ static void start_push(server *sv, zs_conn *c, const zs_frame *f, int slot)
     s->frame = *f;
 }
 
-static zs_store_result add_push(server *sv, const zs_frame *f, const float *grad, const char **why);
+static zs_store_result add_push(server *sv, const zs_frame *f, const void *grad, const char **why);
 static void answer_push(server *sv, zs_conn *c, const zs_frame *f, zs_store_result res,
                         const char *why);
 
@@ -950,8 +952,9 @@ static void maybe_send_partials(server *sv)
     ZS_DEBUG("server %u: step %ld complete, partials sent", sv->id, zs_store_version(sv->store));
 }
 
-/* Adds a received push to the store it lands in (the server's own or the replica's). */
-static zs_store_result add_push(server *sv, const zs_frame *f, const float *grad, const char **why)
+/* Adds a received push (F32, or F16 in an fp16 job: push_check let nothing else in) to the store
+ * it lands in (the server's own or the replica's). */
+static zs_store_result add_push(server *sv, const zs_frame *f, const void *grad, const char **why)
 {
     zs_prom_add(sv->prom.pushes, 1);
     zs_prom_add(sv->prom.push_bytes, f->length);
@@ -960,6 +963,9 @@ static zs_store_result add_push(server *sv, const zs_frame *f, const float *grad
         return ZS_STORE_OK; /* a replica given up: its pushes are dropped */
     if (!target)
         return ZS_STORE_BAD_RANGE;
+    if (f->dtype == ZS_DTYPE_F16)
+        return zs_store_push_f16(target, (long)f->step, (int)f->chunk, f->offset, f->count, grad,
+                                 why);
     return zs_store_push(target, (long)f->step, (int)f->chunk, f->offset, f->count, grad, why);
 }
 

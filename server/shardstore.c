@@ -507,8 +507,24 @@ static void advance(const zs_store *st, shard *s, int C)
     }
 }
 
-zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
-                              const float *grad, const char **why)
+/* Elements [b, e) of chunk `chunk` from an fp32 (f16 0) or fp16 piece g that starts at b: added
+ * into the accumulator (chunk is next), or widened into the chunk's stage. */
+static void put_piece(const zs_store *st, shard *s, int chunk, size_t b, size_t e, const void *g,
+                      int f16)
+{
+    chunk_state *cs = &s->chunks[chunk];
+    if (!f16 && chunk == s->next)
+        accumulate(st, s, chunk, b, e, g);
+    else if (!f16)
+        memcpy(cs->stage + b, g, (e - b) * sizeof(float));
+    else if (chunk == s->next)
+        zs_accumulate_f16(s->acc + b, g, e - b, chunk == 0, st->threads);
+    else
+        zs_accumulate_f16(cs->stage + b, g, e - b, 1, st->threads);
+}
+
+static zs_store_result push(zs_store *st, long step, int chunk, size_t offset, size_t count,
+                            const void *grad, int f16, const char **why)
 {
     static const char *const reasons[] = {
         [ZS_STORE_OK] = "",
@@ -548,17 +564,13 @@ zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset,
         if (i < cs->n && cs->iv[i].b < e)
             gap_end = cs->iv[i].b > cur ? cs->iv[i].b : cur;
         if (gap_end > cur) {
-            const float *g = grad + (cur - b);
-            if (chunk == s->next) {
-                accumulate(st, s, chunk, cur, gap_end, g);
-            } else {
-                if (!cs->stage && !(cs->stage = malloc(s->len * sizeof(float)))) {
-                    if (why)
-                        *why = "out of memory for a held chunk";
-                    return ZS_STORE_NOMEM;
-                }
-                memcpy(cs->stage + cur, g, (gap_end - cur) * sizeof *g);
+            if (chunk != s->next && !cs->stage && !(cs->stage = malloc(s->len * sizeof(float)))) {
+                if (why)
+                    *why = "out of memory for a held chunk";
+                return ZS_STORE_NOMEM;
             }
+            put_piece(st, s, chunk, cur, gap_end,
+                      (const char *)grad + (cur - b) * (f16 ? 2 : sizeof(float)), f16);
             if (add_interval(cs, cur, gap_end) != 0) {
                 if (why)
                     *why = "out of memory for chunk bookkeeping";
@@ -582,6 +594,18 @@ zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset,
     }
     advance(st, s, st->C);
     return ZS_STORE_OK;
+}
+
+zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
+                              const float *grad, const char **why)
+{
+    return push(st, step, chunk, offset, count, grad, 0, why);
+}
+
+zs_store_result zs_store_push_f16(zs_store *st, long step, int chunk, size_t offset, size_t count,
+                                  const uint16_t *grad, const char **why)
+{
+    return push(st, step, chunk, offset, count, grad, 1, why);
 }
 
 void zs_store_set_skipped(zs_store *st, long skipped)

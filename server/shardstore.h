@@ -114,6 +114,11 @@ void zs_store_set_skipped(zs_store *st, long skipped);
 zs_store_result zs_store_push(zs_store *st, long step, int chunk, size_t offset, size_t count,
                               const float *grad, const char **why);
 
+/* The same for an IEEE fp16 piece (an fp16 job's F16 push), widened exactly: the accumulator
+ * gets the bits zs_store_push gives the widened values. */
+zs_store_result zs_store_push_f16(zs_store *st, long step, int chunk, size_t offset, size_t count,
+                                  const uint16_t *grad, const char **why);
+
 /* All C chunks are in for every shard. */
 int zs_store_complete(const zs_store *st);
 /* Chunk `chunk` of the current step is in full on every shard. */

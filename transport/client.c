@@ -357,33 +357,35 @@ zs_err zs_client_fetch_state(zs_client *cl, size_t begin, size_t end, long versi
     return fetch(cl, begin, end, version, ZS_DTYPE_F32, array, dst, op);
 }
 
-zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int chunk,
-                      const float *src, zs_client_op **out)
+/* A push of src (esz = the dtype's bytes an element) in its pieces. */
+static zs_err push(zs_client *cl, size_t begin, size_t end, long step, int chunk,
+                   zs_frame_dtype dtype, const void *src, zs_client_op **out)
 {
     *out = NULL;
     zs_mr *mr;
-    size_t base_off;
-    ZS_CHECK(find_region(cl, src, (end - begin) * sizeof *src, &mr, &base_off));
+    size_t base_off, esz = zs_frame_dtype_size(dtype);
+    ZS_CHECK(find_region(cl, src, (end - begin) * esz, &mr, &base_off));
     zs_client_op *op;
     ZS_CHECK(op_new(cl, begin, end, 1, &op));
     for (int i = 0; i < op->n; i++) {
         op_piece *p = &op->pieces[i];
         size_t count = p->piece.end - p->piece.begin;
         zs_frame f = {.op = ZS_OP_PUSH,
-                      .dtype = ZS_DTYPE_F32,
+                      .dtype = dtype,
                       .id = ++cl->next_id,
                       .step = (uint64_t)step,
                       .chunk = (uint32_t)chunk,
                       .sender = cl->sender,
                       .offset = p->piece.begin,
                       .count = count,
-                      .length = count * 4};
+                      .length = count * esz};
         zs_conn *c = cl->conn[p->piece.server];
         p->reply_at = op->area->buf + (size_t)i * REPLY_BYTES;
         zs_err e = cl->ops->irecv(c, f.id, op->area->mr, (size_t)i * REPLY_BYTES, REPLY_BYTES, NULL,
                                   &p->recv);
         if (e == ZS_OK)
-            e = cl->ops->isend(c, &f, mr, base_off + (p->piece.begin - begin) * 4, NULL, &p->send);
+            e = cl->ops->isend(c, &f, mr, base_off + (p->piece.begin - begin) * esz, NULL,
+                               &p->send);
         if (e != ZS_OK) {
             /* p lies inside op: name the piece before op goes. */
             int shard = p->piece.shard, server = p->piece.server;
@@ -393,6 +395,18 @@ zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int ch
     }
     *out = op;
     return ZS_OK;
+}
+
+zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int chunk,
+                      const float *src, zs_client_op **out)
+{
+    return push(cl, begin, end, step, chunk, ZS_DTYPE_F32, src, out);
+}
+
+zs_err zs_client_push_f16(zs_client *cl, size_t begin, size_t end, long step, int chunk,
+                          const uint16_t *src, zs_client_op **out)
+{
+    return push(cl, begin, end, step, chunk, ZS_DTYPE_F16, src, out);
 }
 
 zs_err zs_client_wait(zs_client *cl, zs_client_op *op, int timeout_ms, int *done)

@@ -66,6 +66,11 @@ zs_err zs_client_fetch_state(zs_client *cl, size_t begin, size_t end, long versi
 zs_err zs_client_push(zs_client *cl, size_t begin, size_t end, long step, int chunk,
                       const float *src, zs_client_op **op);
 
+/* The same with an IEEE fp16 gradient (dtype F16 on the wire, half the bytes): an fp16 job's
+ * scaled gradient, whose values fp16 holds exactly.  Servers of other jobs refuse it. */
+zs_err zs_client_push_f16(zs_client *cl, size_t begin, size_t end, long step, int chunk,
+                          const uint16_t *src, zs_client_op **op);
+
 /*
  * Waits up to timeout_ms (-1: forever) for op, driving all traffic; frees op once it is done
  * (*done = 1), successful or not.  A failure names the server, the shard and the reason

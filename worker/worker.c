@@ -108,9 +108,9 @@ typedef struct {
 
     zs_worker_stats st;
     /* fp16.enabled (docs/precision.md): the weights are fetched as the servers' fp16 copy and
-     * widened on arrival, and each layer's gradient is multiplied by the step's loss scale and
-     * rounded to fp16 before it is pushed (F32 on the wire: values fp16 represents, inf on an
-     * overflow). */
+     * widened on arrival, and each layer's gradient is multiplied by the step's loss scale,
+     * rounded to fp16 and pushed as F16 (inf on an overflow), from the front half of its
+     * buffer. */
     int fp16;
     float loss_scale;
 } wk;
@@ -143,7 +143,10 @@ static void xfer_fail(xfer *x, zs_err e)
 static void xfer_start(wk *w, xfer *x)
 {
     zs_err e;
-    if (x->is_push)
+    if (x->is_push && x->dtype == ZS_DTYPE_F16)
+        e = zs_client_push_f16(w->cl, x->begin, x->end, x->version, x->chunk,
+                               (const uint16_t *)(const void *)x->buf, &x->op);
+    else if (x->is_push)
         e = zs_client_push(w->cl, x->begin, x->end, x->version, x->chunk, x->buf, &x->op);
     else
         e = zs_client_fetch(w->cl, x->begin, x->end, x->version, x->dtype, x->buf, &x->op);
@@ -200,7 +203,7 @@ static void *comm_main(void *arg)
                 pthread_mutex_unlock(&w->mu);
                 zs_err e = zs_model_sync(w->model, t);
                 if (e == ZS_OK && w->fp16 && x->is_push) /* fp16: io_grads_done left it to us */
-                    zs_fp16_scale_grads(x->buf, x->end - x->begin, w->loss_scale);
+                    zs_fp16_scale_narrow(x->buf, x->end - x->begin, w->loss_scale);
                 pthread_mutex_lock(&w->mu);
                 x->gpu_ready = 0;
                 if (e != ZS_OK) {
@@ -265,7 +268,7 @@ static void submit(wk *w, xfer *x)
     pthread_mutex_unlock(&w->mu);
     size_t n = x->end - x->begin;
     if (x->is_push)
-        w->st.pushed_bytes += n * sizeof(float);
+        w->st.pushed_bytes += n * zs_frame_dtype_size(x->dtype);
     else
         w->st.fetched_bytes += n * zs_frame_dtype_size(x->dtype);
 }
@@ -457,15 +460,15 @@ static zs_err io_grads_done(void *ctx, int layer)
      * the host slot already, else by the communication thread once its copy is done.  Every
      * push is done before the next assignment changes loss_scale (run_chunk drains). */
     if (w->fp16 && w->on_host)
-        zs_fp16_scale_grads(g->buf, w->tt->layer_begin[layer + 1] - w->tt->layer_begin[layer],
-                            w->loss_scale);
+        zs_fp16_scale_narrow(g->buf, w->tt->layer_begin[layer + 1] - w->tt->layer_begin[layer],
+                             w->loss_scale);
     g->x.is_push = 1;
     g->x.layer = layer;
     g->x.begin = w->tt->layer_begin[layer];
     g->x.end = w->tt->layer_begin[layer + 1];
     g->x.version = w->step;
     g->x.chunk = w->chunk;
-    g->x.dtype = ZS_DTYPE_F32;
+    g->x.dtype = w->fp16 ? ZS_DTYPE_F16 : ZS_DTYPE_F32;
     g->x.buf = g->buf;
     submit(w, &g->x);
     return ZS_OK;

@@ -107,6 +107,15 @@ static void test_scale_grads(void)
     CHECK(isnan(g[3]));
     CHECK(g[4] == -16.0f);
     CHECK(g[5] == 2047.0f);
+    /* The narrowed form: the fp16 bits of the same results, at the buffer's front. */
+    float n[6] = {1e-8f, 1.0f, 3000.0f, NAN, -0.5f, 2047.0f / 32};
+    CHECK_EQ_INT(zs_fp16_scale_narrow(n, 6, 32.0f), 2);
+    uint16_t h[6];
+    memcpy(h, n, sizeof h);
+    for (int i = 0; i < 6; i++) {
+        float back = zs_f16_to_f32(h[i]);
+        CHECK(memcmp(&back, &g[i], sizeof back) == 0 || (isnan(back) && isnan(g[i])));
+    }
     float w[3] = {1.0f + ldexpf(1, -11), 70000.0f, -ldexpf(1, -26)};
     zs_fp16_round_array(w, w, 3, 2);
     CHECK(w[0] == 1.0f && isinf(w[1]) && w[2] == 0.0f && signbit(w[2]));

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fp16.h"
 #include "common/rng.h"
 #include "kernels/kernels.h"
 #include "kernels/reduce.h"
@@ -902,6 +903,40 @@ static void test_accumulate(void)
     free(g), free(base), free(want), free(got);
 }
 
+/* An fp16 push added (zs_accumulate_f16): the bits of zs_accumulate on the widened values (or of
+ * the copy, for a first chunk), whatever the threads, with an F16C body and a scalar tail; the
+ * values cover fp16's normals, subnormals, zeros of both signs and infinities. */
+static void test_accumulate_f16(void)
+{
+    size_t n = 2 * ZS_ACCUMULATE_SPLIT + 13;
+    uint16_t *h = malloc(n * sizeof *h);
+    float *wide = malloc(n * sizeof *wide), *base = randn(n, 5);
+    float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = (uint16_t)(zs_rng_u64(11, 0, i) & 0xffff);
+        if ((h[i] & 0x7c00u) == 0x7c00u && (h[i] & 0x03ffu)) /* NaN: widened NaN bits vary */
+            h[i] = 0x7c00u;
+        wide[i] = zs_f16_to_f32(h[i]);
+    }
+    for (int copy = 0; copy < 2; copy++) {
+        memcpy(want, base, n * sizeof *want);
+        if (copy)
+            memcpy(want, wide, n * sizeof *want);
+        else
+            zs_accumulate(want, wide, n, 1);
+        int threads[] = {1, 2, 3};
+        for (size_t k = 0; k < sizeof threads / sizeof *threads; k++) {
+            memcpy(got, base, n * sizeof *got);
+            zs_accumulate_f16(got, h, n, copy, threads[k]);
+            char name[80];
+            snprintf(name, sizeof name, "zs_accumulate_f16 (%s), %d threads", copy ? "copy" : "add",
+                     threads[k]);
+            check_bits(name, want, got, n);
+        }
+    }
+    free(h), free(wide), free(base), free(want), free(got);
+}
+
 int main(void)
 {
     printf("test_kernels: sgemm micro-kernels %s\n", zs_sgemm_config());
@@ -916,5 +951,6 @@ int main(void)
     test_vmath();
     test_threads();
     test_accumulate();
+    test_accumulate_f16();
     return zs_test_result("test_kernels");
 }

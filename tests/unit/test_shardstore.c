@@ -531,6 +531,70 @@ static void test_fp16_copy(const char *dir)
     zs_tensors_free(&tt);
 }
 
+/* F16 pushes (an fp16 job's) give the bits F32 pushes of the widened values give: chunks out
+ * of order (the later ones staged, in pieces that overlap: duplicates dropped) and in order,
+ * compared through the sums of squares and the weights after the update. */
+static void test_f16_push(void)
+{
+    zs_config cfg;
+    zs_config_defaults(&cfg);
+    cfg.model = (zs_model_config){
+        .n_layer = 1, .n_head = 2, .n_embd = 32, .vocab_size = 64, .block_size = 16};
+    cfg.chunks = 3;
+    cfg.fp16.enabled = 1;
+    cfg.seed = 3;
+    zs_tensor_table tt;
+    CHECK_OK(zs_tensors_gpt2(&cfg.model, &tt));
+    size_t N = tt.total;
+    zs_shard_range r[1] = {{0, 0, N}};
+    zs_store *st[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(zs_store_create(&tt, &cfg, r, 1, 2, &st[k]));
+        CHECK_OK(zs_store_init_seed(st[k], cfg.seed));
+    }
+    uint16_t *h = malloc(3 * N * sizeof *h);
+    float *w = malloc(3 * N * sizeof *w), *p[2] = {malloc(N * 4), malloc(N * 4)};
+    for (size_t i = 0; h && w && i < 3 * N; i++) {
+        /* Scaled fp16 gradients: mostly ordinary, some subnormal, no inf or NaN. */
+        uint64_t u = zs_rng_u64(9, 0, i);
+        h[i] = (uint16_t)((u & 0x8000u) |
+                          (u % 7 ? 0x3000u + (u >> 20) % 0x1800u : (u >> 20) % 0x400u));
+        w[i] = zs_f16_to_f32(h[i]);
+    }
+    const int order[3] = {2, 0, 1};
+    int idx[2];
+    double ss[2];
+    for (long step = 0; step < 2; step++) { /* step 1's first chunk replaces step 0's sum */
+        for (int j = 0; st[0] && st[1] && h && w && j < 3; j++) {
+            int c = order[j];
+            const float *wc = w + ((c + step) % 3) * N;
+            const uint16_t *hc = h + ((c + step) % 3) * N;
+            /* Two overlapping pieces: [0, 2N/3) and [N/3, N). */
+            size_t a = N / 3, b = 2 * N / 3;
+            CHECK_EQ_INT(zs_store_push(st[0], step, c, 0, b, wc, NULL), ZS_STORE_OK);
+            CHECK_EQ_INT(zs_store_push(st[0], step, c, a, N - a, wc + a, NULL), ZS_STORE_OK);
+            CHECK_EQ_INT(zs_store_push_f16(st[1], step, c, 0, b, hc, NULL), ZS_STORE_OK);
+            CHECK_EQ_INT(zs_store_push_f16(st[1], step, c, a, N - a, hc + a, NULL), ZS_STORE_OK);
+            CHECK_EQ_INT(zs_store_push_f16(st[1], step, c, a, 8, hc + a, NULL), ZS_STORE_DUPLICATE);
+        }
+        CHECK(st[0] && st[1] && zs_store_complete(st[0]) && zs_store_complete(st[1]));
+        for (int k = 0; st[0] && st[1] && k < 2; k++) {
+            zs_store_partials(st[k], &idx[k], &ss[k]);
+            CHECK_OK(zs_store_apply(st[k], 1e-3, 1.0 / 1024, 0));
+            CHECK_OK(zs_store_read_params(st[k], 0, p[k]));
+        }
+        CHECK(memcmp(&ss[0], &ss[1], sizeof ss[0]) == 0 && isfinite(ss[0]) && ss[0] > 0);
+        CHECK(p[0] && p[1] && memcmp(p[0], p[1], N * 4) == 0);
+    }
+    free(h);
+    free(w);
+    free(p[0]);
+    free(p[1]);
+    zs_store_free(st[0]);
+    zs_store_free(st[1]);
+    zs_tensors_free(&tt);
+}
+
 int main(void)
 {
     for (int S = 1; S <= 3; S++)
@@ -547,6 +611,7 @@ int main(void)
     run(2, 0);
     run(1, 1); /* bf16: the 16-bit copy in a file of its own */
     test_fp16_copy(dir);
+    test_f16_push();
     rmdir(dir);
     return zs_test_result("test_shardstore");
 }
