@@ -86,6 +86,13 @@ zs_err zs_gpt2_gaps(const zs_gpt2_offsets *o, int layer,
 size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_model_config *cfg,
                            int max_b, int max_t)
 {
+    return zs_gpt2_acts_layout_without(a, base, align, cfg, max_b, max_t, 0);
+}
+
+size_t zs_gpt2_acts_layout_without(zs_gpt2_acts *a, char *base, size_t align,
+                                   const zs_model_config *cfg, int max_b, int max_t,
+                                   unsigned without)
+{
     size_t L = (size_t)cfg->n_layer, C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size;
     size_t NH = (size_t)cfg->n_head, N = (size_t)max_b * (size_t)max_t, T = (size_t)max_t;
     size_t att = (size_t)max_b * NH * T * T;
@@ -117,13 +124,31 @@ size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_m
         {&a->dbig, N * 4 * C},
         {&a->datt, att},
     };
+    float **dropped[] = {without & ZS_ACTS_LN1 ? &a->ln1 : NULL,
+                         without & ZS_ACTS_LN2 ? &a->ln2 : NULL,
+                         without & ZS_ACTS_FCH ? &a->fch : NULL,
+                         without & ZS_ACTS_FCH_GELU ? &a->fch_gelu : NULL,
+                         without & ZS_ACTS_LNF ? &a->lnf : NULL};
     size_t at = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        int drop = 0;
+        for (size_t k = 0; k < sizeof dropped / sizeof dropped[0]; k++)
+            drop |= dropped[k] == parts[i].p;
+        if (drop) {
+            *parts[i].p = NULL;
+            continue;
+        }
         if (base)
             *parts[i].p = (float *)(void *)(base + at);
         at += (parts[i].n * sizeof(float) + align - 1) & ~(align - 1);
     }
     return at;
+}
+
+/* p + off, or NULL for an array the layout left out (zs_gpt2_acts_layout_without). */
+static float *slice(float *p, size_t off)
+{
+    return p ? p + off : NULL;
 }
 
 zs_gpt2_block_acts zs_gpt2_block_slices(const zs_gpt2_acts *a, const zs_model_config *cfg,
@@ -132,16 +157,16 @@ zs_gpt2_block_acts zs_gpt2_block_slices(const zs_gpt2_acts *a, const zs_model_co
     const size_t Nn = (size_t)max_b * (size_t)max_t, NC = Nn * (size_t)cfg->n_embd;
     const size_t att = (size_t)max_b * (size_t)cfg->n_head * (size_t)max_t * (size_t)max_t;
     return (zs_gpt2_block_acts){.resid = a->resid + l * NC,
-                                .ln1 = a->ln1 + l * NC,
+                                .ln1 = slice(a->ln1, l * NC),
                                 .ln1_mean = a->ln1_mean + l * Nn,
                                 .ln1_rstd = a->ln1_rstd + l * Nn,
                                 .qkv = a->qkv + l * 3 * NC,
                                 .att = a->att + l * att,
                                 .atty = a->atty + l * NC,
                                 .res2 = a->res2 + l * NC,
-                                .ln2 = a->ln2 + l * NC,
+                                .ln2 = slice(a->ln2, l * NC),
                                 .ln2_mean = a->ln2_mean + l * Nn,
                                 .ln2_rstd = a->ln2_rstd + l * Nn,
-                                .fch = a->fch + l * 4 * NC,
-                                .gelu = a->fch_gelu + l * 4 * NC};
+                                .fch = slice(a->fch, l * 4 * NC),
+                                .gelu = slice(a->fch_gelu, l * 4 * NC)};
 }

@@ -78,6 +78,22 @@ typedef struct {
 size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_model_config *cfg,
                            int max_b, int max_t);
 
+/* Arrays a caller keeps elsewhere, in another form (the CUDA model's bf16 mode stores these
+ * in bf16 only: kernels/cuda/model_cuda.c); zs_gpt2_acts_layout_without gives them no bytes
+ * and a NULL pointer, and zs_gpt2_block_slices NULL slices. */
+enum {
+    ZS_ACTS_LN1 = 1u << 0,
+    ZS_ACTS_LN2 = 1u << 1,
+    ZS_ACTS_FCH = 1u << 2,
+    ZS_ACTS_FCH_GELU = 1u << 3,
+    ZS_ACTS_LNF = 1u << 4,
+};
+
+/* zs_gpt2_acts_layout less the arrays of the ZS_ACTS_* bits in without. */
+size_t zs_gpt2_acts_layout_without(zs_gpt2_acts *a, char *base, size_t align,
+                                   const zs_model_config *cfg, int max_b, int max_t,
+                                   unsigned without);
+
 /* Block l's slices of a (the model's max_b x max_t shape). */
 zs_gpt2_block_acts zs_gpt2_block_slices(const zs_gpt2_acts *a, const zs_model_config *cfg,
                                         int max_b, int max_t, int l);
