@@ -36,12 +36,15 @@ static const char eval_usage[] =
 
 int zs_cmd_eval(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},   {"data", required_argument, NULL, 'd'},
-        {"seqs", required_argument, NULL, 'k'},    {"seq-len", required_argument, NULL, 't'},
-        {"threads", required_argument, NULL, 'n'}, {"device", required_argument, NULL, 'D'},
-        {"bf16", no_argument, NULL, 'b'},          {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"seqs", required_argument, NULL, 'k'},
+                                         {"seq-len", required_argument, NULL, 't'},
+                                         {"threads", required_argument, NULL, 'n'},
+                                         {"device", required_argument, NULL, 'D'},
+                                         {"bf16", no_argument, NULL, 'b'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *model_dir = NULL, *data_path = NULL;
     long seqs = -1, seq_len = -1, threads = zs_cli_cpus();
     zs_device dev = {ZS_DEVICE_CPU, 0};

@@ -124,11 +124,10 @@ size_t zs_gpt2_acts_layout_without(zs_gpt2_acts *a, char *base, size_t align,
         {&a->dbig, N * 4 * C},
         {&a->datt, att},
     };
-    float **dropped[] = {without & ZS_ACTS_LN1 ? &a->ln1 : NULL,
-                         without & ZS_ACTS_LN2 ? &a->ln2 : NULL,
-                         without & ZS_ACTS_FCH ? &a->fch : NULL,
-                         without & ZS_ACTS_FCH_GELU ? &a->fch_gelu : NULL,
-                         without & ZS_ACTS_LNF ? &a->lnf : NULL};
+    float **dropped[] = {
+        without & ZS_ACTS_LN1 ? &a->ln1 : NULL, without & ZS_ACTS_LN2 ? &a->ln2 : NULL,
+        without & ZS_ACTS_FCH ? &a->fch : NULL, without & ZS_ACTS_FCH_GELU ? &a->fch_gelu : NULL,
+        without & ZS_ACTS_LNF ? &a->lnf : NULL};
     size_t at = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         int drop = 0;

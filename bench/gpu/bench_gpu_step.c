@@ -84,7 +84,8 @@ static double step_ms(int dev, const zs_model_config *cfg, int B, int T, int ste
         in[i] = (int32_t)(zs_rng_u64(1, 1, (uint64_t)i) % (uint64_t)cfg->vocab_size);
         tg[i] = (int32_t)(zs_rng_u64(1, 2, (uint64_t)i) % (uint64_t)cfg->vocab_size);
     }
-    if (zs_model_create((zs_device){ZS_DEVICE_CUDA, dev}, cfg, &tt, B, T, 1, &m) != ZS_OK ||
+    if (zs_model_create((zs_device){ZS_DEVICE_CUDA, dev}, cfg, &tt, B, T, 1, ZS_PRECISION_FP32,
+                        &m) != ZS_OK ||
         zs_model_alloc(m, bytes, (void **)&dp) != ZS_OK ||
         zs_model_alloc(m, bytes, (void **)&dg) != ZS_OK ||
         zs_model_upload(m, dp, host, bytes) != ZS_OK) {

@@ -171,8 +171,8 @@ zs_err zs_cuda_crossentropy_fused_bf16(float *logits, float *losses, const int32
 zs_err zs_cuda_linear_forward_bf16(zs_cuda_blas *b, float *out, const zs_bf16 *inp,
                                    const zs_bf16 *weight, const float *bias, int N, int C, int OC);
 
-/* zs_cuda_linear_backward with bf16 dout, inp and weight, fp32 dinp (skipped when NULL) and
- * dweight; no dbias (the caller takes it from the fp32 gradient: zs_cuda_bias_backward_bf16). */
+/* zs_cuda_linear_backward with bf16 dout, inp and weight, fp32 dinp and dweight (each skipped
+ * when NULL); no dbias (the caller takes it from the fp32 gradient: zs_cuda_bias_backward_bf16). */
 zs_err zs_cuda_linear_backward_bf16(zs_cuda_blas *b, float *dinp, float *dweight,
                                     const zs_bf16 *dout, const zs_bf16 *inp, const zs_bf16 *weight,
                                     int N, int C, int OC);

@@ -143,8 +143,7 @@ extern "C" zs_err zs_cuda_bias_gelu_backward_bf16(zs_bf16 *dpre, float *dbias, c
     ZS_CHECK(zs_cuda_check_shape("bias_gelu_backward_bf16", N, C));
     if (C == 0)
         return ZS_OK;
-    bias_gelu_backward_bf16_kernel<<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0,
-                                     stream>>>((__nv_bfloat16 *)dpre, dbias, d,
-                                               (const __nv_bfloat16 *)pre, N, C);
+    bias_gelu_backward_bf16_kernel<<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+        (__nv_bfloat16 *)dpre, dbias, d, (const __nv_bfloat16 *)pre, N, C);
     return zs_cuda_launched("bias_gelu_backward_bf16", N, C);
 }

@@ -34,10 +34,9 @@ __device__ static void row_stats(const float *x, int C, int lane, float *mean, f
 /* With inp2: res = inp1 + inp2 first (res may alias inp1); else res is inp1.  OutT: float, or
  * __nv_bfloat16 in the bf16 mode. */
 template <typename OutT>
-__global__ static void layernorm_forward_kernel(float *res, OutT *out, float *mean, float *rstd,
-                                                const float *inp1, const float *inp2,
-                                                const float *weight, const float *bias, int N,
-                                                int C)
+__global__ static void
+layernorm_forward_kernel(float *res, OutT *out, float *mean, float *rstd, const float *inp1,
+                         const float *inp2, const float *weight, const float *bias, int N, int C)
 {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / ZS_WARP;
     int lane = threadIdx.x % ZS_WARP;
@@ -136,8 +135,8 @@ extern "C" zs_err zs_cuda_residual_layernorm_forward(float *res, float *out, flo
                    C, stream);
 }
 
-extern "C" zs_err zs_cuda_layernorm_forward_bf16(float *res, zs_bf16 *out, float *mean,
-                                                 float *rstd, const float *inp1, const float *inp2,
+extern "C" zs_err zs_cuda_layernorm_forward_bf16(float *res, zs_bf16 *out, float *mean, float *rstd,
+                                                 const float *inp1, const float *inp2,
                                                  const float *weight, const float *bias, int N,
                                                  int C, zs_cuda_stream stream)
 {

@@ -137,8 +137,8 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
         LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                           &kind->aux, sizeof kind->aux),
            "aux pointer");
-        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                                          &kind->aux_ld, sizeof kind->aux_ld),
+        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &kind->aux_ld,
+                                          sizeof kind->aux_ld),
            "aux leading dimension");
     }
     LT(cublasLtMatrixLayoutCreate(&la, kind->ab, transa ? k : m, transa ? m : k, lda), "layout A");
@@ -164,7 +164,8 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
                                             &align_d, sizeof align_d),
        "alignment of D");
     s = cublasLtMatmulAlgoGetHeuristic(b->lt, desc, la, lb, ld, ld, pref, 1, &heur, &found);
-    if (found_out && (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1))) {
+    if (found_out &&
+        (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1))) {
         *found_out = 0; /* the caller has another way */
         goto out;
     }
@@ -203,8 +204,8 @@ out:
 }
 
 /* gemm of kind FP32 (bias: CUBLASLT_EPILOGUE_BIAS with it), no algorithm an error. */
-static zs_err gemm32(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n,
-                     int k, const float *A, int lda, const float *B, int ldb, float *D, int ldd,
+static zs_err gemm32(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n, int k,
+                     const float *A, int lda, const float *B, int ldb, float *D, int ldd,
                      const float *bias)
 {
     gemm_kind kind = FP32;
@@ -216,8 +217,8 @@ static zs_err gemm32(zs_cuda_blas *b, const char *what, int transa, int transb, 
 }
 
 /* gemm of kind BF16 (bf16 operands, fp32 output and bias), no algorithm an error. */
-static zs_err gemm16(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n,
-                     int k, const zs_bf16 *A, int lda, const zs_bf16 *B, int ldb, float *D, int ldd,
+static zs_err gemm16(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n, int k,
+                     const zs_bf16 *A, int lda, const zs_bf16 *B, int ldb, float *D, int ldd,
                      const float *bias)
 {
     gemm_kind kind = BF16;
@@ -326,8 +327,10 @@ extern "C" zs_err zs_cuda_linear_backward_bf16(zs_cuda_blas *b, float *dinp, flo
     if (dinp)
         ZS_CHECK(gemm16(b, "linear_backward_bf16 dinp", 1, 0, C, N, OC, weight, OC, dout, OC, dinp,
                         C, NULL));
-    return gemm16(b, "linear_backward_bf16 dweight", 0, 1, OC, C, N, dout, OC, inp, C, dweight, OC,
-                  NULL);
+    if (dweight)
+        ZS_CHECK(gemm16(b, "linear_backward_bf16 dweight", 0, 1, OC, C, N, dout, OC, inp, C,
+                        dweight, OC, NULL));
+    return ZS_OK;
 }
 
 extern "C" zs_err zs_cuda_lm_head_forward_bf16(zs_cuda_blas *b, float *logits, const zs_bf16 *inp,
@@ -340,16 +343,15 @@ extern "C" zs_err zs_cuda_lm_head_forward_bf16(zs_cuda_blas *b, float *logits, c
 }
 
 extern "C" zs_err zs_cuda_lm_head_backward_bf16(zs_cuda_blas *b, float *dinp, float *dwte,
-                                                const zs_bf16 *dlogits, int ldl,
-                                                const zs_bf16 *inp, const zs_bf16 *wte, int N,
-                                                int C, int V)
+                                                const zs_bf16 *dlogits, int ldl, const zs_bf16 *inp,
+                                                const zs_bf16 *wte, int N, int C, int V)
 {
     ZS_CHECK(zs_cuda_check_shape("lm_head_backward_bf16", N, C));
     if (N == 0 || C == 0 || V == 0)
         return ZS_OK;
     if (ldl < V)
-        return zs_error(ZS_ERR_INVALID, "cuda: lm_head_backward_bf16: dlogits' row stride %d < V %d",
-                        ldl, V);
+        return zs_error(ZS_ERR_INVALID,
+                        "cuda: lm_head_backward_bf16: dlogits' row stride %d < V %d", ldl, V);
     /* As the fp32 ones, with dlogits' rows ldl apart. */
     ZS_CHECK(gemm16(b, "lm_head_backward_bf16 dinp", 0, 0, C, N, V, wte, C, dlogits, ldl, dinp, C,
                     NULL));

@@ -37,7 +37,7 @@ static void step(zs_device dev, const zs_model_config *cfg, const zs_tensor_tabl
                  float *grads)
 {
     zs_model *m;
-    CHECK_OK(zs_model_create(dev, cfg, tt, B, T, 2, &m));
+    CHECK_OK(zs_model_create(dev, cfg, tt, B, T, 2, ZS_PRECISION_FP32, &m));
     size_t bytes = tt->total * sizeof(float);
     float *dp = (float *)params, *dg = grads;
     if (!zs_model_on_host(m)) {

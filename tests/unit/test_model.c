@@ -86,7 +86,8 @@ static void test_cpu(fixture *f)
     zs_gpt2_free(g);
 
     zs_model *m;
-    CHECK_OK(zs_model_create((zs_device){ZS_DEVICE_CPU, 0}, &f->cfg, &f->tt, 2, 8, 2, ZS_PRECISION_FP32, &m));
+    CHECK_OK(zs_model_create((zs_device){ZS_DEVICE_CPU, 0}, &f->cfg, &f->tt, 2, 8, 2,
+                             ZS_PRECISION_FP32, &m));
     CHECK(zs_model_on_host(m));
     CHECK_EQ_INT(zs_model_host_bytes(zs_model_device(m), &f->cfg, 2, 8),
                  zs_gpt2_activation_bytes(&f->cfg, 2, 8));
@@ -137,7 +138,8 @@ static void test_cpu(fixture *f)
 static void test_cuda(fixture *f)
 {
     zs_model *m = NULL;
-    zs_err e = zs_model_create((zs_device){ZS_DEVICE_CUDA, 0}, &f->cfg, &f->tt, 2, 8, 1, ZS_PRECISION_FP32, &m);
+    zs_err e = zs_model_create((zs_device){ZS_DEVICE_CUDA, 0}, &f->cfg, &f->tt, 2, 8, 1,
+                               ZS_PRECISION_FP32, &m);
     if (e != ZS_OK) {
         const char *why = zs_last_error();
         printf("test_model: no cuda model here: %s\n", why);
