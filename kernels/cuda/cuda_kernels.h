@@ -5,8 +5,9 @@
  * enqueued on a stream.
  *
  * So far: bias + GELU, LayerNorm (with the residual add), the encoder and the fused
- * cross-entropy, the linear layers through cuBLASLt, and a reference causal attention
- * (correct and deterministic, not fast; the fused one comes after it).
+ * cross-entropy, the linear layers through cuBLASLt (with a GELU epilogue in bf16 mode), the
+ * bf16 conversions, and a reference causal attention (correct and deterministic, not fast; the
+ * fused one comes after it).
  *
  * Two modes (kernels/model.h's zs_precision; docs/precision.md has the table of what is stored
  * how, and why):

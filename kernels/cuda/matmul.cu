@@ -8,11 +8,19 @@
  * memory, read column-major.
  *
  * fp32 mode: CUBLAS_COMPUTE_32F, so no TF32 (the checking mode must match the CPU within the
- * tolerance table).  Determinism: the preference allows only algorithms without a split-K
- * reduction (CUBLASLT_REDUCTION_SCHEME_NONE), which would sum partial products in an order
- * that may vary, and the first algorithm of the heuristic is used; cuBLAS gives the same bits
- * run to run on one GPU model, library version and shape.  dbias is our own kernel, a thread a
- * column walking the rows in order.
+ * tolerance table).  bf16 mode (the *_bf16 functions): bf16 A and B, still CUBLAS_COMPUTE_32F
+ * with fp32 scale, and an fp32 output and bias, except the GELU epilogue's GEMMs, whose output,
+ * aux matrix (the GELU input) and bias are bf16 because cuBLASLt gives the aux matrix and the bias
+ * the output's type.  The epilogue's GELU is cuBLASLt's tanh approximation (docs/gpu.md has
+ * what the documentation says and does not: the formula, the aux matrix's leading dimension, a
+ * multiple of 8, and why the bias gradient of DGELU_BGRAD is not used).
+ *
+ * Determinism: the preference allows only algorithms without a split-K reduction
+ * (CUBLASLT_REDUCTION_SCHEME_NONE), which would sum partial products in an order that may vary,
+ * and the first algorithm of the heuristic is used; cuBLAS gives the same bits run to run on one
+ * GPU model, library version and shape.  The preference also states each matrix's actual
+ * alignment (a layer's slice of an activation need not be on the 256 bytes the heuristic
+ * assumes otherwise).  dbias is our own kernel, a thread a column walking the rows in order.
  */
 #include <cublasLt.h>
 #include <stdint.h>
