@@ -66,6 +66,7 @@ typedef struct {
     uint64_t next_ticket;
     zs_cuda_blas *blas;
     void *mem; /* device: the activations (gpt2_layout.h) and the tokens */
+    size_t mem_bytes;
     zs_gpt2_acts a;
     zs_precision precision;
     /* The bf16 mode's buffers (NULL in fp32 mode), in mem after the activations: the GEMM
@@ -168,6 +169,7 @@ static zs_err setup(cuda_model *m, const zs_model_config *cfg, const zs_tensor_t
         CU(cudaEventCreateWithFlags(&m->events[m->n_events], cudaEventDisableTiming));
     m->next_ticket = 1;
     CU(cudaMalloc(&m->mem, bytes));
+    m->mem_bytes = bytes;
     CU(cudaMemsetAsync(m->mem, 0, bytes, m->stream));
     layout(m, m->mem);
     ZS_CHECK(zs_cuda_blas_open(m->stream, &m->blas));
@@ -214,6 +216,9 @@ static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt,
         cuda_free(m);
         return e;
     }
+    zs_log(ZS_LOG_INFO, "model cuda:%d: %s, %zu MiB of activations for %d x %d tokens", m->device,
+           precision == ZS_PRECISION_BF16 ? "bf16 storage with fp32 accumulation" : "fp32",
+           m->mem_bytes >> 20, max_b, max_t);
     *impl = m;
     return ZS_OK;
 }

@@ -115,7 +115,7 @@ for run in gpu-a gpu-b; do
 done
 expect_ok "$ZSHARD" train --config "$WORK/bf16.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --threads 2 --device cpu --out "$WORK/bf16-cpu"
-checks=$((checks + 4))
+checks=$((checks + 5))
 cmp "$WORK/bf16-gpu-a/model.safetensors" "$WORK/bf16-gpu-b/model.safetensors" ||
   fail "bf16: zshard train --device cuda: two runs differ"
 cmp -s "$WORK/bf16-gpu-a/model.safetensors" "$WORK/gpu-a/model.safetensors" &&
@@ -128,9 +128,12 @@ paste <(grep -o '"loss": [0-9.e+-]*' "$WORK/bf16-cpu/metrics.jsonl" | cut -d' ' 
   >"$WORK/bf16-losses.txt" || fail "bf16: GPU loss outside 5% of the CPU's: $(tail -n 3 "$WORK/bf16-losses.txt")"
 tail -n 1 "$WORK/bf16-losses.txt"
 expect_ok "$ZSHARD" launch --config "$WORK/bf16.json" --data "$DATA/tiny.txt" --steps $STEPS \
-  --servers 2 --workers 2 --device cuda --out "$WORK/bf16-launch"
+  --servers 2 --workers 2 --device cuda --log-level info --out "$WORK/bf16-launch"
 cmp "$WORK/bf16-gpu-a/model.safetensors" "$WORK/bf16-launch/model.safetensors" ||
   fail "bf16: zshard launch --device cuda differs from zshard train --device cuda"
+grep -q "bf16 storage with fp32 accumulation" "$WORK/bf16-launch/logs/worker-1.log" ||
+  fail "bf16: worker 1 does not say its model stores bf16"
+grep "GELU epilogue\|DGELU epilogue" "$WORK/bf16-launch/logs/worker-1.log" || true
 
 expect_ok "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --servers 2 --workers 2 --device cuda --log-level info --out "$WORK/launch"
