@@ -17,7 +17,8 @@
  *     the fp32 gradients in the pass that sums their bias gradient, and dlogits is written in
  *     bf16 over the logits.  The fc layer's GEMM carries bias + GELU in cuBLASLt's epilogue
  *     (GELU_AUX_BIAS forward, DGELU backward) where cuBLASLt has an algorithm for it, the
- *     separate kernels where not (decided per call, from the shape alone, and logged once).
+ *     separate kernels where not (decided per call, from the shape and the buffers' alignments,
+ *     which the layout fixes, and logged once).
  *
  * Everything the model touches is device memory: the io's layer pointers, the activations,
  * the tokens (copied in at each forward).  Work is enqueued on the model's stream, and the io
