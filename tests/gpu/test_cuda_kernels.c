@@ -676,9 +676,11 @@ static double gelu_erf(double x)
  * Which GELU cuBLASLt computes: the root mean square of out - gelu(pre) over all elements, for
  * the tanh form and the erf form; both carry the bf16 roundings (zero-mean noise), only the
  * wrong formula adds its systematic difference (up to 4e-4 around |x| = 2), so the tanh form
- * must come out smaller.  Returns 0 when cuBLASLt has no algorithm (said, not failed).
+ * must come out smaller.  With GPT-2's MLP (786k elements) the difference of the two sums is
+ * about 50 standard deviations of its noise; with a small shape it is not, so formula is 0
+ * there.  Returns 0 when cuBLASLt has no algorithm (said, not failed).
  */
-static int test_gelu_epilogue(int N, int C, int H)
+static int test_gelu_epilogue(int N, int C, int H, int formula)
 {
     size_t nin = (size_t)N * C, nw = (size_t)C * H, nh = (size_t)N * H;
     uint64_t st = 0x510e527fade682d1ull;
@@ -759,8 +761,8 @@ static int test_gelu_epilogue(int N, int C, int H)
         printf("test_cuda_kernels: cuBLASLt's GELU against gelu(pre): rms %.3e (tanh form), "
                "%.3e (erf form)\n",
                sqrt(se_tanh / nh), sqrt(se_erf / nh));
-        zs_test_checks++;
-        if (!(se_tanh < se_erf)) {
+        zs_test_checks += formula;
+        if (formula && !(se_tanh < se_erf)) {
             zs_test_failures++;
             fprintf(stderr, "cuBLASLt's GELU is closer to the erf form than to gelu_new's tanh "
                             "form: the epilogue must not be used (docs/gpu.md)\n");
@@ -813,7 +815,7 @@ int main(void)
     test_lm_head_bf16(3, 17, 11);
     test_layernorm_bf16(256, 768);
     test_layernorm_bf16(5, 33);
-    test_gelu_epilogue(256, 768, 3072); /* GPT-2 124M's MLP */
-    test_gelu_epilogue(16, 64, 256);
+    test_gelu_epilogue(256, 768, 3072, 1); /* GPT-2 124M's MLP */
+    test_gelu_epilogue(16, 64, 256, 0);
     return zs_test_result("test_cuda_kernels");
 }
