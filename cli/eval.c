@@ -13,11 +13,12 @@
 #include "common/data.h"
 #include "common/log.h"
 #include "common/modelfile.h"
+#include "kernels/adamw.h"
 #include "kernels/model.h"
 
 static const char eval_usage[] =
     "usage: zshard eval --model DIR --data PATH [--seqs K] [--seq-len T] [--threads N]\n"
-    "                   [--device DEV]\n"
+    "                   [--device DEV] [--bf16]\n"
     "\n"
     "Prints the mean cross-entropy (nats per token) of a model on data as \"loss <value>\".\n"
     "\n"
@@ -27,20 +28,27 @@ static const char eval_usage[] =
     "  --seq-len T    tokens per sequence (default: the model's n_positions)\n"
     "  --threads N    CPU threads (default: all CPUs available)\n"
     "  --device DEV   where the forward runs: cpu (default), cuda or cuda:N\n"
+    "  --bf16         compute as a bf16.enabled job's workers do: the weights rounded to\n"
+    "                 bf16, and on a GPU the products' operands in bf16 (docs/precision.md)\n"
     "  -h, --help     this text\n";
 
 #define EVAL_BATCH 8
 
 int zs_cmd_eval(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},   {"data", required_argument, NULL, 'd'},
-        {"seqs", required_argument, NULL, 'k'},    {"seq-len", required_argument, NULL, 't'},
-        {"threads", required_argument, NULL, 'n'}, {"device", required_argument, NULL, 'D'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"seqs", required_argument, NULL, 'k'},
+                                         {"seq-len", required_argument, NULL, 't'},
+                                         {"threads", required_argument, NULL, 'n'},
+                                         {"device", required_argument, NULL, 'D'},
+                                         {"bf16", no_argument, NULL, 'b'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *model_dir = NULL, *data_path = NULL;
     long seqs = -1, seq_len = -1, threads = zs_cli_cpus();
     zs_device dev = {ZS_DEVICE_CPU, 0};
+    zs_precision precision = ZS_PRECISION_FP32;
     int c;
     opterr = 0;
     optind = 1;
@@ -51,6 +59,9 @@ int zs_cmd_eval(int argc, char **argv)
             break;
         case 'd':
             data_path = optarg;
+            break;
+        case 'b':
+            precision = ZS_PRECISION_BF16;
             break;
         case 'D':
             if (zs_device_parse(optarg, &dev) != ZS_OK)
@@ -89,6 +100,9 @@ int zs_cmd_eval(int argc, char **argv)
         fprintf(stderr, "zshard eval: %s\n", zs_last_error());
         return 1;
     }
+    if (precision == ZS_PRECISION_BF16) /* what a bf16 job's workers compute with */
+        for (size_t i = 0; i < tt.total; i++)
+            params[i] = zs_bf16_to_f32(zs_f32_to_bf16(params[i]));
     int rc = 1;
     zs_dataset data;
     zs_model *model = NULL;
@@ -121,7 +135,7 @@ int zs_cmd_eval(int argc, char **argv)
         fprintf(stderr, "zshard eval: out of memory\n");
         goto out_data;
     }
-    if (zs_model_create(dev, &mc, &tt, maxb, T, (int)threads, &model) != ZS_OK) {
+    if (zs_model_create(dev, &mc, &tt, maxb, T, (int)threads, precision, &model) != ZS_OK) {
         fprintf(stderr, "zshard eval: %s\n", zs_last_error());
         goto out_data;
     }

@@ -83,9 +83,9 @@ zs_err zs_gpt2_gaps(const zs_gpt2_offsets *o, int layer,
     return ZS_OK;
 }
 
-size_t zs_gpt2_acts_layout_saving(zs_gpt2_acts *a, char *base, size_t align,
-                                  const zs_model_config *cfg, int max_b, int max_t,
-                                  zs_gpt2_att_saved saved)
+size_t zs_gpt2_acts_layout_for(zs_gpt2_acts *a, char *base, size_t align,
+                               const zs_model_config *cfg, int max_b, int max_t,
+                               zs_gpt2_att_saved saved, unsigned without)
 {
     size_t L = (size_t)cfg->n_layer, C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size;
     size_t NH = (size_t)cfg->n_head, N = (size_t)max_b * (size_t)max_t, T = (size_t)max_t;
@@ -123,8 +123,19 @@ size_t zs_gpt2_acts_layout_saving(zs_gpt2_acts *a, char *base, size_t align,
         {&a->datt, att},
         {&a->delta, rows},
     };
+    float **dropped[] = {
+        without & ZS_ACTS_LN1 ? &a->ln1 : NULL, without & ZS_ACTS_LN2 ? &a->ln2 : NULL,
+        without & ZS_ACTS_FCH ? &a->fch : NULL, without & ZS_ACTS_FCH_GELU ? &a->fch_gelu : NULL,
+        without & ZS_ACTS_LNF ? &a->lnf : NULL};
     size_t at = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        int drop = 0;
+        for (size_t k = 0; k < sizeof dropped / sizeof dropped[0]; k++)
+            drop |= dropped[k] == parts[i].p;
+        if (drop) {
+            *parts[i].p = NULL;
+            continue;
+        }
         if (base)
             *parts[i].p = parts[i].n ? (float *)(void *)(base + at) : NULL;
         at += (parts[i].n * sizeof(float) + align - 1) & ~(align - 1);
@@ -137,7 +148,13 @@ size_t zs_gpt2_acts_layout_saving(zs_gpt2_acts *a, char *base, size_t align,
 size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_model_config *cfg,
                            int max_b, int max_t)
 {
-    return zs_gpt2_acts_layout_saving(a, base, align, cfg, max_b, max_t, ZS_GPT2_ATT_PROBS);
+    return zs_gpt2_acts_layout_for(a, base, align, cfg, max_b, max_t, ZS_GPT2_ATT_PROBS, 0);
+}
+
+/* p + off, or NULL for an array the layout left out (zs_gpt2_acts_layout_for's without). */
+static float *slice(float *p, size_t off)
+{
+    return p ? p + off : NULL;
 }
 
 zs_gpt2_block_acts zs_gpt2_block_slices(const zs_gpt2_acts *a, const zs_model_config *cfg,
@@ -148,7 +165,7 @@ zs_gpt2_block_acts zs_gpt2_block_slices(const zs_gpt2_acts *a, const zs_model_co
     const size_t att = rows * (size_t)max_t;
     const int probs = a->saved == ZS_GPT2_ATT_PROBS;
     return (zs_gpt2_block_acts){.resid = a->resid + l * NC,
-                                .ln1 = a->ln1 + l * NC,
+                                .ln1 = slice(a->ln1, l * NC),
                                 .ln1_mean = a->ln1_mean + l * Nn,
                                 .ln1_rstd = a->ln1_rstd + l * Nn,
                                 .qkv = a->qkv + l * 3 * NC,
@@ -156,9 +173,9 @@ zs_gpt2_block_acts zs_gpt2_block_slices(const zs_gpt2_acts *a, const zs_model_co
                                 .lse = probs ? NULL : a->lse + l * rows,
                                 .atty = a->atty + l * NC,
                                 .res2 = a->res2 + l * NC,
-                                .ln2 = a->ln2 + l * NC,
+                                .ln2 = slice(a->ln2, l * NC),
                                 .ln2_mean = a->ln2_mean + l * Nn,
                                 .ln2_rstd = a->ln2_rstd + l * Nn,
-                                .fch = a->fch + l * 4 * NC,
-                                .gelu = a->fch_gelu + l * 4 * NC};
+                                .fch = slice(a->fch, l * 4 * NC),
+                                .gelu = slice(a->fch_gelu, l * 4 * NC)};
 }

@@ -86,15 +86,26 @@ typedef struct {
     float *lse; /* NULL with PROBS, as att is with LSE */
 } zs_gpt2_block_acts;
 
+/* Arrays a caller keeps elsewhere, in another form (the CUDA model's bf16 mode stores these
+ * in bf16 only: kernels/cuda/model_cuda.c); zs_gpt2_acts_layout_for's `without` gives them no
+ * bytes and a NULL pointer, and zs_gpt2_block_slices NULL slices. */
+enum {
+    ZS_ACTS_LN1 = 1u << 0,
+    ZS_ACTS_LN2 = 1u << 1,
+    ZS_ACTS_FCH = 1u << 2,
+    ZS_ACTS_FCH_GELU = 1u << 3,
+    ZS_ACTS_LNF = 1u << 4,
+};
+
 /* Points a's arrays into base, each starting on a multiple of align bytes (a power of two, at
  * least 4), in the order of zs_gpt2_acts, with what the attention saves given by `saved` (the
- * arrays of the other kind take no bytes and are NULL); with base NULL only counts.  Returns the
- * bytes. */
-size_t zs_gpt2_acts_layout_saving(zs_gpt2_acts *a, char *base, size_t align,
-                                  const zs_model_config *cfg, int max_b, int max_t,
-                                  zs_gpt2_att_saved saved);
+ * arrays of the other kind take no bytes and are NULL) and without the arrays of the ZS_ACTS_*
+ * bits in `without` (no bytes, NULL); with base NULL only counts.  Returns the bytes. */
+size_t zs_gpt2_acts_layout_for(zs_gpt2_acts *a, char *base, size_t align,
+                               const zs_model_config *cfg, int max_b, int max_t,
+                               zs_gpt2_att_saved saved, unsigned without);
 
-/* zs_gpt2_acts_layout_saving with ZS_GPT2_ATT_PROBS: the CPU model's layout. */
+/* zs_gpt2_acts_layout_for with ZS_GPT2_ATT_PROBS and every array: the CPU model's layout. */
 size_t zs_gpt2_acts_layout(zs_gpt2_acts *a, char *base, size_t align, const zs_model_config *cfg,
                            int max_b, int max_t);
 

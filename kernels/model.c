@@ -45,8 +45,13 @@ void zs_device_format(zs_device d, char *out, size_t cap)
         snprintf(out, cap, "cpu");
 }
 
+zs_precision zs_model_precision(const zs_config *cfg)
+{
+    return cfg->bf16 ? ZS_PRECISION_BF16 : ZS_PRECISION_FP32;
+}
+
 zs_err zs_model_create(zs_device dev, const zs_model_config *cfg, const zs_tensor_table *tt,
-                       int max_b, int max_t, int threads, zs_model **out)
+                       int max_b, int max_t, int threads, zs_precision precision, zs_model **out)
 {
     *out = NULL;
     zs_model *m = calloc(1, sizeof *m);
@@ -54,7 +59,7 @@ zs_err zs_model_create(zs_device dev, const zs_model_config *cfg, const zs_tenso
         return zs_error(ZS_ERR_NOMEM, "model: out of memory");
     m->dev = dev;
     m->ops = dev.kind == ZS_DEVICE_CUDA ? &zs_model_cuda_ops : &zs_model_cpu_ops;
-    zs_err e = m->ops->create(cfg, tt, max_b, max_t, threads, dev.index, &m->impl);
+    zs_err e = m->ops->create(cfg, tt, max_b, max_t, threads, precision, dev.index, &m->impl);
     if (e != ZS_OK) {
         free(m);
         return e;

@@ -9,9 +9,12 @@
  *     the model's GPU for "cuda:N".  The activations are the model's, in the same memory.
  *     Tokens, targets and the loss are on the host.  The io call order is gpt2.h's.
  *   - "cpu" is kernels/gpt2.c itself: the same bits and the same speed as calling it directly.
- *   - "cuda:N" computes in fp32 with its own summation orders (kernels/cuda/cuda_kernels.h): the
- *     same bits run to run on one GPU model, not the CPU's bits.  `zshard train --device cuda`
- *     is the reference for jobs whose workers compute on that GPU model.
+ *   - "cuda:N" computes with its own summation orders (kernels/cuda/cuda_kernels.h), in the
+ *     precision it was created with (zs_precision): the same bits run to run on one GPU model,
+ *     not the CPU's bits.  `zshard train --device cuda` is the reference for jobs whose workers
+ *     compute on that GPU model with the same precision.
+ *   - The precision changes nothing on "cpu": its kernels compute in fp32 on whatever weights
+ *     the io hands it (bf16-rounded ones with bf16.enabled, docs/precision.md).
  *
  * An io gets memory of the backend from the model (zs_model_alloc) and moves bytes in and out
  * of it (zs_model_upload, zs_model_download): ordered with the model's work, and complete when
@@ -45,11 +48,26 @@ zs_err zs_device_parse(const char *text, zs_device *out);
 /* "cpu" or "cuda:N" into out (cap >= 16). */
 void zs_device_format(zs_device d, char *out, size_t cap);
 
+/*
+ * How a GPU model stores what it computes with (docs/precision.md, docs/gpu.md):
+ *   ZS_PRECISION_FP32: everything fp32 (the default, and the checking mode: its kernels are
+ *     compared with the CPU's element by element);
+ *   ZS_PRECISION_BF16: the matrix products' operands (weights and the activations and gradients
+ *     that feed them) stored in bf16, accumulated in fp32; everything else fp32.  The job's
+ *     bf16.enabled selects it (zs_model_precision).
+ * "cpu" takes either and computes the same bits with both.
+ */
+typedef enum { ZS_PRECISION_FP32 = 0, ZS_PRECISION_BF16 = 1 } zs_precision;
+
+/* The precision a job's config asks for: ZS_PRECISION_BF16 with bf16.enabled, else fp32 (fp16
+ * is emulated by rounding on the host and computes in fp32). */
+zs_precision zs_model_precision(const zs_config *cfg);
+
 /* One backend's implementation of the calls below (impl: its model). */
 typedef struct {
     const char *name;
     zs_err (*create)(const zs_model_config *cfg, const zs_tensor_table *tt, int max_b, int max_t,
-                     int threads, int index, void **impl);
+                     int threads, zs_precision precision, int index, void **impl);
     void (*free)(void *impl);
     zs_err (*forward)(void *impl, const zs_gpt2_io *io, const int32_t *inputs,
                       const int32_t *targets, int b, int t, float *loss);
@@ -85,9 +103,9 @@ extern const zs_model_ops zs_model_cuda_ops;
 typedef struct zs_model zs_model;
 
 /* A model for up to max_b sequences of up to max_t tokens on dev (see zs_gpt2_create for the
- * shapes and threads, which only "cpu" uses). */
+ * shapes and threads, which only "cpu" uses), computing in precision on a GPU. */
 zs_err zs_model_create(zs_device dev, const zs_model_config *cfg, const zs_tensor_table *tt,
-                       int max_b, int max_t, int threads, zs_model **out);
+                       int max_b, int max_t, int threads, zs_precision precision, zs_model **out);
 void zs_model_free(zs_model *m);
 zs_device zs_model_device(const zs_model *m);
 /* 1 when the model's memory is this process's host memory ("cpu"). */

@@ -98,8 +98,9 @@ zs_err zs_trainer_init_on(zs_trainer *tr, zs_device dev, const zs_config *cfg,
     else
         tr->compute = tr->params;
     zs_lossscale_init(&tr->ls, &cfg->fp16);
-    ZS_CHECK_GOTO(zs_model_create(dev, &cfg->model, &tr->tt, b, T, tr->threads, &tr->model), res,
-                  fail);
+    ZS_CHECK_GOTO(zs_model_create(dev, &cfg->model, &tr->tt, b, T, tr->threads,
+                                  zs_model_precision(cfg), &tr->model),
+                  res, fail);
     if (zs_model_on_host(tr->model)) {
         tr->dev_params = tr->compute;
         tr->dev_grads = tr->grads;

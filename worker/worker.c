@@ -727,7 +727,8 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
             zs_mem_check(who, what, zs_model_host_bytes(opts->device, &w.cfg->model, b, T)), res,
             out);
     }
-    ZS_CHECK_GOTO(zs_model_create(opts->device, &w.cfg->model, w.tt, b, T, opts->threads, &w.model),
+    ZS_CHECK_GOTO(zs_model_create(opts->device, &w.cfg->model, w.tt, b, T, opts->threads,
+                                  zs_model_precision(w.cfg), &w.model),
                   res, out);
     w.on_host = zs_model_on_host(w.model);
     ZS_CHECK_GOTO(setup_slots(&w, opts->gpudirect), res, out);

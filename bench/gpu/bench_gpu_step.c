@@ -6,12 +6,14 @@
  * split).
  *
  * The figure is the step's achieved TFLOP/s (zs_gpt2_flops / time; the usual count: 6 flops per
- * weight per token plus attention's products, elementwise work not counted).  The limit measured
- * in the same run is the GEMM peak of the same path the model's matmuls take: cuBLASLt with fp32
- * compute (zs_cuda_linear_forward) on a 8192 x 8192 x 8192 product, best of 5.  Their ratio is the
- * model-flops utilization against the fp32 GEMM peak of this GPU.  llm.c's published figure, about
- * 60% MFU for 124M on an A100, is in bf16 against the bf16 tensor-core peak; it is printed beside
- * ours for orientation, not as the same measure: this path is fp32 until bf16 storage lands.
+ * weight per token plus attention's products, elementwise work not counted), in both of the
+ * model's precisions (kernels/model.h).  The limit measured in the same run is the GEMM peak of
+ * the path each precision's matmuls take, on a 8192 x 8192 x 8192 product, best of 5: cuBLASLt
+ * with fp32 operands (zs_cuda_linear_forward) for fp32, with bf16 operands and fp32
+ * accumulation (zs_cuda_linear_forward_bf16, the tensor cores) for bf16.  Each step's ratio to
+ * its own peak is its model-flops utilization.  llm.c's published figure, about 60% MFU for
+ * 124M on an A100, is bf16 against the bf16 tensor-core peak: the bf16 line is the one to set
+ * beside it (llm.c also keeps its attention, fused, in bf16; ours is fp32).
  *
  * usage: bench_gpu_step [DEVICE=0] [steps=10]
  */
@@ -26,9 +28,9 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/model.h"
 
-/* TFLOP/s of out (n, n) = a (n, n) b (n, n) through cuBLASLt's fp32 path, best of 5 after one
- * warm-up; 0 when it cannot run. */
-static double gemm_peak(int dev, int n)
+/* TFLOP/s of out (n, n) = a (n, n) b (n, n) through cuBLASLt's fp32 path (bf16: bf16 operands,
+ * fp32 accumulation), best of 5 after one warm-up; 0 when it cannot run. */
+static double gemm_peak(int dev, int n, int bf16)
 {
     cudaSetDevice(dev);
     cudaStream_t s;
@@ -47,7 +49,10 @@ static double gemm_peak(int dev, int n)
     for (int r = 0; r < 6; r++) {
         cudaStreamSynchronize(s);
         double t0 = zs_now_s();
-        if (zs_cuda_linear_forward(blas, c, a, b, NULL, n, n, n) != ZS_OK)
+        zs_err e = bf16 ? zs_cuda_linear_forward_bf16(blas, c, (const zs_bf16 *)(void *)a,
+                                                      (const zs_bf16 *)(void *)b, NULL, n, n, n)
+                        : zs_cuda_linear_forward(blas, c, a, b, NULL, n, n, n);
+        if (e != ZS_OK)
             goto out;
         if (cudaStreamSynchronize(s) != cudaSuccess)
             goto out;
@@ -66,7 +71,8 @@ out:
 }
 
 /* Best step time in ms of steps forward+backward passes of cfg at B x T on dev, or -1. */
-static double step_ms(int dev, const zs_model_config *cfg, int B, int T, int steps)
+static double step_ms(int dev, const zs_model_config *cfg, int B, int T, int steps,
+                      zs_precision prec)
 {
     zs_tensor_table tt;
     if (zs_tensors_gpt2(cfg, &tt) != ZS_OK)
@@ -84,7 +90,7 @@ static double step_ms(int dev, const zs_model_config *cfg, int B, int T, int ste
         in[i] = (int32_t)(zs_rng_u64(1, 1, (uint64_t)i) % (uint64_t)cfg->vocab_size);
         tg[i] = (int32_t)(zs_rng_u64(1, 2, (uint64_t)i) % (uint64_t)cfg->vocab_size);
     }
-    if (zs_model_create((zs_device){ZS_DEVICE_CUDA, dev}, cfg, &tt, B, T, 1, &m) != ZS_OK ||
+    if (zs_model_create((zs_device){ZS_DEVICE_CUDA, dev}, cfg, &tt, B, T, 1, prec, &m) != ZS_OK ||
         zs_model_alloc(m, bytes, (void **)&dp) != ZS_OK ||
         zs_model_alloc(m, bytes, (void **)&dg) != ZS_OK ||
         zs_model_upload(m, dp, host, bytes) != ZS_OK) {
@@ -132,9 +138,10 @@ int main(int argc, char **argv)
     }
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, dev);
-    double peak = gemm_peak(dev, 8192);
-    printf("GPU %d: %s (sm_%d%d); fp32 GEMM peak through cuBLASLt (8192^3): %.1f TFLOP/s\n", dev,
-           prop.name, prop.major, prop.minor, peak);
+    double peak32 = gemm_peak(dev, 8192, 0), peak16 = gemm_peak(dev, 8192, 1);
+    printf("GPU %d: %s (sm_%d%d); GEMM peak through cuBLASLt (8192^3): fp32 %.1f TFLOP/s, bf16 "
+           "operands with fp32 accumulation %.1f TFLOP/s\n",
+           dev, prop.name, prop.major, prop.minor, peak32, peak16);
     struct {
         const char *name;
         zs_model_config cfg;
@@ -145,19 +152,25 @@ int main(int argc, char **argv)
          {.n_layer = 24, .n_head = 16, .n_embd = 1024, .vocab_size = 50257, .block_size = 1024}},
     };
     const int B = 4, T = 1024;
-    double tf124 = 0; /* the figure: GPT-2 124M's */
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        double ms = step_ms(dev, &cases[i].cfg, B, T, steps);
-        if (ms <= 0)
-            return 1;
-        double tf = zs_gpt2_flops(&cases[i].cfg, B, T) / (ms / 1e3) / 1e12;
-        printf("GPT-2 %s, B=%d T=%d, fp32: forward+backward %.1f ms, %.1f TFLOP/s, %.2f of the "
-               "fp32 GEMM peak (llm.c, bf16 on an A100: about 0.60 of the bf16 peak for 124M)\n",
-               cases[i].name, B, T, ms, tf, tf / peak);
-        if (i == 0)
-            tf124 = tf;
-    }
-    printf("bench_gpu_step: %.1f TFLOP/s (GPT-2 124M), fp32 GEMM peak %.1f TFLOP/s, ratio %.2f\n",
-           tf124, peak, tf124 / peak);
+    double tf124[2] = {0, 0}; /* the figures: GPT-2 124M's, fp32 and bf16 */
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            double peak = bf16 ? peak16 : peak32;
+            double ms = step_ms(dev, &cases[i].cfg, B, T, steps,
+                                bf16 ? ZS_PRECISION_BF16 : ZS_PRECISION_FP32);
+            if (ms <= 0)
+                return 1;
+            double tf = zs_gpt2_flops(&cases[i].cfg, B, T) / (ms / 1e3) / 1e12;
+            printf("GPT-2 %s, B=%d T=%d, %s: forward+backward %.1f ms, %.1f TFLOP/s, %.2f of the "
+                   "%s GEMM peak%s\n",
+                   cases[i].name, B, T, bf16 ? "bf16" : "fp32", ms, tf, tf / peak,
+                   bf16 ? "bf16" : "fp32",
+                   bf16 ? " (llm.c, bf16 on an A100: about 0.60 of the bf16 peak for 124M)" : "");
+            if (i == 0)
+                tf124[bf16] = tf;
+        }
+    printf("bench_gpu_step: GPT-2 124M: fp32 %.1f TFLOP/s (%.2f of the fp32 GEMM peak %.1f), "
+           "bf16 %.1f TFLOP/s (%.2f of the bf16 GEMM peak %.1f)\n",
+           tf124[0], tf124[0] / peak32, peak32, tf124[1], tf124[1] / peak16, peak16);
     return 0;
 }

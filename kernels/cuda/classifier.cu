@@ -6,6 +6,13 @@
  * A block owns a row (V = 50257 for GPT-2): its threads stride over the row, and the row's max
  * and sum are reduced across the block in a fixed tree in shared memory, the sum in double as
  * the CPU's (zs_vexp_sum), so the bits are the same from run to run.
+ *
+ * The bf16 mode's variant computes the same fp32 values and stores dlogits rounded to bf16 over
+ * the row's own bytes: bf16 element j lands on bytes [2j, 2j + 2), inside fp32 element j / 2.
+ * The row is written in chunks of CE_BLOCK elements, each thread keeping the columns it owned all
+ * along (j = tid + k CE_BLOCK); a chunk's values are all read before the barrier and written after
+ * it, and its writes reach fp32 elements below (k + 1) CE_BLOCK / 2, which every thread has read
+ * by then (in this chunk or an earlier one), while no later chunk's fp32 element is touched.
  */
 #include <stdint.h>
 
@@ -13,6 +20,7 @@
 
 #define CE_BLOCK 512
 
+template <bool TO_BF16>
 __global__ static void crossentropy_kernel(float *logits, float *losses, const int32_t *targets,
                                            int V, float dloss)
 {
@@ -50,13 +58,29 @@ __global__ static void crossentropy_kernel(float *logits, float *losses, const i
     }
     double total = ssum[0];
     float scale = (float)(dloss / total);
-    for (int j = tid; j < V; j += CE_BLOCK)
-        x[j] *= scale;
-    __syncthreads(); /* x[t] scaled by its thread before the one-hot comes off */
-    if (tid == 0) {
-        losses[row] = (float)(log(total) - ((double)s_xt - (double)mx));
-        x[t] -= dloss;
+    if (TO_BF16) {
+        __nv_bfloat16 *xb = (__nv_bfloat16 *)x;
+        for (int base = 0; base < V; base += CE_BLOCK) {
+            int j = base + tid;
+            float v = 0.0f;
+            if (j < V) {
+                v = x[j] * scale; /* as the fp32 kernel: scaled, then the one-hot off */
+                if (j == t)
+                    v -= dloss;
+            }
+            __syncthreads();
+            if (j < V)
+                xb[j] = __float2bfloat16_rn(v);
+        }
+    } else {
+        for (int j = tid; j < V; j += CE_BLOCK)
+            x[j] *= scale;
+        __syncthreads(); /* x[t] scaled by its thread before the one-hot comes off */
+        if (tid == 0)
+            x[t] -= dloss;
     }
+    if (tid == 0)
+        losses[row] = (float)(log(total) - ((double)s_xt - (double)mx));
 }
 
 extern "C" zs_err zs_cuda_crossentropy_fused(float *logits, float *losses, const int32_t *targets,
@@ -65,6 +89,19 @@ extern "C" zs_err zs_cuda_crossentropy_fused(float *logits, float *losses, const
     ZS_CHECK(zs_cuda_check_shape("crossentropy_fused", N, V));
     if (N == 0 || V == 0)
         return ZS_OK;
-    crossentropy_kernel<<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, losses, targets, V, dloss);
+    crossentropy_kernel<false>
+        <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, losses, targets, V, dloss);
     return zs_cuda_launched("crossentropy_fused", N, V);
+}
+
+extern "C" zs_err zs_cuda_crossentropy_fused_bf16(float *logits, float *losses,
+                                                  const int32_t *targets, int N, int V, float dloss,
+                                                  zs_cuda_stream stream)
+{
+    ZS_CHECK(zs_cuda_check_shape("crossentropy_fused_bf16", N, V));
+    if (N == 0 || V == 0)
+        return ZS_OK;
+    crossentropy_kernel<true>
+        <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, losses, targets, V, dloss);
+    return zs_cuda_launched("crossentropy_fused_bf16", N, V);
 }

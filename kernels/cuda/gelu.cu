@@ -5,6 +5,11 @@
  * same exponential.  expf here is CUDA's (2 ulp), not zs_expf: the tolerance table in
  * tests/gpu/test_cuda_kernels.c says what that costs.  The backward's column walk gives each
  * thread a whole column (C threads): simple and deterministic, and enough for C = 4 n_embd.
+ *
+ * The bf16 mode's pair stores what the GELU epilogue of cuBLASLt stores (matmul.cu): the GELU
+ * input and output rounded to bf16 from fp32 values, and the gradient rounded to bf16, with the
+ * bias gradient summed from the rounded values; so the two paths differ only in the GELU's code
+ * and the product's summation order, and either can stand in for the other.
  */
 #include "kernels/cuda/launch.cuh"
 
@@ -28,6 +33,15 @@ __global__ static void bias_gelu_forward_kernel(float *pre, float *out, const fl
         pre[i] = x;
     }
     out[i] = x / (1.0f + gelu_e(x));
+}
+
+/* gelu'(v), from the same exponential as the forward. */
+__device__ static inline float gelu_grad(float v)
+{
+    float e = gelu_e(v);
+    float s = 1.0f / (1.0f + e);
+    float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
+    return s + v * 2.0f * s * (e * s) * du;
 }
 
 /* One thread per column walks the rows in order: d = d * gelu'(pre), dbias[c] = their sum. */
@@ -74,4 +88,62 @@ extern "C" zs_err zs_cuda_bias_gelu_backward(float *d, float *dbias, const float
     bias_gelu_backward_kernel<<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
         d, dbias, pre, N, C);
     return zs_cuda_launched("bias_gelu_backward", N, C);
+}
+
+__global__ static void bias_gelu_forward_bf16_kernel(__nv_bfloat16 *pre, __nv_bfloat16 *out,
+                                                     const float *prod, const float *bias,
+                                                     long long n, int C)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float x = prod[i];
+    if (bias)
+        x += bias[i % C];
+    pre[i] = __float2bfloat16_rn(x);
+    out[i] = __float2bfloat16_rn(x / (1.0f + gelu_e(x)));
+}
+
+/* A thread a column, rows in order: dpre = bf16(d * gelu'(pre)), dbias = sum of the rounded. */
+__global__ static void bias_gelu_backward_bf16_kernel(__nv_bfloat16 *dpre, float *dbias,
+                                                      const float *d, const __nv_bfloat16 *pre,
+                                                      int N, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float acc = 0.0f;
+    for (int i = 0; i < N; i++) {
+        size_t k = (size_t)i * C + c;
+        __nv_bfloat16 r = __float2bfloat16_rn(d[k] * gelu_grad(__bfloat162float(pre[k])));
+        dpre[k] = r;
+        acc += __bfloat162float(r);
+    }
+    if (dbias)
+        dbias[c] = acc;
+}
+
+extern "C" zs_err zs_cuda_bias_gelu_forward_bf16(zs_bf16 *pre, zs_bf16 *out, const float *prod,
+                                                 const float *bias, int N, int C,
+                                                 zs_cuda_stream stream)
+{
+    ZS_CHECK(zs_cuda_check_shape("bias_gelu_forward_bf16", N, C));
+    long long n = (long long)N * C;
+    if (n == 0)
+        return ZS_OK;
+    bias_gelu_forward_bf16_kernel<<<zs_cuda_blocks(n, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+        (__nv_bfloat16 *)pre, (__nv_bfloat16 *)out, prod, bias, n, C);
+    return zs_cuda_launched("bias_gelu_forward_bf16", N, C);
+}
+
+extern "C" zs_err zs_cuda_bias_gelu_backward_bf16(zs_bf16 *dpre, float *dbias, const float *d,
+                                                  const zs_bf16 *pre, int N, int C,
+                                                  zs_cuda_stream stream)
+{
+    ZS_CHECK(zs_cuda_check_shape("bias_gelu_backward_bf16", N, C));
+    if (C == 0)
+        return ZS_OK;
+    bias_gelu_backward_bf16_kernel<<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+        (__nv_bfloat16 *)dpre, dbias, d, (const __nv_bfloat16 *)pre, N, C);
+    return zs_cuda_launched("bias_gelu_backward_bf16", N, C);
 }

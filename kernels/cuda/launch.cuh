@@ -5,6 +5,7 @@
 #ifndef ZS_CUDA_LAUNCH_CUH
 #define ZS_CUDA_LAUNCH_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -35,6 +36,16 @@ static inline zs_err zs_cuda_check_shape(const char *kernel, int N, int C)
 static inline unsigned zs_cuda_blocks(long long work, int per_block)
 {
     return (unsigned)((work + per_block - 1) / per_block);
+}
+
+/* Stores v as T: itself, or rounded to bf16 (to nearest even) for the bf16 mode's operands. */
+__device__ static inline void zs_put(float *p, float v)
+{
+    *p = v;
+}
+__device__ static inline void zs_put(__nv_bfloat16 *p, float v)
+{
+    *p = __float2bfloat16_rn(v);
 }
 
 /* The sum of v over a warp, in a fixed butterfly order: every lane gets the same bits. */

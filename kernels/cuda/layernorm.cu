@@ -6,7 +6,8 @@
  * partial sums in a fixed butterfly (zs_warp_sum).  Mean and variance are two passes (x - mean,
  * then its square), as on the CPU.  The backward's dweight and dbias are sums down columns:
  * one thread per column walks the rows in order, with no atomics, so the bits do not change
- * from run to run.
+ * from run to run.  The forward's output may be bf16 (the bf16 mode's GEMM operand): the same
+ * fp32 arithmetic, rounded once when stored.
  */
 #include "kernels/cuda/launch.cuh"
 #include "kernels/kernels.h"
@@ -30,11 +31,12 @@ __device__ static void row_stats(const float *x, int C, int lane, float *mean, f
     *rstd = 1.0f / sqrtf(v + ZS_LAYERNORM_EPS);
 }
 
-/* With inp2: res = inp1 + inp2 first (res may alias inp1); else res is inp1. */
-__global__ static void layernorm_forward_kernel(float *res, float *out, float *mean, float *rstd,
-                                                const float *inp1, const float *inp2,
-                                                const float *weight, const float *bias, int N,
-                                                int C)
+/* With inp2: res = inp1 + inp2 first (res may alias inp1); else res is inp1.  OutT: float, or
+ * __nv_bfloat16 in the bf16 mode. */
+template <typename OutT>
+__global__ static void
+layernorm_forward_kernel(float *res, OutT *out, float *mean, float *rstd, const float *inp1,
+                         const float *inp2, const float *weight, const float *bias, int N, int C)
 {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / ZS_WARP;
     int lane = threadIdx.x % ZS_WARP;
@@ -51,7 +53,7 @@ __global__ static void layernorm_forward_kernel(float *res, float *out, float *m
     float m, s;
     row_stats(x, C, lane, &m, &s);
     for (int c = lane; c < C; c += ZS_WARP)
-        out[off + c] = (x[c] - m) * s * weight[c] + bias[c];
+        zs_put(&out[off + c], (x[c] - m) * s * weight[c] + bias[c]);
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = s;
@@ -102,7 +104,8 @@ __global__ static void layernorm_dparams_kernel(float *dweight, float *dbias, co
     dbias[c] = ab;
 }
 
-static zs_err forward(const char *name, float *res, float *out, float *mean, float *rstd,
+template <typename OutT>
+static zs_err forward(const char *name, float *res, OutT *out, float *mean, float *rstd,
                       const float *inp1, const float *inp2, const float *weight, const float *bias,
                       int N, int C, zs_cuda_stream stream)
 {
@@ -130,6 +133,15 @@ extern "C" zs_err zs_cuda_residual_layernorm_forward(float *res, float *out, flo
 {
     return forward("residual_layernorm_forward", res, out, mean, rstd, inp1, inp2, weight, bias, N,
                    C, stream);
+}
+
+extern "C" zs_err zs_cuda_layernorm_forward_bf16(float *res, zs_bf16 *out, float *mean, float *rstd,
+                                                 const float *inp1, const float *inp2,
+                                                 const float *weight, const float *bias, int N,
+                                                 int C, zs_cuda_stream stream)
+{
+    return forward("layernorm_forward_bf16", inp2 ? res : NULL, (__nv_bfloat16 *)out, mean, rstd,
+                   inp1, inp2, weight, bias, N, C, stream);
 }
 
 extern "C" zs_err zs_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,

@@ -8,13 +8,22 @@
  * memory, read column-major.
  *
  * fp32 mode: CUBLAS_COMPUTE_32F, so no TF32 (the checking mode must match the CPU within the
- * tolerance table).  Determinism: the preference allows only algorithms without a split-K
- * reduction (CUBLASLT_REDUCTION_SCHEME_NONE), which would sum partial products in an order
- * that may vary, and the first algorithm of the heuristic is used; cuBLAS gives the same bits
- * run to run on one GPU model, library version and shape.  dbias is our own kernel, a thread a
- * column walking the rows in order.
+ * tolerance table).  bf16 mode (the *_bf16 functions): bf16 A and B, still CUBLAS_COMPUTE_32F
+ * with fp32 scale, and an fp32 output and bias, except the GELU epilogue's GEMMs, whose output,
+ * aux matrix (the GELU input) and bias are bf16 because cuBLASLt gives the aux matrix and the bias
+ * the output's type.  The epilogue's GELU is cuBLASLt's tanh approximation (docs/gpu.md has
+ * what the documentation says and does not: the formula, the aux matrix's leading dimension, a
+ * multiple of 8, and why the bias gradient of DGELU_BGRAD is not used).
+ *
+ * Determinism: the preference allows only algorithms without a split-K reduction
+ * (CUBLASLT_REDUCTION_SCHEME_NONE), which would sum partial products in an order that may vary,
+ * and the first algorithm of the heuristic is used; cuBLAS gives the same bits run to run on one
+ * GPU model, library version and shape.  The preference also states each matrix's actual
+ * alignment (a layer's slice of an activation need not be on the 256 bytes the heuristic
+ * assumes otherwise).  dbias is our own kernel, a thread a column walking the rows in order.
  */
 #include <cublasLt.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "kernels/cuda/launch.cuh"
@@ -66,13 +75,38 @@ extern "C" void zs_cuda_blas_close(zs_cuda_blas *b)
     free(b);
 }
 
+/* What a product stores and fuses: the operands' and the output's types, the epilogue and its
+ * pointers. */
+typedef struct {
+    cudaDataType_t ab, d;   /* A and B; D (and C, the same matrix) */
+    cublasLtEpilogue_t epi; /* CUBLASLT_EPILOGUE_DEFAULT unless set */
+    const void *bias;       /* of type d (cuBLASLt's default bias type) */
+    void *aux;              /* the GELU input matrix, of type d, leading dimension aux_ld */
+    int64_t aux_ld;
+} gemm_kind;
+
+static const gemm_kind FP32 = {CUDA_R_32F, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0};
+static const gemm_kind BF16 = {CUDA_R_16BF, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0};
+
+/* The largest power of two up to 256 that divides p's address: what the heuristic may assume
+ * (its default is 256, which a slice of an activation need not be). */
+static uint32_t alignment(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && ((uintptr_t)p % a) != 0)
+        a /= 2;
+    return a;
+}
+
 /*
- * D (m, n) = op(A) (m, k) op(B) (k, n) [+ bias (m) broadcast along n], all column-major.  A is
- * stored (transa ? k x m : m x k) with leading dimension lda, B likewise, D with ldd.
+ * D (m, n) = op(A) (m, k) op(B) (k, n) [+ the epilogue of kind], all column-major.  A is stored
+ * (transa ? k x m : m x k) with leading dimension lda, B likewise, D with ldd.  With found NULL,
+ * no algorithm is an error; otherwise *found says whether one was (and nothing is enqueued when
+ * not).
  */
 static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n, int k,
-                   const float *A, int lda, const float *B, int ldb, float *D, int ldd,
-                   const float *bias)
+                   const void *A, int lda, const void *B, int ldb, void *D, int ldd,
+                   const gemm_kind *kind, int *found_out)
 {
     cublasLtMatmulDesc_t desc = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
@@ -82,8 +116,9 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
     const char *step = "matmul desc";
     cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t epi = kind->epi;
     uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE;
+    uint32_t align_a = alignment(A), align_b = alignment(B), align_d = alignment(D);
     size_t ws = WORKSPACE_BYTES;
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
@@ -102,15 +137,21 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
        "transb");
     LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
        "epilogue");
-    if (bias)
-        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                          sizeof bias),
+    if (kind->bias)
+        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &kind->bias,
+                                          sizeof kind->bias),
            "bias pointer");
-    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, transa ? k : m, transa ? m : k, lda),
-       "layout A");
-    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, transb ? n : k, transb ? k : n, ldb),
-       "layout B");
-    LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd), "layout D");
+    if (kind->aux) {
+        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                          &kind->aux, sizeof kind->aux),
+           "aux pointer");
+        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &kind->aux_ld,
+                                          sizeof kind->aux_ld),
+           "aux leading dimension");
+    }
+    LT(cublasLtMatrixLayoutCreate(&la, kind->ab, transa ? k : m, transa ? m : k, lda), "layout A");
+    LT(cublasLtMatrixLayoutCreate(&lb, kind->ab, transb ? n : k, transb ? k : n, ldb), "layout B");
+    LT(cublasLtMatrixLayoutCreate(&ld, kind->d, m, n, ldd), "layout D");
     LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                             sizeof ws),
@@ -118,8 +159,27 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                             &schemes, sizeof schemes),
        "reduction scheme preference");
-    LT(cublasLtMatmulAlgoGetHeuristic(b->lt, desc, la, lb, ld, ld, pref, 1, &heur, &found),
-       "heuristic");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                            &align_a, sizeof align_a),
+       "alignment of A");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                            &align_b, sizeof align_b),
+       "alignment of B");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                            &align_d, sizeof align_d),
+       "alignment of C");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                            &align_d, sizeof align_d),
+       "alignment of D");
+    s = cublasLtMatmulAlgoGetHeuristic(b->lt, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+    if (found_out &&
+        (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1))) {
+        *found_out = 0; /* the caller has another way */
+        goto out;
+    }
+    step = "heuristic";
+    if (s != CUBLAS_STATUS_SUCCESS)
+        goto fail;
     if (found < 1) {
         res = zs_error(ZS_ERR_INTERNAL,
                        "cublasLt: %s: no algorithm without a split-K reduction for m %d, n %d, "
@@ -130,6 +190,8 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
     LT(cublasLtMatmul(b->lt, desc, &one, A, la, B, lb, &zero, D, ld, D, ld, &heur.algo,
                       b->workspace, ws, b->stream),
        "matmul");
+    if (found_out)
+        *found_out = 1;
 #undef LT
     goto out;
 fail:
@@ -147,6 +209,32 @@ out:
     if (desc)
         cublasLtMatmulDescDestroy(desc);
     return res;
+}
+
+/* gemm of kind FP32 (bias: CUBLASLT_EPILOGUE_BIAS with it), no algorithm an error. */
+static zs_err gemm32(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n, int k,
+                     const float *A, int lda, const float *B, int ldb, float *D, int ldd,
+                     const float *bias)
+{
+    gemm_kind kind = FP32;
+    if (bias) {
+        kind.epi = CUBLASLT_EPILOGUE_BIAS;
+        kind.bias = bias;
+    }
+    return gemm(b, what, transa, transb, m, n, k, A, lda, B, ldb, D, ldd, &kind, NULL);
+}
+
+/* gemm of kind BF16 (bf16 operands, fp32 output and bias), no algorithm an error. */
+static zs_err gemm16(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n, int k,
+                     const zs_bf16 *A, int lda, const zs_bf16 *B, int ldb, float *D, int ldd,
+                     const float *bias)
+{
+    gemm_kind kind = BF16;
+    if (bias) {
+        kind.epi = CUBLASLT_EPILOGUE_BIAS;
+        kind.bias = bias;
+    }
+    return gemm(b, what, transa, transb, m, n, k, A, lda, B, ldb, D, ldd, &kind, NULL);
 }
 
 /* dbias[c] = sum over the N rows of dout (N, OC), in row order: a thread a column. */
@@ -180,7 +268,7 @@ extern "C" zs_err zs_cuda_linear_forward(zs_cuda_blas *b, float *out, const floa
     if (N == 0 || OC == 0)
         return ZS_OK;
     /* out^T (OC, N) = W^T (OC, C) inp^T (C, N) [+ bias along OC]. */
-    return gemm(b, "linear_forward", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, bias);
+    return gemm32(b, "linear_forward", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, bias);
 }
 
 extern "C" zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, const float *inp,
@@ -190,7 +278,7 @@ extern "C" zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, const 
     if (N == 0 || V == 0)
         return ZS_OK;
     /* logits^T (V, N) = wte (V, C) inp^T (C, N): wte^T as stored, transposed back. */
-    return gemm(b, "lm_head_forward", 1, 0, V, N, C, wte, C, inp, C, logits, V, NULL);
+    return gemm32(b, "lm_head_forward", 1, 0, V, N, C, wte, C, inp, C, logits, V, NULL);
 }
 
 extern "C" zs_err zs_cuda_lm_head_backward(zs_cuda_blas *b, float *dinp, float *dwte,
@@ -201,9 +289,9 @@ extern "C" zs_err zs_cuda_lm_head_backward(zs_cuda_blas *b, float *dinp, float *
     if (N == 0 || C == 0 || V == 0)
         return ZS_OK;
     /* dinp^T (C, N) = wte^T (C, V) dlogits^T (V, N): both as stored. */
-    ZS_CHECK(gemm(b, "lm_head_backward dinp", 0, 0, C, N, V, wte, C, dlogits, V, dinp, C, NULL));
+    ZS_CHECK(gemm32(b, "lm_head_backward dinp", 0, 0, C, N, V, wte, C, dlogits, V, dinp, C, NULL));
     /* dwte^T (C, V) = inp^T (C, N) dlogits (N, V): dlogits^T as stored, transposed back. */
-    return gemm(b, "lm_head_backward dwte", 0, 1, C, V, N, inp, C, dlogits, V, dwte, C, NULL);
+    return gemm32(b, "lm_head_backward dwte", 0, 1, C, V, N, inp, C, dlogits, V, dwte, C, NULL);
 }
 
 extern "C" zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *dweight,
@@ -216,11 +304,101 @@ extern "C" zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *d
     /* dinp^T (C, N) = W (C, OC) dout^T (OC, N): W^T as stored, transposed back. */
     if (dinp)
         ZS_CHECK(
-            gemm(b, "linear_backward dinp", 1, 0, C, N, OC, weight, OC, dout, OC, dinp, C, NULL));
+            gemm32(b, "linear_backward dinp", 1, 0, C, N, OC, weight, OC, dout, OC, dinp, C, NULL));
     /* dweight^T (OC, C) = dout^T (OC, N) inp (N, C): inp^T as stored, transposed back. */
     ZS_CHECK(
-        gemm(b, "linear_backward dweight", 0, 1, OC, C, N, dout, OC, inp, C, dweight, OC, NULL));
+        gemm32(b, "linear_backward dweight", 0, 1, OC, C, N, dout, OC, inp, C, dweight, OC, NULL));
     if (dbias)
         ZS_CHECK(zs_cuda_bias_backward(dbias, dout, N, OC, b->stream));
     return ZS_OK;
+}
+
+/* The bf16 mode's products: the same transposes as the fp32 ones above, bf16 operands. */
+
+extern "C" zs_err zs_cuda_linear_forward_bf16(zs_cuda_blas *b, float *out, const zs_bf16 *inp,
+                                              const zs_bf16 *weight, const float *bias, int N,
+                                              int C, int OC)
+{
+    ZS_CHECK(zs_cuda_check_shape("linear_forward_bf16", N, C));
+    if (N == 0 || OC == 0)
+        return ZS_OK;
+    return gemm16(b, "linear_forward_bf16", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, bias);
+}
+
+extern "C" zs_err zs_cuda_linear_backward_bf16(zs_cuda_blas *b, float *dinp, float *dweight,
+                                               const zs_bf16 *dout, const zs_bf16 *inp,
+                                               const zs_bf16 *weight, int N, int C, int OC)
+{
+    ZS_CHECK(zs_cuda_check_shape("linear_backward_bf16", N, C));
+    if (N == 0 || C == 0 || OC == 0)
+        return ZS_OK;
+    if (dinp)
+        ZS_CHECK(gemm16(b, "linear_backward_bf16 dinp", 1, 0, C, N, OC, weight, OC, dout, OC, dinp,
+                        C, NULL));
+    if (dweight)
+        ZS_CHECK(gemm16(b, "linear_backward_bf16 dweight", 0, 1, OC, C, N, dout, OC, inp, C,
+                        dweight, OC, NULL));
+    return ZS_OK;
+}
+
+extern "C" zs_err zs_cuda_lm_head_forward_bf16(zs_cuda_blas *b, float *logits, const zs_bf16 *inp,
+                                               const zs_bf16 *wte, int N, int C, int V)
+{
+    ZS_CHECK(zs_cuda_check_shape("lm_head_forward_bf16", N, C));
+    if (N == 0 || V == 0)
+        return ZS_OK;
+    return gemm16(b, "lm_head_forward_bf16", 1, 0, V, N, C, wte, C, inp, C, logits, V, NULL);
+}
+
+extern "C" zs_err zs_cuda_lm_head_backward_bf16(zs_cuda_blas *b, float *dinp, float *dwte,
+                                                const zs_bf16 *dlogits, int ldl, const zs_bf16 *inp,
+                                                const zs_bf16 *wte, int N, int C, int V)
+{
+    ZS_CHECK(zs_cuda_check_shape("lm_head_backward_bf16", N, C));
+    if (N == 0 || C == 0 || V == 0)
+        return ZS_OK;
+    if (ldl < V)
+        return zs_error(ZS_ERR_INVALID,
+                        "cuda: lm_head_backward_bf16: dlogits' row stride %d < V %d", ldl, V);
+    /* As the fp32 ones, with dlogits' rows ldl apart. */
+    ZS_CHECK(gemm16(b, "lm_head_backward_bf16 dinp", 0, 0, C, N, V, wte, C, dlogits, ldl, dinp, C,
+                    NULL));
+    return gemm16(b, "lm_head_backward_bf16 dwte", 0, 1, C, V, N, inp, C, dlogits, ldl, dwte, C,
+                  NULL);
+}
+
+/*
+ * The GELU epilogue.  The aux matrix (the GELU input) has the output's type (bf16 here:
+ * cuBLASLt's CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE defaults to it, and only fp8 outputs
+ * may differ) and the output's shape, column-major (OC, N): leading dimension OC, which cuBLASLt
+ * wants a multiple of 8 and at least the output's rows.  The bias also takes the output's type.
+ */
+extern "C" zs_err zs_cuda_linear_gelu_forward_bf16(zs_cuda_blas *b, zs_bf16 *pre, zs_bf16 *out,
+                                                   const zs_bf16 *inp, const zs_bf16 *weight,
+                                                   const zs_bf16 *bias, int N, int C, int OC,
+                                                   int *fused)
+{
+    *fused = 0;
+    ZS_CHECK(zs_cuda_check_shape("linear_gelu_forward_bf16", N, C));
+    if (OC % 8 != 0 || N == 0 || C == 0 || OC == 0)
+        return ZS_OK;
+    gemm_kind kind = {CUDA_R_16BF, CUDA_R_16BF, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC};
+    /* out^T (OC, N) = gelu(W^T (OC, C) inp^T (C, N) + bias), pre^T the argument. */
+    return gemm(b, "linear_gelu_forward_bf16", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, &kind,
+                fused);
+}
+
+extern "C" zs_err zs_cuda_linear_backward_dgelu_bf16(zs_cuda_blas *b, zs_bf16 *dpre,
+                                                     const zs_bf16 *dout, const zs_bf16 *weight,
+                                                     const zs_bf16 *pre, int N, int C, int OC,
+                                                     int *fused)
+{
+    *fused = 0;
+    ZS_CHECK(zs_cuda_check_shape("linear_backward_dgelu_bf16", N, C));
+    if (C % 8 != 0 || N == 0 || C == 0 || OC == 0)
+        return ZS_OK;
+    gemm_kind kind = {CUDA_R_16BF, CUDA_R_16BF, CUBLASLT_EPILOGUE_DGELU, NULL, (void *)pre, C};
+    /* dpre^T (C, N) = (W (C, OC) dout^T (OC, N)) * gelu'(pre^T): linear_backward's dinp. */
+    return gemm(b, "linear_backward_dgelu_bf16", 1, 0, C, N, OC, weight, OC, dout, OC, dpre, C,
+                &kind, fused);
 }

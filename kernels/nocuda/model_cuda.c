@@ -5,9 +5,9 @@
 #include "kernels/model.h"
 
 static zs_err absent_create(const zs_model_config *cfg, const zs_tensor_table *tt, int max_b,
-                            int max_t, int threads, int index, void **impl)
+                            int max_t, int threads, zs_precision precision, int index, void **impl)
 {
-    (void)cfg, (void)tt, (void)max_b, (void)max_t, (void)threads;
+    (void)cfg, (void)tt, (void)max_b, (void)max_t, (void)threads, (void)precision;
     *impl = NULL;
     return zs_error(ZS_ERR_INVALID,
                     "device cuda:%d: this zshard was built without CUDA (no nvcc when it was "

@@ -9,6 +9,11 @@
 #     window of 20 steps, and so the GPU run's with ZS_CUDA_ATTENTION=reference;
 #   - fp16 with a loss scale that overflows at first: skipped steps, a falling scale, then
 #     training, and a launch with GPU workers in the same bits;
+#   - bf16 (bf16.enabled: bf16 storage with fp32 accumulation on the GPU, docs/gpu.md): train
+#     --device cuda twice the same bits, its loss curve within 5% of the CPU bf16 run's at every
+#     step (the CPU computes in fp32 on the same bf16 weights; the GPU also rounds every GEMM
+#     operand, about 2e-3 each, so it drifts faster than fp32 does from the CPU), and a launch
+#     with GPU workers bitwise train's;
 #   - `zshard launch --device cuda` with 2 servers and 2 workers gives bitwise the weights and
 #     the metrics of `zshard train --device cuda` (the worker copies each layer to the GPU and
 #     each gradient back; the optimizer runs on the servers, as it runs on the host in train);
@@ -109,6 +114,39 @@ expect_ok "$ZSHARD" launch --config "$WORK/fp16.json" --data "$DATA/tiny.txt" --
 checks=$((checks + 1))
 cmp "$WORK/fp16-train/model.safetensors" "$WORK/fp16-launch/model.safetensors" ||
   fail "fp16: zshard launch --device cuda differs from zshard train --device cuda"
+
+# bf16: the GPU's bf16 mode against itself, against the CPU's bf16 run, and in a launch.
+python3 - "$DATA/tiny.json" "$WORK/bf16.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["bf16"] = {"enabled": True}
+json.dump(c, open(sys.argv[2], "w"))
+PY
+for run in gpu-a gpu-b; do
+  expect_ok "$ZSHARD" train --config "$WORK/bf16.json" --data "$DATA/tiny.txt" --steps $STEPS \
+    --threads 2 --device cuda --out "$WORK/bf16-$run"
+done
+expect_ok "$ZSHARD" train --config "$WORK/bf16.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --threads 2 --device cpu --out "$WORK/bf16-cpu"
+checks=$((checks + 5))
+cmp "$WORK/bf16-gpu-a/model.safetensors" "$WORK/bf16-gpu-b/model.safetensors" ||
+  fail "bf16: zshard train --device cuda: two runs differ"
+cmp -s "$WORK/bf16-gpu-a/model.safetensors" "$WORK/gpu-a/model.safetensors" &&
+  fail "bf16: the GPU run wrote the fp32 GPU run's bits: bf16.enabled did not reach the model"
+paste <(grep -o '"loss": [0-9.e+-]*' "$WORK/bf16-cpu/metrics.jsonl" | cut -d' ' -f2) \
+  <(grep -o '"loss": [0-9.e+-]*' "$WORK/bf16-gpu-a/metrics.jsonl" | cut -d' ' -f2) |
+  awk -v steps=$STEPS '{ n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > worst) worst = d;
+                         printf "bf16 step %d: cpu %s gpu %s (%.2e)\n", n, $1, $2, d }
+       END { if (n != steps || worst > 0.05) { print "worst " worst " over " n " steps"; exit 1 } }' \
+  >"$WORK/bf16-losses.txt" || fail "bf16: GPU loss outside 5% of the CPU's: $(tail -n 3 "$WORK/bf16-losses.txt")"
+tail -n 1 "$WORK/bf16-losses.txt"
+expect_ok "$ZSHARD" launch --config "$WORK/bf16.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --servers 2 --workers 2 --device cuda --log-level info --out "$WORK/bf16-launch"
+cmp "$WORK/bf16-gpu-a/model.safetensors" "$WORK/bf16-launch/model.safetensors" ||
+  fail "bf16: zshard launch --device cuda differs from zshard train --device cuda"
+grep -q "bf16 storage with fp32 accumulation" "$WORK/bf16-launch/logs/worker-1.log" ||
+  fail "bf16: worker 1 does not say its model stores bf16"
+grep "GELU epilogue\|DGELU epilogue" "$WORK/bf16-launch/logs/worker-1.log" || true
 
 expect_ok "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps $STEPS \
   --servers 2 --workers 2 --device cuda --log-level info --out "$WORK/launch"

@@ -3,11 +3,12 @@
 # (docs/testing.md).  It builds the release build with the CUDA kernels required
 # (-DZS_CUDA=ON, sm_80 and sm_90) and runs the GPU tests, where a skip (exit 77: no device) is
 # a failure.  What it runs today: test_cuda_kernels (each CUDA kernel against its CPU kernel,
-# with the tolerance table in tests/gpu/test_cuda_kernels.c, and twice for the same bits),
-# test_gpu_step (a whole GPT-2 124M step against the CPU's, with the fused and with the reference
-# attention), test_model (the compute seam's CUDA model), tests/gpu/jobs.sh (zshard train
-# --device cuda against itself and against the CPU, zshard launch --device cuda against it), then
-# bench_gpu_step and bench_attention.
+# with the tolerance table in tests/gpu/test_cuda_kernels.c, and twice for the same bits; the
+# bf16 mode's GEMMs and the GELU epilogue likewise), test_gpu_step (a whole GPT-2 124M step
+# against the CPU's, with the fused and with the reference attention, and in bf16 against the
+# fp32 GPU step), test_model (the compute seam's CUDA model), tests/gpu/jobs.sh (zshard train
+# --device cuda against itself and against the CPU, zshard launch --device cuda against it, in
+# fp32, fp16 and bf16), then bench_gpu_step (fp32 and bf16) and bench_attention.
 # Exit status 0 only if all passed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)

@@ -19,6 +19,16 @@
  * (The estimate has not been checked on a GPU yet: the first run on one should print the
  * worst ratios it saw, which this test does, and the bounds be set from them.)
  *
+ * The bf16 mode (bf16 storage, fp32 accumulation: docs/gpu.md) from the same weights rounded to
+ * bf16 (what a bf16.enabled job hands the model), against the fp32 GPU step from those same
+ * weights, and twice for the same bits.  The band: each GEMM operand carries a bf16 rounding
+ * (2^-9 relative, 2e-3), about ten of them feed each block's gradients, and they add up like
+ * noise, not in one direction: a few 1e-2 of a gradient's norm.  Checked per tensor as
+ * ||bf16 - fp32|| <= 0.1 ||fp32|| (a factor of a few over that estimate, and far below the
+ * O(1) of a wrong product or a missing term), and the loss within 1e-2 relative (its logits
+ * come from bf16 operands, each a 2e-3 rounding, averaged over 256 positions).  As above, the
+ * first run should print the worst ratios, and the band be set from them.
+ *
  * Exits 77 (skipped) where no CUDA device can be used; tests/gpu/run.sh treats 77 as a failure.
  */
 #include <cuda_runtime_api.h>
@@ -30,23 +40,25 @@
 
 #include "common/rng.h"
 #include "common/tensors.h"
+#include "kernels/adamw.h"
 #include "kernels/model.h"
 #include "tests/unit/test.h"
 
 enum { B = 4, T = 64 };
 
-/* One forward + backward on dev: *loss and grads (host) from params (host).  attention: the
- * value of ZS_CUDA_ATTENTION while the model is created (read once there), or NULL: unset. */
-static void step(zs_device dev, const char *attention, const zs_model_config *cfg,
-                 const zs_tensor_table *tt, const float *params, const int32_t *in,
-                 const int32_t *tg, float *loss, float *grads)
+/* One forward + backward on dev in precision prec: *loss and grads (host) from params (host).
+ * attention: the value of ZS_CUDA_ATTENTION while the model is created (read once there), or
+ * NULL: unset. */
+static void step(zs_device dev, const char *attention, zs_precision prec,
+                 const zs_model_config *cfg, const zs_tensor_table *tt, const float *params,
+                 const int32_t *in, const int32_t *tg, float *loss, float *grads)
 {
     zs_model *m;
     if (attention)
         setenv("ZS_CUDA_ATTENTION", attention, 1);
     else
         unsetenv("ZS_CUDA_ATTENTION");
-    CHECK_OK(zs_model_create(dev, cfg, tt, B, T, 2, &m));
+    CHECK_OK(zs_model_create(dev, cfg, tt, B, T, 2, prec, &m));
     unsetenv("ZS_CUDA_ATTENTION");
     size_t bytes = tt->total * sizeof(float);
     float *dp = (float *)params, *dg = grads;
@@ -119,10 +131,12 @@ int main(void)
         tg[i] = (int32_t)(zs_rng_u64(11, 2, (uint64_t)i) % 50257);
     }
     float lcpu, lgpu, lgpu2, lref;
-    step((zs_device){ZS_DEVICE_CPU, 0}, NULL, &cfg, &tt, params, in, tg, &lcpu, gcpu);
-    step((zs_device){ZS_DEVICE_CUDA, 0}, NULL, &cfg, &tt, params, in, tg, &lgpu, ggpu);
-    step((zs_device){ZS_DEVICE_CUDA, 0}, NULL, &cfg, &tt, params, in, tg, &lgpu2, ggpu2);
-    step((zs_device){ZS_DEVICE_CUDA, 0}, "reference", &cfg, &tt, params, in, tg, &lref, gref);
+    const zs_device cpu = {ZS_DEVICE_CPU, 0}, gpu = {ZS_DEVICE_CUDA, 0};
+    const zs_precision fp32 = ZS_PRECISION_FP32, bf16 = ZS_PRECISION_BF16;
+    step(cpu, NULL, fp32, &cfg, &tt, params, in, tg, &lcpu, gcpu);
+    step(gpu, NULL, fp32, &cfg, &tt, params, in, tg, &lgpu, ggpu);
+    step(gpu, NULL, fp32, &cfg, &tt, params, in, tg, &lgpu2, ggpu2);
+    step(gpu, "reference", fp32, &cfg, &tt, params, in, tg, &lref, gref);
     printf("test_gpu_step: loss cpu %.7f gpu %.7f (relative %.2e), gpu with the reference "
            "attention %.7f (relative %.2e)\n",
            lcpu, lgpu, fabs((double)lgpu - lcpu) / lcpu, lref, fabs((double)lref - lcpu) / lcpu);
@@ -134,6 +148,40 @@ int main(void)
     worst_gradient("gpu", ggpu, "cpu", gcpu, &tt);
     worst_gradient("gpu-reference-attention", gref, "cpu", gcpu, &tt);
     worst_gradient("gpu", ggpu, "gpu-reference-attention", gref, &tt);
+
+    /* bf16: the weights rounded, as a bf16.enabled job's; fp32 and bf16 GPU steps from them. */
+    for (size_t i = 0; i < n; i++)
+        params[i] = zs_bf16_to_f32(zs_f32_to_bf16(params[i]));
+    float l32, l16, l16b;
+    step(gpu, NULL, fp32, &cfg, &tt, params, in, tg, &l32, ggpu);
+    step(gpu, NULL, bf16, &cfg, &tt, params, in, tg, &l16, gcpu);
+    step(gpu, NULL, bf16, &cfg, &tt, params, in, tg, &l16b, ggpu2);
+    printf("test_gpu_step: bf16 loss %.7f, fp32 %.7f (relative %.2e)\n", l16, l32,
+           fabs((double)l16 - l32) / l32);
+    CHECK(fabs((double)l16 - l32) <= 1e-2 * l32);
+    CHECK(memcmp(&l16, &l16b, sizeof l16) == 0);
+    CHECK(memcmp(gcpu, ggpu2, n * sizeof *gcpu) == 0); /* bf16 run to run: the same bits */
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < tt.count; i++) {
+        const zs_tensor *t = &tt.tensors[i];
+        double d2 = 0, r2 = 0;
+        for (size_t j = 0; j < t->numel; j++) {
+            double r = ggpu[t->offset + j], g = gcpu[t->offset + j];
+            d2 += (g - r) * (g - r);
+            r2 += r * r;
+        }
+        double ratio = r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
+        if (isnan(ratio))
+            ratio = INFINITY;
+        if (ratio > worst)
+            worst = ratio, worst_name = t->name;
+        if (!(ratio <= 0.1))
+            fprintf(stderr, "test_gpu_step: bf16 %s: ||bf16 - fp32|| / ||fp32|| = %.2e\n", t->name,
+                    ratio);
+        CHECK(ratio <= 0.1);
+    }
+    printf("test_gpu_step: bf16 worst ||bf16 - fp32|| / ||fp32|| %.2e (%s)\n", worst, worst_name);
     free(params), free(gcpu), free(ggpu), free(ggpu2), free(gref);
     zs_tensors_free(&tt);
     return zs_test_result("test_gpu_step");

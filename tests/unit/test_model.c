@@ -3,7 +3,11 @@
  *
  *   devices      "cpu", "cuda", "cuda:N" parse; anything else is refused, naming the text;
  *   cpu model    forward and backward through zs_model give bitwise the loss and gradient of
- *                kernels/gpt2.c called directly, twice, and its memory calls move bytes;
+ *                kernels/gpt2.c called directly, twice, in either precision (the CPU ignores
+ *                it), and its memory calls move bytes;
+ *   precision    bf16.enabled gives ZS_PRECISION_BF16, else fp32;
+ *   layout       zs_gpt2_acts_layout_for leaves out exactly the arrays named, with NULL
+ *                pointers and slices, and keeps the others' sizes and order;
  *   cuda model   where a GPU can be used, the same io gives a finite loss close to the CPU's
  *                (tests/gpu/ holds the real comparisons); where none can (these build
  *                machines), creating one fails with a message naming the device, and a binary
@@ -17,6 +21,7 @@
 
 #include "common/rng.h"
 #include "common/tensors.h"
+#include "kernels/gpt2_layout.h"
 #include "kernels/model.h"
 #include "tests/unit/test.h"
 
@@ -86,7 +91,20 @@ static void test_cpu(fixture *f)
     zs_gpt2_free(g);
 
     zs_model *m;
-    CHECK_OK(zs_model_create((zs_device){ZS_DEVICE_CPU, 0}, &f->cfg, &f->tt, 2, 8, 2, &m));
+    /* The CPU takes a precision and computes the same bits with either. */
+    CHECK_OK(zs_model_create((zs_device){ZS_DEVICE_CPU, 0}, &f->cfg, &f->tt, 2, 8, 2,
+                             ZS_PRECISION_BF16, &m));
+    {
+        float loss;
+        memset(f->grads, 0xff, n * sizeof *f->grads);
+        CHECK_OK(zs_model_forward(m, &io, f->in, f->tg, 2, 8, &loss));
+        CHECK_OK(zs_model_backward(m, &io));
+        CHECK(memcmp(&loss, &want_loss, sizeof loss) == 0);
+        CHECK(memcmp(f->grads, want, n * sizeof *want) == 0);
+    }
+    zs_model_free(m);
+    CHECK_OK(zs_model_create((zs_device){ZS_DEVICE_CPU, 0}, &f->cfg, &f->tt, 2, 8, 2,
+                             ZS_PRECISION_FP32, &m));
     CHECK(zs_model_on_host(m));
     CHECK_EQ_INT(zs_model_host_bytes(zs_model_device(m), &f->cfg, 2, 8),
                  zs_gpt2_activation_bytes(&f->cfg, 2, 8));
@@ -132,12 +150,57 @@ static void test_cpu(fixture *f)
     free(want);
 }
 
+static void test_precision(void)
+{
+    zs_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    CHECK_EQ_INT(zs_model_precision(&cfg), ZS_PRECISION_FP32);
+    cfg.fp16.enabled = 1; /* fp16 is emulated on the host: the model computes in fp32 */
+    CHECK_EQ_INT(zs_model_precision(&cfg), ZS_PRECISION_FP32);
+    cfg.fp16.enabled = 0;
+    cfg.bf16 = 1;
+    CHECK_EQ_INT(zs_model_precision(&cfg), ZS_PRECISION_BF16);
+}
+
+/* The layout without some arrays: those are NULL (and their block slices), the rest keep their
+ * sizes and order, and the bytes shrink by exactly the arrays left out. */
+static void test_layout_without(const fixture *f)
+{
+    const size_t align = 256;
+    const int B = 2, T = 8;
+    zs_gpt2_acts all, less;
+    size_t full = zs_gpt2_acts_layout(&all, NULL, align, &f->cfg, B, T);
+    char *base = aligned_alloc(align, full);
+    CHECK(base != NULL);
+    if (!base)
+        return;
+    CHECK_EQ_INT(zs_gpt2_acts_layout(&all, base, align, &f->cfg, B, T), full);
+    unsigned without = ZS_ACTS_LN1 | ZS_ACTS_FCH_GELU | ZS_ACTS_LNF;
+    size_t bytes =
+        zs_gpt2_acts_layout_for(&less, base, align, &f->cfg, B, T, ZS_GPT2_ATT_PROBS, without);
+    const size_t L = 2, C = 16, N = (size_t)B * T;
+    size_t gone = 0;
+    const size_t dropped[] = {L * N * C, L * N * 4 * C, N * C};
+    for (size_t i = 0; i < 3; i++)
+        gone += (dropped[i] * sizeof(float) + align - 1) & ~(align - 1);
+    CHECK_EQ_INT(bytes, full - gone);
+    CHECK(less.ln1 == NULL && less.fch_gelu == NULL && less.lnf == NULL);
+    CHECK(less.resid == all.resid && less.ln1_mean != NULL && less.ln2 != NULL);
+    CHECK(less.fch != NULL && less.datt != NULL);
+    CHECK(less.ln1_mean < less.ln2 && less.ln2 < less.fch && less.fch < less.proj);
+    zs_gpt2_block_acts v = zs_gpt2_block_slices(&less, &f->cfg, B, T, 1);
+    CHECK(v.ln1 == NULL && v.gelu == NULL && v.ln2 == less.ln2 + N * C);
+    CHECK(v.fch == less.fch + N * 4 * C);
+    free(base);
+}
+
 /* Where a GPU can be used, a cuda model runs the same step (through device copies of the
- * parameters); where none can, creating one is refused with the device named. */
-static void test_cuda(fixture *f)
+ * parameters) in either precision; where none can, creating one is refused with the device
+ * named. */
+static void test_cuda(fixture *f, zs_precision prec)
 {
     zs_model *m = NULL;
-    zs_err e = zs_model_create((zs_device){ZS_DEVICE_CUDA, 0}, &f->cfg, &f->tt, 2, 8, 1, &m);
+    zs_err e = zs_model_create((zs_device){ZS_DEVICE_CUDA, 0}, &f->cfg, &f->tt, 2, 8, 1, prec, &m);
     if (e != ZS_OK) {
         const char *why = zs_last_error();
         printf("test_model: no cuda model here: %s\n", why);
@@ -170,7 +233,10 @@ int main(void)
     fixture f;
     fixture_init(&f);
     test_cpu(&f);
-    test_cuda(&f);
+    test_precision();
+    test_layout_without(&f);
+    test_cuda(&f, ZS_PRECISION_FP32);
+    test_cuda(&f, ZS_PRECISION_BF16);
     fixture_free(&f);
     return zs_test_result("test_model");
 }
