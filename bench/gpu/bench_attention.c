@@ -18,43 +18,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench/gpu/gpubench.h"
 #include "common/clock.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 enum { T = 1024, NH = 12, HS = 64, C = NH * HS };
-
-/* TFLOP/s of an n^3 product through cuBLASLt's fp32 path, best of 5 after one warm-up; 0 when it
- * cannot run. */
-static double gemm_peak(int n)
-{
-    zs_cuda_blas *blas = NULL;
-    float *a = NULL, *b = NULL, *c = NULL;
-    size_t bytes = (size_t)n * n * sizeof(float);
-    double best = 0;
-    if (zs_cuda_blas_open(NULL, &blas) != ZS_OK || cudaMalloc((void **)&a, bytes) != cudaSuccess ||
-        cudaMalloc((void **)&b, bytes) != cudaSuccess ||
-        cudaMalloc((void **)&c, bytes) != cudaSuccess)
-        goto out;
-    cudaMemset(a, 0, bytes);
-    cudaMemset(b, 0, bytes);
-    for (int r = 0; r < 6; r++) {
-        cudaDeviceSynchronize();
-        double t0 = zs_now_s();
-        if (zs_cuda_linear_forward(blas, c, a, b, NULL, n, n, n) != ZS_OK ||
-            cudaDeviceSynchronize() != cudaSuccess)
-            goto out;
-        double tf = 2.0 * n * n * (double)n / (zs_now_s() - t0) / 1e12;
-        if (r > 0 && tf > best)
-            best = tf;
-    }
-out:
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(c);
-    if (blas)
-        zs_cuda_blas_close(blas);
-    return best;
-}
 
 typedef struct {
     int B;
@@ -150,7 +118,7 @@ int main(int argc, char **argv)
     cudaSetDevice(dev);
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, dev);
-    double peak = gemm_peak(4096);
+    double peak = zs_bench_gemm_peak(dev, 4096, 0);
     printf("GPU %d: %s (sm_%d%d); fp32 GEMM peak through cuBLASLt (4096^3): %.1f TFLOP/s\n", dev,
            prop.name, prop.major, prop.minor, peak);
     const int Bs[] = {4, 8, 16};

@@ -22,53 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/gpu/gpubench.h"
 #include "common/clock.h"
 #include "common/rng.h"
 #include "common/tensors.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/model.h"
-
-/* TFLOP/s of out (n, n) = a (n, n) b (n, n) through cuBLASLt's fp32 path (bf16: bf16 operands,
- * fp32 accumulation), best of 5 after one warm-up; 0 when it cannot run. */
-static double gemm_peak(int dev, int n, int bf16)
-{
-    cudaSetDevice(dev);
-    cudaStream_t s;
-    if (cudaStreamCreate(&s) != cudaSuccess)
-        return 0;
-    zs_cuda_blas *blas = NULL;
-    float *a = NULL, *b = NULL, *c = NULL;
-    size_t bytes = (size_t)n * n * sizeof(float);
-    double best = 0;
-    if (zs_cuda_blas_open(s, &blas) != ZS_OK || cudaMalloc((void **)&a, bytes) != cudaSuccess ||
-        cudaMalloc((void **)&b, bytes) != cudaSuccess ||
-        cudaMalloc((void **)&c, bytes) != cudaSuccess)
-        goto out;
-    cudaMemsetAsync(a, 0, bytes, s);
-    cudaMemsetAsync(b, 0, bytes, s);
-    for (int r = 0; r < 6; r++) {
-        cudaStreamSynchronize(s);
-        double t0 = zs_now_s();
-        zs_err e = bf16 ? zs_cuda_linear_forward_bf16(blas, c, (const zs_bf16 *)(void *)a,
-                                                      (const zs_bf16 *)(void *)b, NULL, n, n, n)
-                        : zs_cuda_linear_forward(blas, c, a, b, NULL, n, n, n);
-        if (e != ZS_OK)
-            goto out;
-        if (cudaStreamSynchronize(s) != cudaSuccess)
-            goto out;
-        double tf = 2.0 * n * n * (double)n / (zs_now_s() - t0) / 1e12;
-        if (r > 0 && tf > best)
-            best = tf;
-    }
-out:
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(c);
-    if (blas)
-        zs_cuda_blas_close(blas);
-    cudaStreamDestroy(s);
-    return best;
-}
 
 /* Best step time in ms of steps forward+backward passes of cfg at B x T on dev, or -1. */
 static double step_ms(int dev, const zs_model_config *cfg, int B, int T, int steps,
@@ -138,7 +97,7 @@ int main(int argc, char **argv)
     }
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, dev);
-    double peak32 = gemm_peak(dev, 8192, 0), peak16 = gemm_peak(dev, 8192, 1);
+    double peak32 = zs_bench_gemm_peak(dev, 8192, 0), peak16 = zs_bench_gemm_peak(dev, 8192, 1);
     printf("GPU %d: %s (sm_%d%d); GEMM peak through cuBLASLt (8192^3): fp32 %.1f TFLOP/s, bf16 "
            "operands with fp32 accumulation %.1f TFLOP/s\n",
            dev, prop.name, prop.major, prop.minor, peak32, peak16);
