@@ -161,6 +161,11 @@ static int run_case(const bench_case *bc, int threads, int steps, double *gflops
            "%.1f GFLOP/s (%s); the step's products alone %.0f ms, %.0f%% of the step\n",
            bc->name, zs_sgemm_config(), threads, *peak, peak_name, alone_s * 1e3,
            100 * alone_s / best);
+    /* The ratio a step could reach with these kernels if everything but its products took no
+     * time: the step's flops over the products' own time, against the peak. */
+    printf("%s: with everything but the products free, the ratio would be %.2f (the products "
+           "alone run at %.1f GFLOP/s)\n",
+           bc->name, flops / alone_s / 1e9 / *peak, flops / alone_s / 1e9);
     printf("%s: %zu params, B=%d T=%d, %d threads: step %.0f ms (mean %.0f ms over %d), "
            "%.1f GFLOP/s; llm.c reference %.0f ms, target <= %.0f ms, speedup %.2fx\n",
            bc->name, tr.tt.n_params, bc->b, bc->t, threads, best * 1e3, sum / steps * 1e3, steps,

@@ -937,6 +937,76 @@ static void test_accumulate_f16(void)
     free(h), free(wide), free(base), free(want), free(got);
 }
 
+/* The gradient norm's sums of squares against the order reduce.h promises, written out plainly:
+ * per block of 4096, four double accumulators (element i into i mod 4) combined as
+ * (s0 + s1) + (s2 + s3); per shard, its blocks' sums in order (a one-block shard: that sum);
+ * shards in order.  Bit for bit, for whole and partial blocks and shards, 1 to 3 threads. */
+static double ref_block(const float *x, size_t n)
+{
+    double s[4] = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++)
+            s[j] += (double)x[i + j] * x[i + j];
+    for (; i < n; i++)
+        s[0] += (double)x[i] * x[i];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+static double ref_shard(const float *x, size_t n)
+{
+    if (n <= ZS_REDUCE_BLOCK)
+        return ref_block(x, n);
+    double s = 0;
+    for (size_t lo = 0; lo < n; lo += ZS_REDUCE_BLOCK)
+        s += ref_block(x + lo, n - lo < ZS_REDUCE_BLOCK ? n - lo : ZS_REDUCE_BLOCK);
+    return s;
+}
+
+static void test_sumsq(void)
+{
+    const size_t n = 37 * ZS_REDUCE_BLOCK + 1001;
+    float *x = randn(n, 17);
+    /* Magnitudes over 2^-12 .. 2^12, so that the order of the additions shows in the bits. */
+    for (size_t i = 0; i < n; i++)
+        x[i] = ldexpf(x[i], (int)(zs_rng_u64(19, 0, i) % 25) - 12);
+    const size_t sizes[] = {1, 4095, 4096, 4097, 5 * 4096, 9 * 4096 + 3, n};
+    const size_t shards[] = {4096, 3 * 4096, 10000, 4 * 4096 + 8, 100};
+    for (int t = 1; t <= 3; t++)
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+            double want = ref_shard(x, sizes[k]), got = zs_sumsq(x, sizes[k], t);
+            if (memcmp(&want, &got, sizeof got) != 0)
+                fprintf(stderr, "zs_sumsq n=%zu, %d threads: %.17g, want %.17g\n", sizes[k], t, got,
+                        want);
+            CHECK(memcmp(&want, &got, sizeof got) == 0);
+            for (size_t j = 0; j < sizeof shards / sizeof *shards; j++) {
+                double w = 0;
+                for (size_t lo = 0; lo < sizes[k]; lo += shards[j])
+                    w += ref_shard(x + lo, sizes[k] - lo < shards[j] ? sizes[k] - lo : shards[j]);
+                double g = zs_sumsq_sharded(x, sizes[k], shards[j], t);
+                if (memcmp(&w, &g, sizeof g) != 0)
+                    fprintf(stderr,
+                            "zs_sumsq_sharded n=%zu, shards %zu, %d threads: %.17g, want "
+                            "%.17g\n",
+                            sizes[k], shards[j], t, g, w);
+                CHECK(memcmp(&w, &g, sizeof g) == 0);
+            }
+        }
+    free(x);
+    /* Four blocks whose lanes sum to 2, 2^-52, 0, 2^-52: (2 + 2^-52) + (0 + 2^-52) is 2 (a tie,
+     * to even), where pairing the lanes otherwise would give 2 + 2^-51.  So the combination
+     * order shows exactly. */
+    float *y = calloc(4 * ZS_REDUCE_BLOCK, sizeof *y);
+    for (size_t b = 0; y && b < 4; b++) {
+        float *blk = y + b * ZS_REDUCE_BLOCK;
+        blk[0] = blk[4] = 1.0f;
+        blk[1] = blk[3] = ldexpf(1.0f, -26);
+    }
+    double got = y ? zs_sumsq(y, 4 * ZS_REDUCE_BLOCK, 2) : 0;
+    CHECK(got == 8.0);
+    free(y);
+}
+
 int main(void)
 {
     printf("test_kernels: sgemm micro-kernels %s\n", zs_sgemm_config());
@@ -952,5 +1022,6 @@ int main(void)
     test_threads();
     test_accumulate();
     test_accumulate_f16();
+    test_sumsq();
     return zs_test_result("test_kernels");
 }
