@@ -651,6 +651,9 @@ static void on_exit_of(launch *L, int i, double now)
         L->coord_exit_at = now;
     if (L->stopping)
         return; /* we asked for it; the cause was recorded already */
+    if (p->lost && is_worker(L, i))
+        return; /* end_workers stopped it after the job ended (say, one still registering when
+                   a short job finished): how it exits is not the job's failure */
     if (L->elastic && is_worker(L, i)) {
         /* Once the last step is reported or the coordinator is gone, workers leave because
          * the job is over: nothing to tell. */
