@@ -48,6 +48,7 @@ cmp "$WORK/train-bf16/model.safetensors" "$WORK/launch-bf16/model.safetensors" |
 diff <(metrics_compared "$WORK/train-bf16/metrics.jsonl") \
   <(metrics_compared "$WORK/launch-bf16/metrics.jsonl") ||
   fail "bf16: metrics.jsonl differs from zshard train's"
-grep -q "bf16 weights" "$WORK/launch-bf16/logs/worker-1.log" ||
-  fail "bf16: worker 1 does not say it fetches bf16: $(cat "$WORK/launch-bf16/logs/worker-1.log")"
+# Any worker: on a loaded machine one may still be registering when the 4 steps are done.
+cat "$WORK/launch-bf16/logs/"worker-*.log | grep -q "bf16 weights" ||
+  fail "bf16: no worker says it fetches bf16: $(cat "$WORK/launch-bf16/logs/"worker-*.log)"
 finish
