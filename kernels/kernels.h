@@ -78,6 +78,13 @@ void zs_sgemm_many(const zs_gemm *g, int count, int threads);
  * matmul.c for why it may differ from what BLIS picks by itself. */
 const char *zs_sgemm_config(void);
 
+/* Who drives zs_sgemm's products: "zshard" (our loops and packing around BLIS's micro-kernel,
+ * where BLIS has no pack kernel for it: matmul.c) or "blis".  zs_sgemm_blis is zs_sgemm on one
+ * thread with BLIS driving, for tests that hold the two to the same bits. */
+const char *zs_sgemm_driver(void);
+void zs_sgemm_blis(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                   int lda, const float *b, int ldb, float beta, float *c, int ldc);
+
 /*
  * out   (N, OC) = inp (N, C) weight (C, OC) + bias (OC)      bias may be NULL
  * Cost: 2*N*C*OC flops.

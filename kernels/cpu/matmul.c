@@ -36,6 +36,7 @@
  */
 #include "kernels/kernels.h"
 
+#include <immintrin.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -67,6 +68,9 @@ extern cntx_t **bli_gks_lookup_id(arch_t id) __attribute__((weak));
 #define TILE_ALIGN 32
 #define TILE_MIN 64
 #define MAX_BATCH 4
+/* The largest micro-kernel our driver packs for (skx: 32 x 12). */
+#define OWN_MAX_MR 32
+#define OWN_MAX_NR 16
 
 static cntx_t *sgemm_cntx; /* NULL: BLIS's own choice */
 static const char *sgemm_config_name = "?";
@@ -80,7 +84,61 @@ static int cpu_has_skx_isa(void)
            __builtin_cpu_supports("avx512vl");
 }
 
-static void sgemm_choose(void)
+/*
+ * Our own driver around BLIS's micro-kernel, where BLIS 0.9 has no pack kernel for it.
+ *
+ * BLIS 0.9's context holds pack kernels for micro-panels of 0 to 31 rows (BLIS_PACKM_0XK_KER
+ * .. _31XK_); the skx sgemm micro-kernel is 32 x 12, so BLIS packs its 32-row panels through
+ * the generic copy (bli_scal2m, one strided scal2v per column of 32), which took 5.8% of a
+ * 256 x 2304 x 768 NN product and 12.3% of a 256 x 768 x 2304 NT one (perf on single
+ * products).  Where the micro-kernel's MR has no pack kernel, zs_sgemm runs BLIS's own
+ * algorithm itself: the same loops (NC, KC, MC blocks, then NR x MR tiles), the same k
+ * partition (KC blocks, the last one taking what is left when it is at most KC's maximum:
+ * bli_determine_blocksize_f), the same micro-kernel with the same alpha and beta (beta on the
+ * first k block, 1 after), on the same logical transposition (a micro-kernel that prefers
+ * columns computes C^T = B^T A^T of a row-stored C), with packing of our own: a copy where the
+ * panel's rows are contiguous, 8 x 8 AVX transposes where they are not.  Each element of C is
+ * the micro-kernel's sum over each k block in order, so the bits are BLIS's
+ * (test_kernels compares them with bli_sgemm's, every transpose, with edges); the
+ * ZS_SGEMM_DRIVER=blis environment variable leaves BLIS to drive.
+ */
+typedef void (*sgemm_ukr_fn)(dim_t m, dim_t n, dim_t k, float *alpha, float *a, float *b,
+                             float *beta, float *c, inc_t rs_c, inc_t cs_c, auxinfo_t *data,
+                             cntx_t *cntx);
+static struct {
+    sgemm_ukr_fn ukr; /* NULL: BLIS drives */
+    cntx_t *cntx;
+    dim_t mr, nr, mc, kc, kc_max, nc;
+    int col_pref; /* the micro-kernel prefers column-stored C */
+} own;
+
+static void own_choose(void)
+{
+    cntx_t *cx = sgemm_cntx ? sgemm_cntx : bli_gks_query_cntx();
+    const char *env = getenv("ZS_SGEMM_DRIVER");
+    if (!cx || (env && strcmp(env, "blis") == 0))
+        return;
+    dim_t mr = bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_MR, cx);
+    if (mr < BLIS_NUM_PACKM_KERS || mr > OWN_MAX_MR)
+        return; /* BLIS has a pack kernel for its panels */
+    own.cntx = cx;
+    own.mr = mr;
+    own.nr = bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NR, cx);
+    own.mc = bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_MC, cx);
+    own.kc = bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_KC, cx);
+    own.kc_max = bli_cntx_get_blksz_max_dt(BLIS_FLOAT, BLIS_KC, cx);
+    own.nc = bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NC, cx);
+    own.col_pref = bli_cntx_l3_nat_ukr_prefers_cols_dt(BLIS_FLOAT, BLIS_GEMM_UKR, cx);
+    /* The MC and NC blocks' maxima equal their defaults in the configurations that reach here
+     * (skx: 480, 3072); only KC's differs, and only the k partition decides bits. */
+    if (own.nr < 1 || own.nr > OWN_MAX_NR || own.mc < mr || own.kc < 1 || own.kc_max < own.kc ||
+        own.nc < own.nr || bli_cntx_get_blksz_max_dt(BLIS_FLOAT, BLIS_MC, cx) != own.mc ||
+        bli_cntx_get_blksz_max_dt(BLIS_FLOAT, BLIS_NC, cx) != own.nc)
+        return;
+    own.ukr = (sgemm_ukr_fn)bli_cntx_get_l3_nat_ukr_dt(BLIS_FLOAT, BLIS_GEMM_UKR, cx);
+}
+
+static void sgemm_choose_cntx(void)
 {
     bli_init();
     arch_t id = bli_arch_query_id();
@@ -97,10 +155,22 @@ static void sgemm_choose(void)
     }
 }
 
+static void sgemm_choose(void)
+{
+    sgemm_choose_cntx();
+    own_choose();
+}
+
 const char *zs_sgemm_config(void)
 {
     pthread_once(&sgemm_once, sgemm_choose);
     return sgemm_config_name;
+}
+
+const char *zs_sgemm_driver(void)
+{
+    pthread_once(&sgemm_once, sgemm_choose);
+    return own.ukr ? "zshard" : "blis";
 }
 
 int zs_kernel_threads(int threads)
@@ -120,6 +190,170 @@ static void sgemm_blis(const zs_gemm *g, int threads)
     float alpha = g->alpha, beta = g->beta;
     bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &alpha, (float *)g->a,
                  rs_a, cs_a, (float *)g->b, rs_b, cs_b, &beta, g->c, g->ldc, 1, sgemm_cntx, &rntm);
+}
+
+/* dst[j * 8 + i] = src[i * ld + j] for i, j < 8: an 8 x 8 block transposed, with AVX. */
+__attribute__((target("avx"))) static inline void transpose8(float *dst, size_t dst_ld,
+                                                             const float *src, size_t ld)
+{
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(src + (size_t)i * ld);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + (size_t)i * dst_ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(i + 4) * dst_ld,
+                         _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+
+/* dst[j * dst_ld + i] = src[i * ld + j] for i, j < 4 (SSE). */
+static inline void transpose4(float *dst, size_t dst_ld, const float *src, size_t ld)
+{
+    __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + ld);
+    __m128 r2 = _mm_loadu_ps(src + 2 * ld), r3 = _mm_loadu_ps(src + 3 * ld);
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    _mm_storeu_ps(dst, r0);
+    _mm_storeu_ps(dst + dst_ld, r1);
+    _mm_storeu_ps(dst + 2 * dst_ld, r2);
+    _mm_storeu_ps(dst + 3 * dst_ld, r3);
+}
+
+/*
+ * One packed micro-panel: p[q * w + i] = x(i, q) for i < rows, q < k, zeros for rows <= i < w,
+ * where x(i, q) = x[i * rs + q * cs] (w = MR for a panel of A, NR for one of B, each element of
+ * the panel's k columns contiguous, as the micro-kernel reads them).  rs == 1: a copy of each
+ * column; cs == 1: 8 x 8 transposes of the rows, what is left element by element.
+ */
+static void pack_panel(float *restrict p, dim_t w, const float *x, inc_t rs, inc_t cs, dim_t rows,
+                       dim_t k)
+{
+    if (rs == 1) {
+        for (dim_t q = 0; q < k; q++) {
+            memcpy(p + q * w, x + q * cs, (size_t)rows * sizeof *p);
+            if (rows < w)
+                memset(p + q * w + rows, 0, (size_t)(w - rows) * sizeof *p);
+        }
+        return;
+    }
+    /* Rows [0, i8) are transposed 8 x 8 for columns [0, q8), rows [i8, i4) 4 x 4 for columns
+     * [0, q4); the rest element by element. */
+    dim_t i8 = 0, i4 = 0, q8 = k / 8 * 8, q4 = k / 4 * 4;
+    if (cs == 1 && __builtin_cpu_supports("avx")) {
+        for (; i8 + 8 <= rows; i8 += 8)
+            for (dim_t q = 0; q < q8; q += 8)
+                transpose8(p + q * w + i8, (size_t)w, x + i8 * rs + q, (size_t)rs);
+        for (i4 = i8; i4 + 4 <= rows; i4 += 4) /* a 12-wide panel's last 4 rows */
+            for (dim_t q = 0; q < q4; q += 4)
+                transpose4(p + q * w + i4, (size_t)w, x + i4 * rs + q, (size_t)rs);
+    }
+    for (dim_t q = 0; q < k; q++)
+        for (dim_t i = q < q8 ? i8 : 0; i < w; i++) {
+            if (i == i8 && i < i4 && q < q4) { /* rows [i8, i4) are done */
+                i = i4 - 1;
+                continue;
+            }
+            p[q * w + i] = i < rows ? x[i * rs + q * cs] : 0.0f;
+        }
+}
+
+/* A block of `len` rows of x cut into panels of w (the last one padded), each panel k columns
+ * wide, panel after panel in p. */
+static void pack_block(float *restrict p, dim_t w, const float *x, inc_t rs, inc_t cs, dim_t len,
+                       dim_t k)
+{
+    for (dim_t i = 0; i < len; i += w)
+        pack_panel(p + i * k, w, x + i * rs, rs, cs, len - i < w ? len - i : w, k);
+}
+
+/* The packed blocks of one thread: MC x KC_max of A, KC_max x NC of B, 64-byte aligned (the
+ * micro-kernel's loads are). */
+static _Thread_local float *own_apack, *own_bpack;
+
+/*
+ * g on the calling thread by our own driver (above): BLIS's algorithm around BLIS's
+ * micro-kernel.  Returns 0, or -1 when it could not (no memory for the packed blocks, or a
+ * product BLIS is left to handle: k 0 or alpha 0, where BLIS only scales C).
+ */
+static int own_gemm(const zs_gemm *g)
+{
+    if (g->k == 0 || g->alpha == 0.0f || g->m == 0 || g->n == 0)
+        return -1;
+    if (!own_apack) {
+        own_apack = aligned_alloc(64, (size_t)own.mc * own.kc_max * sizeof(float));
+        own_bpack = aligned_alloc(64, (size_t)own.kc_max * own.nc * sizeof(float));
+        if (!own_apack || !own_bpack) {
+            free(own_apack);
+            free(own_bpack);
+            own_apack = own_bpack = NULL;
+            return -1;
+        }
+    }
+    /* BLIS's operands: A (m x k), B (k x n), C (m x n) with their strides; a micro-kernel that
+     * prefers columns gets the transposed product of our row-stored C. */
+    dim_t m = g->m, n = g->n, k = g->k;
+    const float *a = g->a, *b = g->b;
+    inc_t rs_a = g->trans_a ? 1 : g->lda, cs_a = g->trans_a ? g->lda : 1;
+    inc_t rs_b = g->trans_b ? 1 : g->ldb, cs_b = g->trans_b ? g->ldb : 1;
+    inc_t rs_c = g->ldc, cs_c = 1;
+    if (own.col_pref) {
+        const float *t = a;
+        a = b, b = t;
+        inc_t r = rs_a, c = cs_a;
+        rs_a = cs_b, cs_a = rs_b;
+        rs_b = c, cs_b = r;
+        rs_c = 1, cs_c = g->ldc;
+        dim_t d = m;
+        m = n, n = d;
+    }
+    float alpha = g->alpha;
+    auxinfo_t aux;
+    memset(&aux, 0, sizeof aux);
+    const dim_t MR = own.mr, NR = own.nr;
+    for (dim_t jc = 0; jc < n; jc += own.nc) {
+        dim_t nc = n - jc < own.nc ? n - jc : own.nc;
+        for (dim_t pc = 0; pc < k;) {
+            dim_t kc = k - pc <= own.kc_max ? k - pc : own.kc;
+            float beta = pc == 0 ? g->beta : 1.0f;
+            /* B's panels: the rows of B^T, i.e. B's columns jc.. as panels of NR. */
+            pack_block(own_bpack, NR, b + pc * rs_b + jc * cs_b, cs_b, rs_b, nc, kc);
+            for (dim_t ic = 0; ic < m; ic += own.mc) {
+                dim_t mc = m - ic < own.mc ? m - ic : own.mc;
+                pack_block(own_apack, MR, a + ic * rs_a + pc * cs_a, rs_a, cs_a, mc, kc);
+                for (dim_t jr = 0; jr < nc; jr += NR) {
+                    float *bp = own_bpack + jr * kc;
+                    for (dim_t ir = 0; ir < mc; ir += MR) {
+                        float *ap = own_apack + ir * kc;
+                        dim_t mr = mc - ir < MR ? mc - ir : MR, nr = nc - jr < NR ? nc - jr : NR;
+                        bli_auxinfo_set_next_a(ir + MR < mc ? ap + MR * kc : own_apack, &aux);
+                        bli_auxinfo_set_next_b(ir + MR < mc ? bp : bp + NR * kc, &aux);
+                        own.ukr(mr, nr, kc, &alpha, ap, bp, &beta,
+                                g->c + (ic + ir) * rs_c + (jc + jr) * cs_c, rs_c, cs_c, &aux,
+                                own.cntx);
+                    }
+                }
+            }
+            pc += kc;
+        }
+    }
+    return 0;
+}
+
+/* One product (a tile) on the calling thread: our driver where it runs, else BLIS. */
+static void sgemm_one(const zs_gemm *g)
+{
+    if (own.ukr && own_gemm(g) == 0)
+        return;
+    sgemm_blis(g, 1);
 }
 
 /* How a product is cut into tiles: `tiles` slices of `width` rows (split_m) or columns of C. */
@@ -166,7 +400,7 @@ static void tile_run(const zs_gemm *g, const gemm_tiling *tl, int t)
     }
     if (g->bias)
         s.beta = 1.0f;
-    sgemm_blis(&s, 1);
+    sgemm_one(&s);
 }
 
 void zs_sgemm_many(const zs_gemm *g, int count, int threads)
@@ -201,6 +435,14 @@ void zs_sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
 {
     zs_gemm g = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL};
     zs_sgemm_many(&g, 1, threads);
+}
+
+void zs_sgemm_blis(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                   int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    pthread_once(&sgemm_once, sgemm_choose);
+    zs_gemm g = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL};
+    sgemm_blis(&g, 1);
 }
 
 void zs_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N,

@@ -269,6 +269,39 @@ static void test_sgemm(void)
             }
 }
 
+/* Our driver around BLIS's micro-kernel (where zs_sgemm_driver says "zshard") against BLIS
+ * driving, bit for bit: every transpose, shapes with edges in every dimension, k across KC's
+ * blocks (384, with a last block of up to 480) and past NC and MC, alpha and beta not 1, and a
+ * C with a leading dimension wider than n.  On a machine where BLIS drives, both are BLIS. */
+static void test_sgemm_driver(void)
+{
+    printf("test_kernels: sgemm driver %s\n", zs_sgemm_driver());
+    const int shapes[][3] = {{256, 2304, 768}, {256, 768, 3072}, {37, 29, 41},   {1, 1, 1},
+                             {33, 13, 865},    {500, 130, 481},  {97, 3100, 20}, {64, 64, 64},
+                             {3, 50, 1000},    {3100, 50, 420}};
+    const float ab[][2] = {{1.0f, 0.0f}, {0.7f, 0.5f}, {1.0f, 1.0f}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], ldc = n + 3;
+                int lda = ta ? m : k, ldb = tb ? k : n;
+                float *a = randn((size_t)m * k, 2), *b = randn((size_t)k * n, 3);
+                float *c0 = randn((size_t)m * ldc, 4);
+                float *want = malloc((size_t)m * ldc * sizeof *want);
+                float *got = malloc((size_t)m * ldc * sizeof *got);
+                size_t v = s % (sizeof ab / sizeof ab[0]);
+                memcpy(want, c0, (size_t)m * ldc * sizeof *want);
+                memcpy(got, c0, (size_t)m * ldc * sizeof *got);
+                zs_sgemm_blis(ta, tb, m, n, k, ab[v][0], a, lda, b, ldb, ab[v][1], want, ldc);
+                zs_sgemm(ta, tb, m, n, k, ab[v][0], a, lda, b, ldb, ab[v][1], got, ldc, 1);
+                char name[112];
+                snprintf(name, sizeof name, "sgemm driver %dx%dx%d ta %d tb %d alpha %g beta %g", m,
+                         n, k, ta, tb, ab[v][0], ab[v][1]);
+                check_bits(name, want, got, (size_t)m * ldc);
+                free(a), free(b), free(c0), free(want), free(got);
+            }
+}
+
 /* zs_sgemm_many: a batch with a bias (C's rows start at it, beta taken as 1) on shapes cut
  * along m (m > n) and along n, against one single-threaded product per member. */
 static void test_sgemm_many(void)
@@ -1011,6 +1044,7 @@ int main(void)
 {
     printf("test_kernels: sgemm micro-kernels %s\n", zs_sgemm_config());
     test_sgemm();
+    test_sgemm_driver();
     test_sgemm_many();
     test_linear();
     test_encoder();
