@@ -171,8 +171,8 @@ zs_err zs_model_sync(zs_model *m, uint64_t ticket);
  *     it.
  *   zs_model_nic_wrote: what a NIC wrote into the model's memory, and the host saw completed,
  *     becomes visible to the model's work enqueued from now on (CUDA:
- *     cudaDeviceFlushGPUDirectRDMAWrites, which costs nothing where the GPU orders such writes
- *     itself); nothing to do on the CPU.
+ *     cudaDeviceFlushGPUDirectRDMAWrites, not called where the GPU orders such writes itself,
+ *     which need not offer it); nothing to do on the CPU.
  */
 typedef struct {
     void *ptr;       /* the memory, in the model's address space */

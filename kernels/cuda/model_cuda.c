@@ -93,6 +93,9 @@ typedef struct {
     float *losses_host;                     /* (max_b * max_t) */
     int pending, b, t;
     const float *p0, *pf;
+    /* A dma-buf was exported from a GPU that does not order a NIC's writes itself
+     * (cudaDevAttrGPUDirectRDMAWritesOrdering below Owner): nic_wrote must flush them. */
+    int nic_flush;
 } cuda_model;
 
 /* Device arrays start on 256 bytes, as cudaMalloc's do. */
@@ -751,12 +754,9 @@ static void load_driver(void)
     driver_entry("cuMemGetAddressRange", 3020, (void **)&drv.address_range);
 }
 
-static zs_err cuda_dmabuf_alloc(void *impl, size_t bytes, void **out, size_t *len, int *fd,
-                                uint64_t *offset)
+static zs_err dmabuf_export(cuda_model *m, size_t bytes, void **out, size_t *len, int *fd,
+                            uint64_t *offset)
 {
-    cuda_model *m = impl;
-    *out = NULL;
-    *fd = -1;
     CU(cudaSetDevice(m->device));
     pthread_once(&drv_once, load_driver);
     if (drv.why[0])
@@ -789,6 +789,8 @@ static zs_err cuda_dmabuf_alloc(void *impl, size_t bytes, void **out, size_t *le
                         "(cudaDevAttrGPUDirectRDMAWritesOrdering %d) nor offers their flush "
                         "(cudaDevAttrGPUDirectRDMAFlushWritesOptions %d)",
                         m->device, ordering, flush);
+    if (ordering < (int)cudaGPUDirectRDMAWritesOrderingOwner)
+        m->nic_flush = 1;
     /* cudaMalloc promises 256-byte alignment only: DMABUF_ALIGN more than the rounded size
      * leaves room for an aligned start inside the allocation. */
     size_t n = (bytes + DMABUF_ALIGN - 1) / DMABUF_ALIGN * DMABUF_ALIGN;
@@ -824,6 +826,21 @@ static zs_err cuda_dmabuf_alloc(void *impl, size_t bytes, void **out, size_t *le
     return ZS_OK;
 }
 
+static zs_err cuda_dmabuf_alloc(void *impl, size_t bytes, void **out, size_t *len, int *fd,
+                                uint64_t *offset)
+{
+    cuda_model *m = impl;
+    *out = NULL;
+    *fd = -1;
+    zs_err e = dmabuf_export(m, bytes, out, len, fd, offset);
+    /* The caller may go on without GPUDirect (--gpudirect auto): a runtime call that failed
+     * here (cudaMalloc out of memory) must not stay the thread's last error, which the next
+     * kernel launch reads (zs_cuda_launched) and would report as its own failure. */
+    if (e != ZS_OK)
+        (void)cudaGetLastError();
+    return e;
+}
+
 static void cuda_dmabuf_free(void *impl, void *p)
 {
     cuda_model *m = impl;
@@ -857,9 +874,13 @@ static zs_err cuda_copy_now(void *impl, void *dst, const void *src, size_t bytes
 static zs_err cuda_nic_wrote(void *impl)
 {
     cuda_model *m = impl;
+    /* Where the GPU orders the writes itself the flush is a no-op that the runtime's
+     * documentation says to omit, and such a GPU need not offer it (cuda_dmabuf_alloc takes a
+     * GPU that orders them or offers the flush): calling it there could only fail
+     * (cudaErrorNotSupported) and fail the worker's step. */
+    if (!m->nic_flush)
+        return ZS_OK;
     CU(cudaSetDevice(m->device));
-    /* (A no-op where the GPU orders the writes itself; cuda_dmabuf_alloc refused GPUs that
-     * neither order them nor offer this.) */
     CU(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
                                           cudaFlushGPUDirectRDMAWritesToOwner));
     return ZS_OK;

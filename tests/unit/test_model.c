@@ -11,13 +11,20 @@
  *   cuda model   where a GPU can be used, the same io gives a finite loss close to the CPU's
  *                (tests/gpu/ holds the real comparisons); where none can (these build
  *                machines), creating one fails with a message naming the device, and a binary
- *                built without CUDA says that it was.
+ *                built without CUDA says that it was;
+ *   dma-buf      where a GPU can be used: zs_model_dmabuf_alloc gives zeroed memory placed and
+ *                sized as model.h says, with a dma-buf fd, that copy_now fills and reads back,
+ *                and nic_wrote succeeds whether or not the GPU needs the flush (or, where the
+ *                GPU or driver cannot export, says why); an export that fails (too large) leaves
+ *                the model able to run a step (no runtime error left behind for the next
+ *                launch to report as its own).  No NIC is needed for any of it.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/rng.h"
 #include "common/tensors.h"
@@ -227,6 +234,60 @@ static void test_cuda(fixture *f, zs_precision prec)
     zs_model_free(m);
 }
 
+/* The GPU's side of GPUDirect RDMA without a NIC (see the header); nothing where no GPU is. */
+static void test_cuda_dmabuf(fixture *f)
+{
+    zs_model *m = NULL;
+    if (zs_model_create((zs_device){ZS_DEVICE_CUDA, 0}, &f->cfg, &f->tt, 2, 8, 1, ZS_PRECISION_FP32,
+                        &m) != ZS_OK)
+        return;
+    const size_t align = (size_t)2 << 20, bytes = 1000;
+    zs_model_dmabuf d;
+    zs_err e = zs_model_dmabuf_alloc(m, bytes, &d);
+    if (e == ZS_OK) {
+        CHECK(d.fd >= 0);
+        CHECK(d.offset == 0);
+        CHECK((uintptr_t)d.ptr % align == 0);
+        CHECK(d.len >= bytes && d.len % align == 0);
+        unsigned char back[1000], pattern[1000];
+        CHECK_OK(zs_model_download(m, back, d.ptr, bytes));
+        size_t nonzero = 0;
+        for (size_t i = 0; i < bytes; i++)
+            nonzero += back[i] != 0;
+        CHECK_EQ_INT(nonzero, 0);
+        for (size_t i = 0; i < bytes; i++)
+            pattern[i] = (unsigned char)(i * 7 + 1);
+        CHECK_OK(zs_model_copy_now(m, d.ptr, pattern, bytes, 1));
+        memset(back, 0, sizeof back);
+        CHECK_OK(zs_model_copy_now(m, back, d.ptr, bytes, 0));
+        CHECK(memcmp(back, pattern, bytes) == 0);
+        CHECK_OK(zs_model_nic_wrote(m));
+        close(d.fd);
+        zs_model_dmabuf_free(m, d.ptr);
+    } else {
+        printf("test_model: no dma-buf export on cuda:0: %s\n", zs_last_error());
+        CHECK_EQ_INT(e, ZS_ERR_UNSUPPORTED);
+        CHECK(d.fd < 0 && d.ptr == NULL);
+        CHECK_OK(zs_model_nic_wrote(m)); /* nothing exported: nothing to flush */
+    }
+    /* 1 PiB: refused (out of device memory, or no export at all), and the step still runs. */
+    CHECK(zs_model_dmabuf_alloc(m, (size_t)1 << 50, &d) != ZS_OK);
+    CHECK(d.fd < 0 && d.ptr == NULL);
+    size_t n = f->tt.total * sizeof(float);
+    float *dp, *dg;
+    CHECK_OK(zs_model_alloc(m, n, (void **)&dp));
+    CHECK_OK(zs_model_alloc(m, n, (void **)&dg));
+    CHECK_OK(zs_model_upload(m, dp, f->params, n));
+    zs_gpt2_flat flat = {dp, dg};
+    zs_gpt2_io io = zs_gpt2_flat_io(&flat);
+    float loss;
+    CHECK_OK(zs_model_forward(m, &io, f->in, f->tg, 2, 8, &loss));
+    CHECK_OK(zs_model_backward(m, &io));
+    zs_model_dealloc(m, dp);
+    zs_model_dealloc(m, dg);
+    zs_model_free(m);
+}
+
 int main(void)
 {
     test_devices();
@@ -237,6 +298,7 @@ int main(void)
     test_layout_without(&f);
     test_cuda(&f, ZS_PRECISION_FP32);
     test_cuda(&f, ZS_PRECISION_BF16);
+    test_cuda_dmabuf(&f);
     fixture_free(&f);
     return zs_test_result("test_model");
 }
