@@ -69,11 +69,15 @@ typedef struct {
     cudaStream_t stream;
     cudaStream_t copies; /* upload_async's: the copy engine, beside the compute */
     /* Tickets (model.h): ticket t > 0 is event (t - 1) % n_events, recorded on the stream that
-     * the mark or the copy went to; next_ticket is the next one handed out.  An event recorded
-     * again for a later ticket only makes a wait on the old one wait longer, never shorter. */
+     * the mark or the copy went to; next_ticket is the next one handed out.  Marks and copies
+     * come from the compute thread; the communication thread waits on tickets too (sync), so
+     * next_ticket is atomic.  An event is recorded again only once the ticket it held is done
+     * (record synchronizes on it first: n_events tickets back, it almost always is), so a
+     * ticket whose event was taken by a later one is known done, and nothing waits on the
+     * later one instead (which may be on another stream, and done earlier). */
     cudaEvent_t events[64];
     int n_events;
-    uint64_t next_ticket;
+    _Atomic uint64_t next_ticket;
     zs_cuda_blas *blas;
     int fused_attention; /* 1: zs_cuda_attention_fused_* (lse saved); 0: the reference (att) */
     void *mem;           /* device: the activations (gpt2_layout.h) and the tokens */
@@ -916,11 +920,20 @@ static cudaEvent_t ticket_event(const cuda_model *m, uint64_t t)
     return m->events[(t - 1) % (uint64_t)m->n_events];
 }
 
-/* A new ticket recorded on stream s. */
+/* Whether ticket t's event now belongs to a later ticket: then t is done (record). */
+static int ticket_recycled(const cuda_model *m, uint64_t t)
+{
+    return t + (uint64_t)m->n_events < m->next_ticket;
+}
+
+/* A new ticket recorded on stream s, once the ticket its event held is done. */
 static zs_err record(cuda_model *m, cudaStream_t s, uint64_t *ticket)
 {
-    uint64_t t = m->next_ticket++;
+    uint64_t t = m->next_ticket;
+    if (t > (uint64_t)m->n_events)
+        CU(cudaEventSynchronize(ticket_event(m, t)));
     CU(cudaEventRecord(ticket_event(m, t), s));
+    m->next_ticket = t + 1;
     *ticket = t;
     return ZS_OK;
 }
@@ -937,7 +950,7 @@ static zs_err copy_async(cuda_model *m, void *dst, const void *src, size_t bytes
                          int up, uint64_t *done)
 {
     CU(cudaSetDevice(m->device));
-    if (after)
+    if (after && !ticket_recycled(m, after))
         CU(cudaStreamWaitEvent(m->copies, ticket_event(m, after), 0));
     CU(cudaMemcpyAsync(dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
                        m->copies));
@@ -959,7 +972,7 @@ static zs_err cuda_download_async(void *impl, void *dst, const void *src, size_t
 static zs_err cuda_after(void *impl, uint64_t ticket)
 {
     cuda_model *m = impl;
-    if (!ticket)
+    if (!ticket || ticket_recycled(m, ticket))
         return ZS_OK;
     CU(cudaSetDevice(m->device));
     CU(cudaStreamWaitEvent(m->stream, ticket_event(m, ticket), 0));
@@ -969,7 +982,7 @@ static zs_err cuda_after(void *impl, uint64_t ticket)
 static zs_err cuda_sync(void *impl, uint64_t ticket)
 {
     cuda_model *m = impl;
-    if (!ticket)
+    if (!ticket || ticket_recycled(m, ticket))
         return ZS_OK;
     CU(cudaSetDevice(m->device));
     CU(cudaEventSynchronize(ticket_event(m, ticket)));
