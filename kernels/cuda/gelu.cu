@@ -16,9 +16,13 @@
 #define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K1 0.044715f
 
+/* exp(-2 u(v)), its argument clamped at 88 as zs_vexp clamps it on the CPU: below v = -10.1 the
+ * argument passes 88.7 and expf gives inf, and then gelu_grad's e * s is inf * 0, a NaN that
+ * would reach every gradient; e^88 keeps both formulas finite (and ~0 there).  Arguments up to 88
+ * are unchanged. */
 __device__ static inline float gelu_e(float v)
 {
-    return expf(-2.0f * (GELU_K0 * (v + GELU_K1 * v * v * v)));
+    return expf(fminf(-2.0f * (GELU_K0 * (v + GELU_K1 * v * v * v)), 88.0f));
 }
 
 __global__ static void bias_gelu_forward_kernel(float *pre, float *out, const float *bias,

@@ -10,12 +10,27 @@
 # --device cuda against itself and against the CPU, zshard launch --device cuda against it, in
 # fp32, fp16 and bf16), then bench_gpu_step (fp32 and bf16) and bench_attention.
 # Exit status 0 only if all passed.
+#
+# tests/gpu/run.sh [BUILD]: with BUILD, a release build with CUDA made on another machine, nothing
+# is built: a lent GPU machine may have neither this project's Debian packages nor a network to
+# fetch them (install-deps.sh, which deploy/build.sh runs, then fails before any test), and a
+# build there would take minutes of its time.  BUILD needs zshard, tests/test_cuda_kernels,
+# tests/test_gpu_step, tests/test_model, bench/bench_gpu_step and bench/bench_attention, and may
+# hold lib/, the shared libraries they need that the GPU machine lacks (what ldd lists beside
+# glibc and CUDA's), which then goes first on LD_LIBRARY_PATH.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)
 command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "tests/gpu/run.sh: no nvidia-smi" >&2
-build=$("$root/deploy/build.sh")
-cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2
-cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_gpu_step test_model zshard bench_gpu_step bench_attention >&2
+if [ $# -ge 1 ]; then
+  build=$(cd "$1" >/dev/null && pwd)
+  if [ -d "$build/lib" ]; then
+    export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+else
+  build=$("$root/deploy/build.sh")
+  cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2
+  cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_gpu_step test_model zshard bench_gpu_step bench_attention >&2
+fi
 status=0
 for t in test_cuda_kernels test_gpu_step test_model; do
   echo "== $t"

@@ -53,13 +53,22 @@ static void step(zs_device dev, const char *attention, zs_precision prec,
                  const zs_model_config *cfg, const zs_tensor_table *tt, const float *params,
                  const int32_t *in, const int32_t *tg, float *loss, float *grads)
 {
-    zs_model *m;
+    zs_model *m = NULL;
     if (attention)
         setenv("ZS_CUDA_ATTENTION", attention, 1);
     else
         unsetenv("ZS_CUDA_ATTENTION");
     CHECK_OK(zs_model_create(dev, cfg, tt, B, T, 2, prec, &m));
     unsetenv("ZS_CUDA_ATTENTION");
+    /* A model that could not be created (a failure counted above) leaves m NULL, which the calls
+     * below would dereference: its step gives NaNs instead, which fail every comparison, and the
+     * steps after it still run. */
+    if (!m) {
+        *loss = NAN;
+        for (size_t i = 0; i < tt->total; i++)
+            grads[i] = NAN;
+        return;
+    }
     size_t bytes = tt->total * sizeof(float);
     float *dp = (float *)params, *dg = grads;
     if (!zs_model_on_host(m)) {
