@@ -276,8 +276,49 @@ static void pack_block(float *restrict p, dim_t w, const float *x, inc_t rs, inc
 }
 
 /* The packed blocks of one thread: MC x KC_max of A, KC_max x NC of B, 64-byte aligned (the
- * micro-kernel's loads are). */
-static _Thread_local float *own_apack, *own_bpack;
+ * micro-kernel's loads are), made at the thread's first product and freed when it exits (a
+ * thread-specific value's destructor: OpenMP's threads come and go with the team sizes). */
+typedef struct {
+    float *a, *b;
+} pack_bufs;
+static pthread_key_t pack_key;
+static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
+static int pack_key_ok;
+
+static void pack_bufs_free(void *p)
+{
+    pack_bufs *q = p;
+    free(q->a);
+    free(q->b);
+    free(q);
+}
+
+static void pack_key_make(void)
+{
+    pack_key_ok = pthread_key_create(&pack_key, pack_bufs_free) == 0;
+}
+
+/* The calling thread's blocks, or NULL without memory. */
+static pack_bufs *pack_bufs_get(void)
+{
+    pthread_once(&pack_once, pack_key_make);
+    if (!pack_key_ok)
+        return NULL;
+    pack_bufs *q = pthread_getspecific(pack_key);
+    if (q)
+        return q;
+    q = calloc(1, sizeof *q);
+    if (q) {
+        q->a = aligned_alloc(64, (size_t)own.mc * own.kc_max * sizeof(float));
+        q->b = aligned_alloc(64, (size_t)own.kc_max * own.nc * sizeof(float));
+    }
+    if (!q || !q->a || !q->b || pthread_setspecific(pack_key, q) != 0) {
+        if (q)
+            pack_bufs_free(q);
+        return NULL;
+    }
+    return q;
+}
 
 /*
  * g on the calling thread by our own driver (above): BLIS's algorithm around BLIS's
@@ -288,16 +329,10 @@ static int own_gemm(const zs_gemm *g)
 {
     if (g->k == 0 || g->alpha == 0.0f || g->m == 0 || g->n == 0)
         return -1;
-    if (!own_apack) {
-        own_apack = aligned_alloc(64, (size_t)own.mc * own.kc_max * sizeof(float));
-        own_bpack = aligned_alloc(64, (size_t)own.kc_max * own.nc * sizeof(float));
-        if (!own_apack || !own_bpack) {
-            free(own_apack);
-            free(own_bpack);
-            own_apack = own_bpack = NULL;
-            return -1;
-        }
-    }
+    pack_bufs *bufs = pack_bufs_get();
+    if (!bufs)
+        return -1;
+    float *own_apack = bufs->a, *own_bpack = bufs->b;
     /* BLIS's operands: A (m x k), B (k x n), C (m x n) with their strides; a micro-kernel that
      * prefers columns gets the transposed product of our row-stored C. */
     dim_t m = g->m, n = g->n, k = g->k;

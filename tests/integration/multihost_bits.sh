@@ -31,7 +31,11 @@ run() {
     return
   fi
   MH_PIDS=()
-  if mh_job_start "$ZSHARD" "$DATA/tiny.json" "$DATA/tiny.txt" $STEPS "$out" "$WORK/$name.logs" \
+  # Steps begin once all W workers are live (elasticity.min_workers), so that each computes
+  # chunks: a 4-step job is over in milliseconds, before a worker that registers late.
+  sed "s/\"cluster\": {/\"elasticity\": {\"min_workers\": $W}, \"cluster\": {/" "$DATA/tiny.json" \
+    >"$WORK/$name.json"
+  if mh_job_start "$ZSHARD" "$WORK/$name.json" "$DATA/tiny.txt" $STEPS "$out" "$WORK/$name.logs" \
     "$S" "$W"; then
     mh_job_wait 120 || fail "$name: processes had to be killed: $(tail -n 3 "$WORK/$name.logs/coord.log")"
     [ "$MH_RC" = 0 ] || fail "$name: the coordinator exited $MH_RC: $(tail -n 5 "$WORK/$name.logs/coord.log")"
