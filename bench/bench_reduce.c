@@ -114,5 +114,5 @@ int main(int argc, char **argv)
     free(x);
     free(acc);
     free(h);
-    return sink == 12345.0; /* keeps the sums */
+    return 0;
 }

@@ -58,12 +58,7 @@ __global__ static void bias_gelu_backward_kernel(float *d, float *dbias, const f
     float acc = 0.0f;
     for (int i = 0; i < N; i++) {
         size_t k = (size_t)i * C + c;
-        float v = pre[k];
-        float e = gelu_e(v);
-        float s = 1.0f / (1.0f + e);
-        float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
-        float g = s + v * 2.0f * s * (e * s) * du;
-        float r = d[k] * g;
+        float r = d[k] * gelu_grad(pre[k]);
         d[k] = r;
         acc += r;
     }

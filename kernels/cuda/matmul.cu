@@ -211,16 +211,22 @@ out:
     return res;
 }
 
+/* kind, with CUBLASLT_EPILOGUE_BIAS adding bias when there is one. */
+static gemm_kind with_bias(gemm_kind kind, const float *bias)
+{
+    if (bias) {
+        kind.epi = CUBLASLT_EPILOGUE_BIAS;
+        kind.bias = bias;
+    }
+    return kind;
+}
+
 /* gemm of kind FP32 (bias: CUBLASLT_EPILOGUE_BIAS with it), no algorithm an error. */
 static zs_err gemm32(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n, int k,
                      const float *A, int lda, const float *B, int ldb, float *D, int ldd,
                      const float *bias)
 {
-    gemm_kind kind = FP32;
-    if (bias) {
-        kind.epi = CUBLASLT_EPILOGUE_BIAS;
-        kind.bias = bias;
-    }
+    gemm_kind kind = with_bias(FP32, bias);
     return gemm(b, what, transa, transb, m, n, k, A, lda, B, ldb, D, ldd, &kind, NULL);
 }
 
@@ -229,11 +235,7 @@ static zs_err gemm16(zs_cuda_blas *b, const char *what, int transa, int transb, 
                      const zs_bf16 *A, int lda, const zs_bf16 *B, int ldb, float *D, int ldd,
                      const float *bias)
 {
-    gemm_kind kind = BF16;
-    if (bias) {
-        kind.epi = CUBLASLT_EPILOGUE_BIAS;
-        kind.bias = bias;
-    }
+    gemm_kind kind = with_bias(BF16, bias);
     return gemm(b, what, transa, transb, m, n, k, A, lda, B, ldb, D, ldd, &kind, NULL);
 }
 

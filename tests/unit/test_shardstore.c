@@ -462,17 +462,24 @@ static void run(int S, int bf16)
     free(ds.tokens);
 }
 
-/* An fp16 job's 16-bit copy is IEEE fp16 (zs_f32_to_f16 of the weights) after the seed, after
- * an update, and on NVMe when the published copy is there; F16 is what its fetches serve. */
-static void test_fp16_copy(const char *dir)
+/* The fp16 stores' job: a 1-layer model, C chunks. */
+static zs_config fp16_config(int C, uint64_t seed)
 {
     zs_config cfg;
     zs_config_defaults(&cfg);
     cfg.model = (zs_model_config){
         .n_layer = 1, .n_head = 2, .n_embd = 32, .vocab_size = 64, .block_size = 16};
-    cfg.chunks = 1;
+    cfg.chunks = C;
     cfg.fp16.enabled = 1;
-    cfg.seed = 7;
+    cfg.seed = seed;
+    return cfg;
+}
+
+/* An fp16 job's 16-bit copy is IEEE fp16 (zs_f32_to_f16 of the weights) after the seed, after
+ * an update, and on NVMe when the published copy is there; F16 is what its fetches serve. */
+static void test_fp16_copy(const char *dir)
+{
+    zs_config cfg = fp16_config(1, 7);
     CHECK_EQ_INT(zs_store_fetched_copy(&cfg), ZS_STORE_HALF);
     zs_tensor_table tt;
     CHECK_OK(zs_tensors_gpt2(&cfg.model, &tt));
@@ -536,13 +543,7 @@ static void test_fp16_copy(const char *dir)
  * compared through the sums of squares and the weights after the update. */
 static void test_f16_push(void)
 {
-    zs_config cfg;
-    zs_config_defaults(&cfg);
-    cfg.model = (zs_model_config){
-        .n_layer = 1, .n_head = 2, .n_embd = 32, .vocab_size = 64, .block_size = 16};
-    cfg.chunks = 3;
-    cfg.fp16.enabled = 1;
-    cfg.seed = 3;
+    zs_config cfg = fp16_config(3, 3);
     zs_tensor_table tt;
     CHECK_OK(zs_tensors_gpt2(&cfg.model, &tt));
     size_t N = tt.total;
