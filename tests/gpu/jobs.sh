@@ -62,7 +62,13 @@ awk -v c="$cpu_eval" -v g="$gpu_eval" 'BEGIN { d = (c - g) / c; if (d < 0) d = -
 # steps on the default corpus, GPU against CPU: after 200 steps of chaotic divergence the two
 # runs are different trainings of the same model, so the band is on the curve, not on a step:
 # each window of 20 steps' mean loss within 3% of the CPU run's.
-ZS_CORPUS_BYTES=2000000 bash "$(dirname "$0")/../../deploy/corpus.sh" "$WORK/corpus.txt"
+# ZS_GPU_CORPUS=FILE: that text instead (a GPU machine's image may have too little under
+# /usr/share/doc for deploy/corpus.sh).
+if [ -n "${ZS_GPU_CORPUS:-}" ]; then
+  cp "$ZS_GPU_CORPUS" "$WORK/corpus.txt"
+else
+  ZS_CORPUS_BYTES=2000000 bash "$(dirname "$0")/../../deploy/corpus.sh" "$WORK/corpus.txt"
+fi
 sed 's/"total_num_steps": 60/"total_num_steps": 200/' \
   "$(dirname "$0")/../../deploy/configs/small-gpt.json" >"$WORK/small.json"
 # Its heads (hs 64) take the fused attention; a third run takes the reference one.
