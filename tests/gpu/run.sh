@@ -17,37 +17,79 @@
 # build there would take minutes of its time.  BUILD needs zshard, tests/test_cuda_kernels,
 # tests/test_gpu_step, tests/test_model, bench/bench_gpu_step and bench/bench_attention, and may
 # hold lib/, the shared libraries they need that the GPU machine lacks (what ldd lists beside
-# glibc and CUDA's), which then goes first on LD_LIBRARY_PATH.
-set -euo pipefail
+# glibc and CUDA's), which then goes first on LD_LIBRARY_PATH.  BUILD may also be the tar.xz
+# that tests/gpu/pack.sh makes, unpacked here first (with its corpus.txt beside it for
+# jobs.sh: ZS_GPU_CORPUS).  Where the programs find no cuBLASLt, the
+# CUDA toolkit's lib64 and the Python wheels' nvidia/cublas/lib are searched for it.
+#
+# Each step runs under a time limit (ZS_GPU_STEP_TIMEOUT seconds, 300 by default; a step that
+# hangs in the driver gets SIGKILL 10 s after SIGTERM), so that one hung kernel costs one
+# step, not the machine's whole lease; with ZS_GPU_LOGS=DIR each step's output is also kept in
+# DIR/STEP.log (tests/gpu/jobs.sh's work folder under BUILD/tests/gpu-jobs.work).
+# ZS_GPU_STEPS picks steps: kernels, step, model, jobs, bench (all by default), e.g.
+# ZS_GPU_STEPS=kernels for a first short check on a machine not yet seen.
+set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)
 command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "tests/gpu/run.sh: no nvidia-smi" >&2
+limit=${ZS_GPU_STEP_TIMEOUT:-300}
+logs=${ZS_GPU_LOGS:-}
+steps=" ${ZS_GPU_STEPS:-kernels step model jobs bench} "
+[ -n "$logs" ] && mkdir -p "$logs"
+if [ $# -ge 1 ] && [ -f "$1" ]; then
+  build=$(mktemp -d)
+  tar -xJf "$1" -C "$build" || exit 1
+  corpus=$(dirname "$1")/corpus.txt
+  if [ -z "${ZS_GPU_CORPUS:-}" ] && [ -f "$corpus" ]; then
+    export ZS_GPU_CORPUS=$(cd "$(dirname "$corpus")" && pwd)/corpus.txt
+  fi
+elif [ $# -ge 1 ]; then
+  build=$(cd "$1" >/dev/null && pwd) || exit 1
+fi
 if [ $# -ge 1 ]; then
-  build=$(cd "$1" >/dev/null && pwd)
   if [ -d "$build/lib" ]; then
     export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   fi
+  if ldd "$build/zshard" | grep -q 'libcublas.*not found'; then
+    wheel=$(python3 -c 'import nvidia.cublas as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null || true)
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheel; do
+      if ls "$d"/libcublasLt.so.* >/dev/null 2>&1; then
+        export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
+        break
+      fi
+    done
+  fi
+  ldd "$build/zshard" | grep -E 'not found|libcublasLt|libcudart'
 else
   build=$("$root/deploy/build.sh")
   cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2
   cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_gpu_step test_model zshard bench_gpu_step bench_attention >&2
 fi
 status=0
-for t in test_cuda_kernels test_gpu_step test_model; do
-  echo "== $t"
-  rc=0
-  "$build/tests/$t" || rc=$?
-  if [ $rc -eq 77 ]; then
-    echo "tests/gpu/run.sh: $t found no CUDA device: this script needs a GPU" >&2
-    status=1
-  elif [ $rc -ne 0 ]; then
-    status=1
+# step NAME CMD...: CMD under the time limit, its output also in $logs/NAME.log.
+step() {
+  local name=$1 rc=0
+  shift
+  echo "== $name ($(date -u +%T))"
+  if [ -n "$logs" ]; then
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$logs/$name.log"
+    rc=${PIPESTATUS[0]}
+  else
+    timeout -k 10 "$limit" "$@" || rc=$?
   fi
-done
-echo "== jobs.sh"
-bash "$root/tests/gpu/jobs.sh" "$build/zshard" "$build/tests/gpu-jobs.work" || status=1
+  case $rc in
+  0) ;;
+  77) echo "tests/gpu/run.sh: $name found no CUDA device: this script needs a GPU" >&2 ;;
+  124 | 137) echo "tests/gpu/run.sh: $name ran past ${limit} s and was stopped" >&2 ;;
+  *) echo "tests/gpu/run.sh: $name failed (exit $rc)" >&2 ;;
+  esac
+  [ $rc -eq 0 ] || status=1
+}
+want() { [[ $steps == *" $1 "* ]]; }
+want kernels && step test_cuda_kernels "$build/tests/test_cuda_kernels"
+want step && step test_gpu_step "$build/tests/test_gpu_step"
+want model && step test_model "$build/tests/test_model"
+want jobs && step jobs bash "$root/tests/gpu/jobs.sh" "$build/zshard" "$build/tests/gpu-jobs.work"
 # The GPU benchmarks: their figures go in the note; each fails only if it cannot run.
-echo "== bench_gpu_step"
-"$build/bench/bench_gpu_step" 0 5 || status=1
-echo "== bench_attention"
-"$build/bench/bench_attention" 0 3 || status=1
+want bench && step bench_gpu_step "$build/bench/bench_gpu_step" 0 5
+want bench && step bench_attention "$build/bench/bench_attention" 0 3
 exit $status
