@@ -97,8 +97,8 @@ static int cpu_has_skx_isa(void)
  * bli_determine_blocksize_f), the same micro-kernel with the same alpha and beta (beta on the
  * first k block, 1 after), on the same logical transposition (a micro-kernel that prefers
  * columns computes C^T = B^T A^T of a row-stored C), with packing of our own: a copy where the
- * panel's rows are contiguous, 8 x 8 AVX transposes where they are not.  Each element of C is
- * the micro-kernel's sum over each k block in order, so the bits are BLIS's
+ * panel's rows are contiguous, 16 x 16 AVX-512 (or 8 x 8 AVX) transposes where they are not.  Each
+ * element of C is the micro-kernel's sum over each k block in order, so the bits are BLIS's
  * (test_kernels compares them with bli_sgemm's, every transpose, with edges); the
  * ZS_SGEMM_DRIVER=blis environment variable leaves BLIS to drive.
  */
@@ -229,10 +229,79 @@ static inline void transpose4(float *dst, size_t dst_ld, const float *src, size_
 }
 
 /*
+ * Rows [r0, r0 + 16) of a panel for columns [q, q + 16), transposed 16 x 16 with AVX-512:
+ * t[c] = (x(r0, q + c), ..., x(r0 + 15, q + c)), rows at or past `rows` read as zeros.  Four
+ * stages: unpack pairs of rows, gather four rows' column per 128-bit lane, then two rounds of
+ * 128-bit lane shuffles put each column's four lanes together.
+ */
+__attribute__((target("avx512f"))) static inline void transpose16(__m512 t[16], const float *x,
+                                                                  inc_t rs, dim_t r0, dim_t rows)
+{
+    __m512 r[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        r[i] = r0 + i < rows ? _mm512_loadu_ps(x + (r0 + i) * rs) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        u[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        u[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* r[4g + j]: column 4L + j of rows 4g..4g+3 in lane L. */
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        r[4 * g + 0] = _mm512_shuffle_ps(u[4 * g], u[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm512_shuffle_ps(u[4 * g], u[4 * g + 2], 0xEE);
+        r[4 * g + 2] = _mm512_shuffle_ps(u[4 * g + 1], u[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm512_shuffle_ps(u[4 * g + 1], u[4 * g + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512 v0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);      /* lanes 0, 2: rows 0-7 */
+        __m512 w0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);      /* lanes 1, 3 */
+        __m512 v1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88); /* rows 8-15 */
+        __m512 w1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+        t[j] = _mm512_shuffle_f32x4(v0, v1, 0x88);
+        t[8 + j] = _mm512_shuffle_f32x4(v0, v1, 0xDD);
+        t[4 + j] = _mm512_shuffle_f32x4(w0, w1, 0x88);
+        t[12 + j] = _mm512_shuffle_f32x4(w0, w1, 0xDD);
+    }
+}
+
+/* pack_panel's transposing case (cs == 1) for panels of 12 to 32 rows with AVX-512, columns
+ * [0, q16): 16 columns of the panel at a time are 16 x w contiguous floats of p, written as
+ * whole vectors (masked to w), where the 8 x 8 AVX transposes wrote 32-byte pieces across
+ * lines.  Returns q16, where pack_panel's own loops take over. */
+__attribute__((target("avx512f"))) static dim_t
+pack_rows_avx512(float *restrict p, dim_t w, const float *x, inc_t rs, dim_t rows, dim_t k)
+{
+    dim_t q16 = k / 16 * 16;
+    __mmask16 hi = (__mmask16)(w >= 32 ? 0xffff : (1u << (w - 16)) - 1);
+    for (dim_t q = 0; q < q16; q += 16) {
+        __m512 t[16], t2[16];
+        transpose16(t, x + q, rs, 0, rows);
+        if (w <= 16) {
+            __mmask16 m = (__mmask16)(w >= 16 ? 0xffff : (1u << w) - 1);
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++)
+                _mm512_mask_storeu_ps(p + (q + c) * w, m, t[c]);
+            continue;
+        }
+        transpose16(t2, x + q, rs, 16, rows);
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; c++) {
+            _mm512_storeu_ps(p + (q + c) * w, t[c]);
+            _mm512_mask_storeu_ps(p + (q + c) * w + 16, hi, t2[c]);
+        }
+    }
+    return q16;
+}
+
+/*
  * One packed micro-panel: p[q * w + i] = x(i, q) for i < rows, q < k, zeros for rows <= i < w,
  * where x(i, q) = x[i * rs + q * cs] (w = MR for a panel of A, NR for one of B, each element of
  * the panel's k columns contiguous, as the micro-kernel reads them).  rs == 1: a copy of each
- * column; cs == 1: 8 x 8 transposes of the rows, what is left element by element.
+ * column; cs == 1: 16 x 16 AVX-512 transposes of the rows (panels 12 to 32 wide), then 8 x 8
+ * AVX ones, what is left element by element.
  */
 static void pack_panel(float *restrict p, dim_t w, const float *x, inc_t rs, inc_t cs, dim_t rows,
                        dim_t k)
@@ -244,6 +313,16 @@ static void pack_panel(float *restrict p, dim_t w, const float *x, inc_t rs, inc
                 memset(p + q * w + rows, 0, (size_t)(w - rows) * sizeof *p);
         }
         return;
+    }
+    /* With AVX-512, columns [0, q0) of panels 12 to 32 wide are done 16 x 16 first. */
+    dim_t q0 = 0;
+    if (cs == 1 && w >= 12 && w <= 32 && __builtin_cpu_supports("avx512f")) {
+        q0 = pack_rows_avx512(p, w, x, rs, rows, k);
+        if (q0 == k)
+            return;
+        p += q0 * w;
+        x += q0;
+        k -= q0;
     }
     /* Rows [0, i8) are transposed 8 x 8 for columns [0, q8), rows [i8, i4) 4 x 4 for columns
      * [0, q4); the rest element by element. */
