@@ -97,8 +97,8 @@ static int cpu_has_skx_isa(void)
  * bli_determine_blocksize_f), the same micro-kernel with the same alpha and beta (beta on the
  * first k block, 1 after), on the same logical transposition (a micro-kernel that prefers
  * columns computes C^T = B^T A^T of a row-stored C), with packing of our own: a copy where the
- * panel's rows are contiguous, 16 x 16 AVX-512 (or 8 x 8 AVX) transposes where they are not.  Each
- * element of C is the micro-kernel's sum over each k block in order, so the bits are BLIS's
+ * panel's rows are contiguous, 16 x 16 AVX-512 (or 8 x 8 AVX) transposes where they are not.
+ * Each element of C is the micro-kernel's sum over each k block in order, so the bits are BLIS's
  * (test_kernels compares them with bli_sgemm's, every transpose, with edges); the
  * ZS_SGEMM_DRIVER=blis environment variable leaves BLIS to drive.
  */
