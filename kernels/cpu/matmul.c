@@ -275,7 +275,8 @@ __attribute__((target("avx512f"))) static dim_t
 pack_rows_avx512(float *restrict p, dim_t w, const float *x, inc_t rs, dim_t rows, dim_t k)
 {
     dim_t q16 = k / 16 * 16;
-    __mmask16 hi = (__mmask16)(w >= 32 ? 0xffff : (1u << (w - 16)) - 1);
+    /* The lanes of the second vector of a column (w > 16 only). */
+    __mmask16 hi = (__mmask16)(w >= 32 ? 0xffff : w > 16 ? (1u << (w - 16)) - 1 : 0);
     for (dim_t q = 0; q < q16; q += 16) {
         __m512 t[16], t2[16];
         transpose16(t, x + q, rs, 0, rows);

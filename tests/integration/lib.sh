@@ -119,7 +119,17 @@ has_line() {
 
 # reap PID: waits for PID (which has exited or will) and sets RC to its status.
 reap() {
+  # Never unbounded: a process that outlives ZS_REAP_SECONDS (600 by default; a coordinator
+  # whose worker died waits for a new one) is killed, and RC is 124.
+  local limit=${ZS_REAP_SECONDS:-600}
   RC=0
+  if ! until_ms $(($(now_ms) + limit * 1000)) gone "$1"; then
+    kill -9 "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    RC=124
+    fail "process $1 did not exit within $limit s; killed"
+    return
+  fi
   wait "$1" 2>/dev/null || RC=$?
 }
 
