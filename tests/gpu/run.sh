@@ -60,9 +60,10 @@ if [ $# -ge 1 ]; then
   fi
   ldd "$build/zshard" | grep -E 'not found|libcublasLt|libcudart'
 else
-  build=$("$root/deploy/build.sh")
-  cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2
-  cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_gpu_step test_model zshard bench_gpu_step bench_attention >&2
+  build=$("$root/deploy/build.sh") || exit 1
+  cmake -S "$root" -B "$build" -DZS_CUDA=ON >&2 || exit 1
+  cmake --build "$build" -j "$(nproc)" --target test_cuda_kernels test_gpu_step test_model \
+    zshard bench_gpu_step bench_attention >&2 || exit 1
 fi
 status=0
 # step NAME CMD...: CMD under the time limit, its output also in $logs/NAME.log.
