@@ -25,10 +25,17 @@
 # Each step runs under a time limit (ZS_GPU_STEP_TIMEOUT seconds, 300 by default; a step that
 # hangs in the driver gets SIGKILL 10 s after SIGTERM), so that one hung kernel costs one
 # step, not the machine's whole lease; with ZS_GPU_LOGS=DIR each step's output is also kept in
-# DIR/STEP.log (tests/gpu/jobs.sh's work folder under BUILD/tests/gpu-jobs.work).
+# DIR/STEP.log (tests/gpu/jobs.sh's work folder is BUILD/tests/gpu-jobs.work; with a tarball,
+# its loss tables and outputs are kept as DIR/jobs.tgz before the unpacked build is removed).
 # ZS_GPU_STEPS picks steps: kernels, step, model, jobs, bench (all by default), e.g.
 # ZS_GPU_STEPS=kernels for a first short check on a machine not yet seen.
 set -uo pipefail
+keep_jobs() {
+  local w=$build/tests/gpu-jobs.work
+  [ -n "$logs" ] && [ -d "$w" ] || return 0
+  (cd "$w" && find . -maxdepth 1 -name '*.txt' ! -name corpus.txt -print0 |
+    xargs -0r tar -czf "$logs/jobs.tgz") || true
+}
 root=$(cd "$(dirname "$0")/../.." >/dev/null && pwd)
 command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "tests/gpu/run.sh: no nvidia-smi" >&2
 limit=${ZS_GPU_STEP_TIMEOUT:-300}
@@ -37,6 +44,9 @@ steps=" ${ZS_GPU_STEPS:-kernels step model jobs bench} "
 [ -n "$logs" ] && mkdir -p "$logs"
 if [ $# -ge 1 ] && [ -f "$1" ]; then
   build=$(mktemp -d)
+  # The unpacked build goes at exit; jobs.sh's loss tables and outputs (its *.txt but the
+  # corpus) go to the logs first, as one jobs.tgz (a lent machine returns at most 8 files).
+  trap 'keep_jobs; rm -rf "$build"' EXIT
   tar -xJf "$1" -C "$build" || exit 1
   corpus=$(dirname "$1")/corpus.txt
   if [ -z "${ZS_GPU_CORPUS:-}" ] && [ -f "$corpus" ]; then
