@@ -107,15 +107,11 @@ static float *dev_zero(size_t n)
 
 int main(int argc, char **argv)
 {
-    int dev = argc > 1 ? atoi(argv[1]) : 0, reps = argc > 2 ? atoi(argv[2]) : 3;
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || dev < 0 || dev >= count) {
-        fprintf(stderr, "bench_attention: no CUDA device %d here\n", dev);
+    int dev = zs_bench_device("bench_attention", argc, argv), reps = argc > 2 ? atoi(argv[2]) : 3;
+    if (dev < 0)
         return 1;
-    }
     if (reps < 1)
         reps = 1;
-    cudaSetDevice(dev);
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, dev);
     double peak = zs_bench_gemm_peak(dev, 4096, 0);

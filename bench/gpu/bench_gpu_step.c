@@ -89,12 +89,9 @@ out:
 
 int main(int argc, char **argv)
 {
-    int dev = argc > 1 ? atoi(argv[1]) : 0, steps = argc > 2 ? atoi(argv[2]) : 10;
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || dev < 0 || dev >= count) {
-        fprintf(stderr, "bench_gpu_step: no CUDA device %d here\n", dev);
+    int dev = zs_bench_device("bench_gpu_step", argc, argv), steps = argc > 2 ? atoi(argv[2]) : 10;
+    if (dev < 0)
         return 1;
-    }
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, dev);
     double peak32 = zs_bench_gemm_peak(dev, 8192, 0), peak16 = zs_bench_gemm_peak(dev, 8192, 1);

@@ -6,9 +6,24 @@
 #define ZS_BENCH_GPUBENCH_H
 
 #include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "common/clock.h"
 #include "kernels/cuda/cuda_kernels.h"
+
+/* The device a benchmark was asked for (argv[1], 0 by default), made current; -1, said on stderr,
+ * when there is no such CUDA device here. */
+static inline int zs_bench_device(const char *name, int argc, char **argv)
+{
+    int dev = argc > 1 ? atoi(argv[1]) : 0, count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || dev < 0 || dev >= count) {
+        fprintf(stderr, "%s: no CUDA device %d here\n", name, dev);
+        return -1;
+    }
+    cudaSetDevice(dev);
+    return dev;
+}
 
 /* TFLOP/s of out (n, n) = a (n, n) b (n, n) through cuBLASLt's fp32 path (bf16: bf16 operands,
  * fp32 accumulation), best of 5 after one warm-up; 0 when it cannot run. */

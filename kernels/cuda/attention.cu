@@ -241,6 +241,26 @@ __device__ static inline void fa_get_rows(float *v, const float *buf, int j)
     }
 }
 
+/* acc[r][e] += w[r] * x[e] for row j of a tile: x this lane's channels of the tile's row j (rows
+ * S::stride apart), w the warp's FA_ROWS values of row j of rowbuf (fa_put_rows).  Each of acc's
+ * elements gets one product added, so the sums run in the callers' order of j. */
+template <class S>
+__device__ static inline void fa_tile_row_acc(float (&acc)[FA_ROWS][S::per_lane],
+                                              const float *rowbuf, const float *tile, int j,
+                                              int lane)
+{
+    float x[S::per_lane], w[FA_ROWS];
+#pragma unroll
+    for (int e = 0; e < S::per_lane; e++)
+        x[e] = tile[j * S::stride + e * ZS_WARP + lane];
+    fa_get_rows(w, rowbuf, j);
+#pragma unroll
+    for (int r = 0; r < FA_ROWS; r++)
+#pragma unroll
+        for (int e = 0; e < S::per_lane; e++)
+            acc[r][e] += w[r] * x[e];
+}
+
 /* dst row r (stride HS + 4) = src row row0 + r, channels [0, HS) (src rows `stride` apart); rows
  * at or past T are zeros.  The whole block takes part; consecutive threads read consecutive
  * channels. */
@@ -353,18 +373,8 @@ __global__ static void __launch_bounds__(FA_THREADS)
         fa_put_rows(pbuf, lane, p);
         __syncwarp();
 #pragma unroll 4
-        for (int jj = 0; jj < FA_TILE; jj++) {
-            float vv[S::per_lane], pj[FA_ROWS];
-#pragma unroll
-            for (int e = 0; e < S::per_lane; e++)
-                vv[e] = vs[jj * S::stride + e * ZS_WARP + lane];
-            fa_get_rows(pj, pbuf, jj);
-#pragma unroll
-            for (int r = 0; r < FA_ROWS; r++)
-#pragma unroll
-                for (int e = 0; e < S::per_lane; e++)
-                    o[r][e] += pj[r] * vv[e];
-        }
+        for (int jj = 0; jj < FA_TILE; jj++)
+            fa_tile_row_acc<S>(o, pbuf, vs, jj, lane);
     }
 #pragma unroll
     for (int r = 0; r < FA_ROWS; r++) {
@@ -468,18 +478,8 @@ __global__ static void __launch_bounds__(FA_THREADS)
         fa_put_rows(dsbuf, lane, ds);
         __syncwarp();
 #pragma unroll 2
-        for (int jj = 0; jj < FA_TILE; jj++) {
-            float kk[S::per_lane], dsj[FA_ROWS];
-#pragma unroll
-            for (int e = 0; e < S::per_lane; e++)
-                kk[e] = ks[jj * S::stride + e * ZS_WARP + lane];
-            fa_get_rows(dsj, dsbuf, jj);
-#pragma unroll
-            for (int r = 0; r < FA_ROWS; r++)
-#pragma unroll
-                for (int e = 0; e < S::per_lane; e++)
-                    dq[r][e] += dsj[r] * kk[e];
-        }
+        for (int jj = 0; jj < FA_TILE; jj++)
+            fa_tile_row_acc<S>(dq, dsbuf, ks, jj, lane);
     }
 #pragma unroll
     for (int r = 0; r < FA_ROWS; r++) {
@@ -570,21 +570,8 @@ __global__ static void __launch_bounds__(FA_THREADS)
         __syncwarp();
 #pragma unroll 2
         for (int ii = 0; ii < FA_TILE; ii++) {
-            float qq[S::per_lane], gg[S::per_lane], pi[FA_ROWS], dsi[FA_ROWS];
-#pragma unroll
-            for (int e = 0; e < S::per_lane; e++) {
-                qq[e] = qs[ii * S::stride + e * ZS_WARP + lane];
-                gg[e] = dys[ii * S::stride + e * ZS_WARP + lane];
-            }
-            fa_get_rows(pi, pbuf, ii);
-            fa_get_rows(dsi, dsbuf, ii);
-#pragma unroll
-            for (int r = 0; r < FA_ROWS; r++)
-#pragma unroll
-                for (int e = 0; e < S::per_lane; e++) {
-                    dv[r][e] += pi[r] * gg[e];
-                    dk[r][e] += dsi[r] * qq[e];
-                }
+            fa_tile_row_acc<S>(dv, pbuf, dys, ii, lane);
+            fa_tile_row_acc<S>(dk, dsbuf, qs, ii, lane);
         }
     }
 #pragma unroll

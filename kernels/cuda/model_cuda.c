@@ -858,19 +858,28 @@ static void cuda_dmabuf_free(void *impl, void *p)
         cudaFree((void *)(uintptr_t)base);
 }
 
+/* A copy on `stream`, waited for: on the compute stream it comes after every kernel enqueued
+ * so far (upload, download); on the copy stream it is ordered with no kernel (copy_now). */
+static zs_err copy_on(cuda_model *m, cudaStream_t stream, void *dst, const void *src, size_t bytes,
+                      int up)
+{
+    CU(cudaSetDevice(m->device));
+    cudaError_t ce = cudaMemcpyAsync(dst, src, bytes,
+                                     up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream);
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(stream);
+    if (ce != cudaSuccess)
+        return zs_error(ZS_ERR_IO, "model cuda:%d: %s of %zu bytes%s: %s", m->device,
+                        up ? "upload" : "download", bytes,
+                        stream == m->copies ? " (copy stream)" : "", cudaGetErrorString(ce));
+    return ZS_OK;
+}
+
 /* A copy on the copy stream, waited for: ordered with no kernel (model.h, copy_now). */
 static zs_err cuda_copy_now(void *impl, void *dst, const void *src, size_t bytes, int to_model)
 {
     cuda_model *m = impl;
-    CU(cudaSetDevice(m->device));
-    cudaError_t ce = cudaMemcpyAsync(
-        dst, src, bytes, to_model ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, m->copies);
-    if (ce == cudaSuccess)
-        ce = cudaStreamSynchronize(m->copies);
-    if (ce != cudaSuccess)
-        return zs_error(ZS_ERR_IO, "model cuda:%d: copy of %zu bytes %s: %s", m->device, bytes,
-                        to_model ? "in" : "out", cudaGetErrorString(ce));
-    return ZS_OK;
+    return copy_on(m, m->copies, dst, src, bytes, to_model);
 }
 
 /* RDMA writes into device memory that completed on the NIC are not yet promised to be visible
@@ -890,28 +899,16 @@ static zs_err cuda_nic_wrote(void *impl)
     return ZS_OK;
 }
 
-/* A copy in the stream's order (after every kernel enqueued so far), waited for. */
-static zs_err copy(cuda_model *m, void *dst, const void *src, size_t bytes, int up)
-{
-    CU(cudaSetDevice(m->device));
-    cudaError_t ce = cudaMemcpyAsync(
-        dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, m->stream);
-    if (ce == cudaSuccess)
-        ce = cudaStreamSynchronize(m->stream);
-    if (ce != cudaSuccess)
-        return zs_error(ZS_ERR_IO, "model cuda:%d: %s of %zu bytes: %s", m->device,
-                        up ? "upload" : "download", bytes, cudaGetErrorString(ce));
-    return ZS_OK;
-}
-
 static zs_err cuda_upload(void *impl, void *dst, const void *src, size_t bytes)
 {
-    return copy(impl, dst, src, bytes, 1);
+    cuda_model *m = impl;
+    return copy_on(m, m->stream, dst, src, bytes, 1);
 }
 
 static zs_err cuda_download(void *impl, void *dst, const void *src, size_t bytes)
 {
-    return copy(impl, dst, src, bytes, 0);
+    cuda_model *m = impl;
+    return copy_on(m, m->stream, dst, src, bytes, 0);
 }
 
 /* The event of ticket t (> 0). */

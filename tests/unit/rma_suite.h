@@ -9,7 +9,9 @@
  *   rma_addr                 the IPv4 address the target listens on
  *   rma_server_opts(o)       fills a listener's backend options
  *   rma_client_opts(o)       fills a client's backend options
- * (without the three: 127.0.0.1 and no backend options), and calls rma_suite().
+ * (without the three: 127.0.0.1 and no backend options), and calls rma_suite().  Where the
+ * backend's bytes pass through the CPU (tcp, shm), it also defines RMA_NO_DEVICE_MEMORY as its
+ * name: the suite then checks that it refuses to register device memory (a dma-buf).
  *
  * The target runs in a thread that only drives its net (poll()) and counts ZS_EV_WRITTEN: its
  * application takes no part in the operations, which is what one-sided means.  It shares this
@@ -235,8 +237,27 @@ static void rma_after_refusal(rma_client *cl, int port)
     CHECK_OK(rma_connect(cl, port));
 }
 
+#ifdef RMA_NO_DEVICE_MEMORY
+/* Device memory (a dma-buf): refused with ZS_ERR_UNSUPPORTED, the backend named. */
+static void rma_dmabuf_refused(void)
+{
+    zs_net *net;
+    CHECK_OK(RT->open(&net));
+    zs_dmabuf b = {.fd = 0, .len = 4096, .addr = (void *)(uintptr_t)0x10000};
+    zs_mr *mr = NULL;
+    CHECK_EQ_INT(RT->reg_dmabuf_mr(net, &b, ZS_MR_SEND | ZS_MR_RECV, &mr), ZS_ERR_UNSUPPORTED);
+    CHECK_FAILS_WITH(RT->reg_dmabuf_mr(net, &b, ZS_MR_SEND | ZS_MR_RECV, &mr),
+                     RMA_NO_DEVICE_MEMORY " cannot read or write device memory");
+    CHECK(mr == NULL);
+    RT->close(net);
+}
+#endif
+
 static void rma_suite(void)
 {
+#ifdef RMA_NO_DEVICE_MEMORY
+    rma_dmabuf_refused();
+#endif
     rma_target t;
     CHECK(rma_target_open(&t) == 0);
     zs_mr_desc big, ro, none;

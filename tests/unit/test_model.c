@@ -201,6 +201,25 @@ static void test_layout_without(const fixture *f)
     free(base);
 }
 
+/* One step of f's batch on m with the parameters and gradients in m's memory: the parameters
+ * uploaded, the gradients downloaded into f->grads.  Returns the loss. */
+static float device_step(fixture *f, zs_model *m)
+{
+    size_t bytes = f->tt.total * sizeof(float);
+    float *dp, *dg, loss = NAN;
+    CHECK_OK(zs_model_alloc(m, bytes, (void **)&dp));
+    CHECK_OK(zs_model_alloc(m, bytes, (void **)&dg));
+    CHECK_OK(zs_model_upload(m, dp, f->params, bytes));
+    zs_gpt2_flat flat = {dp, dg};
+    zs_gpt2_io io = zs_gpt2_flat_io(&flat);
+    CHECK_OK(zs_model_forward(m, &io, f->in, f->tg, 2, 8, &loss));
+    CHECK_OK(zs_model_backward(m, &io));
+    CHECK_OK(zs_model_download(m, f->grads, dg, bytes));
+    zs_model_dealloc(m, dp);
+    zs_model_dealloc(m, dg);
+    return loss;
+}
+
 /* Where a GPU can be used, a cuda model runs the same step (through device copies of the
  * parameters) in either precision; where none can, creating one is refused with the device
  * named. */
@@ -217,20 +236,8 @@ static void test_cuda(fixture *f, zs_precision prec)
     }
     CHECK(!zs_model_on_host(m));
     CHECK_EQ_INT(zs_model_host_bytes(zs_model_device(m), &f->cfg, 2, 8), 0);
-    size_t bytes = f->tt.total * sizeof(float);
-    float *dp, *dg;
-    CHECK_OK(zs_model_alloc(m, bytes, (void **)&dp));
-    CHECK_OK(zs_model_alloc(m, bytes, (void **)&dg));
-    CHECK_OK(zs_model_upload(m, dp, f->params, bytes));
-    zs_gpt2_flat flat = {dp, dg};
-    zs_gpt2_io io = zs_gpt2_flat_io(&flat);
-    float loss;
-    CHECK_OK(zs_model_forward(m, &io, f->in, f->tg, 2, 8, &loss));
-    CHECK_OK(zs_model_backward(m, &io));
-    CHECK_OK(zs_model_download(m, f->grads, dg, bytes));
+    float loss = device_step(f, m);
     CHECK(isfinite(loss) && fabsf(loss - logf(37.0f)) < 1.0f); /* a fresh model: about ln V */
-    zs_model_dealloc(m, dp);
-    zs_model_dealloc(m, dg);
     zs_model_free(m);
 }
 
@@ -273,18 +280,8 @@ static void test_cuda_dmabuf(fixture *f)
     /* 1 PiB: refused (out of device memory, or no export at all), and the step still runs. */
     CHECK(zs_model_dmabuf_alloc(m, (size_t)1 << 50, &d) != ZS_OK);
     CHECK(d.fd < 0 && d.ptr == NULL);
-    size_t n = f->tt.total * sizeof(float);
-    float *dp, *dg;
-    CHECK_OK(zs_model_alloc(m, n, (void **)&dp));
-    CHECK_OK(zs_model_alloc(m, n, (void **)&dg));
-    CHECK_OK(zs_model_upload(m, dp, f->params, n));
-    zs_gpt2_flat flat = {dp, dg};
-    zs_gpt2_io io = zs_gpt2_flat_io(&flat);
-    float loss;
-    CHECK_OK(zs_model_forward(m, &io, f->in, f->tg, 2, 8, &loss));
-    CHECK_OK(zs_model_backward(m, &io));
-    zs_model_dealloc(m, dp);
-    zs_model_dealloc(m, dg);
+    float loss = device_step(f, m);
+    CHECK(isfinite(loss));
     zs_model_free(m);
 }
 

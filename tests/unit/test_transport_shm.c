@@ -158,6 +158,7 @@ static void test_pinned_stays(server *s)
 /* The one-sided operations (rma_suite.h). */
 #define RMA_OPS (&zs_shm_ops)
 #define RMA_NIC 0
+#define RMA_NO_DEVICE_MEMORY "shm" /* its peers read regions with the CPU */
 #include "rma_suite.h"
 
 /* One-sided operations across address spaces, as in a job: the owner is another process
@@ -210,20 +211,6 @@ static void test_rma_other_process(void)
     close(pipefd[0]);
 }
 
-/* Device memory (a dma-buf): shm's peers read regions with the CPU, so it refuses one. */
-static void test_dmabuf_refused(void)
-{
-    zs_net *net;
-    CHECK_OK(T->open(&net));
-    zs_dmabuf b = {.fd = 0, .len = 4096, .addr = (void *)(uintptr_t)0x10000};
-    zs_mr *mr = NULL;
-    CHECK_EQ_INT(T->reg_dmabuf_mr(net, &b, ZS_MR_SEND | ZS_MR_RECV, &mr), ZS_ERR_UNSUPPORTED);
-    CHECK_FAILS_WITH(T->reg_dmabuf_mr(net, &b, ZS_MR_SEND | ZS_MR_RECV, &mr),
-                     "shm cannot read or write device memory");
-    CHECK(mr == NULL);
-    T->close(net);
-}
-
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -247,7 +234,6 @@ int main(void)
     test_accept();
     test_other_process();
     test_peer_killed();
-    test_dmabuf_refused();
     rma_suite();
     return zs_test_result("test_transport_shm");
 }
