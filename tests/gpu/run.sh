@@ -59,7 +59,8 @@ if [ $# -ge 1 ]; then
   if [ -d "$build/lib" ]; then
     export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   fi
-  if ldd "$build/zshard" | grep -q 'libcublas.*not found'; then
+  # ldd's whole output first: `| grep -q` may close the pipe early, and pipefail then says no.
+  if grep -q 'libcublas.*not found' <<<"$(ldd "$build/zshard" 2>&1)"; then
     wheel=$(python3 -c 'import nvidia.cublas as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null || true)
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheel; do
       if ls "$d"/libcublasLt.so.* >/dev/null 2>&1; then

@@ -87,7 +87,8 @@ diff <(metrics_compared "$WORK/train/metrics.jsonl") <(metrics_compared "$WORK/l
 check_scaler "$WORK/launch/metrics.jsonl" || fail "launch: the loss scaler (above)"
 grep -q "coord: step 1: the gradient overflowed at loss scale 1048576; the update is skipped" \
   "$WORK/launch.err" || fail "launch: no coordinator warning naming the scale of step 1"
-cat "$WORK/launch/logs/"worker-*.log | grep -q "fp16 weights" ||
+# grep reads the logs itself (no `cat |`: see launch_matches_train.sh).
+grep -q "fp16 weights" "$WORK/launch/logs/"worker-*.log ||
   fail "launch: no worker says it computes with fp16 weights"
 
 # Resumed from step 3 (hysteresis spent, 3 steps skipped) and from step 6: a new --out with the

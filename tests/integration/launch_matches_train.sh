@@ -49,6 +49,8 @@ diff <(metrics_compared "$WORK/train-bf16/metrics.jsonl") \
   <(metrics_compared "$WORK/launch-bf16/metrics.jsonl") ||
   fail "bf16: metrics.jsonl differs from zshard train's"
 # Any worker: on a loaded machine one may still be registering when the 4 steps are done.
-cat "$WORK/launch-bf16/logs/"worker-*.log | grep -q "bf16 weights" ||
+# grep reads the files itself: `cat | grep -q` fails under pipefail when grep's early exit
+# leaves cat a closed pipe (SIGPIPE, 141), which made this check fail about 1 run in 7.
+grep -q "bf16 weights" "$WORK/launch-bf16/logs/"worker-*.log ||
   fail "bf16: no worker says it fetches bf16: $(cat "$WORK/launch-bf16/logs/"worker-*.log)"
 finish

@@ -162,7 +162,7 @@ unpacked_kernel() {
   # xz stops at the end of its stream; a pipe from tail would then fail with SIGPIPE.
   if xz -dc --single-stream < <(tail -c +$((offset + 1)) "$bzimage") >"$out.new" 2>/dev/null &&
     [ "$(head -c 4 "$out.new" | od -An -c | tr -d ' ')" = 177ELF ] &&
-    readelf -n "$out.new" 2>/dev/null | grep -q 'Xen .*(0x00000012)'; then
+    grep -q 'Xen .*(0x00000012)' <<<"$(readelf -n "$out.new" 2>/dev/null)"; then
     mv "$out.new" "$out"
     return 0
   fi
