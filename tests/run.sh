@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds the release and the sanitizer
-# builds, checks the C sources' formatting (tests/format.sh), runs every CTest test in both
+# builds, checks the C sources' formatting (tests/format.sh) and the shell scripts' pipes
+# (tests/shell_lint.sh), runs every CTest test in both
 # builds, then runs each libFuzzer target for a bounded time (ZS_FUZZ_SECONDS, default 20) in
 # a clang build, then the RDMA tests in a qemu guest with soft-RoCE (tests/rdma/run.sh; the
 # sanitizer build's test_transport_rdma too), then, in a second boot of that guest, whose
@@ -33,6 +34,8 @@ status=0
 # The format check runs after the builds because build.sh's installer brings clang-format.
 echo "== format check (clang-format --dry-run -Werror over the tracked *.c *.h *.cu)"
 "$root/tests/format.sh" || status=1
+echo "== shell lint (no pipe into grep -q or -m: it fails under pipefail when grep stops early)"
+"$root/tests/shell_lint.sh" || status=1
 echo "== release build: $release"
 (cd "$release" && ctest --output-on-failure -j "$jobs" --timeout 900) || status=1
 echo "== sanitizer build (ASan + UBSan): $asan"

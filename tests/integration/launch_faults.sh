@@ -73,7 +73,7 @@ finish_launch() {
 # (A server's death is the coordinator's to recover from: tests/integration/server_failures.sh.)
 start crash 2
 COORD=$(pid_of "$WORK/crash.err" coord)
-if [ -z "$COORD" ] || ! echo " $KIDS " | grep -q " $COORD "; then
+if [ -z "$COORD" ] || ! grep -q " $COORD " <<<" $KIDS "; then
   fail "crash: no pid for the coordinator among the children ($KIDS): $(cat "$WORK/crash.err")"
 else
   kill -KILL "$COORD"

@@ -40,7 +40,7 @@ done
 sed 's/^Restart=/Restrat=/' "$WORK/units/zshard-coord.service" >"$WORK/units/misspelt.service"
 checks=$((checks + 1))
 out=$(verify ./misspelt.service) || true
-echo "$out" | grep -q "Restrat" ||
+grep -q "Restrat" <<<"$out" ||
   fail "systemd-analyze verify did not report a misspelt key; this check cannot fail: '$out'"
 rm "$WORK/units/misspelt.service"
 

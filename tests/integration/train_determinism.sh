@@ -52,7 +52,7 @@ l2=$(cat "$WORK/out.txt")
 checks=$((checks + 1))
 [ "$l1" = "$l2" ] || fail "eval with 1 and 2 threads: '$l1' vs '$l2'"
 checks=$((checks + 1))
-echo "$l1" | grep -qE '^loss [0-9]+\.[0-9]{6}$' || fail "eval printed '$l1'"
+grep -qE '^loss [0-9]+\.[0-9]{6}$' <<<"$l1" || fail "eval printed '$l1'"
 expect_fail '--seqs 100000, but' "$ZSHARD" eval --model "$WORK/a" --data "$DATA/tiny.txt" --seqs 100000
 expect_fail 'exceeds the model' "$ZSHARD" eval --model "$WORK/a" --data "$DATA/tiny.txt" --seq-len 33
 # A corrupt model file is refused with a message naming it.
