@@ -29,8 +29,10 @@ expect_ok "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --
 checks=$((checks + 2))
 cmp "$WORK/plain/model.safetensors" "$WORK/launch/model.safetensors" ||
   fail "zshard launch --device cpu: model.safetensors differs from zshard train's"
-grep -q "compute on cpu" "$WORK/launch/logs/worker-1.log" ||
-  fail "worker 1 does not say where it computes: $(cat "$WORK/launch/logs/worker-1.log")"
+# Any worker: on a loaded machine one may still be registering when the 3 steps are done (seen
+# under ctest -j4 on 2 cores: "stopped while registering").
+grep -q "compute on cpu" "$WORK/launch/logs/"worker-*.log ||
+  fail "no worker says where it computes: $(cat "$WORK/launch/logs/"worker-*.log)"
 
 expect_fail 'device "gpu": expected cpu, cuda or cuda:N' "$ZSHARD" train --device gpu \
   --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps 1 --out "$WORK/bad"
