@@ -611,13 +611,15 @@ static zs_err fa_grid(const char *name, int B, int T, int C, int NH, unsigned *b
 {
     ZS_CHECK(check_heads(name, B, T, C, NH));
     *blocks = 0;
-    if ((long long)B * T * C == 0)
-        return ZS_OK;
-    if (!zs_cuda_attention_fused_supports(C / NH))
+    /* The head size first: a shape with no work (T 0) still gets the refusal the contract
+     * promises for an unsupported one. */
+    if (C > 0 && !zs_cuda_attention_fused_supports(C / NH))
         return zs_error(ZS_ERR_INVALID,
                         "cuda: %s: head size %d (C %d / NH %d) is not 32, 64, 96 or 128; "
                         "the reference attention takes any",
                         name, C / NH, C, NH);
+    if ((long long)B * T * C == 0)
+        return ZS_OK;
     long long n = (long long)(T + FA_TILE - 1) / FA_TILE * B * NH;
     if (n > 0x7fffffffLL)
         return zs_error(ZS_ERR_INVALID, "cuda: %s: %lld blocks (B %d, T %d, NH %d)", name, n, B, T,

@@ -21,12 +21,16 @@
  *     which the layout fixes, and logged once).
  *
  * Everything the model touches is device memory: the io's layer pointers, the activations,
- * the tokens (copied in at each forward).  Work is enqueued on the model's stream, and the io
- * moves bytes with zs_model_upload/zs_model_download, which are enqueued on the same stream
- * and wait for it: so an io may overwrite a layer's device buffer as soon as release() is
- * called (the upload runs after the kernels that read it), and a gradient it downloads in
- * grads_done() is complete.  That order is correct and simple; it does not overlap copies
- * with compute (the GPU worker's copy stream is still to come: docs/gpu.md).
+ * the tokens (copied in at each forward).  Work is enqueued on the model's stream.  The io
+ * moves bytes two ways (model.h):
+ *   - zs_model_upload/zs_model_download, enqueued on the compute stream and waited for: an io
+ *     using only these may overwrite a layer's device buffer as soon as release() is called
+ *     (the upload runs after the kernels that read it), and a gradient it downloads in
+ *     grads_done() is complete (zshard train);
+ *   - the copy stream (upload_async/download_async, ordered by tickets: marks on the compute
+ *     stream and copy events), which overlaps copies with compute (the GPU worker): an upload
+ *     into a released buffer must then wait for the release's mark (`after`), and the compute
+ *     stream waits for an upload's ticket (zs_model_after) before it reads the layer.
  *
  * The loss is the mean of the per-position losses, summed on the host in double in position
  * order, as the CPU model does.  Tokens are checked on the host before anything is enqueued.
@@ -60,6 +64,15 @@
         if (cu_e_ != cudaSuccess)                                                                  \
             return zs_error(ZS_ERR_IO, "cuda: %s: %s", #call, cudaGetErrorString(cu_e_));          \
     } while (0)
+
+/* A runtime call of the model's that failed (ce): the error naming it, with the runtime's last
+ * error cleared, which the next kernel launch would otherwise read (zs_cuda_launched) and
+ * report as its own failure. */
+static zs_err runtime_failed(int device, const char *what, cudaError_t ce)
+{
+    (void)cudaGetLastError();
+    return zs_error(ZS_ERR_IO, "model cuda:%d: %s: %s", device, what, cudaGetErrorString(ce));
+}
 
 typedef struct {
     int device;
@@ -608,7 +621,14 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
     zs_err err;
     int l = 0;
     m->pending = 0;
-    CU(cudaSetDevice(m->device));
+    /* From here on the layers the forward left acquired (0 and L + 1) are released on every
+     * failure, as gpt2.c does: finish() no longer can. */
+    cudaError_t ce = cudaSetDevice(m->device);
+    if (ce != cudaSuccess) {
+        err = zs_error(ZS_ERR_IO, "model cuda:%d: backward: cudaSetDevice: %s", m->device,
+                       cudaGetErrorString(ce));
+        goto fail_final;
+    }
 
     ZS_CHECK_GOTO(io->grads(io->ctx, L + 1, &gf), err, fail_final);
     ZS_CHECK_GOTO(io->grads(io->ctx, 0, &g0), err, fail_final);
@@ -623,8 +643,9 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
         ZS_CHECK_GOTO(zs_cuda_lm_head_backward(m->blas, a->dln, g0 + m->o.wte, a->logits, a->lnf,
                                                p0 + m->o.wte, N, C, m->V),
                       err, fail_final);
-    if (cudaMemsetAsync(a->dres, 0, (size_t)N * C * sizeof(float), m->stream) != cudaSuccess) {
-        err = zs_error(ZS_ERR_IO, "model cuda:%d: clearing the residual gradient", m->device);
+    if ((ce = cudaMemsetAsync(a->dres, 0, (size_t)N * C * sizeof(float), m->stream)) !=
+        cudaSuccess) {
+        err = runtime_failed(m->device, "clearing the residual gradient", ce);
         goto fail_final;
     }
     ZS_CHECK_GOTO(zs_cuda_layernorm_backward(a->dres, gf + m->o.lnf_w, gf + m->o.lnf_b, a->dln,
@@ -648,9 +669,9 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
         zs_cuda_encoder_backward(g0 + m->o.wte, dwpe, a->dres, m->inputs, m->b, T, C, m->stream),
         err, fail_embed);
     if (m->maxT > T &&
-        cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(m->maxT - T) * C * sizeof(float),
-                        m->stream) != cudaSuccess) {
-        err = zs_error(ZS_ERR_IO, "model cuda:%d: clearing wpe's unused rows", m->device);
+        (ce = cudaMemsetAsync(dwpe + (size_t)T * C, 0, (size_t)(m->maxT - T) * C * sizeof(float),
+                              m->stream)) != cudaSuccess) {
+        err = runtime_failed(m->device, "clearing wpe's unused rows", ce);
         goto fail_embed;
     }
     ZS_CHECK_GOTO(io->grads_done(io->ctx, 0), err, fail_embed);
@@ -674,26 +695,35 @@ static zs_err cuda_alloc(void *impl, size_t bytes, void **out)
     CU(cudaSetDevice(m->device));
     void *p = NULL;
     cudaError_t ce = cudaMalloc(&p, bytes ? bytes : 256);
-    if (ce != cudaSuccess)
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError(); /* not the next kernel's failure (runtime_failed) */
         return zs_error(ZS_ERR_NOMEM, "model cuda:%d: %zu bytes of device memory: %s", m->device,
                         bytes, cudaGetErrorString(ce));
+    }
     ce = cudaMemsetAsync(p, 0, bytes, m->stream);
     if (ce == cudaSuccess)
         ce = cudaStreamSynchronize(m->stream);
     if (ce != cudaSuccess) {
         cudaFree(p);
-        return zs_error(ZS_ERR_IO, "model cuda:%d: clearing %zu bytes: %s", m->device, bytes,
-                        cudaGetErrorString(ce));
+        return runtime_failed(m->device, "clearing new device memory", ce);
     }
     *out = p;
     return ZS_OK;
 }
 
+/* Before memory of the model's is freed: no kernel and no copy may still use it.  cudaFree
+ * happens to wait for the device, but that is not documented; the copy stream's layer copies
+ * run beside the kernels. */
+static void quiesce(cuda_model *m)
+{
+    cudaSetDevice(m->device);
+    cudaStreamSynchronize(m->stream);
+    cudaStreamSynchronize(m->copies);
+}
+
 static void cuda_dealloc(void *impl, void *p)
 {
-    cuda_model *m = impl;
-    cudaSetDevice(m->device);
-    cudaStreamSynchronize(m->stream); /* no kernel may still read it */
+    quiesce(impl);
     cudaFree(p);
 }
 
@@ -704,9 +734,11 @@ static zs_err cuda_host_alloc(void *impl, size_t bytes, void **out)
     CU(cudaSetDevice(m->device));
     void *p = NULL;
     cudaError_t ce = cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocPortable);
-    if (ce != cudaSuccess)
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError(); /* not the next kernel's failure (runtime_failed) */
         return zs_error(ZS_ERR_NOMEM, "model cuda:%d: %zu bytes of page-locked host memory: %s",
                         m->device, bytes, cudaGetErrorString(ce));
+    }
     memset(p, 0, bytes);
     *out = p;
     return ZS_OK;
@@ -714,7 +746,7 @@ static zs_err cuda_host_alloc(void *impl, size_t bytes, void **out)
 
 static void cuda_host_free(void *impl, void *p)
 {
-    (void)impl;
+    quiesce(impl); /* an async copy may still read or write the page-locked buffer */
     cudaFreeHost(p);
 }
 
@@ -848,8 +880,7 @@ static zs_err cuda_dmabuf_alloc(void *impl, size_t bytes, void **out, size_t *le
 static void cuda_dmabuf_free(void *impl, void *p)
 {
     cuda_model *m = impl;
-    cudaSetDevice(m->device);
-    cudaStreamSynchronize(m->stream); /* no kernel may still read it */
+    quiesce(m);
     /* p lies inside the allocation (its aligned start): free the allocation. */
     CUdeviceptr base = 0;
     size_t size = 0;

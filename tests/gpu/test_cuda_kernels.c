@@ -439,6 +439,11 @@ static void test_attention(int B, int T, int C, int NH)
         float *g_qkv = dev(qkv, nq), *g_dout = dev(dout, no), *g_out = dev(NULL, no);
         float *g_att = dev(NULL, na), *g_datt = dev(NULL, na), *g_dqkv = dev(NULL, nq);
         CHECK(g_qkv && g_dout && g_out && g_att && g_datt && g_dqkv);
+        /* Each run's outputs start as other garbage: an element a kernel skips shows. */
+        cudaMemset(g_out, run ? 0x7f : 0xff, no * 4);
+        cudaMemset(g_att, run ? 0x7f : 0xff, na * 4);
+        cudaMemset(g_datt, run ? 0x7f : 0xff, na * 4);
+        cudaMemset(g_dqkv, run ? 0x7f : 0xff, nq * 4);
         CHECK_OK(zs_cuda_attention_forward(g_out, g_att, g_qkv, B, T, C, NH, NULL));
         CHECK_OK(
             zs_cuda_attention_backward(g_dqkv, g_datt, g_dout, g_qkv, g_att, B, T, C, NH, NULL));
@@ -528,6 +533,8 @@ static void test_attention_fused(int B, int T, int C, int NH)
         float *g_dqkv = dev(NULL, nq);
         CHECK(g_out && g_lse && g_delta && g_dqkv);
         cudaMemset(g_out, run ? 0x7f : 0xff, no * 4);
+        cudaMemset(g_lse, run ? 0x7f : 0xff, nr * 4);
+        cudaMemset(g_delta, run ? 0x7f : 0xff, nr * 4);
         cudaMemset(g_dqkv, run ? 0x7f : 0xff, nq * 4);
         CHECK_OK(zs_cuda_attention_fused_forward(g_out, g_lse, g_qkv, B, T, C, NH, NULL));
         CHECK_OK(zs_cuda_attention_fused_backward(g_dqkv, g_delta, g_dout, g_qkv, g_out, g_lse, B,
@@ -568,6 +575,9 @@ static void test_attention_fused_refuses(void)
     CHECK_FAILS_WITH(
         zs_cuda_attention_fused_backward(NULL, NULL, NULL, NULL, NULL, NULL, 1, 8, 160, 2, NULL),
         "head size 80");
+    /* No work (T 0) is no excuse: the head size is still refused. */
+    CHECK_FAILS_WITH(zs_cuda_attention_fused_forward(NULL, NULL, NULL, 1, 0, 160, 2, NULL),
+                     "head size 80");
 }
 
 /* ---- bf16 mode ---------------------------------------------------------------------------- */
