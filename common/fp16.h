@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/half_format.h"
+
 /* float -> binary16 bits, round to nearest even (see the invariant above). */
 static inline uint16_t zs_f32_to_f16(float f)
 {

@@ -28,11 +28,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/fp16.h"
 #include "common/tensors.h"
 
-/* The format of the 16-bit copy AdamW writes beside the weights: what the workers of a bf16 or
- * an fp16 job fetch (docs/precision.md). */
-typedef enum { ZS_HALF_BF16 = 0, ZS_HALF_F16 = 1 } zs_half_format;
+/* The 16-bit copy AdamW writes beside the weights is in a zs_half_format (common/half_format.h):
+ * what the workers of a bf16 or an fp16 job fetch (docs/precision.md). */
 
 typedef struct {
     float grad_scale;   /* multiplies every gradient */

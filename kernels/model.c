@@ -47,7 +47,9 @@ void zs_device_format(zs_device d, char *out, size_t cap)
 
 zs_precision zs_model_precision(const zs_config *cfg)
 {
-    return cfg->bf16 ? ZS_PRECISION_BF16 : ZS_PRECISION_FP32;
+    if (cfg->bf16)
+        return ZS_PRECISION_BF16;
+    return cfg->fp16.enabled ? ZS_PRECISION_FP16 : ZS_PRECISION_FP32;
 }
 
 zs_err zs_model_create(zs_device dev, const zs_model_config *cfg, const zs_tensor_table *tt,
@@ -100,6 +102,11 @@ zs_err zs_model_forward(zs_model *m, const zs_gpt2_io *io, const int32_t *inputs
 zs_err zs_model_backward(zs_model *m, const zs_gpt2_io *io)
 {
     return m->ops->backward(m->impl, io);
+}
+
+float zs_model_loss_scale(zs_model *m, float scale)
+{
+    return m->ops->loss_scale ? m->ops->loss_scale(m->impl, scale) : scale;
 }
 
 void zs_model_finish(zs_model *m, const zs_gpt2_io *io)

@@ -54,13 +54,16 @@ void zs_device_format(zs_device d, char *out, size_t cap);
  *     compared with the CPU's element by element);
  *   ZS_PRECISION_BF16: the matrix products' operands (weights and the activations and gradients
  *     that feed them) stored in bf16, accumulated in fp32; everything else fp32.  The job's
- *     bf16.enabled selects it (zs_model_precision).
- * "cpu" takes either and computes the same bits with both.
+ *     bf16.enabled selects it (zs_model_precision);
+ *   ZS_PRECISION_FP16: the same in fp16, with the job's loss scale in the backward
+ *     (zs_model_loss_scale).  The job's fp16.enabled selects it.
+ * "cpu" takes any and computes the same bits with all: its reduced precisions are the host's
+ * rounding (docs/precision.md).
  */
-typedef enum { ZS_PRECISION_FP32 = 0, ZS_PRECISION_BF16 = 1 } zs_precision;
+typedef enum { ZS_PRECISION_FP32 = 0, ZS_PRECISION_BF16 = 1, ZS_PRECISION_FP16 = 2 } zs_precision;
 
-/* The precision a job's config asks for: ZS_PRECISION_BF16 with bf16.enabled, else fp32 (fp16
- * is emulated by rounding on the host and computes in fp32). */
+/* The precision a job's config asks for: ZS_PRECISION_BF16 with bf16.enabled,
+ * ZS_PRECISION_FP16 with fp16.enabled, else fp32. */
 zs_precision zs_model_precision(const zs_config *cfg);
 
 /* One backend's implementation of the calls below (impl: its model). */
@@ -72,6 +75,8 @@ typedef struct {
     zs_err (*forward)(void *impl, const zs_gpt2_io *io, const int32_t *inputs,
                       const int32_t *targets, int b, int t, float *loss);
     zs_err (*backward)(void *impl, const zs_gpt2_io *io);
+    /* Optional (NULL: the host scales, the model returns scale); see zs_model_loss_scale. */
+    float (*loss_scale)(void *impl, float scale);
     void (*finish)(void *impl, const zs_gpt2_io *io);
     zs_err (*alloc)(void *impl, size_t bytes, void **out);
     void (*dealloc)(void *impl, void *p);
@@ -119,6 +124,17 @@ size_t zs_model_host_bytes(zs_device dev, const zs_model_config *cfg, int max_b,
 zs_err zs_model_forward(zs_model *m, const zs_gpt2_io *io, const int32_t *inputs,
                         const int32_t *targets, int b, int t, float *loss);
 zs_err zs_model_backward(zs_model *m, const zs_gpt2_io *io);
+
+/*
+ * fp16 jobs: the loss scale (a power of two) of the backwards from now on.  Returns the factor
+ * the caller still multiplies each gradient by before rounding it to fp16
+ * (zs_fp16_scale_grads): 1 when the model applies the scale itself, `scale` when it does not.
+ * A ZS_PRECISION_FP16 GPU model applies it (dlogits carry it, so its fp16 backward holds the
+ * scaled gradients, and overflows, as DeepSpeed's fp16 backward of the scaled loss does, and
+ * every gradient it hands over is scaled); the CPU, and GPU models in other precisions, do
+ * not (the host scales after the backward: docs/precision.md).
+ */
+float zs_model_loss_scale(zs_model *m, float scale);
 void zs_model_finish(zs_model *m, const zs_gpt2_io *io);
 
 /* bytes of the model's memory (zeroed, 64-byte aligned at least); freed by zs_model_dealloc. */

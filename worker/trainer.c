@@ -152,6 +152,9 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
     /* fp16: this step's loss scale (1 otherwise, which changes no bit below). */
     int fp16 = cfg->fp16.enabled;
     double scale = fp16 ? tr->ls.scale : 1.0;
+    /* What the host still multiplies the gradient by: the scale, or 1 where the model's fp16
+     * backward already carried it (a GPU model, zs_model_loss_scale). */
+    float host_scale = fp16 ? zs_model_loss_scale(tr->model, (float)scale) : 1.0f;
     for (int c = 0; c < C; c++) {
         zs_data_chunk(tr->data, cfg->seed, tr->step, c, b, T, tr->inputs, tr->targets);
         /* acc = g_0, then acc += g_c: chunk order, as the servers add them.  Chunk 0's
@@ -166,7 +169,7 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
             ZS_CHECK(zs_model_download(tr->model, g, tr->dev_grads, n * sizeof(float)));
         loss_sum += loss;
         if (fp16) /* as a worker pushes it: scaled, rounded to fp16 (inf on overflow) */
-            zs_fp16_scale_grads(g, n, (float)scale);
+            zs_fp16_scale_grads(g, n, host_scale);
         if (c > 0) /* the servers' addition (kernels/reduce.h): the same bits */
             zs_accumulate(tr->acc, tr->grads, n, tr->threads);
     }

@@ -110,7 +110,8 @@ typedef struct {
     /* fp16.enabled (docs/precision.md): the weights are fetched as the servers' fp16 copy and
      * widened on arrival, and each layer's gradient is multiplied by the step's loss scale,
      * rounded to fp16 and pushed as F16 (inf on an overflow), from the front half of its
-     * buffer. */
+     * buffer.  loss_scale is the factor the host applies: the step's scale, or 1 where the
+     * model's fp16 backward carried it already (a GPU model, zs_model_loss_scale). */
     int fp16;
     float loss_scale;
 } wk;
@@ -584,7 +585,8 @@ static void gpudirect_reason(const wk *w, char *why, size_t cap)
     else if (w->dtype == ZS_DTYPE_BF16)
         snprintf(why, cap, "bf16 weights are widened to fp32 on the host as they arrive");
     else if (w->fp16)
-        snprintf(why, cap, "fp16.enabled rounds fetched weights and scales gradients on the host");
+        snprintf(why, cap,
+                 "fp16.enabled widens fetched weights and rounds gradients to fp16 on the host");
     else
         why[0] = '\0';
 }
@@ -773,7 +775,8 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
             w.st.steps++;
             last_step = a.step;
         }
-        w.loss_scale = (float)a.loss_scale;
+        w.loss_scale =
+            w.fp16 ? zs_model_loss_scale(w.model, (float)a.loss_scale) : (float)a.loss_scale;
         /* A stop request ends the loop after the chunk in hand; the coordinator gives the
          * rest of the assignment to others once this worker leaves. */
         for (int i = 0; i < a.n && res == ZS_OK && !(stop_flag && *stop_flag); i++) {

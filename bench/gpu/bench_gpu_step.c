@@ -10,7 +10,7 @@
  * model's precisions (kernels/model.h).  The limit measured in the same run is the GEMM peak of
  * the path each precision's matmuls take, on a 8192 x 8192 x 8192 product, best of 5: cuBLASLt
  * with fp32 operands (zs_cuda_linear_forward) for fp32, with bf16 operands and fp32
- * accumulation (zs_cuda_linear_forward_bf16, the tensor cores) for bf16.  Each step's ratio to
+ * accumulation (zs_cuda_linear_forward_half, the tensor cores) for bf16.  Each step's ratio to
  * its own peak is its model-flops utilization.  llm.c's published figure, about 60% MFU for
  * 124M on an A100, is bf16 against the bf16 tensor-core peak: the bf16 line is the one to set
  * beside it (llm.c also keeps its attention, fused, in bf16; ours is fp32).

@@ -46,9 +46,10 @@ static inline double zs_bench_gemm_peak(int dev, int n, int bf16)
     for (int r = 0; r < 6; r++) {
         cudaStreamSynchronize(s);
         double t0 = zs_now_s();
-        zs_err e = bf16 ? zs_cuda_linear_forward_bf16(blas, c, (const zs_bf16 *)(void *)a,
-                                                      (const zs_bf16 *)(void *)b, NULL, n, n, n)
-                        : zs_cuda_linear_forward(blas, c, a, b, NULL, n, n, n);
+        zs_err e =
+            bf16 ? zs_cuda_linear_forward_half(ZS_HALF_BF16, blas, c, (const zs_half16 *)(void *)a,
+                                               (const zs_half16 *)(void *)b, NULL, n, n, n)
+                 : zs_cuda_linear_forward(blas, c, a, b, NULL, n, n, n);
         if (e != ZS_OK)
             goto out;
         if (cudaStreamSynchronize(s) != cudaSuccess)

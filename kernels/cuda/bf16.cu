@@ -1,24 +1,26 @@
 /*
- * bf16: the bf16 mode's conversions (cuda_kernels.h): fp32 to bf16, and the gradient of a
- * linear layer's output made into its bf16 GEMM operand in the same pass that sums its bias
- * gradient.
+ * bf16: the 16-bit modes' conversions (cuda_kernels.h; the file keeps the first mode's name):
+ * fp32 to bf16 or fp16, and the gradient of a linear layer's output made into its 16-bit GEMM
+ * operand in the same pass that sums its bias gradient.  Each kernel is a template over the
+ * 16-bit type, launched for the format the caller names (ZS_WITH_HALF).
  *
- * Invariant: every rounding is __float2bfloat16_rn (to nearest even), so a bf16-representable
- * float converts exactly; every bias gradient is a thread a column walking the rows in order in
- * fp32, as zs_cuda_bias_backward, so its bits do not change from run to run.
+ * Invariant: every rounding is to nearest even (__float2bfloat16_rn, __float2half_rn), so a
+ * representable float converts exactly; every bias gradient is a thread a column walking the rows
+ * in order in fp32, as zs_cuda_bias_backward, so its bits do not change from run to run.
  */
 #include "kernels/cuda/launch.cuh"
 
-__global__ static void to_bf16_kernel(__nv_bfloat16 *out, const float *in, long long n)
+template <typename T> __global__ static void to_half_kernel(T *out, const float *in, long long n)
 {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        out[i] = __float2bfloat16_rn(in[i]);
+        zs_put(&out[i], in[i]);
 }
 
-/* dout16 = bf16(dout) column by column; dbias[c] = the fp32 column sum (when dbias). */
-__global__ static void bias_backward_bf16_kernel(float *dbias, __nv_bfloat16 *dout16,
-                                                 const float *dout, int N, int OC)
+/* dout16 = 16-bit(dout) column by column; dbias[c] = the fp32 column sum (when dbias). */
+template <typename T>
+__global__ static void bias_backward_half_kernel(float *dbias, T *dout16, const float *dout, int N,
+                                                 int OC)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= OC)
@@ -27,57 +29,63 @@ __global__ static void bias_backward_bf16_kernel(float *dbias, __nv_bfloat16 *do
     for (int i = 0; i < N; i++) {
         size_t k = (size_t)i * OC + c;
         float v = dout[k];
-        dout16[k] = __float2bfloat16_rn(v);
+        zs_put(&dout16[k], v);
         acc += v;
     }
     if (dbias)
         dbias[c] = acc;
 }
 
-__global__ static void bias_backward_of_bf16_kernel(float *dbias, const __nv_bfloat16 *dout, int N,
-                                                    int OC)
+template <typename T>
+__global__ static void bias_backward_of_half_kernel(float *dbias, const T *dout, int N, int OC)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= OC)
         return;
     float acc = 0.0f;
     for (int i = 0; i < N; i++)
-        acc += __bfloat162float(dout[(size_t)i * OC + c]);
+        acc += zs_get(&dout[(size_t)i * OC + c]);
     dbias[c] = acc;
 }
 
-extern "C" zs_err zs_cuda_to_bf16(zs_bf16 *out, const float *in, long long n, zs_cuda_stream stream)
+extern "C" zs_err zs_cuda_to_half(zs_half_format h, zs_half16 *out, const float *in, long long n,
+                                  zs_cuda_stream stream)
 {
     if (n < 0)
-        return zs_error(ZS_ERR_INVALID, "cuda: to_bf16: %lld elements", n);
+        return zs_error(ZS_ERR_INVALID, "cuda: to_%s: %lld elements", zs_half_name(h), n);
     if (n == 0)
         return ZS_OK;
-    to_bf16_kernel<<<zs_cuda_blocks(n, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-        (__nv_bfloat16 *)out, in, n);
-    return zs_cuda_launched("to_bf16", (int)(n < 0x7fffffff ? n : 0x7fffffff), 1);
+    ZS_WITH_HALF(h, to_half_kernel<T>
+                 <<<zs_cuda_blocks(n, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>((T *)out, in, n));
+    return zs_cuda_launched(h == ZS_HALF_F16 ? "to_fp16" : "to_bf16",
+                            (int)(n < 0x7fffffff ? n : 0x7fffffff), 1);
 }
 
-extern "C" zs_err zs_cuda_bias_backward_bf16(float *dbias, zs_bf16 *dout16, const float *dout,
-                                             int N, int OC, zs_cuda_stream stream)
+extern "C" zs_err zs_cuda_bias_backward_half(zs_half_format h, float *dbias, zs_half16 *dout16,
+                                             const float *dout, int N, int OC,
+                                             zs_cuda_stream stream)
 {
-    ZS_CHECK(zs_cuda_check_shape("bias_backward_bf16", N, OC));
+    ZS_CHECK(zs_cuda_check_shape("bias_backward_half", N, OC));
     if (OC == 0)
         return ZS_OK;
     /* Without a bias the cast alone, a thread an element: the column walk is for the sum. */
     if (!dbias)
-        return zs_cuda_to_bf16(dout16, dout, (long long)N * OC, stream);
-    bias_backward_bf16_kernel<<<zs_cuda_blocks(OC, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-        dbias, (__nv_bfloat16 *)dout16, dout, N, OC);
-    return zs_cuda_launched("bias_backward_bf16", N, OC);
+        return zs_cuda_to_half(h, dout16, dout, (long long)N * OC, stream);
+    ZS_WITH_HALF(h, bias_backward_half_kernel<T>
+                 <<<zs_cuda_blocks(OC, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+                     dbias, (T *)dout16, dout, N, OC));
+    return zs_cuda_launched("bias_backward_half", N, OC);
 }
 
-extern "C" zs_err zs_cuda_bias_backward_of_bf16(float *dbias, const zs_bf16 *dout, int N, int OC,
+extern "C" zs_err zs_cuda_bias_backward_of_half(zs_half_format h, float *dbias,
+                                                const zs_half16 *dout, int N, int OC,
                                                 zs_cuda_stream stream)
 {
-    ZS_CHECK(zs_cuda_check_shape("bias_backward_of_bf16", N, OC));
+    ZS_CHECK(zs_cuda_check_shape("bias_backward_of_half", N, OC));
     if (OC == 0)
         return ZS_OK;
-    bias_backward_of_bf16_kernel<<<zs_cuda_blocks(OC, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-        dbias, (const __nv_bfloat16 *)dout, N, OC);
-    return zs_cuda_launched("bias_backward_of_bf16", N, OC);
+    ZS_WITH_HALF(h, bias_backward_of_half_kernel<T>
+                 <<<zs_cuda_blocks(OC, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+                     dbias, (const T *)dout, N, OC));
+    return zs_cuda_launched("bias_backward_of_half", N, OC);
 }

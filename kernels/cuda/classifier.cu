@@ -20,7 +20,9 @@
 
 #define CE_BLOCK 512
 
-template <bool TO_BF16>
+/* OutT: float (dlogits over the logits), or a 16-bit type (dlogits rounded to it, in the first
+ * half of each row's bytes). */
+template <typename OutT>
 __global__ static void crossentropy_kernel(float *logits, float *losses, const int32_t *targets,
                                            int V, float dloss)
 {
@@ -58,8 +60,8 @@ __global__ static void crossentropy_kernel(float *logits, float *losses, const i
     }
     double total = ssum[0];
     float scale = (float)(dloss / total);
-    if (TO_BF16) {
-        __nv_bfloat16 *xb = (__nv_bfloat16 *)x;
+    if (sizeof(OutT) == 2) {
+        OutT *xb = (OutT *)x;
         for (int base = 0; base < V; base += CE_BLOCK) {
             int j = base + tid;
             float v = 0.0f;
@@ -70,7 +72,7 @@ __global__ static void crossentropy_kernel(float *logits, float *losses, const i
             }
             __syncthreads();
             if (j < V)
-                xb[j] = __float2bfloat16_rn(v);
+                zs_put(&xb[j], v);
         }
     } else {
         for (int j = tid; j < V; j += CE_BLOCK)
@@ -89,19 +91,19 @@ extern "C" zs_err zs_cuda_crossentropy_fused(float *logits, float *losses, const
     ZS_CHECK(zs_cuda_check_shape("crossentropy_fused", N, V));
     if (N == 0 || V == 0)
         return ZS_OK;
-    crossentropy_kernel<false>
+    crossentropy_kernel<float>
         <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, losses, targets, V, dloss);
     return zs_cuda_launched("crossentropy_fused", N, V);
 }
 
-extern "C" zs_err zs_cuda_crossentropy_fused_bf16(float *logits, float *losses,
+extern "C" zs_err zs_cuda_crossentropy_fused_half(zs_half_format h, float *logits, float *losses,
                                                   const int32_t *targets, int N, int V, float dloss,
                                                   zs_cuda_stream stream)
 {
-    ZS_CHECK(zs_cuda_check_shape("crossentropy_fused_bf16", N, V));
+    ZS_CHECK(zs_cuda_check_shape("crossentropy_fused_half", N, V));
     if (N == 0 || V == 0)
         return ZS_OK;
-    crossentropy_kernel<true>
-        <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, losses, targets, V, dloss);
-    return zs_cuda_launched("crossentropy_fused_bf16", N, V);
+    ZS_WITH_HALF(h, crossentropy_kernel<T>
+                 <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, losses, targets, V, dloss));
+    return zs_cuda_launched("crossentropy_fused_half", N, V);
 }

@@ -5,22 +5,23 @@
  * enqueued on a stream.
  *
  * So far: bias + GELU, LayerNorm (with the residual add), the encoder and the fused
- * cross-entropy, the linear layers through cuBLASLt (with a GELU epilogue in bf16 mode), the
- * bf16 conversions, and causal attention two ways: a reference kernel (correct and
+ * cross-entropy, the linear layers through cuBLASLt (with a GELU epilogue in the 16-bit modes), the
+ * 16-bit conversions, and causal attention two ways: a reference kernel (correct and
  * deterministic, not fast: it stores the T x T softmax) and a fused, flash-style one (per-row
  * log-sum-exp instead, tiles in shared memory), which the model uses (ZS_CUDA_ATTENTION,
  * docs/gpu.md).  None of it has run on a GPU yet.
  *
- * Two modes (kernels/model.h's zs_precision; docs/precision.md has the table of what is stored
- * how, and why):
+ * Modes (kernels/model.h's zs_precision; docs/precision.md has the table of what is stored how,
+ * and why):
  *   - fp32, the checking mode: everything fp32, each kernel checked against its CPU kernel
  *     element by element (tests/gpu/test_cuda_kernels.c holds the tolerance of each and why);
- *   - bf16 storage with fp32 accumulation: the *_bf16 functions below.  The GEMMs take bf16
- *     operands (zs_bf16: a bfloat16's bits) and accumulate in fp32 (CUBLAS_COMPUTE_32F); the
- *     kernels that produce a GEMM's operand write it in bf16 (rounded once, to nearest even,
- *     from the fp32 value they computed); every elementwise formula still runs in fp32.  The
- *     fc layer's GEMM can carry GELU in its epilogue (zs_cuda_linear_gelu_forward_bf16 and its
- *     backward), with the separate kernels as the fallback and the reference.
+ *   - 16-bit storage with fp32 accumulation, bf16 or fp16: the *_half functions below, whose
+ *     first argument is the format.  The GEMMs take 16-bit operands (zs_half16: the value's
+ *     bits) and accumulate in fp32 (CUBLAS_COMPUTE_32F); the kernels that produce a GEMM's
+ *     operand write it in 16 bits (rounded once, to nearest even, from the fp32 value they
+ *     computed); every elementwise formula still runs in fp32.  The fc layer's GEMM can carry
+ *     GELU in its epilogue (zs_cuda_linear_gelu_forward_half and its backward), with the
+ *     separate kernels as the fallback and the reference.
  *
  * Determinism: no atomics.  A reduction over rows (a bias's or a LayerNorm weight's gradient)
  * is done by one thread per column walking the rows in order; one over a row (a LayerNorm's
@@ -39,6 +40,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/half_format.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -151,89 +153,98 @@ zs_err zs_cuda_crossentropy_fused(float *logits, float *losses, const int32_t *t
                                   int V, float dloss, zs_cuda_stream stream);
 
 /*
- * bf16 storage (the bf16 mode).  Rounding is to nearest even everywhere (__float2bfloat16_rn),
- * so a value that is already bf16-representable (the weights of a bf16.enabled job) converts
- * exactly.
+ * 16-bit storage (the bf16 and fp16 modes), in format h (common/half_format.h).  Rounding is to
+ * nearest even everywhere (__float2bfloat16_rn, __float2half_rn), so a value already
+ * representable (the weights of a bf16.enabled or fp16.enabled job) converts exactly.  Below,
+ * "bf16" in a comment stands for the format h.
  */
-typedef uint16_t zs_bf16; /* the bits of a bfloat16 (__nv_bfloat16 in the .cu files) */
+typedef uint16_t zs_half16; /* the bits of a bfloat16 or a binary16 (__nv_bfloat16, __half) */
 
 /* out (n) = in rounded to bf16. */
-zs_err zs_cuda_to_bf16(zs_bf16 *out, const float *in, long long n, zs_cuda_stream stream);
+zs_err zs_cuda_to_half(zs_half_format h, zs_half16 *out, const float *in, long long n,
+                       zs_cuda_stream stream);
 
 /* zs_cuda_residual_layernorm_forward with the output rounded to bf16 (the normalization in
  * fp32, as the fp32 kernel computes it); inp2 NULL: no residual add (res is then unused). */
-zs_err zs_cuda_layernorm_forward_bf16(float *res, zs_bf16 *out, float *mean, float *rstd,
-                                      const float *inp1, const float *inp2, const float *weight,
-                                      const float *bias, int N, int C, zs_cuda_stream stream);
+zs_err zs_cuda_layernorm_forward_half(zs_half_format h, float *res, zs_half16 *out, float *mean,
+                                      float *rstd, const float *inp1, const float *inp2,
+                                      const float *weight, const float *bias, int N, int C,
+                                      zs_cuda_stream stream);
 
 /* From a product without its bias, prod (N, C) fp32: x = prod + bias (fp32), pre = bf16(x),
  * out = bf16(gelu(x)) with gelu_new in fp32 on x.  What the GELU epilogue stores. */
-zs_err zs_cuda_bias_gelu_forward_bf16(zs_bf16 *pre, zs_bf16 *out, const float *prod,
-                                      const float *bias, int N, int C, zs_cuda_stream stream);
+zs_err zs_cuda_bias_gelu_forward_half(zs_half_format h, zs_half16 *pre, zs_half16 *out,
+                                      const float *prod, const float *bias, int N, int C,
+                                      zs_cuda_stream stream);
 
 /* dpre (N, C) = bf16(d * gelu'(pre)) (d fp32, pre bf16); dbias (C) = column sums of the rounded
  * values, in fp32 in row order (param grads =; skipped when NULL).  The GELU epilogue's backward
- * and the fallback of zs_cuda_linear_backward_dgelu_bf16. */
-zs_err zs_cuda_bias_gelu_backward_bf16(zs_bf16 *dpre, float *dbias, const float *d,
-                                       const zs_bf16 *pre, int N, int C, zs_cuda_stream stream);
+ * and the fallback of zs_cuda_linear_backward_dgelu_half. */
+zs_err zs_cuda_bias_gelu_backward_half(zs_half_format h, zs_half16 *dpre, float *dbias,
+                                       const float *d, const zs_half16 *pre, int N, int C,
+                                       zs_cuda_stream stream);
 
 /* dout16 (N, OC) = bf16(dout); dbias (OC) = column sums of the fp32 dout, in row order (param
  * grads =; skipped when NULL).  One pass: the gradient feeding a linear backward. */
-zs_err zs_cuda_bias_backward_bf16(float *dbias, zs_bf16 *dout16, const float *dout, int N, int OC,
-                                  zs_cuda_stream stream);
+zs_err zs_cuda_bias_backward_half(zs_half_format h, float *dbias, zs_half16 *dout16,
+                                  const float *dout, int N, int OC, zs_cuda_stream stream);
 
 /* dbias (OC) = column sums of a bf16 (N, OC), in fp32 in row order (param grads =). */
-zs_err zs_cuda_bias_backward_of_bf16(float *dbias, const zs_bf16 *dout, int N, int OC,
-                                     zs_cuda_stream stream);
+zs_err zs_cuda_bias_backward_of_half(zs_half_format h, float *dbias, const zs_half16 *dout, int N,
+                                     int OC, zs_cuda_stream stream);
 
 /* zs_cuda_crossentropy_fused with dlogits rounded to bf16 and written over the logits in place:
  * row i's V bf16 values fill the first half of row i's bytes, so dlogits is an (N, V) bf16
  * matrix with leading dimension 2V (no second (N, V) buffer).  losses as the fp32 one's. */
-zs_err zs_cuda_crossentropy_fused_bf16(float *logits, float *losses, const int32_t *targets, int N,
-                                       int V, float dloss, zs_cuda_stream stream);
+zs_err zs_cuda_crossentropy_fused_half(zs_half_format h, float *logits, float *losses,
+                                       const int32_t *targets, int N, int V, float dloss,
+                                       zs_cuda_stream stream);
 
 /* zs_cuda_linear_forward with bf16 inp and weight, fp32 accumulation, out and bias. */
-zs_err zs_cuda_linear_forward_bf16(zs_cuda_blas *b, float *out, const zs_bf16 *inp,
-                                   const zs_bf16 *weight, const float *bias, int N, int C, int OC);
+zs_err zs_cuda_linear_forward_half(zs_half_format h, zs_cuda_blas *b, float *out,
+                                   const zs_half16 *inp, const zs_half16 *weight, const float *bias,
+                                   int N, int C, int OC);
 
 /* zs_cuda_linear_backward with bf16 dout, inp and weight, fp32 dinp and dweight (each skipped
- * when NULL); no dbias (the caller takes it from the fp32 gradient: zs_cuda_bias_backward_bf16). */
-zs_err zs_cuda_linear_backward_bf16(zs_cuda_blas *b, float *dinp, float *dweight,
-                                    const zs_bf16 *dout, const zs_bf16 *inp, const zs_bf16 *weight,
-                                    int N, int C, int OC);
+ * when NULL); no dbias (the caller takes it from the fp32 gradient: zs_cuda_bias_backward_half). */
+zs_err zs_cuda_linear_backward_half(zs_half_format h, zs_cuda_blas *b, float *dinp, float *dweight,
+                                    const zs_half16 *dout, const zs_half16 *inp,
+                                    const zs_half16 *weight, int N, int C, int OC);
 
 /* zs_cuda_lm_head_forward with bf16 inp and wte. */
-zs_err zs_cuda_lm_head_forward_bf16(zs_cuda_blas *b, float *logits, const zs_bf16 *inp,
-                                    const zs_bf16 *wte, int N, int C, int V);
+zs_err zs_cuda_lm_head_forward_half(zs_half_format h, zs_cuda_blas *b, float *logits,
+                                    const zs_half16 *inp, const zs_half16 *wte, int N, int C,
+                                    int V);
 
 /* zs_cuda_lm_head_backward with bf16 dlogits (row stride ldl elements: 2V from
- * zs_cuda_crossentropy_fused_bf16), inp and wte; fp32 dinp and dwte. */
-zs_err zs_cuda_lm_head_backward_bf16(zs_cuda_blas *b, float *dinp, float *dwte,
-                                     const zs_bf16 *dlogits, int ldl, const zs_bf16 *inp,
-                                     const zs_bf16 *wte, int N, int C, int V);
+ * zs_cuda_crossentropy_fused_half), inp and wte; fp32 dinp and dwte. */
+zs_err zs_cuda_lm_head_backward_half(zs_half_format h, zs_cuda_blas *b, float *dinp, float *dwte,
+                                     const zs_half16 *dlogits, int ldl, const zs_half16 *inp,
+                                     const zs_half16 *wte, int N, int C, int V);
 
 /*
  * The GELU epilogue (bf16 mode).  cuBLASLt's GELU is the tanh approximation, gelu_new's formula,
  * computed by its own code (other bits than gelu.cu's): docs/gpu.md.
  *
- * zs_cuda_linear_gelu_forward_bf16: one GEMM with CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+ * zs_cuda_linear_gelu_forward_half: one GEMM with CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
  *   pre (N, OC) = bf16(inp weight + bias), out (N, OC) = bf16(gelu(inp weight + bias)); bias is
  *   bf16 (cuBLASLt's bias takes the output's type).
- * zs_cuda_linear_backward_dgelu_bf16: the GEMM of the next layer's dinp with
+ * zs_cuda_linear_backward_dgelu_half: the GEMM of the next layer's dinp with
  *   CUBLASLT_EPILOGUE_DGELU: dpre (N, C) = bf16((dout weight^T) * gelu'(pre)), weight (C, OC),
  *   pre (N, C) what the forward stored.  The bias gradient is not taken from cuBLASLt
- *   (DGELU_BGRAD): zs_cuda_bias_backward_of_bf16 sums dpre in a fixed order.
+ *   (DGELU_BGRAD): zs_cuda_bias_backward_of_half sums dpre in a fixed order.
  * Both set *fused = 1 when they enqueued the fused GEMM, and *fused = 0 (returning ZS_OK, with
  * nothing enqueued) when cuBLASLt offers no algorithm for it: OC or C odd (the aux matrix's
  * leading dimension must be a multiple of 8), or none for this GPU and shape.  The caller then
- * runs the separate path: a GEMM, zs_cuda_bias_gelu_forward_bf16 / _backward_bf16.
+ * runs the separate path: a GEMM, zs_cuda_bias_gelu_forward_half / _backward_half.
  */
-zs_err zs_cuda_linear_gelu_forward_bf16(zs_cuda_blas *b, zs_bf16 *pre, zs_bf16 *out,
-                                        const zs_bf16 *inp, const zs_bf16 *weight,
-                                        const zs_bf16 *bias, int N, int C, int OC, int *fused);
-zs_err zs_cuda_linear_backward_dgelu_bf16(zs_cuda_blas *b, zs_bf16 *dpre, const zs_bf16 *dout,
-                                          const zs_bf16 *weight, const zs_bf16 *pre, int N, int C,
-                                          int OC, int *fused);
+zs_err zs_cuda_linear_gelu_forward_half(zs_half_format h, zs_cuda_blas *b, zs_half16 *pre,
+                                        zs_half16 *out, const zs_half16 *inp,
+                                        const zs_half16 *weight, const zs_half16 *bias, int N,
+                                        int C, int OC, int *fused);
+zs_err zs_cuda_linear_backward_dgelu_half(zs_half_format h, zs_cuda_blas *b, zs_half16 *dpre,
+                                          const zs_half16 *dout, const zs_half16 *weight,
+                                          const zs_half16 *pre, int N, int C, int OC, int *fused);
 
 #ifdef __cplusplus
 }

@@ -89,9 +89,9 @@ extern "C" zs_err zs_cuda_bias_gelu_backward(float *d, float *dbias, const float
     return zs_cuda_launched("bias_gelu_backward", N, C);
 }
 
-__global__ static void bias_gelu_forward_bf16_kernel(__nv_bfloat16 *pre, __nv_bfloat16 *out,
-                                                     const float *prod, const float *bias,
-                                                     long long n, int C)
+template <typename T>
+__global__ static void bias_gelu_forward_half_kernel(T *pre, T *out, const float *prod,
+                                                     const float *bias, long long n, int C)
 {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
@@ -99,14 +99,14 @@ __global__ static void bias_gelu_forward_bf16_kernel(__nv_bfloat16 *pre, __nv_bf
     float x = prod[i];
     if (bias)
         x += bias[i % C];
-    pre[i] = __float2bfloat16_rn(x);
-    out[i] = __float2bfloat16_rn(x / (1.0f + gelu_e(x)));
+    zs_put(&pre[i], x);
+    zs_put(&out[i], x / (1.0f + gelu_e(x)));
 }
 
-/* A thread a column, rows in order: dpre = bf16(d * gelu'(pre)), dbias = sum of the rounded. */
-__global__ static void bias_gelu_backward_bf16_kernel(__nv_bfloat16 *dpre, float *dbias,
-                                                      const float *d, const __nv_bfloat16 *pre,
-                                                      int N, int C)
+/* A thread a column, rows in order: dpre = 16-bit(d * gelu'(pre)), dbias = sum of the rounded. */
+template <typename T>
+__global__ static void bias_gelu_backward_half_kernel(T *dpre, float *dbias, const float *d,
+                                                      const T *pre, int N, int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C)
@@ -114,35 +114,36 @@ __global__ static void bias_gelu_backward_bf16_kernel(__nv_bfloat16 *dpre, float
     float acc = 0.0f;
     for (int i = 0; i < N; i++) {
         size_t k = (size_t)i * C + c;
-        __nv_bfloat16 r = __float2bfloat16_rn(d[k] * gelu_grad(__bfloat162float(pre[k])));
-        dpre[k] = r;
-        acc += __bfloat162float(r);
+        zs_put(&dpre[k], d[k] * gelu_grad(zs_get(&pre[k])));
+        acc += zs_get(&dpre[k]);
     }
     if (dbias)
         dbias[c] = acc;
 }
 
-extern "C" zs_err zs_cuda_bias_gelu_forward_bf16(zs_bf16 *pre, zs_bf16 *out, const float *prod,
-                                                 const float *bias, int N, int C,
+extern "C" zs_err zs_cuda_bias_gelu_forward_half(zs_half_format h, zs_half16 *pre, zs_half16 *out,
+                                                 const float *prod, const float *bias, int N, int C,
                                                  zs_cuda_stream stream)
 {
-    ZS_CHECK(zs_cuda_check_shape("bias_gelu_forward_bf16", N, C));
+    ZS_CHECK(zs_cuda_check_shape("bias_gelu_forward_half", N, C));
     long long n = (long long)N * C;
     if (n == 0)
         return ZS_OK;
-    bias_gelu_forward_bf16_kernel<<<zs_cuda_blocks(n, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-        (__nv_bfloat16 *)pre, (__nv_bfloat16 *)out, prod, bias, n, C);
-    return zs_cuda_launched("bias_gelu_forward_bf16", N, C);
+    ZS_WITH_HALF(h, bias_gelu_forward_half_kernel<T>
+                 <<<zs_cuda_blocks(n, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+                     (T *)pre, (T *)out, prod, bias, n, C));
+    return zs_cuda_launched("bias_gelu_forward_half", N, C);
 }
 
-extern "C" zs_err zs_cuda_bias_gelu_backward_bf16(zs_bf16 *dpre, float *dbias, const float *d,
-                                                  const zs_bf16 *pre, int N, int C,
-                                                  zs_cuda_stream stream)
+extern "C" zs_err zs_cuda_bias_gelu_backward_half(zs_half_format h, zs_half16 *dpre, float *dbias,
+                                                  const float *d, const zs_half16 *pre, int N,
+                                                  int C, zs_cuda_stream stream)
 {
-    ZS_CHECK(zs_cuda_check_shape("bias_gelu_backward_bf16", N, C));
+    ZS_CHECK(zs_cuda_check_shape("bias_gelu_backward_half", N, C));
     if (C == 0)
         return ZS_OK;
-    bias_gelu_backward_bf16_kernel<<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-        (__nv_bfloat16 *)dpre, dbias, d, (const __nv_bfloat16 *)pre, N, C);
-    return zs_cuda_launched("bias_gelu_backward_bf16", N, C);
+    ZS_WITH_HALF(h, bias_gelu_backward_half_kernel<T>
+                 <<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
+                     (T *)dpre, dbias, d, (const T *)pre, N, C));
+    return zs_cuda_launched("bias_gelu_backward_half", N, C);
 }

@@ -6,6 +6,7 @@
 #define ZS_CUDA_LAUNCH_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -38,7 +39,8 @@ static inline unsigned zs_cuda_blocks(long long work, int per_block)
     return (unsigned)((work + per_block - 1) / per_block);
 }
 
-/* Stores v as T: itself, or rounded to bf16 (to nearest even) for the bf16 mode's operands. */
+/* Stores v as T: itself, or rounded to bf16 or fp16 (to nearest even) for the 16-bit modes'
+ * operands. */
 __device__ static inline void zs_put(float *p, float v)
 {
     *p = v;
@@ -46,6 +48,48 @@ __device__ static inline void zs_put(float *p, float v)
 __device__ static inline void zs_put(__nv_bfloat16 *p, float v)
 {
     *p = __float2bfloat16_rn(v);
+}
+__device__ static inline void zs_put(__half *p, float v)
+{
+    *p = __float2half_rn(v);
+}
+
+/* A 16-bit operand widened (exact). */
+__device__ static inline float zs_get(const __nv_bfloat16 *p)
+{
+    return __bfloat162float(*p);
+}
+__device__ static inline float zs_get(const __half *p)
+{
+    return __half2float(*p);
+}
+
+/* The device type of a 16-bit format: its value's bits are a zs_half16's. */
+template <zs_half_format H> struct zs_half_type;
+template <> struct zs_half_type<ZS_HALF_BF16> {
+    typedef __nv_bfloat16 T;
+};
+template <> struct zs_half_type<ZS_HALF_F16> {
+    typedef __half T;
+};
+
+/* The statement(s) after h with T the device type of h (__nv_bfloat16 or __half): how a host
+ * function launches the instance of a kernel template for the model's 16-bit format. */
+#define ZS_WITH_HALF(h, ...)                                                                       \
+    do {                                                                                           \
+        if ((h) == ZS_HALF_F16) {                                                                  \
+            typedef zs_half_type<ZS_HALF_F16>::T T;                                                \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            typedef zs_half_type<ZS_HALF_BF16>::T T;                                               \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+/* "bf16" or "fp16": the format's name in messages. */
+static inline const char *zs_half_name(zs_half_format h)
+{
+    return h == ZS_HALF_F16 ? "fp16" : "bf16";
 }
 
 /* The sum of v over a warp, in a fixed butterfly order: every lane gets the same bits. */

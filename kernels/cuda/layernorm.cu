@@ -135,11 +135,15 @@ extern "C" zs_err zs_cuda_residual_layernorm_forward(float *res, float *out, flo
                    C, stream);
 }
 
-extern "C" zs_err zs_cuda_layernorm_forward_bf16(float *res, zs_bf16 *out, float *mean, float *rstd,
-                                                 const float *inp1, const float *inp2,
-                                                 const float *weight, const float *bias, int N,
-                                                 int C, zs_cuda_stream stream)
+extern "C" zs_err zs_cuda_layernorm_forward_half(zs_half_format h, float *res, zs_half16 *out,
+                                                 float *mean, float *rstd, const float *inp1,
+                                                 const float *inp2, const float *weight,
+                                                 const float *bias, int N, int C,
+                                                 zs_cuda_stream stream)
 {
+    if (h == ZS_HALF_F16)
+        return forward("layernorm_forward_fp16", inp2 ? res : NULL, (__half *)out, mean, rstd, inp1,
+                       inp2, weight, bias, N, C, stream);
     return forward("layernorm_forward_bf16", inp2 ? res : NULL, (__nv_bfloat16 *)out, mean, rstd,
                    inp1, inp2, weight, bias, N, C, stream);
 }

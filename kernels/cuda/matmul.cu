@@ -8,12 +8,13 @@
  * memory, read column-major.
  *
  * fp32 mode: CUBLAS_COMPUTE_32F, so no TF32 (the checking mode must match the CPU within the
- * tolerance table).  bf16 mode (the *_bf16 functions): bf16 A and B, still CUBLAS_COMPUTE_32F
- * with fp32 scale, and an fp32 output and bias, except the GELU epilogue's GEMMs, whose output,
- * aux matrix (the GELU input) and bias are bf16 because cuBLASLt gives the aux matrix and the bias
- * the output's type.  The epilogue's GELU is cuBLASLt's tanh approximation (docs/gpu.md has
- * what the documentation says and does not: the formula, the aux matrix's leading dimension, a
- * multiple of 8, and why the bias gradient of DGELU_BGRAD is not used).
+ * tolerance table).  The 16-bit modes (the *_half functions, bf16 or fp16 by their format): 16-bit
+ * A and B, still CUBLAS_COMPUTE_32F with fp32 scale, and an fp32 output and bias, except the GELU
+ * epilogue's GEMMs, whose output, aux matrix (the GELU input) and bias are 16-bit because
+ * cuBLASLt gives the aux matrix and the bias the output's type.  The epilogue's GELU is cuBLASLt's
+ * tanh approximation (docs/gpu.md has what the documentation says and does not: the formula, the
+ * aux matrix's leading dimension, a multiple of 8, and why the bias gradient of DGELU_BGRAD is not
+ * used).
  *
  * Determinism: the preference allows only algorithms without a split-K reduction
  * (CUBLASLT_REDUCTION_SCHEME_NONE), which would sum partial products in an order that may vary,
@@ -86,7 +87,12 @@ typedef struct {
 } gemm_kind;
 
 static const gemm_kind FP32 = {CUDA_R_32F, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0};
-static const gemm_kind BF16 = {CUDA_R_16BF, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0};
+
+/* cuBLASLt's type of a 16-bit format. */
+static cudaDataType_t half_type(zs_half_format h)
+{
+    return h == ZS_HALF_F16 ? CUDA_R_16F : CUDA_R_16BF;
+}
 
 /* The largest power of two up to 256 that divides p's address: what the heuristic may assume
  * (its default is 256, which a slice of an activation need not be). */
@@ -230,12 +236,13 @@ static zs_err gemm32(zs_cuda_blas *b, const char *what, int transa, int transb, 
     return gemm(b, what, transa, transb, m, n, k, A, lda, B, ldb, D, ldd, &kind, NULL);
 }
 
-/* gemm of kind BF16 (bf16 operands, fp32 output and bias), no algorithm an error. */
-static zs_err gemm16(zs_cuda_blas *b, const char *what, int transa, int transb, int m, int n, int k,
-                     const zs_bf16 *A, int lda, const zs_bf16 *B, int ldb, float *D, int ldd,
-                     const float *bias)
+/* gemm of 16-bit operands in format h (fp32 output and bias), no algorithm an error. */
+static zs_err gemm16(zs_cuda_blas *b, zs_half_format h, const char *what, int transa, int transb,
+                     int m, int n, int k, const zs_half16 *A, int lda, const zs_half16 *B, int ldb,
+                     float *D, int ldd, const float *bias)
 {
-    gemm_kind kind = with_bias(BF16, bias);
+    gemm_kind kind = {half_type(h), CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0};
+    kind = with_bias(kind, bias);
     return gemm(b, what, transa, transb, m, n, k, A, lda, B, ldb, D, ldd, &kind, NULL);
 }
 
@@ -315,92 +322,97 @@ extern "C" zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *d
     return ZS_OK;
 }
 
-/* The bf16 mode's products: the same transposes as the fp32 ones above, bf16 operands. */
+/* The 16-bit modes' products: the same transposes as the fp32 ones above, bf16 or fp16
+ * operands (h). */
 
-extern "C" zs_err zs_cuda_linear_forward_bf16(zs_cuda_blas *b, float *out, const zs_bf16 *inp,
-                                              const zs_bf16 *weight, const float *bias, int N,
-                                              int C, int OC)
+extern "C" zs_err zs_cuda_linear_forward_half(zs_half_format h, zs_cuda_blas *b, float *out,
+                                              const zs_half16 *inp, const zs_half16 *weight,
+                                              const float *bias, int N, int C, int OC)
 {
-    ZS_CHECK(zs_cuda_check_shape("linear_forward_bf16", N, C));
+    ZS_CHECK(zs_cuda_check_shape("linear_forward_half", N, C));
     if (N == 0 || OC == 0)
         return ZS_OK;
-    return gemm16(b, "linear_forward_bf16", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, bias);
+    return gemm16(b, h, "linear_forward_half", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, bias);
 }
 
-extern "C" zs_err zs_cuda_linear_backward_bf16(zs_cuda_blas *b, float *dinp, float *dweight,
-                                               const zs_bf16 *dout, const zs_bf16 *inp,
-                                               const zs_bf16 *weight, int N, int C, int OC)
+extern "C" zs_err zs_cuda_linear_backward_half(zs_half_format h, zs_cuda_blas *b, float *dinp,
+                                               float *dweight, const zs_half16 *dout,
+                                               const zs_half16 *inp, const zs_half16 *weight, int N,
+                                               int C, int OC)
 {
-    ZS_CHECK(zs_cuda_check_shape("linear_backward_bf16", N, C));
+    ZS_CHECK(zs_cuda_check_shape("linear_backward_half", N, C));
     if (N == 0 || C == 0 || OC == 0)
         return ZS_OK;
     if (dinp)
-        ZS_CHECK(gemm16(b, "linear_backward_bf16 dinp", 1, 0, C, N, OC, weight, OC, dout, OC, dinp,
-                        C, NULL));
+        ZS_CHECK(gemm16(b, h, "linear_backward_half dinp", 1, 0, C, N, OC, weight, OC, dout, OC,
+                        dinp, C, NULL));
     if (dweight)
-        ZS_CHECK(gemm16(b, "linear_backward_bf16 dweight", 0, 1, OC, C, N, dout, OC, inp, C,
+        ZS_CHECK(gemm16(b, h, "linear_backward_half dweight", 0, 1, OC, C, N, dout, OC, inp, C,
                         dweight, OC, NULL));
     return ZS_OK;
 }
 
-extern "C" zs_err zs_cuda_lm_head_forward_bf16(zs_cuda_blas *b, float *logits, const zs_bf16 *inp,
-                                               const zs_bf16 *wte, int N, int C, int V)
+extern "C" zs_err zs_cuda_lm_head_forward_half(zs_half_format h, zs_cuda_blas *b, float *logits,
+                                               const zs_half16 *inp, const zs_half16 *wte, int N,
+                                               int C, int V)
 {
-    ZS_CHECK(zs_cuda_check_shape("lm_head_forward_bf16", N, C));
+    ZS_CHECK(zs_cuda_check_shape("lm_head_forward_half", N, C));
     if (N == 0 || V == 0)
         return ZS_OK;
-    return gemm16(b, "lm_head_forward_bf16", 1, 0, V, N, C, wte, C, inp, C, logits, V, NULL);
+    return gemm16(b, h, "lm_head_forward_half", 1, 0, V, N, C, wte, C, inp, C, logits, V, NULL);
 }
 
-extern "C" zs_err zs_cuda_lm_head_backward_bf16(zs_cuda_blas *b, float *dinp, float *dwte,
-                                                const zs_bf16 *dlogits, int ldl, const zs_bf16 *inp,
-                                                const zs_bf16 *wte, int N, int C, int V)
+extern "C" zs_err zs_cuda_lm_head_backward_half(zs_half_format h, zs_cuda_blas *b, float *dinp,
+                                                float *dwte, const zs_half16 *dlogits, int ldl,
+                                                const zs_half16 *inp, const zs_half16 *wte, int N,
+                                                int C, int V)
 {
-    ZS_CHECK(zs_cuda_check_shape("lm_head_backward_bf16", N, C));
+    ZS_CHECK(zs_cuda_check_shape("lm_head_backward_half", N, C));
     if (N == 0 || C == 0 || V == 0)
         return ZS_OK;
     if (ldl < V)
         return zs_error(ZS_ERR_INVALID,
-                        "cuda: lm_head_backward_bf16: dlogits' row stride %d < V %d", ldl, V);
+                        "cuda: lm_head_backward_half: dlogits' row stride %d < V %d", ldl, V);
     /* As the fp32 ones, with dlogits' rows ldl apart. */
-    ZS_CHECK(gemm16(b, "lm_head_backward_bf16 dinp", 0, 0, C, N, V, wte, C, dlogits, ldl, dinp, C,
-                    NULL));
-    return gemm16(b, "lm_head_backward_bf16 dwte", 0, 1, C, V, N, inp, C, dlogits, ldl, dwte, C,
+    ZS_CHECK(gemm16(b, h, "lm_head_backward_half dinp", 0, 0, C, N, V, wte, C, dlogits, ldl, dinp,
+                    C, NULL));
+    return gemm16(b, h, "lm_head_backward_half dwte", 0, 1, C, V, N, inp, C, dlogits, ldl, dwte, C,
                   NULL);
 }
 
 /*
- * The GELU epilogue.  The aux matrix (the GELU input) has the output's type (bf16 here:
+ * The GELU epilogue.  The aux matrix (the GELU input) has the output's type (16-bit here:
  * cuBLASLt's CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE defaults to it, and only fp8 outputs
  * may differ) and the output's shape, column-major (OC, N): leading dimension OC, which cuBLASLt
  * wants a multiple of 8 and at least the output's rows.  The bias also takes the output's type.
  */
-extern "C" zs_err zs_cuda_linear_gelu_forward_bf16(zs_cuda_blas *b, zs_bf16 *pre, zs_bf16 *out,
-                                                   const zs_bf16 *inp, const zs_bf16 *weight,
-                                                   const zs_bf16 *bias, int N, int C, int OC,
+extern "C" zs_err zs_cuda_linear_gelu_forward_half(zs_half_format h, zs_cuda_blas *b,
+                                                   zs_half16 *pre, zs_half16 *out,
+                                                   const zs_half16 *inp, const zs_half16 *weight,
+                                                   const zs_half16 *bias, int N, int C, int OC,
                                                    int *fused)
 {
     *fused = 0;
-    ZS_CHECK(zs_cuda_check_shape("linear_gelu_forward_bf16", N, C));
+    ZS_CHECK(zs_cuda_check_shape("linear_gelu_forward_half", N, C));
     if (OC % 8 != 0 || N == 0 || C == 0 || OC == 0)
         return ZS_OK;
-    gemm_kind kind = {CUDA_R_16BF, CUDA_R_16BF, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC};
+    gemm_kind kind = {half_type(h), half_type(h), CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC};
     /* out^T (OC, N) = gelu(W^T (OC, C) inp^T (C, N) + bias), pre^T the argument. */
-    return gemm(b, "linear_gelu_forward_bf16", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, &kind,
+    return gemm(b, "linear_gelu_forward_half", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, &kind,
                 fused);
 }
 
-extern "C" zs_err zs_cuda_linear_backward_dgelu_bf16(zs_cuda_blas *b, zs_bf16 *dpre,
-                                                     const zs_bf16 *dout, const zs_bf16 *weight,
-                                                     const zs_bf16 *pre, int N, int C, int OC,
-                                                     int *fused)
+extern "C" zs_err zs_cuda_linear_backward_dgelu_half(zs_half_format h, zs_cuda_blas *b,
+                                                     zs_half16 *dpre, const zs_half16 *dout,
+                                                     const zs_half16 *weight, const zs_half16 *pre,
+                                                     int N, int C, int OC, int *fused)
 {
     *fused = 0;
-    ZS_CHECK(zs_cuda_check_shape("linear_backward_dgelu_bf16", N, C));
+    ZS_CHECK(zs_cuda_check_shape("linear_backward_dgelu_half", N, C));
     if (C % 8 != 0 || N == 0 || C == 0 || OC == 0)
         return ZS_OK;
-    gemm_kind kind = {CUDA_R_16BF, CUDA_R_16BF, CUBLASLT_EPILOGUE_DGELU, NULL, (void *)pre, C};
+    gemm_kind kind = {half_type(h), half_type(h), CUBLASLT_EPILOGUE_DGELU, NULL, (void *)pre, C};
     /* dpre^T (C, N) = (W (C, OC) dout^T (OC, N)) * gelu'(pre^T): linear_backward's dinp. */
-    return gemm(b, "linear_backward_dgelu_bf16", 1, 0, C, N, OC, weight, OC, dout, OC, dpre, C,
+    return gemm(b, "linear_backward_dgelu_half", 1, 0, C, N, OC, weight, OC, dout, OC, dpre, C,
                 &kind, fused);
 }

@@ -5,13 +5,16 @@
  * the dataflow; block l's residual add is fused into the next LayerNorm, one residual-gradient
  * buffer walks the backward, every gradient float of a layer is written).
  *
- * Two precisions (model.h's zs_precision; docs/gpu.md has the table and the bytes per token):
+ * Three precisions (model.h's zs_precision; docs/gpu.md has the table and the bytes per token):
  *   - fp32: every activation and product in fp32 (gpt2_layout.h's zs_gpt2_acts as they are);
- *   - bf16: the GEMMs' operands in bf16 with fp32 accumulation.  A layer's parameters are
- *     converted to bf16 on the GPU as it is used (exact for a bf16.enabled job's weights, which
- *     the io hands over bf16-representable), into one buffer for the block being computed and
- *     one for wte (held from the forward to the lm_head's backward).  The activations that only
- *     feed GEMMs are stored in bf16 only (ln1, ln2, lnf, the GELU input and output: the fp32
+ *   - bf16, and fp16 the same way in the other 16-bit format (m->half; "bf16" below stands for
+ *     either): the GEMMs' operands in bf16 with fp32 accumulation.  fp16 also carries the
+ *     job's loss scale in dlogits (zs_model_loss_scale), so that its 16-bit gradients hold the
+ *     scaled values, as a DeepSpeed fp16 backward does, and overflow where that one would.  A
+ * layer's parameters are converted to bf16 on the GPU as it is used (exact for a bf16.enabled job's
+ * weights, which the io hands over bf16-representable), into one buffer for the block being
+ * computed and one for wte (held from the forward to the lm_head's backward).  The activations that
+ * only feed GEMMs are stored in bf16 only (ln1, ln2, lnf, the GELU input and output: the fp32
  *     layout leaves them out), atty in both (the attention's output, which its backward may
  *     read, and its bf16 copy), the rest in fp32; the backward's GEMM operands are cast from
  *     the fp32 gradients in the pass that sums their bias gradient, and dlogits is written in
@@ -97,13 +100,16 @@ typedef struct {
     size_t mem_bytes;
     zs_gpt2_acts a;
     zs_precision precision;
-    /* The bf16 mode's buffers (NULL in fp32 mode), in mem after the activations: the GEMM
-     * operands stored in bf16 only, (L, N, ...) like their fp32 twins; the backward's operands
+    zs_half_format half; /* the 16-bit modes' format: bf16, or fp16 (ZS_PRECISION_FP16) */
+    /* fp16: the loss scale dlogits carry (zs_model_loss_scale); 1 in the other modes. */
+    float loss_scale;
+    /* The 16-bit modes' buffers (NULL in fp32 mode), in mem after the activations: the GEMM
+     * operands stored in 16 bits only, (L, N, ...) like their fp32 twins; the backward's operands
      * (N, ...), shared by the layers; and the weights of the block being computed (blk16, the
      * largest layer's floats) and wte. */
-    zs_bf16 *ln1_16, *atty_16, *ln2_16, *fch_16, *gelu_16, *lnf_16;
-    zs_bf16 *dres_16, *dbig_16;
-    zs_bf16 *wte_16, *blk16;
+    zs_half16 *ln1_16, *atty_16, *ln2_16, *fch_16, *gelu_16, *lnf_16;
+    zs_half16 *dres_16, *dbig_16;
+    zs_half16 *wte_16, *blk16;
     size_t blk_floats;
     int said_unfused_fwd, said_unfused_bwd; /* the fallback's log line, once each */
     int32_t *inputs, *targets;              /* device (max_b, max_t) */
@@ -118,22 +124,22 @@ typedef struct {
 /* Device arrays start on 256 bytes, as cudaMalloc's do. */
 #define ACTS_ALIGN 256
 
-/* The fp32 activations that the bf16 mode keeps in bf16 only. */
-#define BF16_ONLY (ZS_ACTS_LN1 | ZS_ACTS_LN2 | ZS_ACTS_FCH | ZS_ACTS_FCH_GELU | ZS_ACTS_LNF)
+/* The fp32 activations that the 16-bit modes keep in 16 bits only. */
+#define HALF_ONLY (ZS_ACTS_LN1 | ZS_ACTS_LN2 | ZS_ACTS_FCH | ZS_ACTS_FCH_GELU | ZS_ACTS_LNF)
 
 /* Carves the activations (and in bf16 mode their bf16 arrays, then the bf16 weights) and the
  * token buffers out of base (NULL: only counts); the bytes. */
 static size_t layout(cuda_model *m, char *base)
 {
-    const int bf16 = m->precision == ZS_PRECISION_BF16;
+    const int h16 = m->precision != ZS_PRECISION_FP32;
     size_t at = zs_gpt2_acts_layout_for(&m->a, base, ACTS_ALIGN, &m->cfg, m->max_b, m->max_t,
                                         m->fused_attention ? ZS_GPT2_ATT_LSE : ZS_GPT2_ATT_PROBS,
-                                        bf16 ? BF16_ONLY : 0);
-    if (bf16) {
+                                        h16 ? HALF_ONLY : 0);
+    if (h16) {
         const size_t L = (size_t)m->L, C = (size_t)m->C, V = (size_t)m->V;
         const size_t N = (size_t)m->max_b * (size_t)m->max_t;
         struct {
-            zs_bf16 **p;
+            zs_half16 **p;
             size_t n;
         } parts[] = {
             {&m->ln1_16, L * N * C},     {&m->atty_16, L * N * C},     {&m->ln2_16, L * N * C},
@@ -143,8 +149,8 @@ static size_t layout(cuda_model *m, char *base)
         };
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
             if (base)
-                *parts[i].p = (zs_bf16 *)(void *)(base + at);
-            at += (parts[i].n * sizeof(zs_bf16) + ACTS_ALIGN - 1) & ~(size_t)(ACTS_ALIGN - 1);
+                *parts[i].p = (zs_half16 *)(void *)(base + at);
+            at += (parts[i].n * sizeof(zs_half16) + ACTS_ALIGN - 1) & ~(size_t)(ACTS_ALIGN - 1);
         }
     }
     size_t tokens = ((size_t)m->max_b * m->max_t * sizeof(int32_t) + ACTS_ALIGN - 1) &
@@ -244,7 +250,8 @@ static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt,
     if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_embd <= 0 || cfg->vocab_size <= 0 ||
         cfg->n_embd % cfg->n_head != 0 || max_b < 1 || max_t < 1 || max_t > cfg->block_size ||
         tt->n_layers != cfg->n_layer + 2 ||
-        (precision != ZS_PRECISION_FP32 && precision != ZS_PRECISION_BF16))
+        (precision != ZS_PRECISION_FP32 && precision != ZS_PRECISION_BF16 &&
+         precision != ZS_PRECISION_FP16))
         return zs_error(ZS_ERR_INVALID,
                         "model cuda: bad shape or precision (n_layer %d, n_head %d, n_embd %d, "
                         "vocab_size %d, block_size %d, %d x %d tokens, precision %d)",
@@ -273,13 +280,17 @@ static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt,
     m->max_b = max_b;
     m->max_t = max_t;
     m->precision = precision;
+    m->half = precision == ZS_PRECISION_FP16 ? ZS_HALF_F16 : ZS_HALF_BF16;
+    m->loss_scale = 1.0f;
     zs_err e = setup(m, cfg, tt);
     if (e != ZS_OK) {
         cuda_free(m);
         return e;
     }
     zs_log(ZS_LOG_INFO, "model cuda:%d: %s, %zu MiB of activations for %d x %d tokens", m->device,
-           precision == ZS_PRECISION_BF16 ? "bf16 storage with fp32 accumulation" : "fp32",
+           precision == ZS_PRECISION_BF16   ? "bf16 storage with fp32 accumulation"
+           : precision == ZS_PRECISION_FP16 ? "fp16 storage with fp32 accumulation"
+                                            : "fp32",
            m->mem_bytes >> 20, max_b, max_t);
     *impl = m;
     return ZS_OK;
@@ -315,9 +326,15 @@ static zs_err zero_padding(cuda_model *m, int layer, float *base)
     return zs_gpt2_gaps(&m->o, layer, zero_gap, &g);
 }
 
-/* Block l's (0-based) bf16 slices of the bf16 mode's (L, N, ...) arrays. */
+/* "bf16" or "fp16": the 16-bit format in log lines. */
+static const char *half_name(const cuda_model *m)
+{
+    return m->half == ZS_HALF_F16 ? "fp16" : "bf16";
+}
+
+/* Block l's (0-based) 16-bit slices of the 16-bit mode's (L, N, ...) arrays. */
 typedef struct {
-    zs_bf16 *ln1, *atty, *ln2, *fch, *gelu;
+    zs_half16 *ln1, *atty, *ln2, *fch, *gelu;
 } block16;
 
 static block16 block16_slices(const cuda_model *m, int l)
@@ -329,32 +346,33 @@ static block16 block16_slices(const cuda_model *m, int l)
 
 /* bf16 mode: block l's (0-based) parameters, p the io's base pointer, into m->blk16; a tensor
  * at offset o of the flat vector is then at m->blk16 + (o - the layer's first offset). */
-static zs_err block_weights_bf16(cuda_model *m, int l, const float *p)
+static zs_err block_weights_half(cuda_model *m, int l, const float *p)
 {
     size_t begin = m->o.layer_begin[l + 1], n = m->o.layer_begin[l + 2] - begin;
-    return zs_cuda_to_bf16(m->blk16, p + begin, (long long)n, m->stream);
+    return zs_cuda_to_half(m->half, m->blk16, p + begin, (long long)n, m->stream);
 }
 
 /* bf16 mode: the fc layer forward, pre-activation and GELU output into x.fch and x.gelu, by
  * the GELU epilogue, or by a GEMM into the fp32 scratch dbig and the bias + GELU kernel. */
-static zs_err fc_gelu_forward_bf16(cuda_model *m, block16 x, const zs_bf16 *w, const zs_bf16 *b16,
-                                   const float *b32, int N)
+static zs_err fc_gelu_forward_half(cuda_model *m, block16 x, const zs_half16 *w,
+                                   const zs_half16 *b16, const float *b32, int N)
 {
     const int C = m->C;
     int fused = 0;
-    ZS_CHECK(zs_cuda_linear_gelu_forward_bf16(m->blas, x.fch, x.gelu, x.ln2, w, b16, N, C, 4 * C,
-                                              &fused));
+    ZS_CHECK(zs_cuda_linear_gelu_forward_half(m->half, m->blas, x.fch, x.gelu, x.ln2, w, b16, N, C,
+                                              4 * C, &fused));
     if (fused)
         return ZS_OK;
     if (!m->said_unfused_fwd) {
         m->said_unfused_fwd = 1;
         zs_log(ZS_LOG_WARN,
                "model cuda:%d: cuBLASLt has no algorithm for the GELU epilogue (GELU_AUX_BIAS, "
-               "bf16, %d x %d x %d): the fc layer's forward runs as a GEMM and the GELU kernel",
-               m->device, N, C, 4 * C);
+               "%s, %d x %d x %d): the fc layer's forward runs as a GEMM and the GELU kernel",
+               m->device, half_name(m), N, C, 4 * C);
     }
-    ZS_CHECK(zs_cuda_linear_forward_bf16(m->blas, m->a.dbig, x.ln2, w, NULL, N, C, 4 * C));
-    return zs_cuda_bias_gelu_forward_bf16(x.fch, x.gelu, m->a.dbig, b32, N, 4 * C, m->stream);
+    ZS_CHECK(zs_cuda_linear_forward_half(m->half, m->blas, m->a.dbig, x.ln2, w, NULL, N, C, 4 * C));
+    return zs_cuda_bias_gelu_forward_half(m->half, x.fch, x.gelu, m->a.dbig, b32, N, 4 * C,
+                                          m->stream);
 }
 
 /* Block l (0-based) forward with its parameters at p (gpt2.c's block_forward). */
@@ -366,17 +384,18 @@ static zs_err block_forward(cuda_model *m, int l, const float *p)
     const size_t *o = m->o.blk + (size_t)l * ZS_BLOCK_TENSORS;
     cudaStream_t s = m->stream;
     zs_gpt2_block_acts v = zs_gpt2_block_slices(a, &m->cfg, m->max_b, m->max_t, l);
-    const int bf16 = m->precision == ZS_PRECISION_BF16;
+    const int h16 = m->precision != ZS_PRECISION_FP32;
     block16 x = {0};
 #define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
 #define W16(kind) (m->blk16 + (o[(kind)-ZS_T_LN1_W] - m->o.layer_begin[l + 1]))
-    if (bf16) {
+    if (h16) {
         x = block16_slices(m, l);
-        ZS_CHECK(block_weights_bf16(m, l, p));
-        ZS_CHECK(zs_cuda_layernorm_forward_bf16(
-            l ? v.resid : NULL, x.ln1, v.ln1_mean, v.ln1_rstd, l ? a->res2 + (l - 1) * NC : v.resid,
-            l ? a->proj : NULL, PARAM(ZS_T_LN1_W), PARAM(ZS_T_LN1_B), N, C, s));
-        ZS_CHECK(zs_cuda_linear_forward_bf16(m->blas, v.qkv, x.ln1, W16(ZS_T_QKV_W),
+        ZS_CHECK(block_weights_half(m, l, p));
+        ZS_CHECK(zs_cuda_layernorm_forward_half(m->half, l ? v.resid : NULL, x.ln1, v.ln1_mean,
+                                                v.ln1_rstd, l ? a->res2 + (l - 1) * NC : v.resid,
+                                                l ? a->proj : NULL, PARAM(ZS_T_LN1_W),
+                                                PARAM(ZS_T_LN1_B), N, C, s));
+        ZS_CHECK(zs_cuda_linear_forward_half(m->half, m->blas, v.qkv, x.ln1, W16(ZS_T_QKV_W),
                                              PARAM(ZS_T_QKV_B), N, C, 3 * C));
     } else {
         if (l == 0)
@@ -393,15 +412,15 @@ static zs_err block_forward(cuda_model *m, int l, const float *p)
         ZS_CHECK(zs_cuda_attention_fused_forward(v.atty, v.lse, v.qkv, B, T, C, m->NH, s));
     else
         ZS_CHECK(zs_cuda_attention_forward(v.atty, v.att, v.qkv, B, T, C, m->NH, s));
-    if (bf16) {
-        ZS_CHECK(zs_cuda_to_bf16(x.atty, v.atty, (long long)N * C, s));
-        ZS_CHECK(zs_cuda_linear_forward_bf16(m->blas, a->proj, x.atty, W16(ZS_T_ATTPROJ_W),
+    if (h16) {
+        ZS_CHECK(zs_cuda_to_half(m->half, x.atty, v.atty, (long long)N * C, s));
+        ZS_CHECK(zs_cuda_linear_forward_half(m->half, m->blas, a->proj, x.atty, W16(ZS_T_ATTPROJ_W),
                                              PARAM(ZS_T_ATTPROJ_B), N, C, C));
-        ZS_CHECK(zs_cuda_layernorm_forward_bf16(v.res2, x.ln2, v.ln2_mean, v.ln2_rstd, v.resid,
-                                                a->proj, PARAM(ZS_T_LN2_W), PARAM(ZS_T_LN2_B), N, C,
-                                                s));
-        ZS_CHECK(fc_gelu_forward_bf16(m, x, W16(ZS_T_FC_W), W16(ZS_T_FC_B), PARAM(ZS_T_FC_B), N));
-        return zs_cuda_linear_forward_bf16(m->blas, a->proj, x.gelu, W16(ZS_T_FCPROJ_W),
+        ZS_CHECK(zs_cuda_layernorm_forward_half(m->half, v.res2, x.ln2, v.ln2_mean, v.ln2_rstd,
+                                                v.resid, a->proj, PARAM(ZS_T_LN2_W),
+                                                PARAM(ZS_T_LN2_B), N, C, s));
+        ZS_CHECK(fc_gelu_forward_half(m, x, W16(ZS_T_FC_W), W16(ZS_T_FC_B), PARAM(ZS_T_FC_B), N));
+        return zs_cuda_linear_forward_half(m->half, m->blas, a->proj, x.gelu, W16(ZS_T_FCPROJ_W),
                                            PARAM(ZS_T_FCPROJ_B), N, 4 * C, C);
     }
     ZS_CHECK(zs_cuda_linear_forward(m->blas, a->proj, v.atty, PARAM(ZS_T_ATTPROJ_W),
@@ -429,7 +448,7 @@ static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inpu
         return zs_error(ZS_ERR_INVALID, "model cuda: %d x %d tokens, expected up to %d x %d", b, t,
                         m->max_b, m->max_t);
     const int N = b * t, L = m->L, C = m->C;
-    const int bf16 = m->precision == ZS_PRECISION_BF16;
+    const int h16 = m->precision != ZS_PRECISION_FP32;
     ZS_CHECK(check_tokens(m, inputs, "input", N, t));
     ZS_CHECK(check_tokens(m, targets, "target", N, t));
     CU(cudaSetDevice(m->device));
@@ -448,9 +467,10 @@ static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inpu
     ZS_CHECK_GOTO(zs_cuda_encoder_forward(a->resid, m->inputs, p0 + m->o.wte, p0 + m->o.wpe, b, t,
                                           C, m->stream),
                   err, fail);
-    if (bf16) /* wte for the lm_head, kept until its backward (layer 0 stays acquired) */
-        ZS_CHECK_GOTO(zs_cuda_to_bf16(m->wte_16, p0 + m->o.wte, (long long)m->V * C, m->stream),
-                      err, fail);
+    if (h16) /* wte for the lm_head, kept until its backward (layer 0 stays acquired) */
+        ZS_CHECK_GOTO(
+            zs_cuda_to_half(m->half, m->wte_16, p0 + m->o.wte, (long long)m->V * C, m->stream), err,
+            fail);
     for (int l = 1; l <= L; l++) {
         ZS_CHECK_GOTO(io->acquire(io->ctx, l, &p), err, fail);
         err = block_forward(m, l - 1, p);
@@ -459,17 +479,18 @@ static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inpu
             goto fail;
     }
     ZS_CHECK_GOTO(io->acquire(io->ctx, L + 1, &pf), err, fail);
-    if (bf16) {
-        ZS_CHECK_GOTO(zs_cuda_layernorm_forward_bf16(a->resid + L * NC, m->lnf_16, a->lnf_mean,
-                                                     a->lnf_rstd, a->res2 + (L - 1) * NC, a->proj,
-                                                     pf + m->o.lnf_w, pf + m->o.lnf_b, N, C,
-                                                     m->stream),
-                      err, fail_final);
+    if (h16) {
         ZS_CHECK_GOTO(
-            zs_cuda_lm_head_forward_bf16(m->blas, a->logits, m->lnf_16, m->wte_16, N, C, m->V), err,
-            fail_final);
-        ZS_CHECK_GOTO(zs_cuda_crossentropy_fused_bf16(a->logits, a->losses, m->targets, N, m->V,
-                                                      1.0f / (float)N, m->stream),
+            zs_cuda_layernorm_forward_half(m->half, a->resid + L * NC, m->lnf_16, a->lnf_mean,
+                                           a->lnf_rstd, a->res2 + (L - 1) * NC, a->proj,
+                                           pf + m->o.lnf_w, pf + m->o.lnf_b, N, C, m->stream),
+            err, fail_final);
+        ZS_CHECK_GOTO(zs_cuda_lm_head_forward_half(m->half, m->blas, a->logits, m->lnf_16,
+                                                   m->wte_16, N, C, m->V),
+                      err, fail_final);
+        ZS_CHECK_GOTO(zs_cuda_crossentropy_fused_half(m->half, a->logits, a->losses, m->targets, N,
+                                                      m->V, 1.0f / (float)N * m->loss_scale,
+                                                      m->stream),
                       err, fail_final);
     } else {
         ZS_CHECK_GOTO(zs_cuda_residual_layernorm_forward(a->resid + L * NC, a->lnf, a->lnf_mean,
@@ -508,6 +529,17 @@ fail:
     return err;
 }
 
+/* fp16: dlogits carry the scale from the next forward on (the cross-entropy's dloss is
+ * scale / N, exact for a power of two), so the whole backward is of the scaled loss. */
+static float cuda_loss_scale(void *impl, float scale)
+{
+    cuda_model *m = impl;
+    if (m->precision != ZS_PRECISION_FP16)
+        return scale;
+    m->loss_scale = scale;
+    return 1.0f;
+}
+
 static void cuda_finish(void *impl, const zs_gpt2_io *io)
 {
     cuda_model *m = impl;
@@ -522,25 +554,25 @@ static void cuda_finish(void *impl, const zs_gpt2_io *io)
  * gradient, from d loss / d gelu output = m->dres_16 fcproj_w^T: by the GEMM with the DGELU
  * epilogue and the bias kernel, or by the GEMM into the fp32 scratch dbig and the GELU backward
  * kernel. */
-static zs_err fc_gelu_backward_bf16(cuda_model *m, block16 x, const zs_bf16 *fcproj_w, float *dbias,
-                                    int N)
+static zs_err fc_gelu_backward_half(cuda_model *m, block16 x, const zs_half16 *fcproj_w,
+                                    float *dbias, int N)
 {
     const int C = m->C;
     int fused = 0;
-    ZS_CHECK(zs_cuda_linear_backward_dgelu_bf16(m->blas, m->dbig_16, m->dres_16, fcproj_w, x.fch, N,
-                                                4 * C, C, &fused));
+    ZS_CHECK(zs_cuda_linear_backward_dgelu_half(m->half, m->blas, m->dbig_16, m->dres_16, fcproj_w,
+                                                x.fch, N, 4 * C, C, &fused));
     if (fused)
-        return zs_cuda_bias_backward_of_bf16(dbias, m->dbig_16, N, 4 * C, m->stream);
+        return zs_cuda_bias_backward_of_half(m->half, dbias, m->dbig_16, N, 4 * C, m->stream);
     if (!m->said_unfused_bwd) {
         m->said_unfused_bwd = 1;
         zs_log(ZS_LOG_WARN,
-               "model cuda:%d: cuBLASLt has no algorithm for the DGELU epilogue (bf16, %d x %d x "
+               "model cuda:%d: cuBLASLt has no algorithm for the DGELU epilogue (%s, %d x %d x "
                "%d): the fc layer's backward runs as a GEMM and the GELU backward kernel",
-               m->device, N, 4 * C, C);
+               m->device, half_name(m), N, 4 * C, C);
     }
-    ZS_CHECK(zs_cuda_linear_backward_bf16(m->blas, m->a.dbig, NULL, m->dres_16, NULL, fcproj_w, N,
-                                          4 * C, C));
-    return zs_cuda_bias_gelu_backward_bf16(m->dbig_16, dbias, m->a.dbig, x.fch, N, 4 * C,
+    ZS_CHECK(zs_cuda_linear_backward_half(m->half, m->blas, m->a.dbig, NULL, m->dres_16, NULL,
+                                          fcproj_w, N, 4 * C, C));
+    return zs_cuda_bias_gelu_backward_half(m->half, m->dbig_16, dbias, m->a.dbig, x.fch, N, 4 * C,
                                            m->stream);
 }
 
@@ -556,17 +588,18 @@ static zs_err block_backward(cuda_model *m, int l, const float *p, float *g)
 #define PARAM(kind) (p + o[(kind)-ZS_T_LN1_W])
 #define GRAD(kind) (g + o[(kind)-ZS_T_LN1_W])
 #define W16(kind) (m->blk16 + (o[(kind)-ZS_T_LN1_W] - m->o.layer_begin[l + 1]))
-    const int bf16 = m->precision == ZS_PRECISION_BF16;
+    const int h16 = m->precision != ZS_PRECISION_FP32;
     block16 x = {0};
-    if (bf16) {
+    if (h16) {
         x = block16_slices(m, l);
-        ZS_CHECK(block_weights_bf16(m, l, p));
-        ZS_CHECK(zs_cuda_bias_backward_bf16(GRAD(ZS_T_FCPROJ_B), m->dres_16, a->dres, N, C, s));
-        ZS_CHECK(zs_cuda_linear_backward_bf16(m->blas, NULL, GRAD(ZS_T_FCPROJ_W), m->dres_16,
-                                              x.gelu, W16(ZS_T_FCPROJ_W), N, 4 * C, C));
-        ZS_CHECK(fc_gelu_backward_bf16(m, x, W16(ZS_T_FCPROJ_W), GRAD(ZS_T_FC_B), N));
-        ZS_CHECK(zs_cuda_linear_backward_bf16(m->blas, a->dln, GRAD(ZS_T_FC_W), m->dbig_16, x.ln2,
-                                              W16(ZS_T_FC_W), N, C, 4 * C));
+        ZS_CHECK(block_weights_half(m, l, p));
+        ZS_CHECK(
+            zs_cuda_bias_backward_half(m->half, GRAD(ZS_T_FCPROJ_B), m->dres_16, a->dres, N, C, s));
+        ZS_CHECK(zs_cuda_linear_backward_half(m->half, m->blas, NULL, GRAD(ZS_T_FCPROJ_W),
+                                              m->dres_16, x.gelu, W16(ZS_T_FCPROJ_W), N, 4 * C, C));
+        ZS_CHECK(fc_gelu_backward_half(m, x, W16(ZS_T_FCPROJ_W), GRAD(ZS_T_FC_B), N));
+        ZS_CHECK(zs_cuda_linear_backward_half(m->half, m->blas, a->dln, GRAD(ZS_T_FC_W), m->dbig_16,
+                                              x.ln2, W16(ZS_T_FC_W), N, C, 4 * C));
     } else {
         ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dbig, GRAD(ZS_T_FCPROJ_W), GRAD(ZS_T_FCPROJ_B),
                                          a->dres, v.gelu, PARAM(ZS_T_FCPROJ_W), N, 4 * C, C));
@@ -576,10 +609,11 @@ static zs_err block_backward(cuda_model *m, int l, const float *p, float *g)
     }
     ZS_CHECK(zs_cuda_layernorm_backward(a->dres, GRAD(ZS_T_LN2_W), GRAD(ZS_T_LN2_B), a->dln, v.res2,
                                         PARAM(ZS_T_LN2_W), v.ln2_mean, v.ln2_rstd, N, C, s));
-    if (bf16) {
-        ZS_CHECK(zs_cuda_bias_backward_bf16(GRAD(ZS_T_ATTPROJ_B), m->dres_16, a->dres, N, C, s));
-        ZS_CHECK(zs_cuda_linear_backward_bf16(m->blas, a->dln, GRAD(ZS_T_ATTPROJ_W), m->dres_16,
-                                              x.atty, W16(ZS_T_ATTPROJ_W), N, C, C));
+    if (h16) {
+        ZS_CHECK(zs_cuda_bias_backward_half(m->half, GRAD(ZS_T_ATTPROJ_B), m->dres_16, a->dres, N,
+                                            C, s));
+        ZS_CHECK(zs_cuda_linear_backward_half(m->half, m->blas, a->dln, GRAD(ZS_T_ATTPROJ_W),
+                                              m->dres_16, x.atty, W16(ZS_T_ATTPROJ_W), N, C, C));
     } else {
         ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_ATTPROJ_W),
                                          GRAD(ZS_T_ATTPROJ_B), a->dres, v.atty,
@@ -591,10 +625,11 @@ static zs_err block_backward(cuda_model *m, int l, const float *p, float *g)
     else
         ZS_CHECK(
             zs_cuda_attention_backward(a->dbig, a->datt, a->dln, v.qkv, v.att, B, T, C, m->NH, s));
-    if (bf16) {
-        ZS_CHECK(zs_cuda_bias_backward_bf16(GRAD(ZS_T_QKV_B), m->dbig_16, a->dbig, N, 3 * C, s));
-        ZS_CHECK(zs_cuda_linear_backward_bf16(m->blas, a->dln, GRAD(ZS_T_QKV_W), m->dbig_16, x.ln1,
-                                              W16(ZS_T_QKV_W), N, C, 3 * C));
+    if (h16) {
+        ZS_CHECK(zs_cuda_bias_backward_half(m->half, GRAD(ZS_T_QKV_B), m->dbig_16, a->dbig, N,
+                                            3 * C, s));
+        ZS_CHECK(zs_cuda_linear_backward_half(m->half, m->blas, a->dln, GRAD(ZS_T_QKV_W),
+                                              m->dbig_16, x.ln1, W16(ZS_T_QKV_W), N, C, 3 * C));
     } else {
         ZS_CHECK(zs_cuda_linear_backward(m->blas, a->dln, GRAD(ZS_T_QKV_W), GRAD(ZS_T_QKV_B),
                                          a->dbig, v.ln1, PARAM(ZS_T_QKV_W), N, C, 3 * C));
@@ -634,9 +669,9 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
     ZS_CHECK_GOTO(io->grads(io->ctx, 0, &g0), err, fail_final);
     ZS_CHECK_GOTO(zero_padding(m, L + 1, gf), err, fail_final);
     ZS_CHECK_GOTO(zero_padding(m, 0, g0), err, fail_final);
-    if (m->precision == ZS_PRECISION_BF16) /* dlogits: bf16 over the logits, rows 2V apart */
-        ZS_CHECK_GOTO(zs_cuda_lm_head_backward_bf16(m->blas, a->dln, g0 + m->o.wte,
-                                                    (const zs_bf16 *)(const void *)a->logits,
+    if (m->precision != ZS_PRECISION_FP32) /* dlogits: 16-bit over the logits, rows 2V apart */
+        ZS_CHECK_GOTO(zs_cuda_lm_head_backward_half(m->half, m->blas, a->dln, g0 + m->o.wte,
+                                                    (const zs_half16 *)(const void *)a->logits,
                                                     2 * m->V, m->lnf_16, m->wte_16, N, C, m->V),
                       err, fail_final);
     else
@@ -1023,6 +1058,7 @@ const zs_model_ops zs_model_cuda_ops = {
     .free = cuda_free,
     .forward = cuda_forward,
     .backward = cuda_backward,
+    .loss_scale = cuda_loss_scale,
     .finish = cuda_finish,
     .alloc = cuda_alloc,
     .dealloc = cuda_dealloc,

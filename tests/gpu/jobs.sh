@@ -92,10 +92,10 @@ for gpu in cuda cuda-reference; do
   cat "$WORK/small-losses-$gpu.txt"
 done
 
-# fp16 on the GPU (docs/precision.md: the same emulation as on the CPU, the weights rounded to
-# fp16 and each chunk's gradient scaled and rounded before it is pushed): initial_scale_power 20
-# makes the first steps overflow and skip, the scale falls, then it trains; a launch with GPU
-# workers gives the same bits.
+# fp16 on the GPU (docs/precision.md: fp16 storage with fp32 accumulation, the weights rounded to
+# fp16 and the loss scale carried by the backward, each chunk's gradient rounded before it is
+# pushed): initial_scale_power 20 makes the first steps overflow and skip, the scale falls,
+# then it trains; a launch with GPU workers gives the same bits.
 python3 - "$DATA/tiny.json" "$WORK/fp16.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))

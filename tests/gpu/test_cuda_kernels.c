@@ -582,34 +582,45 @@ static void test_attention_fused_refuses(void)
 
 /* ---- bf16 mode ---------------------------------------------------------------------------- */
 
-/* v rounded to bf16 in place (what the bf16 mode's operands hold), and its bits into bits. */
-static void round_bf16(float *v, zs_bf16 *bits, size_t n)
+/* v's bits in 16-bit format h (to nearest even), and back (exact). */
+static zs_half16 to16(zs_half_format h, float v)
+{
+    return h == ZS_HALF_F16 ? zs_f32_to_f16(v) : zs_f32_to_bf16(v);
+}
+
+static float from16(zs_half_format h, zs_half16 bits)
+{
+    return h == ZS_HALF_F16 ? zs_f16_to_f32(bits) : zs_bf16_to_f32(bits);
+}
+
+/* v rounded to format h in place (what the 16-bit modes' operands hold), its bits into bits. */
+static void round_half(zs_half_format h, float *v, zs_half16 *bits, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        bits[i] = zs_f32_to_bf16(v[i]);
-        v[i] = zs_bf16_to_f32(bits[i]);
+        bits[i] = to16(h, v[i]);
+        v[i] = from16(h, bits[i]);
     }
 }
 
-static zs_bf16 *dev16(const zs_bf16 *host, size_t n)
+static zs_half16 *dev16(const zs_half16 *host, size_t n)
 {
     void *p = NULL;
-    if (cudaMalloc(&p, n * sizeof(zs_bf16) + 2) != cudaSuccess)
+    if (cudaMalloc(&p, n * sizeof(zs_half16) + 2) != cudaSuccess)
         return NULL;
     if (host)
-        cudaMemcpy(p, host, n * sizeof(zs_bf16), cudaMemcpyHostToDevice);
+        cudaMemcpy(p, host, n * sizeof(zs_half16), cudaMemcpyHostToDevice);
     return p;
 }
 
-/* n bf16 values of device memory d, widened. */
-static float *host_of16(const zs_bf16 *d, size_t n)
+/* n 16-bit values (format fmt) of device memory d, widened. */
+static float *host_of16(zs_half_format fmt, const zs_half16 *d, size_t n)
 {
-    zs_bf16 *h = malloc(n * sizeof *h);
+    zs_half16 *h = malloc(n * sizeof *h);
     float *f = malloc(n * sizeof *f);
     if (h && f) {
         cudaMemcpy(h, d, n * sizeof *h, cudaMemcpyDeviceToHost);
         for (size_t i = 0; i < n; i++)
-            f[i] = zs_bf16_to_f32(h[i]);
+            f[i] = from16(fmt, h[i]);
     }
     free(h);
     return f;
@@ -617,22 +628,22 @@ static float *host_of16(const zs_bf16 *d, size_t n)
 
 /* bf16 linear forward and backward against the CPU's fp32 product of the rounded inputs; the
  * bias gradient through the cast-and-sum kernel (from the fp32 dout, as the model does). */
-static void test_linear_bf16(int N, int C, int OC)
+static void test_linear_half(zs_half_format h, int N, int C, int OC)
 {
     size_t nin = (size_t)N * C, nw = (size_t)C * OC, nout = (size_t)N * OC;
     uint64_t st = 0x6a09e667f3bcc909ull;
     float *inp = malloc(nin * 4), *w = malloc(nw * 4), *bias = malloc((size_t)OC * 4);
     float *dout = malloc(nout * 4);
-    zs_bf16 *inp16 = malloc(nin * 2), *w16 = malloc(nw * 2), *dout16 = malloc(nout * 2);
+    zs_half16 *inp16 = malloc(nin * 2), *w16 = malloc(nw * 2), *dout16 = malloc(nout * 2);
     fill(inp, nin, 1.0f, &st);
     fill(w, nw, 1.0f, &st);
     fill(bias, (size_t)OC, 1.0f, &st);
     fill(dout, nout, 1.0f, &st);
     float *dout32 = malloc(nout * 4); /* the fp32 gradient the bias sum reads */
     memcpy(dout32, dout, nout * 4);
-    round_bf16(inp, inp16, nin);
-    round_bf16(w, w16, nw);
-    round_bf16(dout, dout16, nout);
+    round_half(h, inp, inp16, nin);
+    round_half(h, w, w16, nw);
+    round_half(h, dout, dout16, nout);
     float *out = malloc(nout * 4), *dinp = malloc(nin * 4), *dw = malloc(nw * 4);
     float *db = malloc((size_t)OC * 4), *db32 = calloc((size_t)OC, 4);
     zs_linear_forward(out, inp, w, bias, N, C, OC, 1);
@@ -645,20 +656,21 @@ static void test_linear_bf16(int N, int C, int OC)
     CHECK_OK(zs_cuda_blas_open(NULL, &blas));
     float *r[2][5] = {{0}};
     for (int run = 0; blas && run < 2; run++) {
-        zs_bf16 *g_inp = dev16(inp16, nin), *g_w = dev16(w16, nw), *g_dout16 = dev16(NULL, nout);
+        zs_half16 *g_inp = dev16(inp16, nin), *g_w = dev16(w16, nw), *g_dout16 = dev16(NULL, nout);
         float *g_bias = dev(bias, (size_t)OC), *g_dout = dev(dout32, nout),
               *g_out = dev(NULL, nout);
         float *g_dinp = dev(NULL, nin), *g_dw = dev(NULL, nw), *g_db = dev(NULL, (size_t)OC);
         CHECK(g_inp && g_w && g_dout16 && g_bias && g_dout && g_out && g_dinp && g_dw && g_db);
-        CHECK_OK(zs_cuda_linear_forward_bf16(blas, g_out, g_inp, g_w, g_bias, N, C, OC));
-        CHECK_OK(zs_cuda_bias_backward_bf16(g_db, g_dout16, g_dout, N, OC, NULL));
-        CHECK_OK(zs_cuda_linear_backward_bf16(blas, g_dinp, g_dw, g_dout16, g_inp, g_w, N, C, OC));
+        CHECK_OK(zs_cuda_linear_forward_half(h, blas, g_out, g_inp, g_w, g_bias, N, C, OC));
+        CHECK_OK(zs_cuda_bias_backward_half(h, g_db, g_dout16, g_dout, N, OC, NULL));
+        CHECK_OK(
+            zs_cuda_linear_backward_half(h, blas, g_dinp, g_dw, g_dout16, g_inp, g_w, N, C, OC));
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         r[run][0] = host_of(g_out, nout);
         r[run][1] = host_of(g_dinp, nin);
         r[run][2] = host_of(g_dw, nw);
         r[run][3] = host_of(g_db, (size_t)OC);
-        r[run][4] = host_of16(g_dout16, nout);
+        r[run][4] = host_of16(h, g_dout16, nout);
         cudaFree(g_inp), cudaFree(g_w), cudaFree(g_dout16), cudaFree(g_bias), cudaFree(g_dout);
         cudaFree(g_out), cudaFree(g_dinp), cudaFree(g_dw), cudaFree(g_db);
     }
@@ -684,23 +696,27 @@ static void test_linear_bf16(int N, int C, int OC)
 /* bf16 cross-entropy (dlogits in place, rows 2V bf16 apart) and the lm_head on it: the losses
  * as the fp32 kernel's, dlogits the bf16 rounding of the fp32 kernel's bit for bit, and the
  * lm_head's products against the CPU's of the rounded inputs. */
-static void test_lm_head_bf16(int N, int C, int V)
+static void test_lm_head_half(zs_half_format h, int N, int C, int V)
 {
     size_t nin = (size_t)N * C, nw = (size_t)V * C, nl = (size_t)N * V;
     uint64_t st = 0xbb67ae8584caa73bull;
+    /* fp16 carries a loss scale in dlogits, as the model does (zs_model_loss_scale): unscaled,
+     * (softmax - onehot) / N of GPT-2's vocabulary is ~1e-7, below fp16's normal range (6e-5),
+     * where the rounding keeps few bits (what loss scaling is for); 2^16 lifts it into range. */
+    const float dloss = 1.0f / (float)N * (h == ZS_HALF_F16 ? 65536.0f : 1.0f);
     float *inp = malloc(nin * 4), *wte = malloc(nw * 4), *logits = malloc(nl * 4);
-    zs_bf16 *inp16 = malloc(nin * 2), *wte16 = malloc(nw * 2);
+    zs_half16 *inp16 = malloc(nin * 2), *wte16 = malloc(nw * 2);
     int32_t *targets = malloc((size_t)N * sizeof *targets);
     fill(inp, nin, 1.0f, &st);
     fill(wte, nw, 0.1f, &st);
     fill(logits, nl, 8.0f, &st);
     for (int i = 0; i < N; i++)
         targets[i] = (int32_t)((size_t)i * 7919 % (size_t)V);
-    round_bf16(inp, inp16, nin);
-    round_bf16(wte, wte16, nw);
+    round_half(h, inp, inp16, nin);
+    round_half(h, wte, wte16, nw);
     float *ref = malloc(nl * 4), *losses = malloc((size_t)N * 4);
     memcpy(ref, logits, nl * 4);
-    zs_crossentropy_fused(ref, losses, targets, N, V, 1.0f / (float)N, 1);
+    zs_crossentropy_fused(ref, losses, targets, N, V, dloss, 1);
     float *h_logits = malloc(nl * 4), *h_dl = malloc(nl * 4);
     float *dinp = malloc(nin * 4), *dwte = malloc(nw * 4), *lg = malloc(nl * 4);
 
@@ -709,31 +725,30 @@ static void test_lm_head_bf16(int N, int C, int V)
     float *g_l32 = dev(logits, nl), *g_l16 = dev(logits, nl), *g_losses = dev(NULL, (size_t)N);
     float *g_losses32 = dev(NULL, (size_t)N), *g_dinp = dev(NULL, nin), *g_dwte = dev(NULL, nw);
     float *g_lg = dev(NULL, nl);
-    zs_bf16 *g_inp = dev16(inp16, nin), *g_wte = dev16(wte16, nw);
+    zs_half16 *g_inp = dev16(inp16, nin), *g_wte = dev16(wte16, nw);
     int32_t *g_t = dev_ids(targets, (size_t)N);
     CHECK(blas && g_l32 && g_l16 && g_losses && g_losses32 && g_dinp && g_dwte && g_lg && g_inp &&
           g_wte && g_t);
     if (blas) {
-        CHECK_OK(zs_cuda_lm_head_forward_bf16(blas, g_lg, g_inp, g_wte, N, C, V));
-        CHECK_OK(zs_cuda_crossentropy_fused(g_l32, g_losses32, g_t, N, V, 1.0f / (float)N, NULL));
-        CHECK_OK(
-            zs_cuda_crossentropy_fused_bf16(g_l16, g_losses, g_t, N, V, 1.0f / (float)N, NULL));
-        CHECK_OK(zs_cuda_lm_head_backward_bf16(blas, g_dinp, g_dwte, (const zs_bf16 *)g_l16, 2 * V,
-                                               g_inp, g_wte, N, C, V));
+        CHECK_OK(zs_cuda_lm_head_forward_half(h, blas, g_lg, g_inp, g_wte, N, C, V));
+        CHECK_OK(zs_cuda_crossentropy_fused(g_l32, g_losses32, g_t, N, V, dloss, NULL));
+        CHECK_OK(zs_cuda_crossentropy_fused_half(h, g_l16, g_losses, g_t, N, V, dloss, NULL));
+        CHECK_OK(zs_cuda_lm_head_backward_half(h, blas, g_dinp, g_dwte, (const zs_half16 *)g_l16,
+                                               2 * V, g_inp, g_wte, N, C, V));
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         float *h_losses = host_of(g_losses, (size_t)N),
               *h_losses32 = host_of(g_losses32, (size_t)N);
         float *h_l32 = host_of(g_l32, nl), *h_dinp = host_of(g_dinp, nin);
         float *h_dwte = host_of(g_dwte, nw), *h_lg = host_of(g_lg, nl);
-        zs_bf16 *rows = malloc(nl * 2 * sizeof *rows);
+        zs_half16 *rows = malloc(nl * 2 * sizeof *rows);
         cudaMemcpy(rows, g_l16, nl * sizeof(float), cudaMemcpyDeviceToHost);
         size_t wrong = 0;
         for (int i = 0; i < N; i++)
             for (int j = 0; j < V; j++) {
                 size_t k = (size_t)i * V + j;
-                zs_bf16 bits = rows[(size_t)i * 2 * V + j];
-                h_dl[k] = zs_bf16_to_f32(bits);
-                wrong += bits != zs_f32_to_bf16(h_l32[k]);
+                zs_half16 bits = rows[(size_t)i * 2 * V + j];
+                h_dl[k] = from16(h, bits);
+                wrong += bits != to16(h, h_l32[k]);
             }
         zs_test_checks++;
         if (wrong) {
@@ -761,7 +776,7 @@ static void test_lm_head_bf16(int N, int C, int V)
 }
 
 /* The bf16 LayerNorm: bitwise the fp32 kernel's output, rounded (the same arithmetic). */
-static void test_layernorm_bf16(int N, int C)
+static void test_layernorm_half(zs_half_format h, int N, int C)
 {
     size_t n = (size_t)N * C;
     uint64_t st = 0x3c6ef372fe94f82bull;
@@ -774,16 +789,16 @@ static void test_layernorm_bf16(int N, int C)
     float *g_a = dev(a, n), *g_b = dev(b, n), *g_w = dev(w, (size_t)C), *g_bi = dev(bi, (size_t)C);
     float *g_res = dev(NULL, n), *g_out = dev(NULL, n), *g_m = dev(NULL, (size_t)N);
     float *g_r = dev(NULL, (size_t)N);
-    zs_bf16 *g_o16 = dev16(NULL, n);
+    zs_half16 *g_o16 = dev16(NULL, n);
     CHECK(g_a && g_b && g_w && g_bi && g_res && g_out && g_m && g_r && g_o16);
     CHECK_OK(zs_cuda_residual_layernorm_forward(g_res, g_out, g_m, g_r, g_a, g_b, g_w, g_bi, N, C,
                                                 NULL));
     CHECK_OK(
-        zs_cuda_layernorm_forward_bf16(g_res, g_o16, g_m, g_r, g_a, g_b, g_w, g_bi, N, C, NULL));
+        zs_cuda_layernorm_forward_half(h, g_res, g_o16, g_m, g_r, g_a, g_b, g_w, g_bi, N, C, NULL));
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
-    float *h32 = host_of(g_out, n), *h16 = host_of16(g_o16, n);
+    float *h32 = host_of(g_out, n), *h16 = host_of16(h, g_o16, n);
     for (size_t i = 0; i < n; i++)
-        h32[i] = zs_bf16_to_f32(zs_f32_to_bf16(h32[i]));
+        h32[i] = from16(h, to16(h, h32[i]));
     compare(&TOL_ENCODER, h16, h32, n); /* 0, 0: bitwise */
     free(h32), free(h16);
     cudaFree(g_a), cudaFree(g_b), cudaFree(g_w), cudaFree(g_bi), cudaFree(g_res), cudaFree(g_out);
@@ -812,46 +827,46 @@ static double gelu_erf(double x)
  * about 50 standard deviations of its noise; with a small shape it is not, so formula is 0
  * there.  Returns 0 when cuBLASLt has no algorithm (said, not failed).
  */
-static int test_gelu_epilogue(int N, int C, int H, int formula)
+static int test_gelu_epilogue(zs_half_format h, int N, int C, int H, int formula)
 {
     size_t nin = (size_t)N * C, nw = (size_t)C * H, nh = (size_t)N * H;
     uint64_t st = 0x510e527fade682d1ull;
     float *inp = malloc(nin * 4), *w = malloc(nw * 4), *bias = malloc((size_t)H * 4);
     float *wp = malloc(nw * 4), *dout = malloc(nin * 4);
-    zs_bf16 *inp16 = malloc(nin * 2), *w16 = malloc(nw * 2), *b16 = malloc((size_t)H * 2);
-    zs_bf16 *wp16 = malloc(nw * 2), *dout16 = malloc(nin * 2);
+    zs_half16 *inp16 = malloc(nin * 2), *w16 = malloc(nw * 2), *b16 = malloc((size_t)H * 2);
+    zs_half16 *wp16 = malloc(nw * 2), *dout16 = malloc(nin * 2);
     fill(inp, nin, 1.0f, &st);
     fill(w, nw, 0.1f, &st); /* pre-activations of a few units: GELU's curved part */
     fill(bias, (size_t)H, 0.5f, &st);
     fill(wp, nw, 0.1f, &st);
     fill(dout, nin, 1.0f, &st);
-    round_bf16(inp, inp16, nin);
-    round_bf16(w, w16, nw);
-    round_bf16(bias, b16, (size_t)H);
-    round_bf16(wp, wp16, nw);
-    round_bf16(dout, dout16, nin);
+    round_half(h, inp, inp16, nin);
+    round_half(h, w, w16, nw);
+    round_half(h, bias, b16, (size_t)H);
+    round_half(h, wp, wp16, nw);
+    round_half(h, dout, dout16, nin);
     zs_cuda_blas *blas = NULL;
     CHECK_OK(zs_cuda_blas_open(NULL, &blas));
     int ok = blas != NULL;
     float *r[2][2][3] = {{{0}}}; /* [run][fused][pre, out, dpre] */
     float *dbias[2][2] = {{0}};
     for (int run = 0; ok && run < 2; run++) {
-        zs_bf16 *g_inp = dev16(inp16, nin), *g_w = dev16(w16, nw), *g_b16 = dev16(b16, (size_t)H);
-        zs_bf16 *g_wp = dev16(wp16, nw), *g_dout = dev16(dout16, nin);
-        zs_bf16 *g_pre = dev16(NULL, nh), *g_out = dev16(NULL, nh), *g_dpre = dev16(NULL, nh);
+        zs_half16 *g_inp = dev16(inp16, nin), *g_w = dev16(w16, nw), *g_b16 = dev16(b16, (size_t)H);
+        zs_half16 *g_wp = dev16(wp16, nw), *g_dout = dev16(dout16, nin);
+        zs_half16 *g_pre = dev16(NULL, nh), *g_out = dev16(NULL, nh), *g_dpre = dev16(NULL, nh);
         float *g_b32 = dev(bias, (size_t)H), *g_prod = dev(NULL, nh), *g_db = dev(NULL, (size_t)H);
         CHECK(g_inp && g_w && g_b16 && g_wp && g_dout && g_pre && g_out && g_dpre && g_b32 &&
               g_prod && g_db);
         for (int fused = 0; fused < 2; fused++) {
             if (fused) {
                 int f1 = 0, f2 = 0;
-                CHECK_OK(zs_cuda_linear_gelu_forward_bf16(blas, g_pre, g_out, g_inp, g_w, g_b16, N,
-                                                          C, H, &f1));
+                CHECK_OK(zs_cuda_linear_gelu_forward_half(h, blas, g_pre, g_out, g_inp, g_w, g_b16,
+                                                          N, C, H, &f1));
                 if (f1)
-                    CHECK_OK(zs_cuda_linear_backward_dgelu_bf16(blas, g_dpre, g_dout, g_wp, g_pre,
-                                                                N, H, C, &f2));
+                    CHECK_OK(zs_cuda_linear_backward_dgelu_half(h, blas, g_dpre, g_dout, g_wp,
+                                                                g_pre, N, H, C, &f2));
                 if (f2)
-                    CHECK_OK(zs_cuda_bias_backward_of_bf16(g_db, g_dpre, N, H, NULL));
+                    CHECK_OK(zs_cuda_bias_backward_of_half(h, g_db, g_dpre, N, H, NULL));
                 if (!f1 || !f2) {
                     printf("test_cuda_kernels: cuBLASLt has no algorithm for the GELU epilogue "
                            "(%s, N %d, C %d, H %d): the model falls back to the kernels\n",
@@ -859,16 +874,18 @@ static int test_gelu_epilogue(int N, int C, int H, int formula)
                     ok = 0;
                 }
             } else {
-                CHECK_OK(zs_cuda_linear_forward_bf16(blas, g_prod, g_inp, g_w, NULL, N, C, H));
-                CHECK_OK(zs_cuda_bias_gelu_forward_bf16(g_pre, g_out, g_prod, g_b32, N, H, NULL));
+                CHECK_OK(zs_cuda_linear_forward_half(h, blas, g_prod, g_inp, g_w, NULL, N, C, H));
                 CHECK_OK(
-                    zs_cuda_linear_backward_bf16(blas, g_prod, NULL, g_dout, NULL, g_wp, N, H, C));
-                CHECK_OK(zs_cuda_bias_gelu_backward_bf16(g_dpre, g_db, g_prod, g_pre, N, H, NULL));
+                    zs_cuda_bias_gelu_forward_half(h, g_pre, g_out, g_prod, g_b32, N, H, NULL));
+                CHECK_OK(zs_cuda_linear_backward_half(h, blas, g_prod, NULL, g_dout, NULL, g_wp, N,
+                                                      H, C));
+                CHECK_OK(
+                    zs_cuda_bias_gelu_backward_half(h, g_dpre, g_db, g_prod, g_pre, N, H, NULL));
             }
             CHECK(cudaDeviceSynchronize() == cudaSuccess);
-            r[run][fused][0] = host_of16(g_pre, nh);
-            r[run][fused][1] = host_of16(g_out, nh);
-            r[run][fused][2] = host_of16(g_dpre, nh);
+            r[run][fused][0] = host_of16(h, g_pre, nh);
+            r[run][fused][1] = host_of16(h, g_out, nh);
+            r[run][fused][2] = host_of16(h, g_dpre, nh);
             dbias[run][fused] = host_of(g_db, (size_t)H);
         }
         cudaFree(g_inp), cudaFree(g_w), cudaFree(g_b16), cudaFree(g_wp), cudaFree(g_dout);
@@ -951,15 +968,21 @@ int main(void)
     test_encoder(3, 5, 33, 7);
     test_crossentropy(64, 50257);
     test_crossentropy(3, 17);
-    /* The bf16 mode. */
-    test_linear_bf16(256, 768, 2304);
-    test_linear_bf16(256, 3072, 768);
-    test_linear_bf16(5, 33, 7);
-    test_lm_head_bf16(64, 768, 50257);
-    test_lm_head_bf16(3, 17, 11);
-    test_layernorm_bf16(256, 768);
-    test_layernorm_bf16(5, 33);
-    test_gelu_epilogue(256, 768, 3072, 1); /* GPT-2 124M's MLP */
-    test_gelu_epilogue(16, 64, 256, 0);
+    /* The 16-bit modes: bf16, then fp16 (the same kernels in the other format, checked with
+     * bf16's tolerances, which hold a fortiori: fp16's rounding unit, 2^-11, is 8 times bf16's
+     * within its range, and the tests' values are in it). */
+    for (int f = 0; f < 2; f++) {
+        zs_half_format h = f ? ZS_HALF_F16 : ZS_HALF_BF16;
+        printf("test_cuda_kernels: %s storage\n", f ? "fp16" : "bf16");
+        test_linear_half(h, 256, 768, 2304);
+        test_linear_half(h, 256, 3072, 768);
+        test_linear_half(h, 5, 33, 7);
+        test_lm_head_half(h, 64, 768, 50257);
+        test_lm_head_half(h, 3, 17, 11);
+        test_layernorm_half(h, 256, 768);
+        test_layernorm_half(h, 5, 33);
+        test_gelu_epilogue(h, 256, 768, 3072, 1); /* GPT-2 124M's MLP */
+        test_gelu_epilogue(h, 16, 64, 256, 0);
+    }
     return zs_test_result("test_cuda_kernels");
 }

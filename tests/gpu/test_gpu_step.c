@@ -29,6 +29,11 @@
  * come from bf16 operands, each a 2e-3 rounding, averaged over 256 positions).  As above, the
  * first run should print the worst ratios, and the band be set from them.
  *
+ * The fp16 mode likewise, from weights rounded to fp16, with a loss scale of 2^10 in the
+ * backward (zs_model_loss_scale must report that the model applies it; the gradients are divided
+ * by it, exactly, before the comparison), and the same band: fp16's roundings are 8 times finer
+ * than bf16's in its range, and the scale keeps the backward's 16-bit gradients in it.
+ *
  * Exits 77 (skipped) where no CUDA device can be used; tests/gpu/run.sh treats 77 as a failure.
  */
 #include <cuda_runtime_api.h>
@@ -45,6 +50,10 @@
 #include "tests/unit/test.h"
 
 enum { B = 4, T = 64 };
+
+/* The fp16 steps' loss scale (a power of two): the model's backward carries it, and step()
+ * divides it out of the gradients it returns (exactly). */
+#define FP16_SCALE 1024.0f
 
 /* One forward + backward on dev in precision prec: *loss and grads (host) from params (host).
  * attention: the value of ZS_CUDA_ATTENTION while the model is created (read once there), or
@@ -78,6 +87,9 @@ static void step(zs_device dev, const char *attention, zs_precision prec,
     }
     zs_gpt2_flat flat = {dp, dg};
     zs_gpt2_io io = zs_gpt2_flat_io(&flat);
+    /* fp16 on a GPU: the model applies the scale itself, leaving the host nothing to do. */
+    if (prec == ZS_PRECISION_FP16 && !zs_model_on_host(m))
+        CHECK(zs_model_loss_scale(m, FP16_SCALE) == 1.0f);
     CHECK_OK(zs_model_forward(m, &io, in, tg, B, T, loss));
     CHECK_OK(zs_model_backward(m, &io));
     if (!zs_model_on_host(m)) {
@@ -85,6 +97,9 @@ static void step(zs_device dev, const char *attention, zs_precision prec,
         zs_model_dealloc(m, dp);
         zs_model_dealloc(m, dg);
     }
+    if (prec == ZS_PRECISION_FP16 && !zs_model_on_host(m))
+        for (size_t i = 0; i < tt->total; i++)
+            grads[i] /= FP16_SCALE;
     zs_model_free(m);
 }
 
@@ -115,6 +130,35 @@ static void worst_gradient(const char *got_name, const float *got, const char *w
            worst, worst_name);
 }
 
+/* Checks, for every tensor, ||got - want|| / ||want|| <= bound (a 16-bit step's gradients,
+ * got, against the fp32 step's from the same rounded weights); prints the worst. */
+static void reduced_gradients(const char *mode, const float *got, const float *want,
+                              const zs_tensor_table *tt, double bound)
+{
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < tt->count; i++) {
+        const zs_tensor *t = &tt->tensors[i];
+        double d2 = 0, r2 = 0;
+        for (size_t j = 0; j < t->numel; j++) {
+            double r = want[t->offset + j], g = got[t->offset + j];
+            d2 += (g - r) * (g - r);
+            r2 += r * r;
+        }
+        double ratio = r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
+        if (isnan(ratio))
+            ratio = INFINITY;
+        if (ratio > worst)
+            worst = ratio, worst_name = t->name;
+        if (!(ratio <= bound))
+            fprintf(stderr, "test_gpu_step: %s %s: ||%s - fp32|| / ||fp32|| = %.2e\n", mode,
+                    t->name, mode, ratio);
+        CHECK(ratio <= bound);
+    }
+    printf("test_gpu_step: %s worst ||%s - fp32|| / ||fp32|| %.2e (%s)\n", mode, mode, worst,
+           worst_name);
+}
+
 int main(void)
 {
     int devices = 0;
@@ -142,6 +186,7 @@ int main(void)
     float lcpu, lgpu, lgpu2, lref;
     const zs_device cpu = {ZS_DEVICE_CPU, 0}, gpu = {ZS_DEVICE_CUDA, 0};
     const zs_precision fp32 = ZS_PRECISION_FP32, bf16 = ZS_PRECISION_BF16;
+    const zs_precision fp16 = ZS_PRECISION_FP16;
     step(cpu, NULL, fp32, &cfg, &tt, params, in, tg, &lcpu, gcpu);
     step(gpu, NULL, fp32, &cfg, &tt, params, in, tg, &lgpu, ggpu);
     step(gpu, NULL, fp32, &cfg, &tt, params, in, tg, &lgpu2, ggpu2);
@@ -170,27 +215,21 @@ int main(void)
     CHECK(fabs((double)l16 - l32) <= 1e-2 * l32);
     CHECK(memcmp(&l16, &l16b, sizeof l16) == 0);
     CHECK(memcmp(gcpu, ggpu2, n * sizeof *gcpu) == 0); /* bf16 run to run: the same bits */
-    double worst = 0;
-    const char *worst_name = "";
-    for (int i = 0; i < tt.count; i++) {
-        const zs_tensor *t = &tt.tensors[i];
-        double d2 = 0, r2 = 0;
-        for (size_t j = 0; j < t->numel; j++) {
-            double r = ggpu[t->offset + j], g = gcpu[t->offset + j];
-            d2 += (g - r) * (g - r);
-            r2 += r * r;
-        }
-        double ratio = r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
-        if (isnan(ratio))
-            ratio = INFINITY;
-        if (ratio > worst)
-            worst = ratio, worst_name = t->name;
-        if (!(ratio <= 0.1))
-            fprintf(stderr, "test_gpu_step: bf16 %s: ||bf16 - fp32|| / ||fp32|| = %.2e\n", t->name,
-                    ratio);
-        CHECK(ratio <= 0.1);
-    }
-    printf("test_gpu_step: bf16 worst ||bf16 - fp32|| / ||fp32|| %.2e (%s)\n", worst, worst_name);
+    reduced_gradients("bf16", gcpu, ggpu, &tt, 0.1);
+
+    /* fp16: the weights rounded to fp16, as an fp16.enabled job's; an fp32 step and fp16 steps
+     * (with the loss scale in the backward) from them. */
+    for (size_t i = 0; i < n; i++)
+        params[i] = zs_f16_to_f32(zs_f32_to_f16(params[i]));
+    step(gpu, NULL, fp32, &cfg, &tt, params, in, tg, &l32, ggpu);
+    step(gpu, NULL, fp16, &cfg, &tt, params, in, tg, &l16, gcpu);
+    step(gpu, NULL, fp16, &cfg, &tt, params, in, tg, &l16b, ggpu2);
+    printf("test_gpu_step: fp16 loss %.7f, fp32 %.7f (relative %.2e)\n", l16, l32,
+           fabs((double)l16 - l32) / l32);
+    CHECK(fabs((double)l16 - l32) <= 1e-2 * l32);
+    CHECK(memcmp(&l16, &l16b, sizeof l16) == 0);
+    CHECK(memcmp(gcpu, ggpu2, n * sizeof *gcpu) == 0); /* fp16 run to run: the same bits */
+    reduced_gradients("fp16", gcpu, ggpu, &tt, 0.1);
     free(params), free(gcpu), free(ggpu), free(ggpu2), free(gref);
     zs_tensors_free(&tt);
     return zs_test_result("test_gpu_step");

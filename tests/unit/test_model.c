@@ -3,9 +3,11 @@
  *
  *   devices      "cpu", "cuda", "cuda:N" parse; anything else is refused, naming the text;
  *   cpu model    forward and backward through zs_model give bitwise the loss and gradient of
- *                kernels/gpt2.c called directly, twice, in either precision (the CPU ignores
+ *                kernels/gpt2.c called directly, twice, in any precision (the CPU ignores
+ *                it), leaves an fp16 job's loss scale to the host (zs_model_loss_scale returns
  *                it), and its memory calls move bytes;
- *   precision    bf16.enabled gives ZS_PRECISION_BF16, else fp32;
+ *   precision    bf16.enabled gives ZS_PRECISION_BF16, fp16.enabled ZS_PRECISION_FP16, else
+ *                fp32;
  *   layout       zs_gpt2_acts_layout_for leaves out exactly the arrays named, with NULL
  *                pointers and slices, and keeps the others' sizes and order;
  *   cuda model   where a GPU can be used, the same io gives a finite loss close to the CPU's
@@ -98,18 +100,21 @@ static void test_cpu(fixture *f)
     zs_gpt2_free(g);
 
     zs_model *m;
-    /* The CPU takes a precision and computes the same bits with either. */
-    CHECK_OK(zs_model_create((zs_device){ZS_DEVICE_CPU, 0}, &f->cfg, &f->tt, 2, 8, 2,
-                             ZS_PRECISION_BF16, &m));
-    {
+    /* The CPU takes a precision and computes the same bits with any; an fp16 job's loss scale
+     * is left to the host, which multiplies the gradient by it (zs_fp16_scale_grads). */
+    const zs_precision reduced[2] = {ZS_PRECISION_BF16, ZS_PRECISION_FP16};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(zs_model_create((zs_device){ZS_DEVICE_CPU, 0}, &f->cfg, &f->tt, 2, 8, 2,
+                                 reduced[k], &m));
+        CHECK(zs_model_loss_scale(m, 1024.0f) == 1024.0f);
         float loss;
         memset(f->grads, 0xff, n * sizeof *f->grads);
         CHECK_OK(zs_model_forward(m, &io, f->in, f->tg, 2, 8, &loss));
         CHECK_OK(zs_model_backward(m, &io));
         CHECK(memcmp(&loss, &want_loss, sizeof loss) == 0);
         CHECK(memcmp(f->grads, want, n * sizeof *want) == 0);
+        zs_model_free(m);
     }
-    zs_model_free(m);
     CHECK_OK(zs_model_create((zs_device){ZS_DEVICE_CPU, 0}, &f->cfg, &f->tt, 2, 8, 2,
                              ZS_PRECISION_FP32, &m));
     CHECK(zs_model_on_host(m));
@@ -162,8 +167,8 @@ static void test_precision(void)
     zs_config cfg;
     memset(&cfg, 0, sizeof cfg);
     CHECK_EQ_INT(zs_model_precision(&cfg), ZS_PRECISION_FP32);
-    cfg.fp16.enabled = 1; /* fp16 is emulated on the host: the model computes in fp32 */
-    CHECK_EQ_INT(zs_model_precision(&cfg), ZS_PRECISION_FP32);
+    cfg.fp16.enabled = 1; /* the CPU emulates it on the host; a GPU stores fp16 */
+    CHECK_EQ_INT(zs_model_precision(&cfg), ZS_PRECISION_FP16);
     cfg.fp16.enabled = 0;
     cfg.bf16 = 1;
     CHECK_EQ_INT(zs_model_precision(&cfg), ZS_PRECISION_BF16);
@@ -295,6 +300,7 @@ int main(void)
     test_layout_without(&f);
     test_cuda(&f, ZS_PRECISION_FP32);
     test_cuda(&f, ZS_PRECISION_BF16);
+    test_cuda(&f, ZS_PRECISION_FP16);
     test_cuda_dmabuf(&f);
     fixture_free(&f);
     return zs_test_result("test_model");
