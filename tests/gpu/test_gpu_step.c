@@ -159,6 +159,39 @@ static void reduced_gradients(const char *mode, const float *got, const float *w
            worst_name);
 }
 
+static float round_bf16(float v)
+{
+    return zs_bf16_to_f32(zs_f32_to_bf16(v));
+}
+
+static float round_fp16(float v)
+{
+    return zs_f16_to_f32(zs_f32_to_f16(v));
+}
+
+/* A 16-bit mode's step (precision prec, named mode): params rounded in place by round16; the
+ * fp32 GPU step from them into g32, the 16-bit one into g16 and again into g16b (the same bits),
+ * the loss within 1e-2 of the fp32 one, the gradients within reduced_gradients' band. */
+static void reduced_mode(const char *mode, zs_precision prec, float (*round16)(float),
+                         const zs_model_config *cfg, const zs_tensor_table *tt, float *params,
+                         const int32_t *in, const int32_t *tg, float *g32, float *g16, float *g16b)
+{
+    const zs_device gpu = {ZS_DEVICE_CUDA, 0};
+    size_t n = tt->total;
+    for (size_t i = 0; i < n; i++)
+        params[i] = round16(params[i]);
+    float l32, l16, l16b;
+    step(gpu, NULL, ZS_PRECISION_FP32, cfg, tt, params, in, tg, &l32, g32);
+    step(gpu, NULL, prec, cfg, tt, params, in, tg, &l16, g16);
+    step(gpu, NULL, prec, cfg, tt, params, in, tg, &l16b, g16b);
+    printf("test_gpu_step: %s loss %.7f, fp32 %.7f (relative %.2e)\n", mode, l16, l32,
+           fabs((double)l16 - l32) / l32);
+    CHECK(fabs((double)l16 - l32) <= 1e-2 * l32);
+    CHECK(memcmp(&l16, &l16b, sizeof l16) == 0);
+    CHECK(memcmp(g16, g16b, n * sizeof *g16) == 0); /* run to run: the same bits */
+    reduced_gradients(mode, g16, g32, tt, 0.1);
+}
+
 int main(void)
 {
     int devices = 0;
@@ -203,33 +236,10 @@ int main(void)
     worst_gradient("gpu-reference-attention", gref, "cpu", gcpu, &tt);
     worst_gradient("gpu", ggpu, "gpu-reference-attention", gref, &tt);
 
-    /* bf16: the weights rounded, as a bf16.enabled job's; fp32 and bf16 GPU steps from them. */
-    for (size_t i = 0; i < n; i++)
-        params[i] = zs_bf16_to_f32(zs_f32_to_bf16(params[i]));
-    float l32, l16, l16b;
-    step(gpu, NULL, fp32, &cfg, &tt, params, in, tg, &l32, ggpu);
-    step(gpu, NULL, bf16, &cfg, &tt, params, in, tg, &l16, gcpu);
-    step(gpu, NULL, bf16, &cfg, &tt, params, in, tg, &l16b, ggpu2);
-    printf("test_gpu_step: bf16 loss %.7f, fp32 %.7f (relative %.2e)\n", l16, l32,
-           fabs((double)l16 - l32) / l32);
-    CHECK(fabs((double)l16 - l32) <= 1e-2 * l32);
-    CHECK(memcmp(&l16, &l16b, sizeof l16) == 0);
-    CHECK(memcmp(gcpu, ggpu2, n * sizeof *gcpu) == 0); /* bf16 run to run: the same bits */
-    reduced_gradients("bf16", gcpu, ggpu, &tt, 0.1);
-
-    /* fp16: the weights rounded to fp16, as an fp16.enabled job's; an fp32 step and fp16 steps
-     * (with the loss scale in the backward) from them. */
-    for (size_t i = 0; i < n; i++)
-        params[i] = zs_f16_to_f32(zs_f32_to_f16(params[i]));
-    step(gpu, NULL, fp32, &cfg, &tt, params, in, tg, &l32, ggpu);
-    step(gpu, NULL, fp16, &cfg, &tt, params, in, tg, &l16, gcpu);
-    step(gpu, NULL, fp16, &cfg, &tt, params, in, tg, &l16b, ggpu2);
-    printf("test_gpu_step: fp16 loss %.7f, fp32 %.7f (relative %.2e)\n", l16, l32,
-           fabs((double)l16 - l32) / l32);
-    CHECK(fabs((double)l16 - l32) <= 1e-2 * l32);
-    CHECK(memcmp(&l16, &l16b, sizeof l16) == 0);
-    CHECK(memcmp(gcpu, ggpu2, n * sizeof *gcpu) == 0); /* fp16 run to run: the same bits */
-    reduced_gradients("fp16", gcpu, ggpu, &tt, 0.1);
+    /* bf16, then fp16: the weights rounded as a bf16.enabled or fp16.enabled job's; fp32 and
+     * 16-bit GPU steps from them (fp16's with the loss scale in its backward). */
+    reduced_mode("bf16", bf16, round_bf16, &cfg, &tt, params, in, tg, ggpu, gcpu, ggpu2);
+    reduced_mode("fp16", fp16, round_fp16, &cfg, &tt, params, in, tg, ggpu, gcpu, ggpu2);
     free(params), free(gcpu), free(ggpu), free(ggpu2), free(gref);
     zs_tensors_free(&tt);
     return zs_test_result("test_gpu_step");
