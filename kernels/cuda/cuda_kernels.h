@@ -24,8 +24,10 @@
  *     separate kernels as the fallback and the reference.
  *
  * Determinism: no atomics.  A reduction over rows (a bias's or a LayerNorm weight's gradient)
- * is done by one thread per column walking the rows in order; one over a row (a LayerNorm's
- * mean) by one warp in a fixed shuffle tree.  So for one GPU model and one shape the bits are
+ * sums each column over fixed chunks of 64 rows, rows in order, then the chunks in order (a
+ * thread per column and chunk, then a thread per column: launch.cuh's zs_colsum_begin, so that
+ * the whole GPU works on it); one over a row (a LayerNorm's mean) by one warp in a fixed
+ * shuffle tree.  So for one GPU model and one shape the bits are
  * the same run to run; they are not the CPU's bits (another summation order), which is why the
  * GPU path has its own reference (`zshard train --device cuda`, to come).
  *
@@ -143,7 +145,8 @@ zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, const float *inp,
 zs_err zs_cuda_lm_head_backward(zs_cuda_blas *b, float *dinp, float *dwte, const float *dlogits,
                                 const float *inp, const float *wte, int N, int C, int V);
 
-/* dbias (OC) = sum over the N rows of dout (N, OC), in row order (param grads =). */
+/* dbias (OC) = sum over the N rows of dout (N, OC), in the fixed column-sum order (param grads =).
+ */
 zs_err zs_cuda_bias_backward(float *dbias, const float *dout, int N, int OC, zs_cuda_stream stream);
 
 /* losses (N) = cross-entropy of each row; logits (N, V) overwritten with
@@ -178,18 +181,19 @@ zs_err zs_cuda_bias_gelu_forward_half(zs_half_format h, zs_half16 *pre, zs_half1
                                       zs_cuda_stream stream);
 
 /* dpre (N, C) = bf16(d * gelu'(pre)) (d fp32, pre bf16); dbias (C) = column sums of the rounded
- * values, in fp32 in row order (param grads =; skipped when NULL).  The GELU epilogue's backward
- * and the fallback of zs_cuda_linear_backward_dgelu_half. */
+ * values, in fp32 in the fixed column-sum order (param grads =; skipped when NULL).  The GELU
+ * epilogue's backward and the fallback of zs_cuda_linear_backward_dgelu_half. */
 zs_err zs_cuda_bias_gelu_backward_half(zs_half_format h, zs_half16 *dpre, float *dbias,
                                        const float *d, const zs_half16 *pre, int N, int C,
                                        zs_cuda_stream stream);
 
-/* dout16 (N, OC) = bf16(dout); dbias (OC) = column sums of the fp32 dout, in row order (param
- * grads =; skipped when NULL).  One pass: the gradient feeding a linear backward. */
+/* dout16 (N, OC) = bf16(dout); dbias (OC) = column sums of the fp32 dout, in the fixed column-sum
+ * order (param grads =; skipped when NULL).  One pass: the gradient feeding a linear backward. */
 zs_err zs_cuda_bias_backward_half(zs_half_format h, float *dbias, zs_half16 *dout16,
                                   const float *dout, int N, int OC, zs_cuda_stream stream);
 
-/* dbias (OC) = column sums of a bf16 (N, OC), in fp32 in row order (param grads =). */
+/* dbias (OC) = column sums of a bf16 (N, OC), in fp32 in the fixed column-sum order (param grads
+ * =). */
 zs_err zs_cuda_bias_backward_of_half(zs_half_format h, float *dbias, const zs_half16 *dout, int N,
                                      int OC, zs_cuda_stream stream);
 

@@ -48,22 +48,24 @@ __device__ static inline float gelu_grad(float v)
     return s + v * 2.0f * s * (e * s) * du;
 }
 
-/* One thread per column walks the rows in order: d = d * gelu'(pre), dbias[c] = their sum. */
-__global__ static void bias_gelu_backward_kernel(float *d, float *dbias, const float *pre, int N,
+/* A thread per column of a chunk of rows (zs_colsum_begin) walks them in order:
+ * d = d * gelu'(pre), sums = their sum (when sums). */
+__global__ static void bias_gelu_backward_kernel(float *d, float *sums, const float *pre, int N,
                                                  int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = blockIdx.x * blockDim.x + threadIdx.x, lo, hi;
     if (c >= C)
         return;
+    zs_colsum_rows(N, &lo, &hi);
     float acc = 0.0f;
-    for (int i = 0; i < N; i++) {
+    for (int i = lo; i < hi; i++) {
         size_t k = (size_t)i * C + c;
         float r = d[k] * gelu_grad(pre[k]);
         d[k] = r;
         acc += r;
     }
-    if (dbias)
-        dbias[c] = acc;
+    if (sums)
+        sums[(size_t)blockIdx.y * C + c] = acc;
 }
 
 extern "C" zs_err zs_cuda_bias_gelu_forward(float *pre, float *out, const float *bias, int N, int C,
@@ -84,9 +86,11 @@ extern "C" zs_err zs_cuda_bias_gelu_backward(float *d, float *dbias, const float
     ZS_CHECK(zs_cuda_check_shape("bias_gelu_backward", N, C));
     if (C == 0)
         return ZS_OK;
-    bias_gelu_backward_kernel<<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-        d, dbias, pre, N, C);
-    return zs_cuda_launched("bias_gelu_backward", N, C);
+    float *sums;
+    ZS_CHECK(zs_colsum_begin(dbias, N, C, stream, &sums));
+    bias_gelu_backward_kernel<<<zs_colsum_grid(N, C), ZS_CUDA_BLOCK, 0, stream>>>(d, sums, pre, N,
+                                                                                  C);
+    return zs_colsum_end(dbias, sums, N, C, stream, zs_cuda_launched("bias_gelu_backward", N, C));
 }
 
 template <typename T>
@@ -103,22 +107,24 @@ __global__ static void bias_gelu_forward_half_kernel(T *pre, T *out, const float
     zs_put(&out[i], x / (1.0f + gelu_e(x)));
 }
 
-/* A thread a column, rows in order: dpre = 16-bit(d * gelu'(pre)), dbias = sum of the rounded. */
+/* A thread per column of a chunk of rows, rows in order: dpre = 16-bit(d * gelu'(pre)),
+ * sums = sum of the rounded (when sums). */
 template <typename T>
-__global__ static void bias_gelu_backward_half_kernel(T *dpre, float *dbias, const float *d,
+__global__ static void bias_gelu_backward_half_kernel(T *dpre, float *sums, const float *d,
                                                       const T *pre, int N, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = blockIdx.x * blockDim.x + threadIdx.x, lo, hi;
     if (c >= C)
         return;
+    zs_colsum_rows(N, &lo, &hi);
     float acc = 0.0f;
-    for (int i = 0; i < N; i++) {
+    for (int i = lo; i < hi; i++) {
         size_t k = (size_t)i * C + c;
         zs_put(&dpre[k], d[k] * gelu_grad(zs_get(&pre[k])));
         acc += zs_get(&dpre[k]);
     }
-    if (dbias)
-        dbias[c] = acc;
+    if (sums)
+        sums[(size_t)blockIdx.y * C + c] = acc;
 }
 
 extern "C" zs_err zs_cuda_bias_gelu_forward_half(zs_half_format h, zs_half16 *pre, zs_half16 *out,
@@ -142,8 +148,11 @@ extern "C" zs_err zs_cuda_bias_gelu_backward_half(zs_half_format h, zs_half16 *d
     ZS_CHECK(zs_cuda_check_shape("bias_gelu_backward_half", N, C));
     if (C == 0)
         return ZS_OK;
+    float *sums;
+    ZS_CHECK(zs_colsum_begin(dbias, N, C, stream, &sums));
     ZS_WITH_HALF(h, bias_gelu_backward_half_kernel<T>
-                 <<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-                     (T *)dpre, dbias, d, (const T *)pre, N, C));
-    return zs_cuda_launched("bias_gelu_backward_half", N, C);
+                 <<<zs_colsum_grid(N, C), ZS_CUDA_BLOCK, 0, stream>>>((T *)dpre, sums, d,
+                                                                      (const T *)pre, N, C));
+    return zs_colsum_end(dbias, sums, N, C, stream,
+                         zs_cuda_launched("bias_gelu_backward_half", N, C));
 }

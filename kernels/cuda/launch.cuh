@@ -92,6 +92,35 @@ static inline const char *zs_half_name(zs_half_format h)
     return h == ZS_HALF_F16 ? "fp16" : "bf16";
 }
 
+/*
+ * Column sums of an (N, C) matrix that use the whole GPU in a fixed order (colsum.cu): the rows
+ * are cut into chunks of ZS_COL_CHUNK, a kernel launched on the grid zs_colsum_grid gives each
+ * thread one column of one chunk (zs_colsum_rows), whose rows it adds in order into
+ * sums[blockIdx.y * C + c], and zs_colsum_end adds the chunks' sums into out in chunk order.
+ *   zs_colsum_begin: *sums = out when one chunk covers N (the kernel writes the result itself)
+ *     or out is NULL (nothing to sum), else scratch of zs_colsum_chunks(N) x C floats,
+ *     stream-ordered (cudaMallocAsync);
+ *   zs_colsum_end: the chunks' sums into out, and the scratch freed (nothing with one chunk);
+ *     `launched` is the stage-1 kernel's launch result: when it failed, the scratch is only
+ *     freed and that failure returned.
+ */
+#define ZS_COL_CHUNK 64
+int zs_colsum_chunks(int N);
+zs_err zs_colsum_begin(float *out, int N, int C, zs_cuda_stream stream, float **sums);
+zs_err zs_colsum_end(float *out, float *sums, int N, int C, zs_cuda_stream stream, zs_err launched);
+
+static inline dim3 zs_colsum_grid(int N, int C)
+{
+    return dim3(zs_cuda_blocks(C, ZS_CUDA_BLOCK), (unsigned)zs_colsum_chunks(N));
+}
+
+/* The rows [*lo, *hi) of this block's chunk (blockIdx.y) of N rows. */
+__device__ static inline void zs_colsum_rows(int N, int *lo, int *hi)
+{
+    *lo = (int)blockIdx.y * ZS_COL_CHUNK;
+    *hi = *lo + ZS_COL_CHUNK < N ? *lo + ZS_COL_CHUNK : N;
+}
+
 /* The sum of v over a warp, in a fixed butterfly order: every lane gets the same bits. */
 __device__ static inline float zs_warp_sum(float v)
 {

@@ -5,8 +5,9 @@
  * A warp owns a row: lane j sums columns j, j + 32, ... in order, and the warp adds the 32
  * partial sums in a fixed butterfly (zs_warp_sum).  Mean and variance are two passes (x - mean,
  * then its square), as on the CPU.  The backward's dweight and dbias are sums down columns:
- * one thread per column walks the rows in order, with no atomics, so the bits do not change
- * from run to run.  The forward's output may be bf16 (the bf16 mode's GEMM operand): the same
+ * a thread per column of a chunk of rows walks its rows in order, then the chunks are added in
+ * order (launch.cuh, zs_colsum_begin), with no atomics, so the bits do not change from run to
+ * run.  The forward's output may be bf16 (the bf16 mode's GEMM operand): the same
  * fp32 arithmetic, rounded once when stored.
  */
 #include "kernels/cuda/launch.cuh"
@@ -86,22 +87,24 @@ __global__ static void layernorm_dinp_kernel(float *dinp, const float *dout, con
     }
 }
 
-/* dweight[c] = sum over rows of dout xhat, dbias[c] = sum of dout: a thread a column. */
-__global__ static void layernorm_dparams_kernel(float *dweight, float *dbias, const float *dout,
+/* Per chunk of rows (zs_colsum_begin): sw = sum of dout xhat, sb = sum of dout, a thread a
+ * column of a chunk, rows in order. */
+__global__ static void layernorm_dparams_kernel(float *sw, float *sb, const float *dout,
                                                 const float *inp, const float *mean,
                                                 const float *rstd, int N, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = blockIdx.x * blockDim.x + threadIdx.x, lo, hi;
     if (c >= C)
         return;
+    zs_colsum_rows(N, &lo, &hi);
     float aw = 0.0f, ab = 0.0f;
-    for (int i = 0; i < N; i++) {
+    for (int i = lo; i < hi; i++) {
         size_t k = (size_t)i * C + c;
         aw += dout[k] * ((inp[k] - mean[i]) * rstd[i]);
         ab += dout[k];
     }
-    dweight[c] = aw;
-    dbias[c] = ab;
+    sw[(size_t)blockIdx.y * C + c] = aw;
+    sb[(size_t)blockIdx.y * C + c] = ab;
 }
 
 template <typename OutT>
@@ -161,7 +164,14 @@ extern "C" zs_err zs_cuda_layernorm_backward(float *dinp, float *dweight, float 
             dinp, dout, inp, weight, mean, rstd, N, C);
         ZS_CHECK(zs_cuda_launched("layernorm_backward (dinp)", N, C));
     }
-    layernorm_dparams_kernel<<<zs_cuda_blocks(C, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-        dweight, dbias, dout, inp, mean, rstd, N, C);
-    return zs_cuda_launched("layernorm_backward (dweight, dbias)", N, C);
+    float *sw, *sb;
+    ZS_CHECK(zs_colsum_begin(dweight, N, C, stream, &sw));
+    zs_err e = zs_colsum_begin(dbias, N, C, stream, &sb);
+    if (e != ZS_OK)
+        return zs_colsum_end(dweight, sw, N, C, stream, e); /* frees sw */
+    layernorm_dparams_kernel<<<zs_colsum_grid(N, C), ZS_CUDA_BLOCK, 0, stream>>>(sw, sb, dout, inp,
+                                                                                 mean, rstd, N, C);
+    e = zs_cuda_launched("layernorm_backward (dweight, dbias)", N, C);
+    zs_err eb = zs_colsum_end(dbias, sb, N, C, stream, e);
+    return zs_colsum_end(dweight, sw, N, C, stream, eb);
 }

@@ -21,7 +21,8 @@
  * and the first algorithm of the heuristic is used; cuBLAS gives the same bits run to run on one
  * GPU model, library version and shape.  The preference also states each matrix's actual
  * alignment (a layer's slice of an activation need not be on the 256 bytes the heuristic
- * assumes otherwise).  dbias is our own kernel, a thread a column walking the rows in order.
+ * assumes otherwise).  dbias is our own kernel: column sums in row chunks, then the chunks in
+ * order (launch.cuh, zs_colsum_begin).
  */
 #include <cublasLt.h>
 #include <stdint.h>
@@ -246,16 +247,18 @@ static zs_err gemm16(zs_cuda_blas *b, zs_half_format h, const char *what, int tr
     return gemm(b, what, transa, transb, m, n, k, A, lda, B, ldb, D, ldd, &kind, NULL);
 }
 
-/* dbias[c] = sum over the N rows of dout (N, OC), in row order: a thread a column. */
-__global__ static void bias_backward_kernel(float *dbias, const float *dout, int N, int OC)
+/* sums[chunk * OC + c] = sum over the chunk's rows of dout (N, OC), in row order: a thread a
+ * column of a chunk (zs_colsum_begin). */
+__global__ static void bias_backward_kernel(float *sums, const float *dout, int N, int OC)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = blockIdx.x * blockDim.x + threadIdx.x, lo, hi;
     if (c >= OC)
         return;
+    zs_colsum_rows(N, &lo, &hi);
     float acc = 0.0f;
-    for (int i = 0; i < N; i++)
+    for (int i = lo; i < hi; i++)
         acc += dout[(size_t)i * OC + c];
-    dbias[c] = acc;
+    sums[(size_t)blockIdx.y * OC + c] = acc;
 }
 
 extern "C" zs_err zs_cuda_bias_backward(float *dbias, const float *dout, int N, int OC,
@@ -264,9 +267,10 @@ extern "C" zs_err zs_cuda_bias_backward(float *dbias, const float *dout, int N, 
     ZS_CHECK(zs_cuda_check_shape("bias_backward", N, OC));
     if (OC == 0)
         return ZS_OK;
-    bias_backward_kernel<<<zs_cuda_blocks(OC, ZS_CUDA_BLOCK), ZS_CUDA_BLOCK, 0, stream>>>(
-        dbias, dout, N, OC);
-    return zs_cuda_launched("bias_backward", N, OC);
+    float *sums;
+    ZS_CHECK(zs_colsum_begin(dbias, N, OC, stream, &sums));
+    bias_backward_kernel<<<zs_colsum_grid(N, OC), ZS_CUDA_BLOCK, 0, stream>>>(sums, dout, N, OC);
+    return zs_colsum_end(dbias, sums, N, OC, stream, zs_cuda_launched("bias_backward", N, OC));
 }
 
 extern "C" zs_err zs_cuda_linear_forward(zs_cuda_blas *b, float *out, const float *inp,

@@ -945,6 +945,11 @@ int main(void)
     /* Below -10.1 gelu's exponential passes 88.7, where an unclamped expf is inf and the
      * gradient NaN: the clamp at 88 (zs_vexp's) must keep both finite and the CPU's. */
     test_gelu(16, 97, 30.0f);
+    /* 130 rows: the column sums (bias and LayerNorm gradients) in three chunks of 64 rows, the
+     * last one short (launch.cuh, zs_colsum_begin); 256 rows above are four whole ones. */
+    test_gelu(130, 97, 4.0f);
+    test_layernorm(130, 33);
+    test_linear(130, 33, 7);
     test_layernorm(256, 768);
     test_layernorm(5, 33);
     test_layernorm(1, 1600);
