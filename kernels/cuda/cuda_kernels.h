@@ -27,9 +27,9 @@
  * sums each column over fixed chunks of 64 rows, rows in order, then the chunks in order (a
  * thread per column and chunk, then a thread per column: launch.cuh's zs_colsum_begin, so that
  * the whole GPU works on it); one over a row (a LayerNorm's mean) by one warp in a fixed
- * shuffle tree.  So for one GPU model and one shape the bits are
- * the same run to run; they are not the CPU's bits (another summation order), which is why the
- * GPU path has its own reference (`zshard train --device cuda`, to come).
+ * shuffle tree.  So for one GPU model and one shape the bits are the same run to run; they are
+ * not the CPU's bits (another summation order), which is why the GPU path has its own
+ * reference (`zshard train --device cuda`).
  *
  * Every function returns ZS_OK once the kernel is enqueued, or the launch's error with the
  * kernel's name; errors of the kernel's execution surface at the next synchronization.

@@ -86,12 +86,6 @@ template <> struct zs_half_type<ZS_HALF_F16> {
         }                                                                                          \
     } while (0)
 
-/* "bf16" or "fp16": the format's name in messages. */
-static inline const char *zs_half_name(zs_half_format h)
-{
-    return h == ZS_HALF_F16 ? "fp16" : "bf16";
-}
-
 /*
  * Column sums of an (N, C) matrix that use the whole GPU in a fixed order (colsum.cu): the rows
  * are cut into chunks of ZS_COL_CHUNK, a kernel launched on the grid zs_colsum_grid gives each

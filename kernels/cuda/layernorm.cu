@@ -7,8 +7,8 @@
  * then its square), as on the CPU.  The backward's dweight and dbias are sums down columns:
  * a thread per column of a chunk of rows walks its rows in order, then the chunks are added in
  * order (launch.cuh, zs_colsum_begin), with no atomics, so the bits do not change from run to
- * run.  The forward's output may be bf16 (the bf16 mode's GEMM operand): the same
- * fp32 arithmetic, rounded once when stored.
+ * run.  The forward's output may be 16-bit (the 16-bit modes' GEMM operand): the same fp32
+ * arithmetic, rounded once when stored.
  */
 #include "kernels/cuda/launch.cuh"
 #include "kernels/kernels.h"

@@ -8,20 +8,20 @@
  * Three precisions (model.h's zs_precision; docs/gpu.md has the table and the bytes per token):
  *   - fp32: every activation and product in fp32 (gpt2_layout.h's zs_gpt2_acts as they are);
  *   - bf16, and fp16 the same way in the other 16-bit format (m->half; "bf16" below stands for
- *     either): the GEMMs' operands in bf16 with fp32 accumulation.  fp16 also carries the
- *     job's loss scale in dlogits (zs_model_loss_scale), so that its 16-bit gradients hold the
- *     scaled values, as a DeepSpeed fp16 backward does, and overflow where that one would.  A
- * layer's parameters are converted to bf16 on the GPU as it is used (exact for a bf16.enabled job's
- * weights, which the io hands over bf16-representable), into one buffer for the block being
- * computed and one for wte (held from the forward to the lm_head's backward).  The activations that
- * only feed GEMMs are stored in bf16 only (ln1, ln2, lnf, the GELU input and output: the fp32
- *     layout leaves them out), atty in both (the attention's output, which its backward may
- *     read, and its bf16 copy), the rest in fp32; the backward's GEMM operands are cast from
- *     the fp32 gradients in the pass that sums their bias gradient, and dlogits is written in
- *     bf16 over the logits.  The fc layer's GEMM carries bias + GELU in cuBLASLt's epilogue
- *     (GELU_AUX_BIAS forward, DGELU backward) where cuBLASLt has an algorithm for it, the
- *     separate kernels where not (decided per call, from the shape and the buffers' alignments,
- *     which the layout fixes, and logged once).
+ *     either): the GEMMs' operands in bf16 with fp32 accumulation.  fp16 also carries the job's
+ *     loss scale in dlogits (zs_model_loss_scale), so that its 16-bit gradients hold the scaled
+ *     values, as a DeepSpeed fp16 backward does, and overflow where that one would.  A layer's
+ *     parameters are converted to bf16 on the GPU as it is used (exact for a bf16.enabled job's
+ *     weights, which the io hands over bf16-representable), into one buffer for the block being
+ *     computed and one for wte (held from the forward to the lm_head's backward).  The
+ *     activations that only feed GEMMs are stored in bf16 only (ln1, ln2, lnf, the GELU input
+ *     and output: the fp32 layout leaves them out), atty in both (the attention's output, which
+ *     its backward may read, and its bf16 copy), the rest in fp32; the backward's GEMM operands
+ *     are cast from the fp32 gradients in the pass that sums their bias gradient, and dlogits
+ *     is written in bf16 over the logits.  The fc layer's GEMM carries bias + GELU in
+ *     cuBLASLt's epilogue (GELU_AUX_BIAS forward, DGELU backward) where cuBLASLt has an
+ *     algorithm for it, the separate kernels where not (decided per call, from the shape and
+ *     the buffers' alignments, which the layout fixes, and logged once).
  *
  * Everything the model touches is device memory: the io's layer pointers, the activations,
  * the tokens (copied in at each forward).  Work is enqueued on the model's stream.  The io
@@ -326,12 +326,6 @@ static zs_err zero_padding(cuda_model *m, int layer, float *base)
     return zs_gpt2_gaps(&m->o, layer, zero_gap, &g);
 }
 
-/* "bf16" or "fp16": the 16-bit format in log lines. */
-static const char *half_name(const cuda_model *m)
-{
-    return m->half == ZS_HALF_F16 ? "fp16" : "bf16";
-}
-
 /* Block l's (0-based) 16-bit slices of the 16-bit mode's (L, N, ...) arrays. */
 typedef struct {
     zs_half16 *ln1, *atty, *ln2, *fch, *gelu;
@@ -368,7 +362,7 @@ static zs_err fc_gelu_forward_half(cuda_model *m, block16 x, const zs_half16 *w,
         zs_log(ZS_LOG_WARN,
                "model cuda:%d: cuBLASLt has no algorithm for the GELU epilogue (GELU_AUX_BIAS, "
                "%s, %d x %d x %d): the fc layer's forward runs as a GEMM and the GELU kernel",
-               m->device, half_name(m), N, C, 4 * C);
+               m->device, zs_half_name(m->half), N, C, 4 * C);
     }
     ZS_CHECK(zs_cuda_linear_forward_half(m->half, m->blas, m->a.dbig, x.ln2, w, NULL, N, C, 4 * C));
     return zs_cuda_bias_gelu_forward_half(m->half, x.fch, x.gelu, m->a.dbig, b32, N, 4 * C,
@@ -568,7 +562,7 @@ static zs_err fc_gelu_backward_half(cuda_model *m, block16 x, const zs_half16 *f
         zs_log(ZS_LOG_WARN,
                "model cuda:%d: cuBLASLt has no algorithm for the DGELU epilogue (%s, %d x %d x "
                "%d): the fc layer's backward runs as a GEMM and the GELU backward kernel",
-               m->device, half_name(m), N, 4 * C, C);
+               m->device, zs_half_name(m->half), N, 4 * C, C);
     }
     ZS_CHECK(zs_cuda_linear_backward_half(m->half, m->blas, m->a.dbig, NULL, m->dres_16, NULL,
                                           fcproj_w, N, 4 * C, C));
@@ -660,8 +654,7 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
      * failure, as gpt2.c does: finish() no longer can. */
     cudaError_t ce = cudaSetDevice(m->device);
     if (ce != cudaSuccess) {
-        err = zs_error(ZS_ERR_IO, "model cuda:%d: backward: cudaSetDevice: %s", m->device,
-                       cudaGetErrorString(ce));
+        err = runtime_failed(m->device, "backward: cudaSetDevice", ce);
         goto fail_final;
     }
 

@@ -978,7 +978,7 @@ int main(void)
      * within its range, and the tests' values are in it). */
     for (int f = 0; f < 2; f++) {
         zs_half_format h = f ? ZS_HALF_F16 : ZS_HALF_BF16;
-        printf("test_cuda_kernels: %s storage\n", f ? "fp16" : "bf16");
+        printf("test_cuda_kernels: %s storage\n", zs_half_name(h));
         test_linear_half(h, 256, 768, 2304);
         test_linear_half(h, 256, 3072, 768);
         test_linear_half(h, 5, 33, 7);
