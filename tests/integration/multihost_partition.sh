@@ -4,9 +4,9 @@
 # cluster.heartbeat_timeout_ms (1 s here), then healed.  What docs/architecture.md promises,
 # asserted:
 # 1. A worker's link ("Death and hangs"):
-#   - the coordinator declares that worker dead for want of heartbeats ("worker N left: no
-#     heartbeat ..."), no sooner than the timeout after the cut, and the job goes on with the
-#     other worker (steps with 1 worker in metrics.jsonl);
+#   - the coordinator declares that worker dead for want of heartbeats ("worker W left: no
+#     heartbeat for N ms"), N over the timeout and well after the cut, and the job goes on
+#     with the other worker (steps with 1 worker in metrics.jsonl);
 #   - the cut worker, still running when the link comes back, learns it was dropped (Shutdown
 #     ABORT: "worker N was dropped from the job (...)") and exits while the job runs;
 #   - the job ends (exit 0) with zshard train's bits, model and metrics; no process is left.
@@ -62,16 +62,24 @@ cut_after() {
 }
 
 # declared ROLE PATTERN WORD: the coordinator logs PATTERN (grep -E) within 20 s of the cut,
-# and no sooner than the heartbeat timeout after it; WORD names the verdict for messages.
+# for the member's silence; WORD names the verdict for messages.
+#   - The silence the coordinator measured ("left: no heartbeat for N ms") is over the timeout.
+#   - The verdict comes well after the cut, not from it: at least half the timeout later.  Not
+#     the whole timeout: the last heartbeat left before the cut, by one interval (100 ms) when
+#     the machine is idle but more under load, since a worker's compute thread sends them
+#     between layers (CI saw a worker declared 894 ms after its cut).
 declared() {
   checks=$((checks + 1))
   if wait_until 20 has_line "$LOGS/coord.log" "$2"; then
-    local ms=$(($(now_ms) - CUT_MS))
-    echo "multihost_partition: $1 $LABEL declared $3 $ms ms after the cut"
-    # Its last heartbeat left at most one interval before the cut.
+    local ms=$(($(now_ms) - CUT_MS)) silent
+    silent=$(sed -nE "s/.*coord: $1 $LABEL left: no heartbeat for ([0-9]+) ms.*/\1/p;T;q" "$LOGS/coord.log")
+    echo "multihost_partition: $1 $LABEL declared $3 $ms ms after the cut, silent for ${silent:-?} ms"
     checks=$((checks + 1))
-    [ $ms -ge $((TIMEOUT_MS - 100)) ] ||
-      fail "$1 $LABEL was declared $3 $ms ms after the cut, before the timeout"
+    [ -n "$silent" ] && [ "$silent" -gt $TIMEOUT_MS ] ||
+      fail "$1 $LABEL was declared $3 after ${silent:-an unlogged} ms of silence, not over the timeout: $(grep -E "$1 $LABEL left" "$LOGS/coord.log")"
+    checks=$((checks + 1))
+    [ $ms -ge $((TIMEOUT_MS / 2)) ] ||
+      fail "$1 $LABEL was declared $3 $ms ms after the cut, under half the timeout"
   else
     fail "the coordinator did not declare $1 $LABEL $3: $(grep -E 'WARN|ERROR' "$LOGS/coord.log" | tail -n 5)"
   fi
