@@ -46,7 +46,8 @@
  * - fused attention lse: against log(sum_j exp(s_j)) computed in double from the same inputs:
  *   the score's dot product over hs terms in fp32 (|s| up to a few for inputs in [-1, 1]) and
  *   CUDA's expf and logf: a few ulp of values up to log(T) + max s, i.e. about 1e-6 absolute.
- * - encoder forward, dwte, dwpe: the same additions in the same order on both: 0, bitwise.
+ * - encoder forward, dwte, dwpe: the same additions in the same order on both (dwte's grouped
+ *   by token with a stable sort, each token's positions still in order): 0, bitwise.
  * - cross-entropy loss: the row's sum of exponentials in double on both, in another order,
  *   and CUDA's expf: a few ulp of the loss.
  * - cross-entropy dlogits: softmax * dloss (dloss = 1/N) carries expf's error and the sum's;
@@ -971,6 +972,8 @@ int main(void)
     test_attention_fused_refuses();
     test_encoder(4, 64, 768, 50257);
     test_encoder(3, 5, 33, 7);
+    /* 8192 positions of 16 tokens: the token sort's multi-pass path, runs of hundreds. */
+    test_encoder(8, 1024, 64, 50257);
     test_crossentropy(64, 50257);
     test_crossentropy(3, 17);
     /* The 16-bit modes: bf16, then fp16 (the same kernels in the other format, checked with
