@@ -123,6 +123,10 @@ zs_err zs_cuda_attention_fused_backward(float *dqkv, float *delta, const float *
 typedef struct zs_cuda_blas zs_cuda_blas;
 zs_err zs_cuda_blas_open(zs_cuda_stream stream, zs_cuda_blas **out);
 void zs_cuda_blas_close(zs_cuda_blas *b);
+/* The product shapes whose algorithm the handle keeps: cuBLASLt's heuristic is asked once per
+ * shape (operations, sizes, leading dimensions, types, epilogue, alignments), and every later
+ * product of that shape runs the algorithm it gave. */
+int zs_cuda_blas_shapes(const zs_cuda_blas *b);
 
 /* out (N, OC) = inp (N, C) weight (C, OC) + bias (OC) (bias may be NULL), on b's stream.
  * zs_linear_forward. */

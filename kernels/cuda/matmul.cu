@@ -19,7 +19,10 @@
  * Determinism: the preference allows only algorithms without a split-K reduction
  * (CUBLASLT_REDUCTION_SCHEME_NONE), which would sum partial products in an order that may vary,
  * and the first algorithm of the heuristic is used; cuBLAS gives the same bits run to run on one
- * GPU model, library version and shape.  The preference also states each matrix's actual
+ * GPU model, library version and shape.  The heuristic is asked once per shape (with its
+ * alignments and epilogue) and a handle keeps its answer, so every later product of that shape
+ * runs the same algorithm, and its descriptors cost no heuristic query (about 100 products a
+ * GPT-2 step, some 20 shapes).  The preference also states each matrix's actual
  * alignment (a layer's slice of an activation need not be on the 256 bytes the heuristic
  * assumes otherwise).  dbias is our own kernel: column sums in row chunks, then the chunks in
  * order (launch.cuh, zs_colsum_begin).
@@ -27,17 +30,45 @@
 #include <cublasLt.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/launch.cuh"
 
 /* cuBLASLt's workspace: what its heuristics may use for the larger tiles (llm.c uses 32 MiB). */
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 
+/* One product's shape: what the heuristic is asked (all one type: no padding, so memcmp
+ * compares keys). */
+typedef struct {
+    int64_t transa, transb, m, n, k, lda, ldb, ldd, aux_ld;
+    int64_t ab, d, epi, bias, aux; /* the types, the epilogue, whether a bias and an aux matrix */
+    int64_t align_a, align_b, align_d;
+} algo_key;
+
+/* The heuristic's answer for a shape: its status, whether it found an algorithm, and which. */
+typedef struct {
+    algo_key key;
+    cublasStatus_t status;
+    int found;
+    cublasLtMatmulAlgo_t algo;
+} algo_entry;
+
+/* Shapes a handle remembers: a GPT-2 step has about 20 (5 products, forward and 2 backward,
+ * some in two alignments); past this, the heuristic is asked every time. */
+#define ALGO_CACHE 256
+
 struct zs_cuda_blas {
     cublasLtHandle_t lt;
     void *workspace; /* WORKSPACE_BYTES of device memory */
     zs_cuda_stream stream;
+    algo_entry algos[ALGO_CACHE]; /* the heuristic's answers, asked once per shape */
+    int n_algos;
 };
+
+extern "C" int zs_cuda_blas_shapes(const zs_cuda_blas *b)
+{
+    return b->n_algos;
+}
 
 static zs_err lt_error(const char *what, cublasStatus_t s)
 {
@@ -105,6 +136,30 @@ static uint32_t alignment(const void *p)
     return a;
 }
 
+/* The heuristic's answer for key, or NULL: not asked for that shape yet. */
+static const algo_entry *find_algo(const zs_cuda_blas *b, const algo_key *key)
+{
+    for (int i = 0; i < b->n_algos; i++)
+        if (memcmp(&b->algos[i].key, key, sizeof *key) == 0)
+            return &b->algos[i];
+    return NULL;
+}
+
+/* Keeps the heuristic's answer (a failure other than "not supported" is not kept: it is
+ * asked again next time). */
+static void remember_algo(zs_cuda_blas *b, const algo_key *key, cublasStatus_t status, int found,
+                          const cublasLtMatmulAlgo_t *algo)
+{
+    if (b->n_algos == ALGO_CACHE)
+        return;
+    algo_entry *e = &b->algos[b->n_algos++];
+    e->key = *key;
+    e->status = status;
+    e->found = found;
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0)
+        e->algo = *algo;
+}
+
 /*
  * D (m, n) = op(A) (m, k) op(B) (k, n) [+ the epilogue of kind], all column-major.  A is stored
  * (transa ? k x m : m x k) with leading dimension lda, B likewise, D with ldd.  With found NULL,
@@ -128,6 +183,10 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
     uint32_t align_a = alignment(A), align_b = alignment(B), align_d = alignment(D);
     size_t ws = WORKSPACE_BYTES;
     cublasLtMatmulHeuristicResult_t heur;
+    algo_key key; /* the shape, for the heuristic's answers kept (find_algo) */
+    int64_t aux_ld = kind->aux ? kind->aux_ld : 0, has_bias = kind->bias != NULL;
+    int64_t has_aux = kind->aux != NULL;
+    const algo_entry *known;
     int found = 0;
     const float one = 1.0f, zero = 0.0f;
 
@@ -178,7 +237,18 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                             &align_d, sizeof align_d),
        "alignment of D");
-    s = cublasLtMatmulAlgoGetHeuristic(b->lt, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+    key = {transa,   transb,  m,   n,        k,       lda,     ldb,     ldd,    aux_ld,
+           kind->ab, kind->d, epi, has_bias, has_aux, align_a, align_b, align_d};
+    known = find_algo(b, &key);
+    if (known) {
+        s = known->status;
+        found = known->found;
+        heur.algo = known->algo;
+    } else {
+        s = cublasLtMatmulAlgoGetHeuristic(b->lt, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+        if (s == CUBLAS_STATUS_SUCCESS || s == CUBLAS_STATUS_NOT_SUPPORTED)
+            remember_algo(b, &key, s, found, &heur.algo);
+    }
     if (found_out &&
         (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1))) {
         *found_out = 0; /* the caller has another way */
