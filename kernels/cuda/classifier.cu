@@ -3,7 +3,8 @@
  * the GPU (cuda_kernels.h); kernels/cpu/classifier.c's contract: the logits are overwritten
  * with dlogits = (softmax - onehot) * dloss, and losses[i] = log(sum) - (x[t] - max).
  *
- * A block owns a row (V = 50257 for GPT-2): its threads stride over the row, and the row's max
+ * A block owns a row (V = 50257 for GPT-2; rows ldl >= V floats apart, the columns from V on
+ * neither read nor written): its threads stride over the row, and the row's max
  * and sum are reduced across the block in a fixed tree in shared memory, the sum in double as
  * the CPU's (zs_vexp_sum), so the bits are the same from run to run.
  *
@@ -23,14 +24,14 @@
 /* OutT: float (dlogits over the logits), or a 16-bit type (dlogits rounded to it, in the first
  * half of each row's bytes). */
 template <typename OutT>
-__global__ static void crossentropy_kernel(float *logits, float *losses, const int32_t *targets,
-                                           int V, float dloss)
+__global__ static void crossentropy_kernel(float *logits, int ldl, float *losses,
+                                           const int32_t *targets, int V, float dloss)
 {
     __shared__ float smax[CE_BLOCK];
     __shared__ double ssum[CE_BLOCK];
     __shared__ float s_xt;
     int row = blockIdx.x, tid = threadIdx.x;
-    float *x = logits + (size_t)row * V;
+    float *x = logits + (size_t)row * ldl;
     int t = targets[row];
     if (tid == 0)
         s_xt = x[t];
@@ -85,25 +86,28 @@ __global__ static void crossentropy_kernel(float *logits, float *losses, const i
         losses[row] = (float)(log(total) - ((double)s_xt - (double)mx));
 }
 
-extern "C" zs_err zs_cuda_crossentropy_fused(float *logits, float *losses, const int32_t *targets,
-                                             int N, int V, float dloss, zs_cuda_stream stream)
+extern "C" zs_err zs_cuda_crossentropy_fused(float *logits, int ldl, float *losses,
+                                             const int32_t *targets, int N, int V, float dloss,
+                                             zs_cuda_stream stream)
 {
     ZS_CHECK(zs_cuda_check_shape("crossentropy_fused", N, V));
+    ZS_CHECK(zs_cuda_check_ldl("crossentropy_fused", ldl, V));
     if (N == 0 || V == 0)
         return ZS_OK;
     crossentropy_kernel<float>
-        <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, losses, targets, V, dloss);
+        <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, ldl, losses, targets, V, dloss);
     return zs_cuda_launched("crossentropy_fused", N, V);
 }
 
-extern "C" zs_err zs_cuda_crossentropy_fused_half(zs_half_format h, float *logits, float *losses,
-                                                  const int32_t *targets, int N, int V, float dloss,
-                                                  zs_cuda_stream stream)
+extern "C" zs_err zs_cuda_crossentropy_fused_half(zs_half_format h, float *logits, int ldl,
+                                                  float *losses, const int32_t *targets, int N,
+                                                  int V, float dloss, zs_cuda_stream stream)
 {
     ZS_CHECK(zs_cuda_check_shape("crossentropy_fused_half", N, V));
+    ZS_CHECK(zs_cuda_check_ldl("crossentropy_fused_half", ldl, V));
     if (N == 0 || V == 0)
         return ZS_OK;
     ZS_WITH_HALF(h, crossentropy_kernel<T>
-                 <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, losses, targets, V, dloss));
+                 <<<(unsigned)N, CE_BLOCK, 0, stream>>>(logits, ldl, losses, targets, V, dloss));
     return zs_cuda_launched("crossentropy_fused_half", N, V);
 }

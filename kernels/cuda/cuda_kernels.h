@@ -140,24 +140,26 @@ zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *dweight, flo
                                const float *dout, const float *inp, const float *weight, int N,
                                int C, int OC);
 
-/* logits (N, V) = inp (N, C) wte (V, C)^T.  zs_lm_head_forward. */
-zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, const float *inp, const float *wte,
-                               int N, int C, int V);
+/* logits (N, V) = inp (N, C) wte (V, C)^T, the logits' rows ldl >= V floats apart (the
+ * columns from V on untouched: the model pads the rows for the GEMMs' alignment).
+ * zs_lm_head_forward. */
+zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, int ldl, const float *inp,
+                               const float *wte, int N, int C, int V);
 
 /* dinp (N, C) = dlogits wte, dwte (V, C) = dlogits^T inp (activation grads =, param grads =).
  * zs_lm_head_backward. */
 zs_err zs_cuda_lm_head_backward(zs_cuda_blas *b, float *dinp, float *dwte, const float *dlogits,
-                                const float *inp, const float *wte, int N, int C, int V);
+                                int ldl, const float *inp, const float *wte, int N, int C, int V);
 
 /* dbias (OC) = sum over the N rows of dout (N, OC), in the fixed column-sum order (param grads =).
  */
 zs_err zs_cuda_bias_backward(float *dbias, const float *dout, int N, int OC, zs_cuda_stream stream);
 
-/* losses (N) = cross-entropy of each row; logits (N, V) overwritten with
- * (softmax - onehot(targets)) * dloss.  targets: device int32 (N), each in [0, V).
- * zs_crossentropy_fused. */
-zs_err zs_cuda_crossentropy_fused(float *logits, float *losses, const int32_t *targets, int N,
-                                  int V, float dloss, zs_cuda_stream stream);
+/* losses (N) = cross-entropy of each row; logits (N, V), rows ldl >= V floats apart (the
+ * columns from V on untouched), overwritten with (softmax - onehot(targets)) * dloss.
+ * targets: device int32 (N), each in [0, V).  zs_crossentropy_fused. */
+zs_err zs_cuda_crossentropy_fused(float *logits, int ldl, float *losses, const int32_t *targets,
+                                  int N, int V, float dloss, zs_cuda_stream stream);
 
 /*
  * 16-bit storage (the bf16 and fp16 modes), in format h (common/half_format.h).  Rounding is to
@@ -202,9 +204,9 @@ zs_err zs_cuda_bias_backward_of_half(zs_half_format h, float *dbias, const zs_ha
                                      int OC, zs_cuda_stream stream);
 
 /* zs_cuda_crossentropy_fused with dlogits rounded to bf16 and written over the logits in place:
- * row i's V bf16 values fill the first half of row i's bytes, so dlogits is an (N, V) bf16
- * matrix with leading dimension 2V (no second (N, V) buffer).  losses as the fp32 one's. */
-zs_err zs_cuda_crossentropy_fused_half(zs_half_format h, float *logits, float *losses,
+ * row i's V bf16 values fill the first 2V bytes of row i, so dlogits is an (N, V) bf16
+ * matrix with leading dimension 2 ldl (no second (N, V) buffer).  losses as the fp32 one's. */
+zs_err zs_cuda_crossentropy_fused_half(zs_half_format h, float *logits, int ldl, float *losses,
                                        const int32_t *targets, int N, int V, float dloss,
                                        zs_cuda_stream stream);
 
@@ -220,12 +222,12 @@ zs_err zs_cuda_linear_backward_half(zs_half_format h, zs_cuda_blas *b, float *di
                                     const zs_half16 *weight, int N, int C, int OC);
 
 /* zs_cuda_lm_head_forward with bf16 inp and wte. */
-zs_err zs_cuda_lm_head_forward_half(zs_half_format h, zs_cuda_blas *b, float *logits,
+zs_err zs_cuda_lm_head_forward_half(zs_half_format h, zs_cuda_blas *b, float *logits, int ldl,
                                     const zs_half16 *inp, const zs_half16 *wte, int N, int C,
                                     int V);
 
-/* zs_cuda_lm_head_backward with bf16 dlogits (row stride ldl elements: 2V from
- * zs_cuda_crossentropy_fused_half), inp and wte; fp32 dinp and dwte. */
+/* zs_cuda_lm_head_backward with bf16 dlogits (row stride ldl 16-bit elements: twice the
+ * logits' from zs_cuda_crossentropy_fused_half), inp and wte; fp32 dinp and dwte. */
 zs_err zs_cuda_lm_head_backward_half(zs_half_format h, zs_cuda_blas *b, float *dinp, float *dwte,
                                      const zs_half16 *dlogits, int ldl, const zs_half16 *inp,
                                      const zs_half16 *wte, int N, int C, int V);

@@ -34,6 +34,15 @@ static inline zs_err zs_cuda_check_shape(const char *kernel, int N, int C)
     return ZS_OK;
 }
 
+/* Refuses logits' rows closer than V apart (ldl: the row stride, >= V). */
+static inline zs_err zs_cuda_check_ldl(const char *kernel, int ldl, int V)
+{
+    if (ldl < V)
+        return zs_error(ZS_ERR_INVALID, "cuda: %s: the logits' row stride %d < V %d", kernel, ldl,
+                        V);
+    return ZS_OK;
+}
+
 static inline unsigned zs_cuda_blocks(long long work, int per_block)
 {
     return (unsigned)((work + per_block - 1) / per_block);

@@ -354,27 +354,30 @@ extern "C" zs_err zs_cuda_linear_forward(zs_cuda_blas *b, float *out, const floa
     return gemm32(b, "linear_forward", 0, 0, OC, N, C, weight, OC, inp, C, out, OC, bias);
 }
 
-extern "C" zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, const float *inp,
+extern "C" zs_err zs_cuda_lm_head_forward(zs_cuda_blas *b, float *logits, int ldl, const float *inp,
                                           const float *wte, int N, int C, int V)
 {
     ZS_CHECK(zs_cuda_check_shape("lm_head_forward", N, C));
+    ZS_CHECK(zs_cuda_check_ldl("lm_head_forward", ldl, V));
     if (N == 0 || V == 0)
         return ZS_OK;
     /* logits^T (V, N) = wte (V, C) inp^T (C, N): wte^T as stored, transposed back. */
-    return gemm32(b, "lm_head_forward", 1, 0, V, N, C, wte, C, inp, C, logits, V, NULL);
+    return gemm32(b, "lm_head_forward", 1, 0, V, N, C, wte, C, inp, C, logits, ldl, NULL);
 }
 
 extern "C" zs_err zs_cuda_lm_head_backward(zs_cuda_blas *b, float *dinp, float *dwte,
-                                           const float *dlogits, const float *inp, const float *wte,
-                                           int N, int C, int V)
+                                           const float *dlogits, int ldl, const float *inp,
+                                           const float *wte, int N, int C, int V)
 {
     ZS_CHECK(zs_cuda_check_shape("lm_head_backward", N, C));
+    ZS_CHECK(zs_cuda_check_ldl("lm_head_backward", ldl, V));
     if (N == 0 || C == 0 || V == 0)
         return ZS_OK;
     /* dinp^T (C, N) = wte^T (C, V) dlogits^T (V, N): both as stored. */
-    ZS_CHECK(gemm32(b, "lm_head_backward dinp", 0, 0, C, N, V, wte, C, dlogits, V, dinp, C, NULL));
+    ZS_CHECK(
+        gemm32(b, "lm_head_backward dinp", 0, 0, C, N, V, wte, C, dlogits, ldl, dinp, C, NULL));
     /* dwte^T (C, V) = inp^T (C, N) dlogits (N, V): dlogits^T as stored, transposed back. */
-    return gemm32(b, "lm_head_backward dwte", 0, 1, C, V, N, inp, C, dlogits, V, dwte, C, NULL);
+    return gemm32(b, "lm_head_backward dwte", 0, 1, C, V, N, inp, C, dlogits, ldl, dwte, C, NULL);
 }
 
 extern "C" zs_err zs_cuda_linear_backward(zs_cuda_blas *b, float *dinp, float *dweight,
@@ -427,13 +430,14 @@ extern "C" zs_err zs_cuda_linear_backward_half(zs_half_format h, zs_cuda_blas *b
 }
 
 extern "C" zs_err zs_cuda_lm_head_forward_half(zs_half_format h, zs_cuda_blas *b, float *logits,
-                                               const zs_half16 *inp, const zs_half16 *wte, int N,
-                                               int C, int V)
+                                               int ldl, const zs_half16 *inp, const zs_half16 *wte,
+                                               int N, int C, int V)
 {
     ZS_CHECK(zs_cuda_check_shape("lm_head_forward_half", N, C));
+    ZS_CHECK(zs_cuda_check_ldl("lm_head_forward_half", ldl, V));
     if (N == 0 || V == 0)
         return ZS_OK;
-    return gemm16(b, h, "lm_head_forward_half", 1, 0, V, N, C, wte, C, inp, C, logits, V, NULL);
+    return gemm16(b, h, "lm_head_forward_half", 1, 0, V, N, C, wte, C, inp, C, logits, ldl, NULL);
 }
 
 extern "C" zs_err zs_cuda_lm_head_backward_half(zs_half_format h, zs_cuda_blas *b, float *dinp,
@@ -442,11 +446,9 @@ extern "C" zs_err zs_cuda_lm_head_backward_half(zs_half_format h, zs_cuda_blas *
                                                 int C, int V)
 {
     ZS_CHECK(zs_cuda_check_shape("lm_head_backward_half", N, C));
+    ZS_CHECK(zs_cuda_check_ldl("lm_head_backward_half", ldl, V));
     if (N == 0 || C == 0 || V == 0)
         return ZS_OK;
-    if (ldl < V)
-        return zs_error(ZS_ERR_INVALID,
-                        "cuda: lm_head_backward_half: dlogits' row stride %d < V %d", ldl, V);
     /* As the fp32 ones, with dlogits' rows ldl apart. */
     ZS_CHECK(gemm16(b, h, "lm_head_backward_half dinp", 0, 0, C, N, V, wte, C, dlogits, ldl, dinp,
                     C, NULL));

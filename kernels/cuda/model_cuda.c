@@ -81,6 +81,7 @@ typedef struct {
     int device;
     zs_model_config cfg;
     int L, C, NH, V, maxT, max_b, max_t;
+    int Vp; /* the logits' row stride: V rounded up to LOGITS_ROUND (the GEMMs' alignment) */
     zs_gpt2_offsets o; /* the tensors in the flat vector */
     cudaStream_t stream;
     cudaStream_t copies; /* upload_async's: the copy engine, beside the compute */
@@ -123,6 +124,12 @@ typedef struct {
 
 /* Device arrays start on 256 bytes, as cudaMalloc's do. */
 #define ACTS_ALIGN 256
+/* The logits' rows are V rounded up to this many floats apart (50257 -> 50304 for GPT-2, as
+ * llm.c pads its vocabulary): each row then starts on 512 bytes, and the 16-bit dlogits written
+ * over them (rows 2 Vp apart) on 256, so the lm_head's GEMMs get aligned columns instead of the
+ * 4 (fp32) or 2 (16-bit) bytes an odd V gives, which rule out cuBLASLt's tensor-core kernels.
+ * The parameters are not padded: only the logits' stride. */
+#define LOGITS_ROUND 128
 
 /* The fp32 activations that the 16-bit modes keep in 16 bits only. */
 #define HALF_ONLY (ZS_ACTS_LN1 | ZS_ACTS_LN2 | ZS_ACTS_FCH | ZS_ACTS_FCH_GELU | ZS_ACTS_LNF)
@@ -132,7 +139,11 @@ typedef struct {
 static size_t layout(cuda_model *m, char *base)
 {
     const int h16 = m->precision != ZS_PRECISION_FP32;
-    size_t at = zs_gpt2_acts_layout_for(&m->a, base, ACTS_ALIGN, &m->cfg, m->max_b, m->max_t,
+    /* The activations of m's shape with the logits' rows Vp apart: the only array the
+     * vocabulary sizes. */
+    zs_model_config padded = m->cfg;
+    padded.vocab_size = m->Vp;
+    size_t at = zs_gpt2_acts_layout_for(&m->a, base, ACTS_ALIGN, &padded, m->max_b, m->max_t,
                                         m->fused_attention ? ZS_GPT2_ATT_LSE : ZS_GPT2_ATT_PROBS,
                                         h16 ? HALF_ONLY : 0);
     if (h16) {
@@ -276,6 +287,7 @@ static zs_err cuda_create(const zs_model_config *cfg, const zs_tensor_table *tt,
     m->C = cfg->n_embd;
     m->NH = cfg->n_head;
     m->V = cfg->vocab_size;
+    m->Vp = (int)(((long long)m->V + LOGITS_ROUND - 1) / LOGITS_ROUND * LOGITS_ROUND);
     m->maxT = cfg->block_size;
     m->max_b = max_b;
     m->max_t = max_t;
@@ -479,12 +491,12 @@ static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inpu
                                            a->lnf_rstd, a->res2 + (L - 1) * NC, a->proj,
                                            pf + m->o.lnf_w, pf + m->o.lnf_b, N, C, m->stream),
             err, fail_final);
-        ZS_CHECK_GOTO(zs_cuda_lm_head_forward_half(m->half, m->blas, a->logits, m->lnf_16,
+        ZS_CHECK_GOTO(zs_cuda_lm_head_forward_half(m->half, m->blas, a->logits, m->Vp, m->lnf_16,
                                                    m->wte_16, N, C, m->V),
                       err, fail_final);
-        ZS_CHECK_GOTO(zs_cuda_crossentropy_fused_half(m->half, a->logits, a->losses, m->targets, N,
-                                                      m->V, 1.0f / (float)N * m->loss_scale,
-                                                      m->stream),
+        ZS_CHECK_GOTO(zs_cuda_crossentropy_fused_half(m->half, a->logits, m->Vp, a->losses,
+                                                      m->targets, N, m->V,
+                                                      1.0f / (float)N * m->loss_scale, m->stream),
                       err, fail_final);
     } else {
         ZS_CHECK_GOTO(zs_cuda_residual_layernorm_forward(a->resid + L * NC, a->lnf, a->lnf_mean,
@@ -493,9 +505,9 @@ static zs_err cuda_forward(void *impl, const zs_gpt2_io *io, const int32_t *inpu
                                                          N, C, m->stream),
                       err, fail_final);
         ZS_CHECK_GOTO(
-            zs_cuda_lm_head_forward(m->blas, a->logits, a->lnf, p0 + m->o.wte, N, C, m->V), err,
-            fail_final);
-        ZS_CHECK_GOTO(zs_cuda_crossentropy_fused(a->logits, a->losses, m->targets, N, m->V,
+            zs_cuda_lm_head_forward(m->blas, a->logits, m->Vp, a->lnf, p0 + m->o.wte, N, C, m->V),
+            err, fail_final);
+        ZS_CHECK_GOTO(zs_cuda_crossentropy_fused(a->logits, m->Vp, a->losses, m->targets, N, m->V,
                                                  1.0f / (float)N, m->stream),
                       err, fail_final);
     }
@@ -662,14 +674,14 @@ static zs_err cuda_backward(void *impl, const zs_gpt2_io *io)
     ZS_CHECK_GOTO(io->grads(io->ctx, 0, &g0), err, fail_final);
     ZS_CHECK_GOTO(zero_padding(m, L + 1, gf), err, fail_final);
     ZS_CHECK_GOTO(zero_padding(m, 0, g0), err, fail_final);
-    if (m->precision != ZS_PRECISION_FP32) /* dlogits: 16-bit over the logits, rows 2V apart */
+    if (m->precision != ZS_PRECISION_FP32) /* dlogits: 16-bit over the logits, rows 2Vp apart */
         ZS_CHECK_GOTO(zs_cuda_lm_head_backward_half(m->half, m->blas, a->dln, g0 + m->o.wte,
                                                     (const zs_half16 *)(const void *)a->logits,
-                                                    2 * m->V, m->lnf_16, m->wte_16, N, C, m->V),
+                                                    2 * m->Vp, m->lnf_16, m->wte_16, N, C, m->V),
                       err, fail_final);
     else
-        ZS_CHECK_GOTO(zs_cuda_lm_head_backward(m->blas, a->dln, g0 + m->o.wte, a->logits, a->lnf,
-                                               p0 + m->o.wte, N, C, m->V),
+        ZS_CHECK_GOTO(zs_cuda_lm_head_backward(m->blas, a->dln, g0 + m->o.wte, a->logits, m->Vp,
+                                               a->lnf, p0 + m->o.wte, N, C, m->V),
                       err, fail_final);
     if ((ce = cudaMemsetAsync(a->dres, 0, (size_t)N * C * sizeof(float), m->stream)) !=
         cudaSuccess) {

@@ -120,6 +120,60 @@ static float *host_of(const float *d, size_t n)
     return h;
 }
 
+/* Logits' rows ldl >= V floats apart, as the model pads them: the columns from V on hold
+ * PAD_BITS, which no kernel may touch. */
+#define PAD_BITS 0x7fc0bad0u
+
+/* A device (N, ldl) matrix of host's (N, V) rows, its padding PAD_BITS. */
+static float *dev_rows(const float *host, int N, int V, int ldl)
+{
+    float *d = dev(NULL, (size_t)N * ldl);
+    if (!d)
+        return NULL;
+    float *h = malloc((size_t)N * ldl * sizeof *h);
+    if (!h) {
+        cudaFree(d);
+        return NULL;
+    }
+    uint32_t pad = PAD_BITS;
+    for (size_t i = 0; i < (size_t)N * ldl; i++)
+        memcpy(&h[i], &pad, 4);
+    for (int i = 0; host && i < N; i++)
+        memcpy(h + (size_t)i * ldl, host + (size_t)i * V, (size_t)V * 4);
+    cudaMemcpy(d, h, (size_t)N * ldl * 4, cudaMemcpyHostToDevice);
+    free(h);
+    return d;
+}
+
+/* The (N, V) rows of a device (N, ldl) matrix, compact; checks (one check) that its padding
+ * still holds PAD_BITS. */
+static float *host_rows(const float *d, int N, int V, int ldl)
+{
+    float *h = host_of(d, (size_t)N * ldl), *out = malloc((size_t)N * V * sizeof *out);
+    if (!h || !out) {
+        free(h);
+        free(out);
+        return NULL;
+    }
+    size_t touched = 0;
+    for (int i = 0; i < N; i++) {
+        memcpy(out + (size_t)i * V, h + (size_t)i * ldl, (size_t)V * 4);
+        for (int j = V; j < ldl; j++) {
+            uint32_t bits;
+            memcpy(&bits, &h[(size_t)i * ldl + j], 4);
+            touched += bits != PAD_BITS;
+        }
+    }
+    zs_test_checks++;
+    if (touched) {
+        zs_test_failures++;
+        fprintf(stderr, "logits rows %d apart: %zu padding elements of %zu were written\n", ldl,
+                touched, (size_t)N * (ldl - V));
+    }
+    free(h);
+    return out;
+}
+
 /* Compares n values; prints the worst one and counts one check. */
 static void compare(const tolerance *t, const float *gpu, const float *cpu, size_t n)
 {
@@ -307,7 +361,8 @@ static void test_encoder(int B, int T, int C, int V)
     free(h_out), free(h_dwte), free(h_dwpe);
 }
 
-static void test_crossentropy(int N, int V)
+/* ldl: the logits' row stride on the GPU (>= V). */
+static void test_crossentropy(int N, int V, int ldl)
 {
     size_t n = (size_t)N * V;
     uint64_t st = 0xda942042e4dd58b5ull;
@@ -321,14 +376,14 @@ static void test_crossentropy(int N, int V)
 
     float *r[2][2] = {{0}};
     for (int run = 0; run < 2; run++) {
-        float *g_logits = dev(logits, n), *g_losses = dev(NULL, (size_t)N);
+        float *g_logits = dev_rows(logits, N, V, ldl), *g_losses = dev(NULL, (size_t)N);
         int32_t *g_targets = dev_ids(targets, (size_t)N);
         CHECK(g_logits && g_losses && g_targets);
-        CHECK_OK(
-            zs_cuda_crossentropy_fused(g_logits, g_losses, g_targets, N, V, 1.0f / (float)N, NULL));
+        CHECK_OK(zs_cuda_crossentropy_fused(g_logits, ldl, g_losses, g_targets, N, V,
+                                            1.0f / (float)N, NULL));
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         r[run][0] = host_of(g_losses, (size_t)N);
-        r[run][1] = host_of(g_logits, n);
+        r[run][1] = host_rows(g_logits, N, V, ldl);
         cudaFree(g_logits), cudaFree(g_losses), cudaFree(g_targets);
     }
     compare(&TOL_CE_LOSS, r[0][0], losses, (size_t)N);
@@ -340,7 +395,8 @@ static void test_crossentropy(int N, int V)
     free(logits), free(cpu), free(losses), free(targets);
 }
 
-static void test_lm_head(int N, int C, int V)
+/* ldl: the logits' row stride on the GPU (>= V). */
+static void test_lm_head(int N, int C, int V, int ldl)
 {
     size_t nin = (size_t)N * C, nw = (size_t)V * C, nl = (size_t)N * V;
     uint64_t st = 0x3c6ef372fe94f82bull;
@@ -354,13 +410,14 @@ static void test_lm_head(int N, int C, int V)
     zs_cuda_blas *blas = NULL;
     CHECK_OK(zs_cuda_blas_open(NULL, &blas));
     if (blas) {
-        float *g_inp = dev(inp, nin), *g_wte = dev(wte, nw), *g_dl = dev(dl, nl);
-        float *g_logits = dev(NULL, nl), *g_dinp = dev(NULL, nin), *g_dwte = dev(NULL, nw);
+        float *g_inp = dev(inp, nin), *g_wte = dev(wte, nw), *g_dl = dev_rows(dl, N, V, ldl);
+        float *g_logits = dev_rows(NULL, N, V, ldl), *g_dinp = dev(NULL, nin);
+        float *g_dwte = dev(NULL, nw);
         CHECK(g_inp && g_wte && g_dl && g_logits && g_dinp && g_dwte);
-        CHECK_OK(zs_cuda_lm_head_forward(blas, g_logits, g_inp, g_wte, N, C, V));
-        CHECK_OK(zs_cuda_lm_head_backward(blas, g_dinp, g_dwte, g_dl, g_inp, g_wte, N, C, V));
+        CHECK_OK(zs_cuda_lm_head_forward(blas, g_logits, ldl, g_inp, g_wte, N, C, V));
+        CHECK_OK(zs_cuda_lm_head_backward(blas, g_dinp, g_dwte, g_dl, ldl, g_inp, g_wte, N, C, V));
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
-        float *h_logits = host_of(g_logits, nl), *h_dinp = host_of(g_dinp, nin);
+        float *h_logits = host_rows(g_logits, N, V, ldl), *h_dinp = host_of(g_dinp, nin);
         float *h_dwte = host_of(g_dwte, nw);
         compare(&TOL_LINEAR, h_logits, logits, nl);
         compare(&TOL_LINEAR, h_dinp, dinp, nin);
@@ -368,12 +425,13 @@ static void test_lm_head(int N, int C, int V)
         /* Three shapes (the forward, the backward's two), each asked of the heuristic once: the
          * same products again add none, and run the same algorithms, so the same bits. */
         CHECK(zs_cuda_blas_shapes(blas) == 3);
-        CHECK(cudaMemset(g_logits, 0xff, nl * 4) == cudaSuccess);
-        CHECK_OK(zs_cuda_lm_head_forward(blas, g_logits, g_inp, g_wte, N, C, V));
-        CHECK_OK(zs_cuda_lm_head_backward(blas, g_dinp, g_dwte, g_dl, g_inp, g_wte, N, C, V));
+        CHECK(cudaMemset2D(g_logits, (size_t)ldl * 4, 0xff, (size_t)V * 4, (size_t)N) ==
+              cudaSuccess);
+        CHECK_OK(zs_cuda_lm_head_forward(blas, g_logits, ldl, g_inp, g_wte, N, C, V));
+        CHECK_OK(zs_cuda_lm_head_backward(blas, g_dinp, g_dwte, g_dl, ldl, g_inp, g_wte, N, C, V));
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         CHECK(zs_cuda_blas_shapes(blas) == 3);
-        float *again = host_of(g_logits, nl);
+        float *again = host_rows(g_logits, N, V, ldl);
         CHECK(again && memcmp(again, h_logits, nl * 4) == 0);
         free(again);
         free(h_logits), free(h_dinp), free(h_dwte);
@@ -708,7 +766,7 @@ static void test_linear_half(zs_half_format h, int N, int C, int OC)
 /* bf16 cross-entropy (dlogits in place, rows 2V bf16 apart) and the lm_head on it: the losses
  * as the fp32 kernel's, dlogits the bf16 rounding of the fp32 kernel's bit for bit, and the
  * lm_head's products against the CPU's of the rounded inputs. */
-static void test_lm_head_half(zs_half_format h, int N, int C, int V)
+static void test_lm_head_half(zs_half_format h, int N, int C, int V, int ldl)
 {
     size_t nin = (size_t)N * C, nw = (size_t)V * C, nl = (size_t)N * V;
     uint64_t st = 0xbb67ae8584caa73bull;
@@ -734,31 +792,35 @@ static void test_lm_head_half(zs_half_format h, int N, int C, int V)
 
     zs_cuda_blas *blas = NULL;
     CHECK_OK(zs_cuda_blas_open(NULL, &blas));
-    float *g_l32 = dev(logits, nl), *g_l16 = dev(logits, nl), *g_losses = dev(NULL, (size_t)N);
+    float *g_l32 = dev_rows(logits, N, V, ldl), *g_l16 = dev_rows(logits, N, V, ldl);
+    float *g_losses = dev(NULL, (size_t)N);
     float *g_losses32 = dev(NULL, (size_t)N), *g_dinp = dev(NULL, nin), *g_dwte = dev(NULL, nw);
-    float *g_lg = dev(NULL, nl);
+    float *g_lg = dev_rows(NULL, N, V, ldl);
     zs_half16 *g_inp = dev16(inp16, nin), *g_wte = dev16(wte16, nw);
     int32_t *g_t = dev_ids(targets, (size_t)N);
     CHECK(blas && g_l32 && g_l16 && g_losses && g_losses32 && g_dinp && g_dwte && g_lg && g_inp &&
           g_wte && g_t);
     if (blas) {
-        CHECK_OK(zs_cuda_lm_head_forward_half(h, blas, g_lg, g_inp, g_wte, N, C, V));
-        CHECK_OK(zs_cuda_crossentropy_fused(g_l32, g_losses32, g_t, N, V, dloss, NULL));
-        CHECK_OK(zs_cuda_crossentropy_fused_half(h, g_l16, g_losses, g_t, N, V, dloss, NULL));
+        CHECK_OK(zs_cuda_lm_head_forward_half(h, blas, g_lg, ldl, g_inp, g_wte, N, C, V));
+        CHECK_OK(zs_cuda_crossentropy_fused(g_l32, ldl, g_losses32, g_t, N, V, dloss, NULL));
+        CHECK_OK(zs_cuda_crossentropy_fused_half(h, g_l16, ldl, g_losses, g_t, N, V, dloss, NULL));
         CHECK_OK(zs_cuda_lm_head_backward_half(h, blas, g_dinp, g_dwte, (const zs_half16 *)g_l16,
-                                               2 * V, g_inp, g_wte, N, C, V));
+                                               2 * ldl, g_inp, g_wte, N, C, V));
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         float *h_losses = host_of(g_losses, (size_t)N),
               *h_losses32 = host_of(g_losses32, (size_t)N);
-        float *h_l32 = host_of(g_l32, nl), *h_dinp = host_of(g_dinp, nin);
-        float *h_dwte = host_of(g_dwte, nw), *h_lg = host_of(g_lg, nl);
-        zs_half16 *rows = malloc(nl * 2 * sizeof *rows);
-        cudaMemcpy(rows, g_l16, nl * sizeof(float), cudaMemcpyDeviceToHost);
+        float *h_l32 = host_rows(g_l32, N, V, ldl), *h_dinp = host_of(g_dinp, nin);
+        float *h_dwte = host_of(g_dwte, nw), *h_lg = host_rows(g_lg, N, V, ldl);
+        /* The 16-bit rows fill each row's first 2V bytes: the rest, PAD_BITS from V on. */
+        float *h_l16 = host_rows(g_l16, N, V, ldl);
+        free(h_l16);
+        zs_half16 *rows = malloc((size_t)N * ldl * 2 * sizeof *rows);
+        cudaMemcpy(rows, g_l16, (size_t)N * ldl * sizeof(float), cudaMemcpyDeviceToHost);
         size_t wrong = 0;
         for (int i = 0; i < N; i++)
             for (int j = 0; j < V; j++) {
                 size_t k = (size_t)i * V + j;
-                zs_half16 bits = rows[(size_t)i * 2 * V + j];
+                zs_half16 bits = rows[(size_t)i * 2 * ldl + j];
                 h_dl[k] = from16(h, bits);
                 wrong += bits != to16(h, h_l32[k]);
             }
@@ -968,8 +1030,11 @@ int main(void)
     test_linear(256, 768, 2304); /* c_attn */
     test_linear(256, 3072, 768); /* c_proj of the MLP */
     test_linear(5, 33, 7);
-    test_lm_head(64, 768, 50257);
-    test_lm_head(3, 17, 11);
+    /* Rows V apart, and padded as the model pads them (V rounded up to 128). */
+    test_lm_head(64, 768, 50257, 50257);
+    test_lm_head(64, 768, 50257, 50304);
+    test_lm_head(3, 17, 11, 11);
+    test_lm_head(3, 17, 11, 128);
     test_attention(4, 64, 768, 12); /* GPT-2 124M's heads at T = 64 */
     test_attention(2, 37, 96, 3);
     /* The fused attention: GPT-2's hs = 64 at T = 64 (two tiles) and T = 300 (not a multiple of
@@ -985,8 +1050,10 @@ int main(void)
     test_encoder(3, 5, 33, 7);
     /* 8192 positions of 16 tokens: the token sort's multi-pass path, runs of hundreds. */
     test_encoder(8, 1024, 64, 50257);
-    test_crossentropy(64, 50257);
-    test_crossentropy(3, 17);
+    test_crossentropy(64, 50257, 50257);
+    test_crossentropy(64, 50257, 50304);
+    test_crossentropy(3, 17, 17);
+    test_crossentropy(3, 17, 128);
     /* The 16-bit modes: bf16, then fp16 (the same kernels in the other format, checked with
      * bf16's tolerances, which hold a fortiori: fp16's rounding unit, 2^-11, is 8 times bf16's
      * within its range, and the tests' values are in it). */
@@ -996,8 +1063,10 @@ int main(void)
         test_linear_half(h, 256, 768, 2304);
         test_linear_half(h, 256, 3072, 768);
         test_linear_half(h, 5, 33, 7);
-        test_lm_head_half(h, 64, 768, 50257);
-        test_lm_head_half(h, 3, 17, 11);
+        test_lm_head_half(h, 64, 768, 50257, 50257);
+        test_lm_head_half(h, 64, 768, 50257, 50304);
+        test_lm_head_half(h, 3, 17, 11, 11);
+        test_lm_head_half(h, 3, 17, 11, 128);
         test_layernorm_half(h, 256, 768);
         test_layernorm_half(h, 5, 33);
         test_gelu_epilogue(h, 256, 768, 3072, 1); /* GPT-2 124M's MLP */
