@@ -41,8 +41,11 @@
  * compares keys). */
 typedef struct {
     int64_t transa, transb, m, n, k, lda, ldb, ldd, aux_ld;
-    int64_t ab, d, epi, bias, aux; /* the types, the epilogue, whether a bias and an aux matrix */
-    int64_t align_a, align_b, align_d;
+    int64_t ab, d, epi; /* the types and the epilogue */
+    /* Every pointer's alignment: A, B and D's are the preference's, and the heuristic reads
+     * the bias's and the aux matrix's from the descriptor (0: none), so an algorithm chosen
+     * for an aligned bias is never run on a less aligned one. */
+    int64_t align_a, align_b, align_d, align_bias, align_aux;
 } algo_key;
 
 /* The heuristic's answer for a shape: its status, whether it found an algorithm, and which. */
@@ -184,8 +187,9 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
     size_t ws = WORKSPACE_BYTES;
     cublasLtMatmulHeuristicResult_t heur;
     algo_key key; /* the shape, for the heuristic's answers kept (find_algo) */
-    int64_t aux_ld = kind->aux ? kind->aux_ld : 0, has_bias = kind->bias != NULL;
-    int64_t has_aux = kind->aux != NULL;
+    int64_t aux_ld = kind->aux ? kind->aux_ld : 0;
+    int64_t align_bias = kind->bias ? alignment(kind->bias) : 0;
+    int64_t align_aux = kind->aux ? alignment(kind->aux) : 0;
     const algo_entry *known;
     int found = 0;
     const float one = 1.0f, zero = 0.0f;
@@ -237,8 +241,8 @@ static zs_err gemm(zs_cuda_blas *b, const char *what, int transa, int transb, in
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                             &align_d, sizeof align_d),
        "alignment of D");
-    key = {transa,   transb,  m,   n,        k,       lda,     ldb,     ldd,    aux_ld,
-           kind->ab, kind->d, epi, has_bias, has_aux, align_a, align_b, align_d};
+    key = {transa,   transb,  m,   n,       k,       lda,     ldb,        ldd,      aux_ld,
+           kind->ab, kind->d, epi, align_a, align_b, align_d, align_bias, align_aux};
     known = find_algo(b, &key);
     if (known) {
         s = known->status;

@@ -125,9 +125,9 @@ typedef struct {
 /* Device arrays start on 256 bytes, as cudaMalloc's do. */
 #define ACTS_ALIGN 256
 /* The logits' rows are V rounded up to this many floats apart (50257 -> 50304 for GPT-2, as
- * llm.c pads its vocabulary): each row then starts on 512 bytes, and the 16-bit dlogits written
- * over them (rows 2 Vp apart) on 256, so the lm_head's GEMMs get aligned columns instead of the
- * 4 (fp32) or 2 (16-bit) bytes an odd V gives, which rule out cuBLASLt's tensor-core kernels.
+ * llm.c pads its vocabulary): each row then starts on 256 bytes (the array does: ACTS_ALIGN),
+ * as do the 16-bit dlogits written over them, so the lm_head's GEMMs get aligned columns instead of
+ * the 4 (fp32) or 2 (16-bit) bytes an odd V gives, which rule out cuBLASLt's tensor-core kernels.
  * The parameters are not padded: only the logits' stride. */
 #define LOGITS_ROUND 128
 

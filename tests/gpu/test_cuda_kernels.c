@@ -431,9 +431,12 @@ static void test_lm_head(int N, int C, int V, int ldl)
         CHECK_OK(zs_cuda_lm_head_backward(blas, g_dinp, g_dwte, g_dl, ldl, g_inp, g_wte, N, C, V));
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         CHECK(zs_cuda_blas_shapes(blas) == 3);
-        float *again = host_rows(g_logits, N, V, ldl);
+        float *again = host_rows(g_logits, N, V, ldl), *dinp2 = host_of(g_dinp, nin);
+        float *dwte2 = host_of(g_dwte, nw);
         CHECK(again && memcmp(again, h_logits, nl * 4) == 0);
-        free(again);
+        CHECK(dinp2 && memcmp(dinp2, h_dinp, nin * 4) == 0);
+        CHECK(dwte2 && memcmp(dwte2, h_dwte, nw * 4) == 0);
+        free(again), free(dinp2), free(dwte2);
         free(h_logits), free(h_dinp), free(h_dwte);
         cudaFree(g_inp), cudaFree(g_wte), cudaFree(g_dl), cudaFree(g_logits), cudaFree(g_dinp);
         cudaFree(g_dwte);
@@ -763,7 +766,7 @@ static void test_linear_half(zs_half_format h, int N, int C, int OC)
     free(out), free(dinp), free(dw), free(db), free(db32);
 }
 
-/* bf16 cross-entropy (dlogits in place, rows 2V bf16 apart) and the lm_head on it: the losses
+/* bf16 cross-entropy (dlogits in place, rows 2 ldl bf16 apart) and the lm_head on it: the losses
  * as the fp32 kernel's, dlogits the bf16 rounding of the fp32 kernel's bit for bit, and the
  * lm_head's products against the CPU's of the rounded inputs. */
 static void test_lm_head_half(zs_half_format h, int N, int C, int V, int ldl)
