@@ -1584,6 +1584,26 @@ static int manifest_valid(const char *step_dir)
     return 1;
 }
 
+void zs_ckpt_discard(const char *dir, long step, int n_shards)
+{
+    char sdir[4096];
+    if (zs_ckpt_step_dir(dir, step, 0, sdir, sizeof sdir) != ZS_OK)
+        return;
+    for (int i = 0; i < n_shards; i++) {
+        char path[4096 + 80];
+        snprintf(path, sizeof path, "%s/shard-%06d.safetensors", sdir, i);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/shard-%06d.safetensors.tmp", sdir, i);
+        unlink(path);
+    }
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/manifest.json.tmp", sdir);
+    unlink(path);
+    if (rmdir(sdir) != 0 && errno != ENOENT)
+        ZS_WARN("checkpoint: %s: %s (left behind; pruning removes it later)", sdir,
+                strerror(errno));
+}
+
 void zs_ckpt_prune(const char *dir, long newest, int keep)
 {
     if (!dir)

@@ -868,21 +868,7 @@ static int ckpt_due(const coord *co, long v)
  * its directory: the previous checkpoint stays the newest, and the space is free again. */
 static void ckpt_discard(coord *co, long step)
 {
-    char dir[4096];
-    if (zs_ckpt_step_dir(co->ckpt_dir, step, 0, dir, sizeof dir) != ZS_OK)
-        return;
-    for (int i = 0; i < co->map.n_shards; i++) {
-        char path[4096 + 80];
-        snprintf(path, sizeof path, "%s/shard-%06d.safetensors", dir, i);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/shard-%06d.safetensors.tmp", dir, i);
-        unlink(path);
-    }
-    char path[4096 + 32];
-    snprintf(path, sizeof path, "%s/manifest.json.tmp", dir);
-    unlink(path);
-    if (rmdir(dir) != 0 && errno != ENOENT)
-        ZS_WARN("coord: %s: %s (left behind; pruning removes it later)", dir, strerror(errno));
+    zs_ckpt_discard(co->ckpt_dir, step, co->map.n_shards);
 }
 
 static void export_and_finish(coord *co);

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/memlimit.h"
 #include "common/modelfile.h"
+#include "common/shardmap.h"
 #include "kernels/adamw.h"
 #include "kernels/reduce.h"
 
@@ -218,6 +219,70 @@ zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *st)
                           .loss_scale = scale,
                           .seconds = dt,
                           .tokens_per_sec = (double)C * b * T / dt};
+    return ZS_OK;
+}
+
+zs_err zs_trainer_checkpoint(const zs_trainer *tr, const char *step_dir, const zs_ckpt_info *run)
+{
+    zs_ckpt_info info = *run;
+    info.step = tr->step;
+    info.model = tr->cfg.model;
+    info.total_floats = tr->tt.total;
+    info.shard_floats = tr->cfg.cluster.shard_bytes / sizeof(float);
+    info.has_scaler = tr->cfg.fp16.enabled;
+    info.scaler = tr->ls;
+    zs_shardmap map;
+    ZS_CHECK(zs_shardmap_build(tr->tt.total, tr->cfg.cluster.shard_bytes, 1, NULL, &map));
+    zs_ckpt_shard *files = calloc((size_t)map.n_shards, sizeof *files);
+    zs_err res = files ? ZS_OK : zs_error(ZS_ERR_NOMEM, "train: out of memory for a checkpoint");
+    for (int i = 0; res == ZS_OK && i < map.n_shards; i++) {
+        size_t b = map.shards[i].begin, e = map.shards[i].end;
+        res = zs_ckpt_write_shard(step_dir, &info, i, b, e, tr->params + b, tr->m + b, tr->v + b,
+                                  &files[i]);
+    }
+    if (res == ZS_OK)
+        res = zs_ckpt_write_manifest(step_dir, &info, &tr->tt, files, map.n_shards);
+    free(files);
+    zs_shardmap_free(&map);
+    return res;
+}
+
+zs_err zs_trainer_resume(zs_trainer *tr, const zs_ckpt *ck)
+{
+    const zs_config *cfg = &tr->cfg;
+    size_t n = tr->tt.total;
+    if (ck->info.total_floats != n)
+        return zs_error(ZS_ERR_INVALID, "%s: %zu floats, but this model has %zu", ck->step_dir,
+                        ck->info.total_floats, n);
+    if (cfg->fp16.enabled) { /* the scaler's state after the checkpoint's step, as a resumed
+                              * coordinator takes it */
+        if (!ck->info.has_scaler)
+            return zs_error(ZS_ERR_FORMAT,
+                            "%s: the manifest has no loss_scaler, which an fp16 job's checkpoint "
+                            "carries",
+                            ck->step_dir);
+        ZS_CHECK(zs_lossscale_check(&ck->info.scaler, &cfg->fp16, ck->step_dir));
+        if (ck->info.scaler.iter != ck->info.step)
+            return zs_error(ZS_ERR_FORMAT,
+                            "%s: loss_scaler.iter %ld, but the checkpoint is of step %ld",
+                            ck->step_dir, ck->info.scaler.iter, ck->info.step);
+    }
+    ZS_CHECK(zs_ckpt_read(ck, ZS_CKPT_PARAM, 0, n, tr->params));
+    ZS_CHECK(zs_ckpt_read(ck, ZS_CKPT_EXP_AVG, 0, n, tr->m));
+    ZS_CHECK(zs_ckpt_read(ck, ZS_CKPT_EXP_AVG_SQ, 0, n, tr->v));
+    /* The 16-bit weights the model computes with: AdamW's bf16 copy is the weights rounded to
+     * nearest even, and fp16's are rounded after each step, so rounding now gives their bits. */
+    if (cfg->bf16) {
+#pragma omp parallel for schedule(static) num_threads(tr->threads)
+        for (size_t i = 0; i < n; i++)
+            tr->bf16[i] = zs_f32_to_bf16(tr->params[i]);
+        round_compute(tr);
+    } else if (cfg->fp16.enabled) {
+        zs_fp16_round_array(tr->compute, tr->params, n, tr->threads);
+    }
+    if (cfg->fp16.enabled)
+        tr->ls = ck->info.scaler;
+    tr->step = ck->info.step;
     return ZS_OK;
 }
 

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/ckpt.h"
 #include "common/config.h"
 #include "common/data.h"
 #include "common/err.h"
@@ -77,6 +78,26 @@ void zs_trainer_free(zs_trainer *tr);
 
 /* Runs one step. */
 zs_err zs_trainer_step(zs_trainer *tr, zs_step_stats *stats);
+
+/*
+ * Writes the state after the steps done (tr->step) as checkpoint step directory step_dir
+ * (common/ckpt.h; made by the caller): the shards of cluster.shard_size, a file each, as the
+ * partition servers write them, then the manifest, from run (run_id, steps_total and the
+ * fingerprints; the step, the model and the loss scaler are filled in here).  So a resume on
+ * any number of servers (zshard coord --resume) or in one process (zs_trainer_resume) takes
+ * it.  `latest` is the caller's to move.  A failure (a full disk) names the file; what it left
+ * is the caller's to remove (zs_ckpt_discard).
+ */
+zs_err zs_trainer_checkpoint(const zs_trainer *tr, const char *step_dir, const zs_ckpt_info *run);
+
+/*
+ * Continues from checkpoint ck (open and verified, and checked by the caller against this run:
+ * zs_ckpt_check_compatible), whether `zshard train` or partition servers wrote it: the
+ * weights, AdamW's moments, the steps done and, in fp16 jobs, the loss scaler; the weights the
+ * model computes with are rounded from them as the steps round them.  The next step is then
+ * ck's step + 1, with the bits an uninterrupted run has.
+ */
+zs_err zs_trainer_resume(zs_trainer *tr, const zs_ckpt *ck);
 
 /* Writes dir/model.safetensors (fp32, HF names) and dir/config.json (HF GPT-2). */
 zs_err zs_trainer_save(const zs_trainer *tr, const char *dir);

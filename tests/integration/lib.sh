@@ -40,8 +40,8 @@ expect_ok() {
 }
 
 # metrics_without_timing FILE: the metrics with the wall-clock fields removed, and the
-# checkpoint outcomes (a distributed run's lines say which checkpoint their step committed;
-# zshard train writes none).
+# checkpoint outcomes (a line says which checkpoint its step committed, and a distributed run
+# and zshard train may checkpoint at other steps: Ctrl-C, a resume).
 metrics_without_timing() {
   sed -E -e 's/, "(tokens_per_sec|step_ms|compute_ms|fetch_wait_ms|push_wait_ms)": [^,}]*//g' \
     -e 's/, "checkpoint(_error)?": "([^"\\]|\\.)*"//g' "$1"
