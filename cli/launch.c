@@ -26,8 +26,9 @@
  * naming the failed child and its last lines.  A second signal sends SIGKILL at once.  A
  * launcher killed outright takes its children with it (PR_SET_PDEATHSIG, see procs.h).
  *
- * --metrics HOST:PORT: the coordinator serves Prometheus metrics at HOST:PORT and server i at
- * HOST:PORT+i (port 0: each a free one).  Each child prints "metrics: http://HOST:PORT/metrics";
+ * --metrics HOST:PORT: the coordinator serves Prometheus metrics at HOST:PORT, server i at
+ * HOST:PORT+i and worker j at HOST:PORT+S+j, a worker the script starts included (port 0: each
+ * a free one).  Each child prints "metrics: http://HOST:PORT/metrics";
  * the launcher writes those addresses to OUT/metrics-targets.json (Prometheus file_sd) as they
  * come, and looks for the coordinator's control port among its listening sockets only once it
  * knows which one is the metrics port.
@@ -123,8 +124,9 @@ static const char launch_usage[] =
     "                     attached by hand need it too\n"
     "  --insecure         no secret: anyone who reaches the job's ports is trusted\n"
     "  --metrics HOST:PORT\n"
-    "                     Prometheus metrics of the coordinator at http://HOST:PORT/metrics\n"
-    "                     and of server i at HOST:PORT+i (port 0: each a free port); where\n"
+    "                     Prometheus metrics of the coordinator at http://HOST:PORT/metrics,\n"
+    "                     of server i at HOST:PORT+i and of worker j at HOST:PORT+S+j (port\n"
+    "                     0: each a free port); where\n"
     "                     they are goes to DIR/metrics-targets.json, a file_sd_configs file\n"
     "                     for Prometheus, rewritten as they start (docs/observability.md)\n"
     "  -h, --help         this text\n"
@@ -278,18 +280,19 @@ static void write_metrics_targets(const launch *L)
     }
     fputs("[", f);
     int n = 0;
-    for (int i = 0; i <= L->servers && i < L->n_procs; i++) {
+    for (int i = 0; i < L->n_procs; i++) {
         if (!L->metrics_at[i][0])
             continue;
+        const char *role = i == 0 ? "coord" : i <= L->servers ? "server" : "worker";
         char proc[32];
         if (i == 0)
             snprintf(proc, sizeof proc, "coord");
         else
-            snprintf(proc, sizeof proc, "server-%d", i);
+            snprintf(proc, sizeof proc, "%s-%d", role, i <= L->servers ? i : i - (int)L->servers);
         fprintf(f,
                 "%s\n  {\"targets\": [\"%s\"], \"labels\": {\"zshard_role\": \"%s\", "
                 "\"zshard_process\": \"%s\"}}",
-                n++ ? "," : "", L->metrics_at[i], i == 0 ? "coord" : "server", proc);
+                n++ ? "," : "", L->metrics_at[i], role, proc);
     }
     fputs("\n]\n", f);
     if (fclose(f) != 0 || rename(tmp, path) != 0)
@@ -303,7 +306,7 @@ static void on_line(zs_proc *p, const char *line, void *user)
     /* "metrics: http://HOST:PORT/metrics" (zs_cli_metrics_start): where that child serves. */
     char at[300];
     int idx = (int)(p - L->procs);
-    if (L->metrics_host && idx >= 0 && idx <= L->servers &&
+    if (L->metrics_host && idx >= 0 && idx < L->n_procs &&
         sscanf(line, "metrics: http://%299[^/ ]/metrics", at) == 1) {
         snprintf(L->metrics_at[idx], sizeof L->metrics_at[idx], "%s", at);
         write_metrics_targets(L);
@@ -498,6 +501,10 @@ static int start_next(launch *L)
         if (L->gpudirect) {
             arg(&a, "--gpudirect");
             arg(&a, "%s", L->gpudirect);
+        }
+        if (L->metrics_host) {
+            arg(&a, "--metrics");
+            arg(&a, "%s:%ld", L->metrics_host, L->metrics_port ? L->metrics_port + i : 0);
         }
     }
     role_args(L, &a);
@@ -1307,9 +1314,6 @@ int zs_cmd_launch(int argc, char **argv)
                                           : NULL;
     if (missing)
         return zs_cli_usage_error("launch", "missing %s", missing);
-    if (L.metrics_host && L.metrics_port > 0 && L.metrics_port + L.servers > 65535)
-        return zs_cli_usage_error("launch", "--metrics: port %ld + %ld servers goes beyond 65535",
-                                  L.metrics_port, L.servers);
     /* A server advertises the address it listens on; a wildcard would be advertised as
      * loopback, which workers elsewhere cannot reach. */
     if (!L.bind[0] || strchr(L.bind, ':') || strcmp(L.bind, "*") == 0 ||
@@ -1331,6 +1335,14 @@ int zs_cmd_launch(int argc, char **argv)
         L.elastic = 1;
         if (load_script(&L, &script_starts) != 0)
             return 2;
+    }
+    /* Every process but the coordinator takes the next port: servers, workers, the script's. */
+    long others = L.servers + L.workers + script_starts;
+    if (L.metrics_host && L.metrics_port > 0 && L.metrics_port + others > 65535) {
+        free(L.script);
+        return zs_cli_usage_error("launch",
+                                  "--metrics: port %ld + %ld servers and workers goes beyond 65535",
+                                  L.metrics_port, others);
     }
 
     int rc = 1;

@@ -12,7 +12,7 @@
 static const char worker_usage[] =
     "usage: zshard worker --coord tcp://HOST:PORT [--data PATH] [--threads T] [--device DEV]\n"
     "                     [--gpudirect auto|on|off] [--stats FILE] [--secret FILE | --insecure]\n"
-    "                     [--log-level LEVEL]\n"
+    "                     [--metrics HOST:PORT] [--log-level LEVEL]\n"
     "\n"
     "Runs a worker: joins the coordinator's job, computes the chunks it is assigned with\n"
     "parameters fetched layer by layer from the partition servers, and pushes the gradients\n"
@@ -29,7 +29,7 @@ static const char worker_usage[] =
     "                           auto (default: where it can, else page-locked host memory,\n"
     "                           logging why), on (or fail, saying why) or off\n"
     "  --stats FILE             at the end, write where the time went as one JSON "
-    "object\n" ZS_CLI_SECRET_USAGE
+    "object\n" ZS_CLI_SECRET_USAGE ZS_CLI_METRICS_USAGE
     "  --log-level LEVEL        error, warn, info (default) or debug\n"
     "  -h, --help               this text\n";
 
@@ -62,12 +62,13 @@ int zs_cmd_worker(int argc, char **argv)
                                          {"device", required_argument, NULL, 'D'},
                                          {"gpudirect", required_argument, NULL, 'G'},
                                          {"stats", required_argument, NULL, 's'},
+                                         {"metrics", required_argument, NULL, 'M'},
                                          {"log-level", required_argument, NULL, 'L'},
                                          {"help", no_argument, NULL, 'h'},
                                          ZS_CLI_SECRET_OPTIONS,
                                          {NULL, 0, NULL, 0}};
     zs_worker_opts o = {.threads = zs_cli_cpus()};
-    const char *stats_path = NULL;
+    const char *stats_path = NULL, *metrics = NULL;
     zs_cli_secret_args sa = {0};
     int c;
     opterr = 0;
@@ -84,6 +85,9 @@ int zs_cmd_worker(int argc, char **argv)
             break;
         case 's':
             stats_path = optarg;
+            break;
+        case 'M':
+            metrics = optarg;
             break;
         case 'D':
             if (zs_device_parse(optarg, &o.device) != ZS_OK)
@@ -121,9 +125,16 @@ int zs_cmd_worker(int argc, char **argv)
     if (zs_cli_secret("worker", sa.path, sa.insecure, &secret))
         return 2;
     o.secret = &secret;
+    zs_cli_metrics m;
+    if (zs_cli_metrics_start("worker", "worker", metrics, &m)) {
+        zs_secret_wipe(&secret);
+        return 1;
+    }
+    o.prom = m.reg;
     zs_cli_catch_signals();
     zs_worker_stats st;
     zs_err e = zs_worker_run(&o, &zs_cli_stop, &st);
+    zs_cli_metrics_stop(&m);
     zs_secret_wipe(&secret);
     int rc = 0;
     if (e != ZS_OK) {

@@ -79,6 +79,15 @@ typedef struct {
     int dmabuf;         /* dev came from zs_model_dmabuf_alloc (GPUDirect, or its attempt) */
 } slot;
 
+/* The worker's Prometheus series (docs/observability.md); every one NULL without a registry
+ * (updates of NULL do nothing).  Byte counters are updated by the compute thread as it hands a
+ * transfer over, the rest once a chunk is done or an assignment comes; each is an atomic, read
+ * by the endpoint's thread. */
+typedef struct {
+    zs_prom_series *chunks, *fetched, *pushed, *member, *step, *buffer_bytes;
+    zs_prom_series *compute, *fetch_wait, *push_wait, *step_wait; /* histograms, seconds */
+} worker_prom;
+
 typedef struct {
     zs_session *s;
     const zs_config *cfg;
@@ -107,6 +116,7 @@ typedef struct {
     uint64_t seq;
 
     zs_worker_stats st;
+    const worker_prom *prom; /* the series the figures in st also go to */
     /* fp16.enabled (docs/precision.md): the weights are fetched as the servers' fp16 copy and
      * widened on arrival, and each layer's gradient is multiplied by the step's loss scale,
      * rounded to fp16 and pushed as F16 (inf on an overflow), from the front half of its
@@ -267,11 +277,14 @@ static void submit(wk *w, xfer *x)
     x->err = ZS_OK;
     wake_comm(w);
     pthread_mutex_unlock(&w->mu);
-    size_t n = x->end - x->begin;
-    if (x->is_push)
-        w->st.pushed_bytes += n * zs_frame_dtype_size(x->dtype);
-    else
-        w->st.fetched_bytes += n * zs_frame_dtype_size(x->dtype);
+    size_t n = x->end - x->begin, bytes = n * zs_frame_dtype_size(x->dtype);
+    if (x->is_push) {
+        w->st.pushed_bytes += bytes;
+        zs_prom_add(w->prom->pushed, bytes);
+    } else {
+        w->st.fetched_bytes += bytes;
+        zs_prom_add(w->prom->fetched, bytes);
+    }
 }
 
 /* Waits for x to finish (heartbeating meanwhile), adds the time blocked to *waited, and
@@ -530,6 +543,10 @@ static zs_err run_chunk(wk *w, int32_t *in, int32_t *tg, long step, int chunk)
     ZS_CHECK(res);
     ZS_CHECK(zs_session_chunk_done(w->s, step, chunk, loss, &times));
     w->st.chunks++;
+    zs_prom_add(w->prom->chunks, 1);
+    zs_prom_observe(w->prom->compute, times.compute_ms / 1e3);
+    zs_prom_observe(w->prom->fetch_wait, times.fetch_wait_ms / 1e3);
+    zs_prom_observe(w->prom->push_wait, times.push_wait_ms / 1e3);
     ZS_DEBUG("worker %u: step %ld chunk %d loss %.6f", zs_session_id(w->s), step + 1, chunk, loss);
     return ZS_OK;
 }
@@ -692,11 +709,12 @@ static void log_stats(const wk *w)
  * and frees everything.  *rejoin is set when the coordinator ended the membership because the
  * servers changed (a server was lost): the caller joins again, with the new shard map.
  */
-static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
-                          zs_worker_stats *stats, int *rejoin)
+static zs_err run_session(const zs_worker_opts *opts, const worker_prom *prom,
+                          volatile int *stop_flag, zs_worker_stats *stats, int *rejoin)
 {
     wk w = {0};
     w.wake_fd = -1;
+    w.prom = prom;
     int32_t *in = NULL, *tg = NULL;
     zs_err res;
     int mu_ready = 0;
@@ -757,6 +775,8 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
                                       : "fp32",
             dev_name, opts->threads, w.st.buffer_bytes / 1e6,
             w.gpudirect ? " in device memory (GPUDirect RDMA)" : "");
+    zs_prom_set(w.prom->member, zs_session_id(w.s));
+    zs_prom_set(w.prom->buffer_bytes, (double)w.st.buffer_bytes);
 
     long last_step = -1;
     double idle_since = -1; /* when it last finished a chunk: waiting from then is step wait */
@@ -769,12 +789,16 @@ static zs_err run_session(const zs_worker_opts *opts, volatile int *stop_flag,
             break;
         if (!got)
             continue;
-        if (idle_since >= 0)
-            w.st.step_wait_s += zs_now_s() - idle_since;
+        if (idle_since >= 0) {
+            double waited = zs_now_s() - idle_since;
+            w.st.step_wait_s += waited;
+            zs_prom_observe(w.prom->step_wait, waited);
+        }
         if (a.step != last_step) {
             w.st.steps++;
             last_step = a.step;
         }
+        zs_prom_set(w.prom->step, (double)(a.step + 1));
         w.loss_scale =
             w.fp16 ? zs_model_loss_scale(w.model, (float)a.loss_scale) : (float)a.loss_scale;
         /* A stop request ends the loop after the chunk in hand; the coordinator gives the
@@ -869,13 +893,60 @@ zs_err zs_gpudirect_parse(const char *text, zs_gpudirect *out)
                     text ? text : "(none)");
 }
 
+/* Registers the series of prom (docs/observability.md lists them); *wp all NULL without one. */
+static zs_err prom_setup(zs_prom *r, worker_prom *wp)
+{
+    *wp = (worker_prom){0};
+    if (!r)
+        return ZS_OK;
+    const zs_prom_def defs[] = {
+        {&wp->chunks, 0, "zshard_worker_chunks_total", "Chunks computed, pushed and reported"},
+        {&wp->fetched, 0, "zshard_worker_fetched_bytes_total",
+         "Parameter bytes fetched from the partition servers"},
+        {&wp->pushed, 0, "zshard_worker_pushed_bytes_total",
+         "Gradient bytes pushed to the partition servers"},
+        {&wp->member, 1, "zshard_worker_member",
+         "This worker's member id in the job (0: not registered)"},
+        {&wp->step, 1, "zshard_worker_step", "The step of the last assignment (0: none yet)"},
+        {&wp->buffer_bytes, 1, "zshard_worker_buffer_bytes",
+         "Parameter and gradient buffers held for the job"},
+    };
+    ZS_CHECK(zs_prom_register(r, defs, (int)(sizeof defs / sizeof defs[0])));
+    static const double bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                    0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
+    const int nb = (int)(sizeof bounds / sizeof bounds[0]);
+    struct {
+        zs_prom_series **out;
+        const char *name, *help;
+    } hists[] = {
+        {&wp->compute, "zshard_worker_compute_seconds",
+         "A chunk's forward and backward, less its waits below"},
+        {&wp->fetch_wait, "zshard_worker_fetch_wait_seconds",
+         "A chunk's time blocked on parameter fetches that had not landed"},
+        {&wp->push_wait, "zshard_worker_push_wait_seconds",
+         "A chunk's time blocked on gradient pushes"},
+        {&wp->step_wait, "zshard_worker_step_wait_seconds",
+         "Waiting for the next assignment after finishing one (other workers, the optimizer)"},
+    };
+    for (size_t i = 0; i < sizeof hists / sizeof hists[0]; i++)
+        if (!(*hists[i].out = zs_prom_histogram(r, hists[i].name, hists[i].help, NULL, bounds, nb)))
+            return ZS_ERR_INVALID; /* the message is recorded */
+    return ZS_OK;
+}
+
 zs_err zs_worker_run(const zs_worker_opts *opts, volatile int *stop_flag, zs_worker_stats *stats)
 {
     zs_worker_stats st = {0};
     int rejoin = 0;
-    zs_err res;
+    worker_prom prom;
+    zs_err res = prom_setup(opts->prom, &prom);
+    if (res != ZS_OK) {
+        if (stats)
+            *stats = st;
+        return res;
+    }
     do
-        res = run_session(opts, stop_flag, &st, &rejoin);
+        res = run_session(opts, &prom, stop_flag, &st, &rejoin);
     while (res == ZS_OK && rejoin && !(stop_flag && *stop_flag));
     if (stats)
         *stats = st;

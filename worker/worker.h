@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/prom.h"
 #include "common/secret.h"
 #include "kernels/model.h"
 
@@ -53,6 +54,8 @@ typedef struct {
                                 each layer's gradient out to its push buffer */
     int join_timeout_ms;     /* how long to wait for the job spec after registering */
     zs_gpudirect gpudirect;  /* zeroed: auto */
+    zs_prom *prom;           /* where the worker's series go (docs/observability.md; an
+                                endpoint serves it), or NULL: none */
 } zs_worker_opts;
 
 /* Where a worker's time went, and what it moved.  Seconds of wall-clock time. */

@@ -38,6 +38,7 @@ expect_fail "$WORK/nomodel/config.json" "$ZSHARD" eval --model "$WORK/nomodel" -
 # --metrics addresses are checked before anything starts, and named.
 expect_fail 'metrics address "bogus": expected HOST:PORT' "$ZSHARD" server --coord tcp://127.0.0.1:1 --listen 127.0.0.1:0 --metrics bogus
 expect_fail 'metrics address "127.0.0.1:70000": "70000" is not a port' "$ZSHARD" coord --listen tcp://127.0.0.1:0 --config "$DATA/tiny.json" --servers 1 --data "$DATA/tiny.txt" --steps 1 --out "$WORK/c" --metrics 127.0.0.1:70000
-expect_fail '--metrics: port 65535 + 2 servers goes beyond 65535' "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps 1 --servers 2 --workers 1 --out "$WORK/l" --metrics 127.0.0.1:65535
+expect_fail '--metrics: port 65535 + 3 servers and workers goes beyond 65535' "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps 1 --servers 2 --workers 1 --out "$WORK/l" --metrics 127.0.0.1:65535
+expect_fail 'metrics address "bogus": expected HOST:PORT' "$ZSHARD" worker --coord tcp://127.0.0.1:1 --insecure --metrics bogus
 expect_fail '--metrics: "nohost" is not HOST:PORT' "$ZSHARD" launch --config "$DATA/tiny.json" --data "$DATA/tiny.txt" --steps 1 --servers 1 --workers 1 --out "$WORK/l" --metrics nohost
 finish

@@ -1,8 +1,9 @@
-# A real Prometheus scrapes a running job: zshard launch --metrics 127.0.0.1:0 (a coordinator
-# and 2 servers, each on a free port) writes OUT/metrics-targets.json, Prometheus (Debian's
+# A real Prometheus scrapes a running job: zshard launch --metrics 127.0.0.1:0 (a coordinator,
+# 2 servers and a worker, each on a free port) writes OUT/metrics-targets.json, Prometheus (Debian's
 # prometheus, 1 s scrape interval) reads it through file_sd_configs, and its HTTP API
-# (/api/v1/query) must show every target up, the expected series of the coordinator and of
-# each server, and the step, checkpoint and byte counters moving between scrapes.  The Grafana
+# (/api/v1/query) must show every target up, the expected series of the coordinator, of each
+# server and of the worker, and the step, checkpoint, byte and chunk counters moving between
+# scrapes.  The Grafana
 # dashboard (deploy/grafana/zshard.json) is valid JSON and every series name its queries use
 # exists in what Prometheus scraped.  Skipped (exit 77) only without a prometheus binary.
 source "$(dirname "$0")/lib.sh"
@@ -62,14 +63,14 @@ setsid "$ZSHARD" launch --config "$WORK/job.json" --data "$DATA/tiny.txt" --step
 LPID=$!
 PGIDS+=("$LPID")
 
-targets_listed() { has_line "$OUT/metrics-targets.json" '"server-2"' && has_line "$OUT/metrics-targets.json" '"server-1"' && has_line "$OUT/metrics-targets.json" '"coord"'; }
+targets_listed() { has_line "$OUT/metrics-targets.json" '"server-2"' && has_line "$OUT/metrics-targets.json" '"server-1"' && has_line "$OUT/metrics-targets.json" '"coord"' && has_line "$OUT/metrics-targets.json" '"zshard_role": "worker", "zshard_process": "worker-1"'; }
 checks=$((checks + 1))
 wait_until 30 targets_listed ||
-  { fail "metrics-targets.json never listed coord and 2 servers: $(cat "$OUT/metrics-targets.json" "$WORK/launch.err" 2>&1 | tail -n 20)"; finish; }
+  { fail "metrics-targets.json never listed coord, 2 servers and a worker: $(cat "$OUT/metrics-targets.json" "$WORK/launch.err" 2>&1 | tail -n 20)"; finish; }
 echo "zshard targets: $(tr -d '\n ' <"$OUT/metrics-targets.json")"
 checks=$((checks + 1))
-python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); assert len(t) == 3 and all(len(e["targets"]) == 1 for e in t)' \
-  "$OUT/metrics-targets.json" || fail "metrics-targets.json is not a file_sd list of 3 targets: $(cat "$OUT/metrics-targets.json")"
+python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); assert len(t) == 4 and all(len(e["targets"]) == 1 for e in t)' \
+  "$OUT/metrics-targets.json" || fail "metrics-targets.json is not a file_sd list of 4 targets: $(cat "$OUT/metrics-targets.json")"
 
 # query EXPR: prints "LABELS VALUE" per series of an instant query (labels as k=v,k=v sorted).
 query() {
@@ -93,9 +94,9 @@ value() {
 }
 
 # Every target up.
-all_up() { [ "$(value 'sum(up{job="zshard"})')" = 3 ]; }
+all_up() { [ "$(value 'sum(up{job="zshard"})')" = 4 ]; }
 checks=$((checks + 1))
-wait_until 30 all_up || fail "not all 3 targets are up: $(query 'up')"
+wait_until 30 all_up || fail "not all 4 targets are up: $(query 'up')"
 
 # The series each process must export, present in Prometheus for that process.
 C='zshard_role="coord"'
@@ -111,6 +112,12 @@ server_series=(zshard_server_version zshard_server_shards zshard_server_shard_by
   zshard_server_apply_seconds_bucket zshard_server_apply_seconds_count zshard_server_replica
   zshard_server_replica_current zshard_server_refused_total zshard_server_nvme_read_bytes_total
   zshard_server_nvme_written_bytes_total zshard_build_info process_start_time_seconds)
+worker_series=(zshard_worker_chunks_total zshard_worker_fetched_bytes_total
+  zshard_worker_pushed_bytes_total zshard_worker_member zshard_worker_step
+  zshard_worker_buffer_bytes zshard_worker_compute_seconds_bucket
+  zshard_worker_compute_seconds_sum zshard_worker_compute_seconds_count
+  zshard_worker_fetch_wait_seconds_count zshard_worker_push_wait_seconds_count
+  zshard_worker_step_wait_seconds_count zshard_build_info process_start_time_seconds)
 # One query for all of them: which series names each process has.
 query 'count by (__name__, zshard_process) ({job="zshard"})' |
   sed -E 's/^__name__=([^,]*),zshard_process=([^ ]*) .*/\2 \1/' | sort -u >"$WORK/have.txt"
@@ -123,6 +130,10 @@ for p in server-1 server-2; do
     checks=$((checks + 1))
     grep -qx "$p $s" "$WORK/have.txt" || fail "$p: no series $s in Prometheus"
   done
+done
+for s in "${worker_series[@]}"; do
+  checks=$((checks + 1))
+  grep -qx "worker-1 $s" "$WORK/have.txt" || fail "worker-1: no series $s in Prometheus"
 done
 checks=$((checks + 2))
 [ "$(query "zshard_members{$C}" | wc -l)" -eq 6 ] || fail "zshard_members: not 6 role/state series: $(query "zshard_members{$C}")"
@@ -143,6 +154,8 @@ checks=$((checks + 1))
 # applies; the step's samples at two scrape times differ.
 step1=$(value "zshard_step{$C}")
 ckpt1=$(value "zshard_checkpoints_committed_total{$C}")
+W='zshard_process="worker-1"'
+chunks1=$(value "zshard_worker_chunks_total{$W}")
 fetched1=$(query zshard_server_fetched_bytes_total)
 pushed1=$(query zshard_server_pushed_bytes_total)
 echo "first look: step $step1, checkpoints $ckpt1"
@@ -151,6 +164,7 @@ moved() {
   step=$(value "zshard_step{$C}")
   ckpt=$(value "zshard_checkpoints_committed_total{$C}")
   awk -v a="$step1" -v b="$step" -v c="$ckpt1" -v d="$ckpt" 'BEGIN {exit !(b > a && d > c)}' || return 1
+  awk -v a="$chunks1" -v b="$(value "zshard_worker_chunks_total{$W}")" 'BEGIN {exit !(a != "" && b > a)}' || return 1
   for p in server-1 server-2; do
     local f0 f1 p0 p1
     f0=$(printf '%s\n' "$fetched1" | grep "zshard_process=$p," | sed 's/.* //')
@@ -169,6 +183,16 @@ checks=$((checks + 3))
 [ "$(value 'count(increase(zshard_server_apply_seconds_count[1m]) > 0)')" = 2 ] ||
   fail "zshard_server_apply_seconds_count did not grow on both servers: $(query 'zshard_server_apply_seconds_count')"
 awk -v l="$(value "zshard_loss{$C}")" 'BEGIN {exit !(l > 0 && l < 6)}' || fail "zshard_loss: $(query "zshard_loss{$C}")"
+# The worker's figures hang together within one scrape: a chunk counted once and timed once
+# (the scrape may fall between the two updates), bytes both ways, a member id and a step.
+checks=$((checks + 3))
+awk -v d="$(value "zshard_worker_chunks_total{$W} - zshard_worker_compute_seconds_count{$W}")" \
+  'BEGIN {exit !(d != "" && d >= 0 && d <= 1)}' ||
+  fail "worker: chunks_total and compute_seconds_count differ: $(query "zshard_worker_chunks_total") $(query "zshard_worker_compute_seconds_count")"
+[ "$(value "count(zshard_worker_fetched_bytes_total{$W} > 0 and zshard_worker_pushed_bytes_total{$W} > 0)")" = 1 ] ||
+  fail "worker: bytes: $(query zshard_worker_fetched_bytes_total) $(query zshard_worker_pushed_bytes_total)"
+[ "$(value "count(zshard_worker_member{$W} > 0 and zshard_worker_step{$W} > 0)")" = 1 ] ||
+  fail "worker: member $(query zshard_worker_member), step $(query zshard_worker_step)"
 
 # The dashboard: valid JSON, and every series name in its queries is one Prometheus has.
 query 'count by (__name__) ({job="zshard"})' | sed -E 's/^__name__=([^ ,]*).*/\1/' | sort -u >"$WORK/names.txt"

@@ -86,7 +86,8 @@ OUT=$WORK/out
 sed -e 's#^ZSHARD_LISTEN=.*#ZSHARD_LISTEN=127.0.0.1:0#' -e 's#^ZSHARD_THREADS=.*#ZSHARD_THREADS=1#' \
   -e 's#^ZSHARD_METRICS=.*#ZSHARD_METRICS=127.0.0.1:0#' \
   -e 's#^ZSHARD_TRANSPORT=.*#ZSHARD_TRANSPORT=tcp#' "$UNITS/server.env.example" >"$WORK/server.env"
-sed 's#^ZSHARD_WORKER_THREADS=.*#ZSHARD_WORKER_THREADS=1#' "$UNITS/worker.env.example" \
+sed -e 's#^ZSHARD_WORKER_THREADS=.*#ZSHARD_WORKER_THREADS=1#' \
+  -e 's#^ZSHARD_WORKER_METRICS=.*#ZSHARD_WORKER_METRICS=127.0.0.1:0#' "$UNITS/worker.env.example" \
   >"$WORK/worker.env"
 for k in ZSHARD_COORD ZSHARD_COORD_LISTEN ZSHARD_CONFIG ZSHARD_DATA ZSHARD_SERVERS ZSHARD_STEPS \
   ZSHARD_OUT ZSHARD_CHECKPOINTS ZSHARD_COORD_METRICS; do
@@ -158,7 +159,7 @@ for p in "${MEMBERS[@]}"; do
 done
 
 # Each serves its Prometheus metrics where the environment file says (docs/observability.md).
-for log in coord-1 server0-1 server1-1; do
+for log in coord-1 server0-1 server1-1 worker0-1; do
   checks=$((checks + 1))
   url=$(sed -nE 's#.*metrics: (http://127\.0\.0\.1:[0-9]+/metrics).*#\1#p' "$WORK/$log.log" | head -n 1)
   [ -n "$url" ] || fail "$log: no 'metrics: http://...' line: $(tail -n 3 "$WORK/$log.log")"
