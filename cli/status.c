@@ -79,9 +79,13 @@ static void print_table(const Zshard__StatusReply *r)
         if (m->has_tokens_per_sec && m->tokens_per_sec > 0)
             snprintf(tps, sizeof tps, "%.0f", m->tokens_per_sec);
         const char *last = m->state == ZSHARD__MEMBER_STATE__MEMBER_GONE ? m->reason : m->endpoint;
-        printf("%4u  %-6s  %-7s  %-20.20s  %8u  %6s  %8s  %10s  %s\n", m->id, role_name(m->role),
+        char replica[64] = "";
+        if (m->has_replica_of)
+            snprintf(replica, sizeof replica, " (replica of %u: %s)", m->replica_of,
+                     m->replica_current ? "current" : "lost");
+        printf("%4u  %-6s  %-7s  %-20.20s  %8u  %6s  %8s  %10s  %s%s\n", m->id, role_name(m->role),
                state_name(m->state), m->hostname && *m->hostname ? m->hostname : "?", m->pid, hb,
-               chunks, tps, last ? last : "");
+               chunks, tps, last ? last : "", replica);
     }
     printf("\n(chunks: done over the run + assigned in the current step; hb ms: since its last "
            "message)\n");
@@ -101,6 +105,10 @@ static int print_json(const Zshard__StatusReply *r)
         if (m->has_heartbeat_age_ms)
             json_object_set_new(o, "heartbeat_age_ms",
                                 json_integer((json_int_t)m->heartbeat_age_ms));
+        if (m->has_replica_of) {
+            json_object_set_new(o, "replica_of", json_integer(m->replica_of));
+            json_object_set_new(o, "replica_current", json_boolean(m->replica_current));
+        }
         if (m->has_chunks_done) {
             json_object_set_new(o, "chunks_done", json_integer(m->chunks_done));
             json_object_set_new(o, "chunks_assigned", json_integer(m->chunks_assigned));

@@ -1162,6 +1162,13 @@ zs_err zs_msg_check_status_reply(const Zshard__StatusReply *m, const zs_msg_ctx 
                             STR_EMPTY_OK));
         if (s->has_tokens_per_sec && !(s->tokens_per_sec >= 0 && s->tokens_per_sec < 1e15))
             return FAIL("StatusReply.members[%zu].tokens_per_sec: %g", i, s->tokens_per_sec);
+        if (s->has_replica_of &&
+            (s->role != ZSHARD__ROLE__ROLE_SERVER || s->replica_of == 0 || s->replica_of == s->id))
+            return FAIL("StatusReply.members[%zu].replica_of: %u (a server holds another "
+                        "server's replica)",
+                        i, s->replica_of);
+        if (s->has_replica_current && !s->has_replica_of)
+            return FAIL("StatusReply.members[%zu].replica_current without replica_of", i);
     }
     if (m->has_last_checkpoint && m->last_checkpoint > m->steps)
         return FAIL("StatusReply.last_checkpoint: %" PRIu64 " of %" PRIu64 " steps",

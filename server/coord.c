@@ -171,6 +171,7 @@ struct zs_coord {
         zs_prom_series *step, *steps, *loss, *lr, *grad_norm, *tps, *step_seconds;
         zs_prom_series *steps_finished, *skipped, *ckpt_committed, *ckpt_failed, *ckpt_step;
         zs_prom_series *ckpt_age, *recoveries, *failovers, *workers_live, *loss_scale;
+        zs_prom_series *replicas_current;
         zs_prom_series *members[2][3]; /* [server, worker][joining, active, gone] */
         zs_prom_series *hb_age[2];     /* [server, worker]: the oldest heartbeat's age */
         double ckpt_at;                /* zs_now_s() of the last commit; 0: none yet */
@@ -1218,6 +1219,19 @@ static const char *phase_name(const coord *co)
     return "unknown";
 }
 
+/* The map index of the server whose replica peer pi (a server) holds, or -1: none (no
+ * replicas, no map yet, not in the map). */
+static int replica_held(const coord *co, int pi)
+{
+    if (co->cfg.checkpoint.replicas < 1 || !co->map_made || !co->replica_current)
+        return -1;
+    int h = zs_shardmap_server_index(&co->map, (uint32_t)(pi + 1));
+    for (int s = 0; s < co->map.n_servers && h >= 0; s++)
+        if (s != h && zs_shardmap_replica(&co->map, s) == h)
+            return s;
+    return -1;
+}
+
 /* Answers a StatusRequest: the step, and every peer that ever registered. */
 static void send_status(coord *co, const zs_ctrl_peer *to)
 {
@@ -1258,6 +1272,12 @@ static void send_status(coord *co, const zs_ctrl_peer *to)
                 m->tokens_per_sec =
                     cm->last_chunk_ms > 0 ? tokens_per_chunk / (cm->last_chunk_ms / 1e3) : 0;
             }
+        }
+        int held = p->role == ZSHARD__ROLE__ROLE_SERVER && !p->gone ? replica_held(co, i) : -1;
+        if (held >= 0) {
+            m->has_replica_of = m->has_replica_current = 1;
+            m->replica_of = co->map.server_ids[held];
+            m->replica_current = co->replica_current[held] != 0;
         }
         ptrs[i] = m;
     }
@@ -1822,6 +1842,9 @@ static zs_err prom_setup(coord *co)
         {&co->prom.tps, 1, "zshard_tokens_per_second",
          "Tokens per second of the last finished step"},
         {&co->prom.workers_live, 1, "zshard_workers_live", "Workers taking chunks now"},
+        {&co->prom.replicas_current, 1, "zshard_replicas_current",
+         "Servers of the map whose replica is current (checkpoint.replicas: losing one of them "
+         "costs no step)"},
         {&co->prom.steps_finished, 0, "zshard_steps_finished_total",
          "Steps finished, counting again those computed again after a server was lost"},
         {&co->prom.skipped, 0, "zshard_skipped_steps_total",
@@ -1879,7 +1902,7 @@ static void prom_refresh(coord *co, uint64_t now)
     if (!co->opts->prom || now - co->prom.refreshed_ms < PROM_REFRESH_MS)
         return;
     co->prom.refreshed_ms = now;
-    int count[2][3] = {{0}};
+    int count[2][3] = {{0}}, replicas = 0;
     uint64_t oldest[2] = {0, 0};
     for (int i = 0; i < co->n_peers; i++) {
         const peer_entry *p = &co->peers[i];
@@ -1890,6 +1913,8 @@ static void prom_refresh(coord *co, uint64_t now)
             continue;
         int st = p->gone ? 2 : p->cs_id >= 0 ? 1 : 0;
         count[ro][st]++;
+        int held = ro == 0 && !p->gone ? replica_held(co, i) : -1;
+        replicas += held >= 0 && co->replica_current[held];
         const zs_member *m = st == 1 && co->cs ? zs_coord_member(co->cs, p->cs_id) : NULL;
         if (m && m->alive && now > m->last_heartbeat_ms && now - m->last_heartbeat_ms > oldest[ro])
             oldest[ro] = now - m->last_heartbeat_ms;
@@ -1900,6 +1925,7 @@ static void prom_refresh(coord *co, uint64_t now)
         zs_prom_set(co->prom.hb_age[ro], (double)oldest[ro] / 1e3);
     }
     zs_prom_set(co->prom.workers_live, co->cs ? zs_coord_live_workers(co->cs) : 0);
+    zs_prom_set(co->prom.replicas_current, replicas);
     /* After a recovery the steps since the checkpoint run again: the step goes back. */
     if (co->cs)
         zs_prom_set(co->prom.step, (double)zs_coord_step(co->cs));

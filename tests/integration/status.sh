@@ -2,7 +2,8 @@
 # that joins (active, chunks, heartbeat age), the newest checkpoint and why a later one failed,
 # a worker killed with SIGKILL (gone, with the reason: its connection closed, long before the
 # heartbeat timeout) and the job that goes on without it; --json and the table; no answer once
-# the coordinator is gone (exit 1, named); usage errors.
+# the coordinator is gone (exit 1, named); buddy replicas (which server holds whose, current,
+# before and after a failover); usage errors.
 source "$(dirname "$0")/lib.sh"
 
 # The heartbeat timeout (60 s) is far beyond any wait below: a member declared gone here was
@@ -95,6 +96,75 @@ done
 kill -9 "$COORD"
 wait "$COORD" 2>/dev/null || true
 expect_fail "no answer from $EP within 300 ms" "$ZSHARD" status --coord "$EP" --timeout-ms 300
+
+# Buddy replicas (checkpoint.replicas 1), 3 servers: each server of the map names the server
+# whose replica it holds, the replica is current, and the three form a ring; the coordinator's
+# zshard_replicas_current counts 3.  A server killed: its buddy takes over, and the two left
+# hold each other's replicas (2).
+sed 's/"cluster": {"shard_size": 16384}/"cluster": {"shard_size": 16384, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 2000}, "checkpoint": {"interval_steps": 1000, "replicas": 1}/' \
+  "$DATA/tiny.json" >"$WORK/rep.json"
+grep -q '"replicas": 1' "$WORK/rep.json" || { fail "the replica config edit did not take"; finish; }
+setsid "$ZSHARD" launch --config "$WORK/rep.json" --data "$DATA/tiny.txt" --steps $STEPS \
+  --servers 3 --workers 1 --threads 1 --replacements 0 --out "$WORK/rep" \
+  --metrics 127.0.0.1:0 2>"$WORK/rep.err" &
+LPID=$!
+PGIDS+=("$LPID")
+checks=$((checks + 1))
+wait_until 30 has_line "$WORK/rep.err" "listening on tcp://127.0.0.1:" ||
+  { fail "the replica job's coordinator did not start: $(tail -n 5 "$WORK/rep.err")"; finish; }
+EP=$(sed -nE '/listening on tcp:/{s/.*listening on (tcp:\/\/127\.0\.0\.1:[0-9]+).*/\1/p;q}' "$WORK/rep.err")
+# ring N: the last status.json has N active servers, each holding a current replica of another
+# active one, no two of the same.
+ring() {
+  python3 - "$WORK/status.json" "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+servers = [m for m in d["members"] if m["role"] == "server" and m["state"] == "active"]
+ids = {m["id"] for m in servers}
+held = [m.get("replica_of") for m in servers]
+ok = (len(servers) == int(sys.argv[2]) and all(m.get("replica_current") is True for m in servers)
+      and set(held) == ids and all(m["replica_of"] != m["id"] for m in servers))
+sys.exit(0 if ok else 1)
+PY
+}
+# ring_until N: polls status (up to 20 s) until ring N holds.
+ring_until() {
+  checks=$((checks + 1))
+  for _ in $(seq 200); do
+    "$ZSHARD" status --coord "$EP" --json >"$WORK/status.json" 2>"$WORK/status.err" && ring "$1" &&
+      return 0
+    sleep 0.1
+  done
+  fail "no ring of $1 servers with current replicas: $(cat "$WORK/status.json" "$WORK/status.err")"
+}
+# replicas_gauge: the coordinator's zshard_replicas_current.
+replicas_gauge() {
+  python3 - "$WORK/rep/metrics-targets.json" <<'PY'
+import json, sys, urllib.request
+t = [e["targets"][0] for e in json.load(open(sys.argv[1])) if e["labels"]["zshard_role"] == "coord"]
+for line in urllib.request.urlopen("http://%s/metrics" % t[0], timeout=5).read().decode().splitlines():
+    if line.startswith("zshard_replicas_current "):
+        print(line.split()[1])
+PY
+}
+ring_until 3
+expect_ok "$ZSHARD" status --coord "$EP"
+checks=$((checks + 1))
+[ "$(grep -cE '^ +[0-9]+ +server +active .*\(replica of [0-9]+: current\)$' "$WORK/out.txt")" = 3 ] ||
+  fail "the table does not show 3 servers with current replicas: $(cat "$WORK/out.txt")"
+gauge_is() { [ "$(replicas_gauge 2>/dev/null)" = "$1" ]; }
+checks=$((checks + 1))
+wait_until 10 gauge_is 3 || fail "zshard_replicas_current is $(replicas_gauge), expected 3"
+S2=$(pid_of "$WORK/rep.err" "server 2")
+kill -KILL "$S2"
+ring_until 2
+checks=$((checks + 1))
+wait_until 10 gauge_is 2 || fail "zshard_replicas_current is $(replicas_gauge) after the failover, expected 2"
+checks=$((checks + 1))
+grep -q '"state":"gone",[^}]*"pid":'"$S2"',' "$WORK/status.json" ||
+  fail "the killed server is not gone: $(cat "$WORK/status.json")"
+kill -TERM "$LPID" 2>/dev/null || true
+reap "$LPID"
 
 expect_fail 'missing --coord' "$ZSHARD" status
 expect_fail '--timeout-ms: "0" is not an integer' "$ZSHARD" status --coord "$EP" --timeout-ms 0

@@ -1360,6 +1360,28 @@ static void test_version_error_shutdown(void)
     m[1].tokens_per_sec = -1;
     REFUSED(&env, &WORKER, "StatusReply.members[1].tokens_per_sec: -1");
     m[1].tokens_per_sec = 0;
+    /* replica_of: a server's, naming another server; replica_current only with it. */
+    m[0].has_replica_of = m[0].has_replica_current = 1;
+    m[0].replica_of = 3;
+    m[0].replica_current = 1;
+    CHECK_OK(roundtrip(&env, &WORKER, &out));
+    if (out)
+        CHECK(out->status_reply->members[0]->has_replica_of &&
+              out->status_reply->members[0]->replica_of == 3 &&
+              out->status_reply->members[0]->replica_current);
+    zs_msg_free(out);
+    m[0].replica_of = 1;
+    REFUSED(&env, &WORKER, "StatusReply.members[0].replica_of: 1 (a server holds another");
+    m[0].replica_of = 0;
+    REFUSED(&env, &WORKER, "StatusReply.members[0].replica_of: 0");
+    m[0].has_replica_of = m[0].has_replica_current = 0;
+    m[1].has_replica_of = 1;
+    m[1].replica_of = 1;
+    REFUSED(&env, &WORKER, "StatusReply.members[1].replica_of: 1");
+    m[1].has_replica_of = 0;
+    m[1].has_replica_current = 1;
+    REFUSED(&env, &WORKER, "StatusReply.members[1].replica_current without replica_of");
+    m[1].has_replica_current = 0;
     m[0].has_id = 0;
     REFUSED(&env, &WORKER, "StatusReply.members[].id: missing");
 }
