@@ -7,6 +7,8 @@
 #    that says so.  Step 2 stays valid: its export is zshard train's 2-step model, and a resume
 #    from the directory (into another --out, checkpoints on a disk with room) gives train's
 #    6-step bits.
+#  - zshard train's checkpoints on the same small disk: the same failures, training goes on to
+#    train's model, and a resume from the step that fitted gives train's bits.
 #  - export: zshard export into a tmpfs too small for the model fails with "No space left on
 #    device" and leaves no model.safetensors (nor its .tmp).
 #  - metrics: the coordinator's --out on a tmpfs with one free page (checkpoints elsewhere,
@@ -150,6 +152,37 @@ cp "$WORK/small/metrics.jsonl" "$WORK/resumed/"
 run_launch resumed "$WORK/big.json" 6 3 --resume "$SMALL"
 check_same resumed "$WORK/resumed" "$WORK/train-6" 6
 has resumed "$WORK/resumed/logs/coord.log" "from $SMALL/step-00000002 (step 2 of 6)"
+
+# 1b. The same for zshard train's own checkpoints: 2 fits, 4 and 6 fail with ENOSPC (logged,
+# named in their metrics lines, nothing left behind) and training goes on to train's 6-step
+# model (exit 0: the model is written from memory); a resume from the full disk's step 2 (into
+# another --out, checkpoints on a disk with room) gives train's bits.
+SMALL_T=$WORK/small-train-ck
+mount_tmpfs "$SMALL_T" $((PAGES * 3 / 2 * 4096)) || fail "cannot mount a tmpfs at $SMALL_T"
+scenario "zshard train: $(avail "$SMALL_T") bytes for checkpoints of $((PAGES * 4096)), keep 1, every 2 of 6 steps"
+config "$WORK/small-train.json" "$SMALL_T" 2 1
+expect_ok "$ZSHARD" train --config "$WORK/small-train.json" --data "$DATA/tiny.txt" --steps 6 \
+  --threads 1 --out "$WORK/small-train"
+cp "$WORK/err.txt" "$WORK/small-train.err"
+checks=$((checks + 4))
+cmp "$WORK/train-6/model.safetensors" "$WORK/small-train/model.safetensors" ||
+  fail "zshard train: the model differs from the run with room for its checkpoints"
+for s in 4 6; do
+  grep -q "^{\"step\": $s,.*\"checkpoint_error\": \"[^\"]*No space left on device\"}\$" \
+    "$WORK/small-train/metrics.jsonl" ||
+    fail "zshard train: step $s's line has no checkpoint_error with ENOSPC: $(sed -n ${s}p "$WORK/small-train/metrics.jsonl")"
+done
+[ "$(cat "$SMALL_T/latest" 2>/dev/null)" = step-00000002 ] &&
+  [ "$(cd "$SMALL_T" && ls -A | tr '\n' ' ')" = "latest step-00000002 " ] ||
+  fail "zshard train: $SMALL_T holds '$(cd "$SMALL_T" && ls -A | tr '\n' ' ')', latest '$(cat "$SMALL_T/latest" 2>/dev/null)'"
+has "zshard train" "$WORK/small-train.err" "train: checkpoint 4 failed: "
+config "$WORK/big-train.json" "$WORK/big-train-ck" 2 1
+mkdir -p "$WORK/train-resumed"
+head -n 2 "$WORK/small-train/metrics.jsonl" >"$WORK/train-resumed/metrics.jsonl"
+expect_ok "$ZSHARD" train --config "$WORK/big-train.json" --data "$DATA/tiny.txt" --steps 6 \
+  --threads 1 --out "$WORK/train-resumed" --resume "$SMALL_T"
+RC=0
+check_same train-resumed "$WORK/train-resumed" "$WORK/train-6" 6
 
 # 2. zshard export into a disk too small for the model.
 TINY=$WORK/tiny-out
