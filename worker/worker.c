@@ -124,6 +124,9 @@ typedef struct {
      * model's fp16 backward carried it already (a GPU model, zs_model_loss_scale). */
     int fp16;
     float loss_scale;
+    /* A release whose mark failed: its twin's next upload could not be ordered after the
+     * kernels that read it, so every later acquire fails with this (the chunk fails). */
+    char release_failed[256];
 } wk;
 
 /* ---- the communication thread ----------------------------------------------------------- */
@@ -381,6 +384,8 @@ static zs_err io_acquire(void *ctx, int layer, const float **base)
 {
     wk *w = ctx;
     zs_session_heartbeat(w->s);
+    if (w->release_failed[0])
+        return zs_error(ZS_ERR_IO, "worker: %s", w->release_failed);
     if (layer == 0)
         w->backward = 0;
     ZS_CHECK(ensure(w, layer));
@@ -421,9 +426,15 @@ static void io_release(void *ctx, int layer)
     slot *p = &w->param[slot_of(w, layer)];
     if (p->refs > 0)
         p->refs--;
-    /* What the model enqueued so far is the last that reads the twin: its next upload waits. */
-    if (p->refs == 0 && !w->on_host && zs_model_mark(w->model, &p->dev_free) != ZS_OK)
-        p->dev_free = 0, p->dev_layer = -1; /* the model failed; its next call reports it */
+    /* What the model enqueued so far is the last that reads the twin: its next upload waits.
+     * Without that mark nothing could order an upload after those kernels, so the next acquire
+     * fails instead of overwriting a buffer they may still read. */
+    if (p->refs == 0 && !w->on_host && zs_model_mark(w->model, &p->dev_free) != ZS_OK &&
+        !w->release_failed[0]) {
+        snprintf(w->release_failed, sizeof w->release_failed, "releasing layer %d: %s", layer,
+                 zs_last_error());
+        p->dev_layer = -1;
+    }
 }
 
 static zs_err io_grads(void *ctx, int layer, float **base)

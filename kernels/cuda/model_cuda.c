@@ -30,8 +30,9 @@
  *     using only these may overwrite a layer's device buffer as soon as release() is called
  *     (the upload runs after the kernels that read it), and a gradient it downloads in
  *     grads_done() is complete (zshard train);
- *   - the copy stream (upload_async/download_async, ordered by tickets: marks on the compute
- *     stream and copy events), which overlaps copies with compute (the GPU worker): an upload
+ *   - the copy streams, one a direction (upload_async/download_async, ordered by tickets:
+ *     marks on the compute stream and copy events), which overlap copies with compute and with
+ *     each other (the GPU worker): an upload
  *     into a released buffer must then wait for the release's mark (`after`), and the compute
  *     stream waits for an upload's ticket (zs_model_after) before it reads the layer.
  *
@@ -61,11 +62,15 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/gpt2_layout.h"
 
+/* A runtime call that must succeed: its failure is returned, and the runtime's last error
+ * cleared, so that the next kernel launch does not report it as its own (zs_cuda_launched). */
 #define CU(call)                                                                                   \
     do {                                                                                           \
         cudaError_t cu_e_ = (call);                                                                \
-        if (cu_e_ != cudaSuccess)                                                                  \
+        if (cu_e_ != cudaSuccess) {                                                                \
+            (void)cudaGetLastError();                                                              \
             return zs_error(ZS_ERR_IO, "cuda: %s: %s", #call, cudaGetErrorString(cu_e_));          \
+        }                                                                                          \
     } while (0)
 
 /* A runtime call of the model's that failed (ce): the error naming it, with the runtime's last
@@ -84,7 +89,9 @@ typedef struct {
     int Vp; /* the logits' row stride: V rounded up to LOGITS_ROUND (the GEMMs' alignment) */
     zs_gpt2_offsets o; /* the tensors in the flat vector */
     cudaStream_t stream;
-    cudaStream_t copies; /* upload_async's: the copy engine, beside the compute */
+    cudaStream_t copies;    /* upload_async's (and copy_now's): a copy engine, beside the compute */
+    cudaStream_t downloads; /* download_async's: the other direction's copy engine, so that a
+                               gradient going out never holds back the next layer coming in */
     /* Tickets (model.h): ticket t > 0 is event (t - 1) % n_events, recorded on the stream that
      * the mark or the copy went to; next_ticket is the next one handed out.  Marks and copies
      * come from the compute thread; the communication thread waits on tickets too (sync), so
@@ -173,12 +180,24 @@ static size_t layout(cuda_model *m, char *base)
     return at + 2 * tokens;
 }
 
+/* Before memory of the model's is freed: no kernel and no copy may still use it.  cudaFree
+ * happens to wait for the device, but that is not documented; the copy stream's layer copies
+ * run beside the kernels. */
+static void quiesce(cuda_model *m)
+{
+    cudaSetDevice(m->device);
+    cudaStream_t all[] = {m->stream, m->copies, m->downloads};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i])
+            cudaStreamSynchronize(all[i]);
+}
+
 static void cuda_free(void *impl)
 {
     cuda_model *m = impl;
     if (!m)
         return;
-    cudaSetDevice(m->device);
+    quiesce(m); /* a failed step may have left work queued on the memory freed below */
     if (m->blas)
         zs_cuda_blas_close(m->blas);
     if (m->mem)
@@ -187,6 +206,8 @@ static void cuda_free(void *impl)
         cudaStreamDestroy(m->stream);
     if (m->copies)
         cudaStreamDestroy(m->copies);
+    if (m->downloads)
+        cudaStreamDestroy(m->downloads);
     for (int i = 0; i < m->n_events; i++)
         cudaEventDestroy(m->events[i]);
     free(m->losses_host);
@@ -214,6 +235,7 @@ static zs_err setup(cuda_model *m, const zs_model_config *cfg, const zs_tensor_t
                         m->device, m->max_b, m->max_t, bytes >> 20, free_b >> 20, total_b >> 20);
     CU(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     CU(cudaStreamCreateWithFlags(&m->copies, cudaStreamNonBlocking));
+    CU(cudaStreamCreateWithFlags(&m->downloads, cudaStreamNonBlocking));
     for (; m->n_events < (int)(sizeof m->events / sizeof *m->events); m->n_events++)
         CU(cudaEventCreateWithFlags(&m->events[m->n_events], cudaEventDisableTiming));
     m->next_ticket = 1;
@@ -751,16 +773,6 @@ static zs_err cuda_alloc(void *impl, size_t bytes, void **out)
     return ZS_OK;
 }
 
-/* Before memory of the model's is freed: no kernel and no copy may still use it.  cudaFree
- * happens to wait for the device, but that is not documented; the copy stream's layer copies
- * run beside the kernels. */
-static void quiesce(cuda_model *m)
-{
-    cudaSetDevice(m->device);
-    cudaStreamSynchronize(m->stream);
-    cudaStreamSynchronize(m->copies);
-}
-
 static void cuda_dealloc(void *impl, void *p)
 {
     quiesce(impl);
@@ -1013,16 +1025,19 @@ static zs_err cuda_mark(void *impl, uint64_t *ticket)
     return record(m, m->stream, ticket);
 }
 
-/* A copy on the copy stream once ticket `after` is done; *done its own ticket. */
+/* A copy on its direction's copy stream (uploads: copies, downloads: downloads) once ticket
+ * `after` is done; *done its own ticket.  Two streams, because in the backward a layer's
+ * gradient download waits for that layer's kernels while the next layer's upload need not:
+ * on one stream the upload would queue behind it, and the compute behind the upload. */
 static zs_err copy_async(cuda_model *m, void *dst, const void *src, size_t bytes, uint64_t after,
                          int up, uint64_t *done)
 {
+    cudaStream_t s = up ? m->copies : m->downloads;
     CU(cudaSetDevice(m->device));
     if (after && !ticket_recycled(m, after))
-        CU(cudaStreamWaitEvent(m->copies, ticket_event(m, after), 0));
-    CU(cudaMemcpyAsync(dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
-                       m->copies));
-    return record(m, m->copies, done);
+        CU(cudaStreamWaitEvent(s, ticket_event(m, after), 0));
+    CU(cudaMemcpyAsync(dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s));
+    return record(m, s, done);
 }
 
 static zs_err cuda_upload_async(void *impl, void *dst, const void *src, size_t bytes,
