@@ -595,9 +595,11 @@ template <typename K> static zs_err fa_allow_smem(K kernel, const char *name, si
 {
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not the next kernel's failure (zs_cuda_launched) */
         return zs_error(ZS_ERR_INTERNAL, "cuda: %s: %zu bytes of shared memory: %s", name, bytes,
                         cudaGetErrorString(e));
+    }
     return ZS_OK;
 }
 

@@ -28,7 +28,8 @@
 # DIR/STEP.log (tests/gpu/jobs.sh's work folder is BUILD/tests/gpu-jobs.work; with a tarball,
 # its loss tables and outputs are kept as DIR/jobs.tgz before the unpacked build is removed).
 # ZS_GPU_STEPS picks steps: kernels, step, model, jobs, bench (all by default), e.g.
-# ZS_GPU_STEPS=kernels for a first short check on a machine not yet seen.
+# ZS_GPU_STEPS=kernels for a first short check on a machine not yet seen; sanitize (only when
+# named) runs test_cuda_kernels under compute-sanitizer's memcheck and racecheck.
 set -uo pipefail
 keep_jobs() {
   local w=$build/tests/gpu-jobs.work
@@ -104,4 +105,16 @@ want jobs && step jobs bash "$root/tests/gpu/jobs.sh" "$build/zshard" "$build/te
 # The GPU benchmarks: their figures go in the note; each fails only if it cannot run.
 want bench && step bench_gpu_step "$build/bench/bench_gpu_step" 0 5
 want bench && step bench_attention "$build/bench/bench_attention" 0 3
+# Not by default (minutes: every kernel runs instrumented): test_cuda_kernels under
+# compute-sanitizer, whose memcheck sees a read or write past an allocation that the test's
+# comparisons cannot (a partial tile's), and racecheck a shared-memory race.
+if want sanitize; then
+  if command -v compute-sanitizer >/dev/null; then
+    step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/test_cuda_kernels"
+    step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/test_cuda_kernels"
+  else
+    echo "tests/gpu/run.sh: sanitize: no compute-sanitizer on PATH" >&2
+    status=1
+  fi
+fi
 exit $status

@@ -569,7 +569,9 @@ static void lse_double(float *lse, const float *qkv, int B, int T, int C, int NH
  * The fused attention against the CPU kernel, against the CUDA reference kernel (on the same
  * device), lse against a double evaluation, and run twice for the same bits.
  */
-static void test_attention_fused(int B, int T, int C, int NH)
+/* qscale: the inputs' range, [-qscale, qscale): 1 gives nearly uniform softmax rows; 3 sharp
+ * ones, whose running maximum jumps between key tiles (the online rescaling at work). */
+static void test_attention_fused(int B, int T, int C, int NH, float qscale)
 {
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     size_t nr = (size_t)B * NH * T;
@@ -578,7 +580,7 @@ static void test_attention_fused(int B, int T, int C, int NH)
     float *att = malloc(na * 4), *datt = malloc(na * 4), *dqkv = malloc(nq * 4);
     float *lse = malloc(nr * 4);
     CHECK(qkv && dout && out && att && datt && dqkv && lse);
-    fill(qkv, nq, 1.0f, &st);
+    fill(qkv, nq, qscale, &st);
     fill(dout, no, 1.0f, &st);
     zs_attention_forward(out, att, qkv, B, T, C, NH, 1);
     zs_attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH, 1);
@@ -1042,12 +1044,14 @@ int main(void)
     test_attention(2, 37, 96, 3);
     /* The fused attention: GPT-2's hs = 64 at T = 64 (two tiles) and T = 300 (not a multiple of
      * the tile of 32), T = 1, and hs 32, 96, 128 with partial tiles. */
-    test_attention_fused(4, 64, 768, 12);
-    test_attention_fused(1, 300, 128, 2);
-    test_attention_fused(2, 1, 768, 12);
-    test_attention_fused(2, 37, 96, 3);
-    test_attention_fused(1, 75, 288, 3);
-    test_attention_fused(2, 100, 256, 2);
+    test_attention_fused(4, 64, 768, 12, 1.0f);
+    test_attention_fused(1, 300, 128, 2, 1.0f);
+    test_attention_fused(2, 1, 768, 12, 1.0f);
+    test_attention_fused(2, 37, 96, 3, 1.0f);
+    test_attention_fused(1, 75, 288, 3, 1.0f);
+    test_attention_fused(2, 100, 256, 2, 1.0f);
+    test_attention_fused(1, 75, 288, 3, 3.0f); /* peaked rows */
+    test_attention_fused(1, 300, 128, 2, 3.0f);
     test_attention_fused_refuses();
     test_encoder(4, 64, 768, 50257);
     test_encoder(3, 5, 33, 7);
