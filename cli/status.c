@@ -82,7 +82,7 @@ static void print_table(const Zshard__StatusReply *r)
         char replica[64] = "";
         if (m->has_replica_of)
             snprintf(replica, sizeof replica, " (replica of %u: %s)", m->replica_of,
-                     m->replica_current ? "current" : "lost");
+                     m->replica_current ? "current" : "not current");
         printf("%4u  %-6s  %-7s  %-20.20s  %8u  %6s  %8s  %10s  %s%s\n", m->id, role_name(m->role),
                state_name(m->state), m->hostname && *m->hostname ? m->hostname : "?", m->pid, hb,
                chunks, tps, last ? last : "", replica);

@@ -262,8 +262,11 @@ int zs_cmd_train(int argc, char **argv)
      * most to recompute, while going on without a record would leave metrics.jsonl silently
      * short and, on a full disk, likely fail the final save after more wasted steps.  The
      * file keeps every complete line written before the failure (metrics.h). */
-    int metrics_failed = 0, latest_failed = 0;
-    while (tr.step < steps && !zs_cli_stop && !metrics_failed && !latest_failed) {
+    /* stopping: the signal as the last step's checkpoint decision saw it, so that the loop
+     * ends only after a step that was checkpointed for it (one arriving later gets the next
+     * step and its checkpoint). */
+    int metrics_failed = 0, latest_failed = 0, stopping = zs_cli_stop;
+    while (tr.step < steps && !stopping && !metrics_failed && !latest_failed) {
         zs_step_stats st;
         if (zs_trainer_step(&tr, &st) != ZS_OK) {
             fprintf(stderr, "zshard train: step %ld: %s\n", tr.step + 1, zs_last_error());
@@ -271,7 +274,8 @@ int zs_cmd_train(int argc, char **argv)
         }
         /* A checkpoint every interval, after the last step, and where Ctrl-C stops the run. */
         char ckpt[64] = "", ckpt_why[512] = "";
-        if ((cp.every > 0 && st.step % cp.every == 0) || st.step == steps || zs_cli_stop)
+        stopping = zs_cli_stop;
+        if ((cp.every > 0 && st.step % cp.every == 0) || st.step == steps || stopping)
             take_checkpoint(&tr, &cp, ckpt, sizeof ckpt, ckpt_why, sizeof ckpt_why);
         zs_metrics_begin(metrics);
         zs_metrics_int(metrics, "step", st.step);
@@ -325,7 +329,7 @@ int zs_cmd_train(int argc, char **argv)
     if (metrics_failed || latest_failed)
         ZS_WARN("train: stopped after step %ld: %s could not be written; saving the model", tr.step,
                 metrics_failed ? "its metrics line" : "the checkpoint's latest file");
-    else if (zs_cli_stop)
+    else if (stopping)
         ZS_WARN("train: interrupted after step %ld; saving the model", tr.step);
     if (zs_trainer_save(&tr, out) != ZS_OK) {
         fprintf(stderr, "zshard train: %s\n", zs_last_error());
@@ -340,7 +344,7 @@ int zs_cmd_train(int argc, char **argv)
     if (latest_failed)
         goto out_metrics;
     ZS_INFO("train: wrote %s/model.safetensors, %s/config.json, %s/metrics.jsonl", out, out, out);
-    rc = zs_cli_stop ? 130 : 0;
+    rc = stopping ? 130 : 0;
 out_metrics:
     if (zs_metrics_close(metrics) != ZS_OK) {
         fprintf(stderr, "zshard train: %s\n", zs_last_error());

@@ -1589,6 +1589,11 @@ void zs_ckpt_discard(const char *dir, long step, int n_shards)
     char sdir[4096];
     if (zs_ckpt_step_dir(dir, step, 0, sdir, sizeof sdir) != ZS_OK)
         return;
+    /* The manifest first: written, it makes the directory a checkpoint (one a resume would
+     * try and pruning would keep), which it must not stay once a shard is gone. */
+    char manifest[4096 + 32];
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", sdir);
+    unlink(manifest);
     for (int i = 0; i < n_shards; i++) {
         char path[4096 + 80];
         snprintf(path, sizeof path, "%s/shard-%06d.safetensors", sdir, i);

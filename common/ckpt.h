@@ -119,10 +119,11 @@ zs_err zs_ckpt_finish_shard(const char *step_dir, const zs_ckpt_info *info, int 
 zs_err zs_ckpt_write_manifest(const char *step_dir, const zs_ckpt_info *info,
                               const zs_tensor_table *tt, const zs_ckpt_shard *shards, int n);
 
-/* Removes what a checkpoint that failed left in step directory DIR/step-%08ld (the shard files
- * of shards 0..n_shards-1 and temporary files) and the directory itself, so that the previous
- * checkpoint stays the newest and the space is free again.  Failures are logged (pruning
- * removes what is left later). */
+/* Removes what a checkpoint that failed left in step directory DIR/step-%08ld (its manifest
+ * first, then the shard files of shards 0..n_shards-1 and temporary files) and the directory
+ * itself, so that the previous checkpoint stays the newest and the space is free again; also
+ * one whose manifest was written but whose commit did not complete (its metrics line failed).
+ * Failures are logged (pruning removes what is left later). */
 void zs_ckpt_discard(const char *dir, long step, int n_shards);
 
 /* Points DIR/latest at step directory name (e.g. "step-00000050"), atomically. */

@@ -840,6 +840,7 @@ static zs_err run_session(const zs_worker_opts *opts, const worker_prom *prom,
     if (res == ZS_OK && stop_flag && *stop_flag)
         ZS_INFO("worker %u: stopping on request", zs_session_id(w.s));
 out:
+    zs_prom_set(w.prom->member, 0); /* not registered any more (it may join again) */
     if (w.comm_started) {
         pthread_mutex_lock(&w.mu);
         w.quit = 1;

@@ -644,6 +644,26 @@ static void test_resolve(void)
     CHECK_FAILS_WITH(zs_ckpt_present(shard3, &any), "not a directory");
 }
 
+/* zs_ckpt_discard removes a whole checkpoint, manifest included (a commit that failed after
+ * its manifest was written): nothing of it is left, and the previous one is what a resume
+ * finds. */
+static void test_discard(void)
+{
+    char dir[PATH_BUF], s3[PATH_BUF], s5[PATH_BUF];
+    snprintf(dir, sizeof dir, "%s/discard", root);
+    tiny_ckpt(dir, 3, 1, s3);
+    tiny_ckpt(dir, 5, 0, s5);
+    zs_ckpt_discard(dir, 5, 3);
+    CHECK(!exists(s5));
+    CHECK(exists(s3));
+    zs_ckpt ck;
+    CHECK_OK(zs_ckpt_resolve(dir, &ck));
+    CHECK_EQ_INT(ck.info.step, 3);
+    zs_ckpt_close(&ck);
+    zs_ckpt_discard(dir, 9, 3); /* nothing there: nothing to do */
+    CHECK(exists(s3));
+}
+
 static int step_exists(const char *dir, long step)
 {
     char path[PATH_BUF];
@@ -798,6 +818,7 @@ int main(void)
     test_writer_refusals(&st);
     test_finish_in_place(&st);
     test_resolve();
+    test_discard();
     test_prune();
     test_disk_full(step_dir);
     state_free(&st);
