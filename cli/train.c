@@ -61,7 +61,6 @@ static const char train_usage[] =
 typedef struct {
     char dir[4096];   /* checkpoint.dir, or OUT/checkpoints */
     zs_ckpt_info run; /* run id, steps_total, fingerprints, model, vector size */
-    int n_shards;     /* shard files of a checkpoint (zs_ckpt_discard) */
     int every, keep;  /* checkpoint.interval_steps, checkpoint.keep */
 } ckpt_plan;
 
@@ -69,14 +68,12 @@ static zs_err plan_checkpoints(const zs_trainer *tr, const zs_dataset *data, con
                                long steps, ckpt_plan *cp)
 {
     const zs_config *cfg = &tr->cfg;
-    size_t shard_floats = cfg->cluster.shard_bytes / sizeof(float);
     *cp = (ckpt_plan){.run = {.steps_total = steps,
                               .config_fingerprint = zs_config_fingerprint(cfg),
                               .data_fingerprint = data->fingerprint,
                               .data_ntokens = data->ntokens,
                               .model = cfg->model,
                               .total_floats = tr->tt.total},
-                      .n_shards = (int)((tr->tt.total + shard_floats - 1) / shard_floats),
                       .every = cfg->checkpoint.interval_steps,
                       .keep = cfg->checkpoint.keep};
     int n = cfg->checkpoint.dir[0] ? snprintf(cp->dir, sizeof cp->dir, "%s", cfg->checkpoint.dir)
@@ -125,14 +122,14 @@ static void take_checkpoint(const zs_trainer *tr, const ckpt_plan *cp, char *nam
     if (e == ZS_OK)
         e = zs_trainer_checkpoint(tr, sdir, &cp->run);
     if (e == ZS_OK) {
-        snprintf(name, name_n, "step-%08ld", tr->step);
+        snprintf(name, name_n, "%s", strrchr(sdir, '/') + 1); /* step-%08ld */
         return;
     }
     snprintf(why, why_n, "%s", zs_last_error());
     ZS_ERROR("train: checkpoint %ld failed: %s; training goes on, and the previous checkpoint "
              "stays the newest",
              tr->step, why);
-    zs_ckpt_discard(cp->dir, tr->step, cp->n_shards);
+    zs_ckpt_discard(cp->dir, tr->step);
 }
 
 int zs_cmd_train(int argc, char **argv)
@@ -306,7 +303,7 @@ int zs_cmd_train(int argc, char **argv)
             /* A checkpoint whose step has no line is not committed: a resume from it would
              * lack that line. */
             if (ckpt[0])
-                zs_ckpt_discard(cp.dir, st.step, cp.n_shards);
+                zs_ckpt_discard(cp.dir, st.step);
         } else if (ckpt[0]) {
             /* Committed: `latest` after the line, as the coordinator moves it; then pruning. */
             if (zs_ckpt_set_latest(cp.dir, ckpt) != ZS_OK) {

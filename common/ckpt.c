@@ -1584,26 +1584,42 @@ static int manifest_valid(const char *step_dir)
     return 1;
 }
 
-void zs_ckpt_discard(const char *dir, long step, int n_shards)
+zs_err zs_ckpt_scaler(const zs_ckpt *ck, const zs_fp16_config *cfg, zs_lossscale *out)
+{
+    if (!ck->info.has_scaler)
+        return zs_error(ZS_ERR_FORMAT,
+                        "%s: the manifest has no loss_scaler, which an fp16 job's checkpoint "
+                        "carries",
+                        ck->step_dir);
+    ZS_CHECK(zs_lossscale_check(&ck->info.scaler, cfg, ck->step_dir));
+    if (ck->info.scaler.iter != ck->info.step)
+        return zs_error(ZS_ERR_FORMAT,
+                        "%s: loss_scaler.iter %ld, but the checkpoint is of step %ld", ck->step_dir,
+                        ck->info.scaler.iter, ck->info.step);
+    *out = ck->info.scaler;
+    return ZS_OK;
+}
+
+void zs_ckpt_discard(const char *dir, long step)
 {
     char sdir[4096];
     if (zs_ckpt_step_dir(dir, step, 0, sdir, sizeof sdir) != ZS_OK)
         return;
     /* The manifest first: written, it makes the directory a checkpoint (one a resume would
-     * try and pruning would keep), which it must not stay once a shard is gone. */
-    char manifest[4096 + 32];
-    snprintf(manifest, sizeof manifest, "%s/manifest.json", sdir);
-    unlink(manifest);
-    for (int i = 0; i < n_shards; i++) {
-        char path[4096 + 80];
-        snprintf(path, sizeof path, "%s/shard-%06d.safetensors", sdir, i);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/shard-%06d.safetensors.tmp", sdir, i);
+     * try and pruning would keep), which it must not stay once a shard is gone.  Then every
+     * shard file and temporary file the directory holds, whoever wrote them. */
+    char path[4096 + 300];
+    snprintf(path, sizeof path, "%s/manifest.json", sdir);
+    unlink(path);
+    DIR *d = opendir(sdir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, "shard-", 6) != 0 && strncmp(e->d_name, "manifest.json", 13) != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
         unlink(path);
     }
-    char path[4096 + 32];
-    snprintf(path, sizeof path, "%s/manifest.json.tmp", sdir);
-    unlink(path);
+    if (d)
+        closedir(d);
     if (rmdir(sdir) != 0 && errno != ENOENT)
         ZS_WARN("checkpoint: %s: %s (left behind; pruning removes it later)", sdir,
                 strerror(errno));

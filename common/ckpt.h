@@ -120,11 +120,11 @@ zs_err zs_ckpt_write_manifest(const char *step_dir, const zs_ckpt_info *info,
                               const zs_tensor_table *tt, const zs_ckpt_shard *shards, int n);
 
 /* Removes what a checkpoint that failed left in step directory DIR/step-%08ld (its manifest
- * first, then the shard files of shards 0..n_shards-1 and temporary files) and the directory
- * itself, so that the previous checkpoint stays the newest and the space is free again; also
- * one whose manifest was written but whose commit did not complete (its metrics line failed).
- * Failures are logged (pruning removes what is left later). */
-void zs_ckpt_discard(const char *dir, long step, int n_shards);
+ * first, then its shard files and temporary files) and the directory itself, so that the
+ * previous checkpoint stays the newest and the space is free again; also one whose manifest
+ * was written but whose commit did not complete (its metrics line failed).  Failures are
+ * logged (pruning removes what is left later). */
+void zs_ckpt_discard(const char *dir, long step);
 
 /* Points DIR/latest at step directory name (e.g. "step-00000050"), atomically. */
 zs_err zs_ckpt_set_latest(const char *dir, const char *name);
@@ -168,6 +168,11 @@ zs_err zs_ckpt_resolve(const char *path, zs_ckpt *ck);
  * so a damaged checkpoint is never mistaken for none.  Fails when path cannot be read.
  */
 zs_err zs_ckpt_present(const char *path, int *any);
+
+/* An fp16 job's loss scaler as checkpoint ck left it (after its step), checked: the manifest
+ * must carry one (an fp16 job's always does), valid for cfg (zs_lossscale_check), at ck's step.
+ * What a resume continues the scaler from. */
+zs_err zs_ckpt_scaler(const zs_ckpt *ck, const zs_fp16_config *cfg, zs_lossscale *out);
 
 /* Reads every shard file whole and checks its size, header and all three checksums. */
 zs_err zs_ckpt_verify(const zs_ckpt *ck);

@@ -869,7 +869,7 @@ static int ckpt_due(const coord *co, long v)
  * its directory: the previous checkpoint stays the newest, and the space is free again. */
 static void ckpt_discard(coord *co, long step)
 {
-    zs_ckpt_discard(co->ckpt_dir, step, co->map.n_shards);
+    zs_ckpt_discard(co->ckpt_dir, step);
 }
 
 static void export_and_finish(coord *co);
@@ -1690,19 +1690,8 @@ static zs_err scaler_setup(coord *co, const zs_ckpt *ck)
     zs_lossscale_init(ls, &co->cfg.fp16);
     if (!ck)
         return ZS_OK;
-    /* The fingerprint matched, so the checkpoint is of an fp16 job: it must carry the state. */
-    if (!ck->info.has_scaler)
-        return zs_error(ZS_ERR_FORMAT,
-                        "--resume %s: the manifest has no loss_scaler, which an fp16 job's "
-                        "checkpoint carries",
-                        ck->step_dir);
-    ZS_CHECK(zs_lossscale_check(&ck->info.scaler, &co->cfg.fp16, ck->step_dir));
-    if (ck->info.scaler.iter != ck->info.step)
-        return zs_error(ZS_ERR_FORMAT,
-                        "%s: loss_scaler.iter %ld, but the checkpoint is of step %ld", ck->step_dir,
-                        ck->info.scaler.iter, ck->info.step);
-    *ls = ck->info.scaler;
-    return ZS_OK;
+    /* The fingerprint matched, so the checkpoint is of an fp16 job: it carries the state. */
+    return zs_ckpt_scaler(ck, &co->cfg.fp16, ls);
 }
 
 /*

@@ -250,23 +250,11 @@ zs_err zs_trainer_checkpoint(const zs_trainer *tr, const char *step_dir, const z
 zs_err zs_trainer_resume(zs_trainer *tr, const zs_ckpt *ck)
 {
     const zs_config *cfg = &tr->cfg;
-    size_t n = tr->tt.total;
-    if (ck->info.total_floats != n)
-        return zs_error(ZS_ERR_INVALID, "%s: %zu floats, but this model has %zu", ck->step_dir,
-                        ck->info.total_floats, n);
-    if (cfg->fp16.enabled) { /* the scaler's state after the checkpoint's step, as a resumed
-                              * coordinator takes it */
-        if (!ck->info.has_scaler)
-            return zs_error(ZS_ERR_FORMAT,
-                            "%s: the manifest has no loss_scaler, which an fp16 job's checkpoint "
-                            "carries",
-                            ck->step_dir);
-        ZS_CHECK(zs_lossscale_check(&ck->info.scaler, &cfg->fp16, ck->step_dir));
-        if (ck->info.scaler.iter != ck->info.step)
-            return zs_error(ZS_ERR_FORMAT,
-                            "%s: loss_scaler.iter %ld, but the checkpoint is of step %ld",
-                            ck->step_dir, ck->info.scaler.iter, ck->info.step);
-    }
+    size_t n = tr->tt.total; /* the checkpoint's too: zs_ckpt_check_compatible */
+    /* fp16: the scaler's state after the checkpoint's step, as a resumed coordinator takes it. */
+    zs_lossscale ls = tr->ls;
+    if (cfg->fp16.enabled)
+        ZS_CHECK(zs_ckpt_scaler(ck, &cfg->fp16, &ls));
     ZS_CHECK(zs_ckpt_read(ck, ZS_CKPT_PARAM, 0, n, tr->params));
     ZS_CHECK(zs_ckpt_read(ck, ZS_CKPT_EXP_AVG, 0, n, tr->m));
     ZS_CHECK(zs_ckpt_read(ck, ZS_CKPT_EXP_AVG_SQ, 0, n, tr->v));
@@ -280,8 +268,7 @@ zs_err zs_trainer_resume(zs_trainer *tr, const zs_ckpt *ck)
     } else if (cfg->fp16.enabled) {
         zs_fp16_round_array(tr->compute, tr->params, n, tr->threads);
     }
-    if (cfg->fp16.enabled)
-        tr->ls = ck->info.scaler;
+    tr->ls = ls;
     tr->step = ck->info.step;
     return ZS_OK;
 }

@@ -653,14 +653,14 @@ static void test_discard(void)
     snprintf(dir, sizeof dir, "%s/discard", root);
     tiny_ckpt(dir, 3, 1, s3);
     tiny_ckpt(dir, 5, 0, s5);
-    zs_ckpt_discard(dir, 5, 3);
+    zs_ckpt_discard(dir, 5);
     CHECK(!exists(s5));
     CHECK(exists(s3));
     zs_ckpt ck;
     CHECK_OK(zs_ckpt_resolve(dir, &ck));
     CHECK_EQ_INT(ck.info.step, 3);
     zs_ckpt_close(&ck);
-    zs_ckpt_discard(dir, 9, 3); /* nothing there: nothing to do */
+    zs_ckpt_discard(dir, 9); /* nothing there: nothing to do */
     CHECK(exists(s3));
 }
 
